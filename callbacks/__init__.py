@@ -1,0 +1,7 @@
+"""Installed as ``zoo.callbacks``; the folder sits at the top level of the repository by design."""
+
+if __name__ != "zoo.callbacks":
+    raise ImportError(
+        "The 'callbacks' folder of paperzoo is installed as 'zoo.callbacks'. Use 'import zoo.callbacks' "
+        "(after 'pip install -e .' in the repository root)."
+    )

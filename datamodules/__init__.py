@@ -1,0 +1,7 @@
+"""Installed as ``zoo.datamodules``; the folder sits at the top level of the repository by design."""
+
+if __name__ != "zoo.datamodules":
+    raise ImportError(
+        "The 'datamodules' folder of paperzoo is installed as 'zoo.datamodules'. Use 'import zoo.datamodules' "
+        "(after 'pip install -e .' in the repository root)."
+    )
