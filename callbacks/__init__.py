@@ -5,3 +5,7 @@ if __name__ != "zoo.callbacks":
         "The 'callbacks' folder of paperzoo is installed as 'zoo.callbacks'. Use 'import zoo.callbacks' "
         "(after 'pip install -e .' in the repository root)."
     )
+
+from zoo.callbacks.progress import LogLineProgress, auto_progress
+
+__all__ = ["LogLineProgress", "auto_progress"]

@@ -5,3 +5,10 @@ if __name__ != "zoo.datamodules":
         "The 'datamodules' folder of paperzoo is installed as 'zoo.datamodules'. Use 'import zoo.datamodules' "
         "(after 'pip install -e .' in the repository root)."
     )
+
+from zoo.datamodules.base import ResumableSampler, RowDataModule
+from zoo.datamodules.preferences import PreferenceDataModule
+from zoo.datamodules.prompts import PromptDataModule
+from zoo.datamodules.sft import SFTDataModule
+
+__all__ = ["PreferenceDataModule", "PromptDataModule", "ResumableSampler", "RowDataModule", "SFTDataModule"]

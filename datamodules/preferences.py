@@ -1,0 +1,41 @@
+"""Preference pairs: ``prompt``, ``chosen``, ``rejected``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zoo.data.sources import Row
+from zoo.datamodules.base import IGNORE_INDEX, RowDataModule, encode_completion, encode_prompt, pad_sequences
+from zoo.errors import DataError
+
+
+class PreferenceDataModule(RowDataModule):
+    """Pairwise preference rows.
+
+    Batch: ``chosen_input_ids``/``chosen_attention_mask``/``chosen_labels`` and the same for ``rejected``
+    (``[B, T]`` right-padded, labels ``-100`` on the prompt and padding), plus ``prompts``.
+    """
+
+    required_fields = ("prompt", "chosen", "rejected")
+
+    def encode(self, row: Row, index: int, split: str) -> dict[str, Any]:
+        prompt_ids = encode_prompt(self.tokenizer, row["prompt"])
+        item: dict[str, Any] = {"prompt": row["prompt"]}
+        for side in ("chosen", "rejected"):
+            ids = encode_completion(self.tokenizer, row[side])
+            if len(prompt_ids) + len(ids) > self.max_length:
+                raise DataError(
+                    f"{split} row {index}: prompt + {side} = {len(prompt_ids) + len(ids)} tokens > "
+                    f"datamodule.max_length={self.max_length}"
+                )
+            item[side] = (prompt_ids + ids, [IGNORE_INDEX] * len(prompt_ids) + ids)
+        return item
+
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        batch: dict[str, Any] = {"prompts": [it["prompt"] for it in items]}
+        for side in ("chosen", "rejected"):
+            seqs = [it[side][0] for it in items]
+            batch[f"{side}_input_ids"] = pad_sequences(seqs, self.tokenizer.pad_token_id, "right")
+            batch[f"{side}_attention_mask"] = pad_sequences([[1] * len(s) for s in seqs], 0, "right")
+            batch[f"{side}_labels"] = pad_sequences([it[side][1] for it in items], IGNORE_INDEX, "right")
+        return batch

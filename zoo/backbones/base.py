@@ -1,0 +1,172 @@
+"""Backbones: a tokenizer available at once and a model built later (in ``configure_model``).
+
+One code path serves every causal LM: whatever the source (the tiny random-init Llama or a Hugging Face
+checkpoint), the model is a ``transformers`` ``PreTrainedModel`` and, when weights come from disk
+(``init_from`` or ``name_or_path``), they are loaded with ``from_pretrained`` so that load-time quantization
+and dtype/attention options apply the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from zoo.backbones.tokenizer import add_special_tokens
+from zoo.errors import CheckpointNotFoundError, ConfigError
+from zoo.quant.base import NoQuantizer, Quantizer
+
+BASE_POLICY = "base"
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """Map ``"float32" | "bfloat16" | "float16" | "auto" | None`` to a torch dtype (``None`` for auto)."""
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype), None)
+    if not isinstance(value, torch.dtype):
+        raise ConfigError(f"backbone.dtype={dtype!r} is not a torch dtype (use float32, bfloat16, float16 or auto)")
+    return value
+
+
+def hub_offline() -> bool:
+    """Whether Hugging Face Hub access is disabled (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``)."""
+    return any(
+        os.environ.get(k, "0").lower() in {"1", "true", "yes"} for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+class Backbone(ABC):
+    """A causal-LM backbone specification.
+
+    Args:
+        init_from: ``None`` (fresh source weights), a directory written by ``save_pretrained``, a Lightning
+            ``.ckpt`` of a zoo module, or ``"base"`` (the cached base SFT policy; ``train.py`` resolves it to a
+            directory before the backbone is built).
+        extra_tokens: special tokens a method needs (added to the tokenizer; embeddings are resized).
+        dtype: parameter dtype of the built model.
+    """
+
+    def __init__(
+        self,
+        init_from: str | None = None,
+        extra_tokens: Sequence[str] = (),
+        dtype: str | None = "float32",
+    ) -> None:
+        self.init_from = None if init_from in (None, "", "none") else str(init_from)
+        self.extra_tokens = tuple(extra_tokens)
+        self.dtype = resolve_dtype(dtype)
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+
+    # -- tokenizer -------------------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The tokenizer (built once; cheap)."""
+        if self._tokenizer is None:
+            pretrained = self._pretrained_dir()
+            tok = self._load_tokenizer(pretrained) if pretrained else self._fresh_tokenizer()
+            add_special_tokens(tok, self.extra_tokens)
+            if tok.pad_token is None:
+                tok.pad_token = tok.eos_token
+            self._tokenizer = tok
+        return self._tokenizer
+
+    # -- model ------------------------------------------------------------------------------------------------
+    def build_model(self, quantizer: Quantizer | None = None) -> PreTrainedModel:
+        """Build the model: from ``init_from``/a checkpoint if set, else from the fresh source."""
+        quantizer = quantizer or NoQuantizer()
+        pretrained = self._pretrained_dir()
+        if pretrained is not None:
+            model = self._from_pretrained(pretrained, quantizer)
+        elif self.init_from is not None and self.init_from.endswith(".ckpt"):
+            model = self._fresh_model(quantizer)
+            load_module_checkpoint_weights(model, self.init_from)
+        else:
+            model = self._fresh_model(quantizer)
+        if len(self.tokenizer) > model.get_input_embeddings().num_embeddings:
+            model.resize_token_embeddings(len(self.tokenizer))
+        model = quantizer.apply(model)
+        if model.generation_config is not None:
+            model.generation_config.pad_token_id = self.tokenizer.pad_token_id
+        return model
+
+    def _from_pretrained(self, path: str, quantizer: Quantizer) -> PreTrainedModel:
+        kwargs: dict[str, Any] = {"local_files_only": True if Path(path).is_dir() else hub_offline()}
+        if self.dtype is not None:
+            kwargs["dtype"] = self.dtype
+        kwargs.update(self.from_pretrained_options())
+        kwargs.update(quantizer.from_pretrained_kwargs())
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+    def _pretrained_dir(self) -> str | None:
+        """Where weights come from through ``from_pretrained`` (``init_from`` dir beats the source)."""
+        if self.init_from is None:
+            return self.source_pretrained()
+        if self.init_from == BASE_POLICY:
+            raise ConfigError(
+                "backbone.init_from=base must be resolved before the backbone is built: train.py does it "
+                "(it trains or reuses the cached base policy); in Python call zoo.cli.bootstrap.ensure_base_policy(cfg)"
+            )
+        path = Path(self.init_from).expanduser()
+        if self.init_from.endswith(".ckpt"):
+            if not path.is_file():
+                raise CheckpointNotFoundError(f"backbone.init_from: no checkpoint file at {path.resolve()}")
+            return self.source_pretrained()
+        if not (path / "config.json").is_file():
+            raise CheckpointNotFoundError(
+                f"backbone.init_from: no exported model at {path.resolve()} (looked for {path.resolve() / 'config.json'}); "
+                "pass a directory written by save_pretrained, a Lightning .ckpt, or 'base'"
+            )
+        return str(path)
+
+    @staticmethod
+    def _load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+        local = Path(path).is_dir()
+        return AutoTokenizer.from_pretrained(path, local_files_only=True if local else hub_offline())
+
+    # -- hooks of the concrete sources -------------------------------------------------------------------------
+    def source_pretrained(self) -> str | None:
+        """A ``from_pretrained`` source when the backbone itself is a checkpoint (``None`` for random init)."""
+        return None
+
+    def from_pretrained_options(self) -> dict[str, Any]:
+        """Extra ``from_pretrained`` options (attention implementation, trust_remote_code, ...)."""
+        return {}
+
+    @abstractmethod
+    def _fresh_tokenizer(self) -> PreTrainedTokenizerBase: ...
+
+    @abstractmethod
+    def _fresh_model(self, quantizer: Quantizer) -> PreTrainedModel: ...
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able description of the architecture and source (used in cache keys)."""
+
+    def fingerprint(self) -> str:
+        """Short hash of :meth:`describe` (plus the extra tokens)."""
+        blob = json.dumps({**self.describe(), "extra_tokens": list(self.extra_tokens)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def load_module_checkpoint_weights(model: torch.nn.Module, ckpt_path: str, prefix: str = "model.") -> None:
+    """Load the backbone weights of a zoo Lightning checkpoint (``weights_only=True``)."""
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    state = {k[len(prefix) :]: v for k, v in checkpoint.get("state_dict", {}).items() if k.startswith(prefix)}
+    if not state:
+        raise CheckpointNotFoundError(f"{ckpt_path}: no weights under '{prefix}' in its state_dict")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise ConfigError(
+            f"{ckpt_path}: checkpoint does not match the backbone (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )

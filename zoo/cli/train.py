@@ -1,0 +1,224 @@
+"""``python train.py`` / ``zoo-train``: compose ``pkg://zoo.conf/train.yaml`` and run one stage.
+
+Errors a researcher can act on (unknown options, malformed data, missing checkpoints, NaN losses, two
+training methods in one run) are printed as one message, without a traceback through Hydra internals,
+and the process exits with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning.pytorch as pl
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from zoo.errors import CheckpointNotFoundError, ConfigError, ZooError
+
+log = logging.getLogger("zoo")
+METHOD_KINDS = ("module", "callback", "component")
+STAGES = ("fit", "validate", "test", "predict")
+
+
+def check_methods(cfg: DictConfig) -> dict[str, Any]:
+    """Validate the ``methods`` block contributed by ``+method=...`` files; at most one ``kind: module``."""
+    node = cfg.get("methods")
+    methods = OmegaConf.to_container(node, resolve=True) if node else {}
+    for name, info in methods.items():
+        missing = [k for k in ("paper", "kind", "status") if k not in (info or {})]
+        if missing:
+            raise ConfigError(
+                f"method '{name}': its config must declare methods.{name}.{{paper, kind, status}}; missing {missing}"
+            )
+        if info["kind"] not in METHOD_KINDS:
+            raise ConfigError(f"method '{name}': kind must be one of {METHOD_KINDS}, got {info['kind']!r}")
+        if info["status"] == "experimental":
+            log.warning("method '%s' is experimental (%s)", name, info["paper"])
+    modules = [name for name, info in methods.items() if info["kind"] == "module"]
+    if len(modules) > 1:
+        raise ConfigError(
+            f"methods {modules} each replace the training module (kind: module); a run takes at most one of them. "
+            "Stack one module method with callback methods instead, e.g. +method=[grpo,safethink]"
+        )
+    return methods
+
+
+def instantiate_named(node: DictConfig | None) -> list[Any]:
+    """Instantiate a dict of named ``_target_`` entries (callbacks, loggers); ``null`` entries are skipped."""
+    if not node:
+        return []
+    return [instantiate(value) for _, value in node.items() if value is not None and "_target_" in value]
+
+
+def resolve_ckpt_path(cfg: DictConfig) -> str | None:
+    """``null`` -> None; ``last`` -> ``<run dir>/checkpoints/last.ckpt``; else the path (must exist)."""
+    ckpt = cfg.get("ckpt_path")
+    if ckpt in (None, "", "none"):
+        return None
+    path = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt" if ckpt == "last" else Path(ckpt).expanduser()
+    if not path.is_file():
+        hint = (
+            " (resume a run by reusing its run_id: python train.py run_id=<id> ckpt_path=last)"
+            if ckpt == "last"
+            else ""
+        )
+        raise CheckpointNotFoundError(f"ckpt_path={ckpt}: no checkpoint at {path.resolve()}{hint}")
+    return str(path)
+
+
+def git_commit(root: Path) -> dict[str, Any]:
+    """The repository commit (and whether the tree is dirty) of the code that ran."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=10)
+        return {"commit": sha.stdout.strip() or None, "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def save_run_info(cfg: DictConfig) -> None:
+    """Write the resolved config, the overrides, the git commit and versions to the run directory."""
+    if os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("RANK", "0") != "0":
+        return
+    import lightning
+    import torch
+    import transformers
+
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    info = {
+        "overrides": overrides,
+        "argv": sys.argv,
+        **git_commit(Path(cfg.paths.root_dir)),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "lightning": lightning.__version__,
+            "transformers": transformers.__version__,
+            "hydra": hydra.__version__,
+        },
+    }
+    (out / "run_info.json").write_text(json.dumps(info, indent=2))
+
+
+def check_slurm(cfg: DictConfig) -> None:
+    """Under SLURM, one task per device is required (a mismatch misbehaves silently otherwise)."""
+    tasks = os.environ.get("SLURM_NTASKS_PER_NODE")
+    devices = cfg.trainer.get("devices")
+    if tasks and isinstance(devices, int) and int(tasks) != devices:
+        raise ConfigError(f"SLURM_NTASKS_PER_NODE={tasks} but trainer.devices={devices}; they must match")
+
+
+def build(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningDataModule, pl.Trainer]:
+    """Instantiate backbone, quantizer, datamodule, module, callbacks, loggers and trainer from ``cfg``."""
+    from zoo.backbones.base import BASE_POLICY
+    from zoo.cli.bootstrap import ensure_base_policy
+
+    if cfg.backbone.get("init_from") == BASE_POLICY:
+        cfg.backbone.init_from = str(ensure_base_policy(cfg))
+    backbone = instantiate(cfg.backbone)
+    quantizer = instantiate(cfg.quant)
+    datamodule = instantiate(cfg.datamodule, tokenizer=backbone.tokenizer)
+    module = instantiate(cfg.module, backbone=backbone, quantizer=quantizer)
+    module.run_config = OmegaConf.to_container(cfg, resolve=True)
+    callbacks = instantiate_named(cfg.get("callbacks"))
+    loggers = instantiate_named(cfg.get("logger"))
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    return module, datamodule, trainer
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Run ``cfg.stage`` and return the final metrics."""
+    if cfg.stage not in STAGES:
+        raise ConfigError(f"stage={cfg.stage!r}; use one of {STAGES}")
+    check_methods(cfg)
+    check_slurm(cfg)
+    pl.seed_everything(cfg.seed, workers=True)
+    save_run_info(cfg)
+    ckpt_path = resolve_ckpt_path(cfg)
+    module, datamodule, trainer = build(cfg)
+    if cfg.stage == "fit":
+        trainer.fit(module, datamodule, ckpt_path=ckpt_path)
+        if cfg.get("export") and trainer.is_global_zero and not trainer.fast_dev_run:
+            path = module.export_pretrained(Path(cfg.paths.output_dir) / "export")
+            log.info("exported model + tokenizer (safetensors) to %s", path)
+    elif cfg.stage == "validate":
+        trainer.validate(module, datamodule, ckpt_path=ckpt_path)
+    elif cfg.stage == "test":
+        trainer.test(module, datamodule, ckpt_path=ckpt_path)
+    else:
+        predictions = trainer.predict(module, datamodule, ckpt_path=ckpt_path)
+        write_predictions(predictions or [], Path(cfg.paths.output_dir) / "predictions.jsonl")
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+    if trainer.is_global_zero:
+        summary = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if not k.startswith("train/"))
+        print(f"[zoo] {cfg.stage} done in {cfg.paths.output_dir}: {summary}")
+    return metrics
+
+
+def write_predictions(batches: list[dict[str, Any]], path: Path) -> None:
+    """Predictions (generation-protocol dicts) as JSONL: prompt, completion and meta per row."""
+    with path.open("w") as handle:
+        for batch in batches:
+            meta = batch.get("meta", {})
+            for i, text in enumerate(batch.get("texts", [])):
+                row = {"completion": text, **{k: v[i] for k, v in meta.items() if isinstance(v, list)}}
+                handle.write(json.dumps(row) + "\n")
+
+
+def user_message(err: BaseException) -> str | None:
+    """The one-line message for an error a researcher can act on (None: a bug, keep the traceback)."""
+    seen = err
+    while seen is not None:
+        if isinstance(seen, ZooError):
+            return str(seen)
+        if isinstance(seen, OmegaConfBaseException):
+            return str(seen).strip().splitlines()[0] + _full_key(seen)
+        if isinstance(seen, InstantiationException) and seen.__cause__ is None:
+            return str(seen).strip()
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _full_key(err: OmegaConfBaseException) -> str:
+    key = getattr(err, "full_key", None)
+    return f" (config key: {key})" if key else ""
+
+
+def task_function(cfg: DictConfig) -> float | None:
+    """The Hydra task: run, print actionable errors plainly, return the optimized metric for sweepers."""
+    try:
+        metrics = run(cfg)
+    except Exception as err:
+        message = user_message(err)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
+    metric = cfg.get("optimized_metric")
+    return metrics.get(metric) if metric else None
+
+
+def main() -> None:
+    """Console entry point (``zoo-train``)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    hydra.main(config_path="pkg://zoo.conf", config_name="train", version_base="1.3")(task_function)()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Synthetic verifiable tasks, row sources (tasks or JSONL files) and data utilities."""

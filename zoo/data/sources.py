@@ -1,0 +1,121 @@
+"""Row sources: where a datamodule's rows come from (a synthetic task, or the user's JSONL files).
+
+A row is a ``dict`` with at least the fields a datamodule needs (``prompt``/``completion`` for SFT,
+``prompt`` for RL prompts, ``prompt``/``chosen``/``rejected`` for preferences); every other field is
+carried along as a column (RL reward functions receive them as keyword arguments).
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from zoo.data.tasks import Task
+from zoo.errors import DataError
+
+Row = dict[str, Any]
+
+
+def read_jsonl(path: str | Path, required_fields: Sequence[str]) -> list[Row]:
+    """Read a JSONL file, one JSON object per line; blank lines are skipped.
+
+    Raises:
+        DataError: naming the file, the line number and the field, for a missing file, a line that is not
+            a JSON object, a missing required field or a required field that is not a string.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: data file not found")
+    rows: list[Row] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{line_no}: not valid JSON ({err.msg} at column {err.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
+            for name in required_fields:
+                if name not in row:
+                    raise DataError(f"{path}:{line_no}: missing field '{name}' (required: {list(required_fields)})")
+                if not isinstance(row[name], str):
+                    raise DataError(
+                        f"{path}:{line_no}: field '{name}' must be a string, got {type(row[name]).__name__}"
+                    )
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no rows")
+    return rows
+
+
+class RowSource(ABC):
+    """Base class: ``rows(split, required_fields)`` for ``split`` in ``train | val | test``."""
+
+    @abstractmethod
+    def rows(self, split: str, required_fields: Sequence[str] = ()) -> list[Row]:
+        """The rows of a split; ``required_fields`` are the fields the consuming datamodule needs."""
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able description used in cache keys."""
+        return {"kind": type(self).__name__}
+
+
+class TaskSource(RowSource):
+    """Rows drawn from a synthetic task; validation/test prompts never appear in the training rows.
+
+    Args:
+        task: the synthetic task.
+        num_train, num_val, num_test: rows per split.
+        seed: base seed (``val`` uses ``seed + 1``, ``test`` ``seed + 2``, ``train`` ``seed``).
+    """
+
+    def __init__(self, task: Task, num_train: int = 20_000, num_val: int = 256, num_test: int = 256, seed: int = 0):
+        self.task = task
+        self.sizes = {"train": num_train, "val": num_val, "test": num_test}
+        self.seed = seed
+        self._cache: dict[str, list[Row]] = {}
+
+    def rows(self, split: str, required_fields: Sequence[str] = ()) -> list[Row]:
+        if split not in self.sizes:
+            raise ValueError(f"unknown split {split!r}; use one of {list(self.sizes)}")
+        if split not in self._cache:
+            held_out = {"val": 1, "test": 2}
+            if split in held_out:
+                examples = self.task.examples(self.sizes[split], self.seed + held_out[split])
+            else:
+                exclude = {r["prompt"] for s in ("val", "test") for r in self.rows(s)}
+                examples = self.task.examples(self.sizes["train"], self.seed, exclude_prompts=exclude)
+            self._cache[split] = [e.as_row() for e in examples]
+        return self._cache[split]
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "task", "task": self.task.describe(), "sizes": self.sizes, "seed": self.seed}
+
+
+class JsonlSource(RowSource):
+    """Rows from the user's JSONL files (one per split; ``test`` falls back to ``val``).
+
+    Args:
+        train_path, val_path, test_path: JSONL files; the fields each row must have are set by the datamodule
+            that reads them (``prompt``/``completion`` for SFT, ``prompt`` for RL, ...).
+    """
+
+    def __init__(self, train_path: str | None = None, val_path: str | None = None, test_path: str | None = None):
+        self.paths = {"train": train_path, "val": val_path, "test": test_path or val_path}
+        self._cache: dict[str, list[Row]] = {}
+
+    def rows(self, split: str, required_fields: Sequence[str] = ()) -> list[Row]:
+        path = self.paths.get(split)
+        if path is None:
+            raise DataError(f"no JSONL file configured for split '{split}' (set datamodule.source.{split}_path)")
+        if split not in self._cache:
+            self._cache[split] = read_jsonl(path, required_fields)
+        return self._cache[split]
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "jsonl", "paths": self.paths}

@@ -1,0 +1,208 @@
+"""Synthetic verifiable reasoning tasks.
+
+Each task draws examples deterministically from a seed, has difficulty knobs, an exact verifier and answer
+extraction. Completions share one format::
+
+    <think>step 1\nstep 2\n...</think>ANSWER
+
+Steps are separated by ``STEP_DELIMITER`` (a newline); the answer is the text after ``</think>``.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from zoo.backbones.tokenizer import EOS, THINK_CLOSE, THINK_OPEN
+
+STEP_DELIMITER = "\n"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One task instance: ``prompt`` + ``completion`` is the training text; ``answer`` is verified exactly."""
+
+    prompt: str
+    completion: str
+    answer: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def as_row(self) -> dict[str, Any]:
+        """The row form used by data sources (``prompt``, ``completion``, ``answer`` and meta columns)."""
+        return {"prompt": self.prompt, "completion": self.completion, "answer": self.answer, **self.meta}
+
+
+def format_reasoning(steps: list[str], answer: str) -> str:
+    """``<think>`` + steps joined by the delimiter + ``</think>`` + answer."""
+    return f"{THINK_OPEN}{STEP_DELIMITER.join(steps)}{THINK_CLOSE}{answer}"
+
+
+def extract_answer(text: str) -> str | None:
+    """The answer of a completion: the text after the last ``</think>`` up to ``<eos>``, stripped.
+
+    Returns ``None`` when the completion has no closed reasoning block.
+
+    >>> extract_answer("<think>1+2=3</think>3<eos>")
+    '3'
+    >>> extract_answer("<think>unfinished") is None
+    True
+    """
+    if THINK_CLOSE not in text:
+        return None
+    answer = text.rsplit(THINK_CLOSE, 1)[1]
+    return answer.split(EOS, 1)[0].strip()
+
+
+def split_steps(completion: str) -> list[str]:
+    """The reasoning steps of a completion (the lines inside ``<think>...</think>``)."""
+    body = completion.split(THINK_OPEN, 1)[-1].split(THINK_CLOSE, 1)[0]
+    return [s for s in body.split(STEP_DELIMITER) if s]
+
+
+class Task(ABC):
+    """A synthetic task with an exact verifier."""
+
+    name: str = "task"
+
+    @abstractmethod
+    def sample(self, rng: random.Random) -> Example:
+        """Draw one example."""
+
+    def examples(self, n: int, seed: int, exclude_prompts: set[str] | None = None) -> list[Example]:
+        """``n`` examples drawn deterministically from ``seed``, skipping prompts in ``exclude_prompts``.
+
+        When the task space is too small to find ``n`` new prompts, duplicates of allowed prompts are kept
+        (never an excluded one), so held-out splits stay held out.
+        """
+        rng = random.Random(seed)
+        exclude = exclude_prompts or set()
+        out: list[Example] = []
+        attempts = 0
+        while len(out) < n:
+            ex = self.sample(rng)
+            attempts += 1
+            if ex.prompt in exclude:
+                if attempts > 1000 * max(n, 1):
+                    raise ValueError(f"task {self.name}: cannot draw prompts outside the held-out set")
+                continue
+            out.append(ex)
+        return out
+
+    def extract_answer(self, completion: str) -> str | None:
+        """Answer extraction (see :func:`extract_answer`)."""
+        return extract_answer(completion)
+
+    def verify(self, completion: str, answer: str) -> bool:
+        """Exact verification of a completion against the reference answer."""
+        predicted = self.extract_answer(completion)
+        return predicted is not None and predicted == answer.strip()
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able description (name and knobs), used in cache keys."""
+        return {"name": self.name, **{k: v for k, v in vars(self).items() if not k.startswith("_")}}
+
+
+class Addition(Task):
+    """Multi-digit addition with column-wise steps and carries.
+
+    ``"47+85="`` -> ``<think>7+5=12\n4+8+1=13</think>132``
+
+    Args:
+        digits: maximum number of digits of each operand.
+        min_digits: minimum number of digits of each operand.
+    """
+
+    name = "addition"
+
+    def __init__(self, digits: int = 2, min_digits: int = 1) -> None:
+        if not 1 <= min_digits <= digits:
+            raise ValueError(f"need 1 <= min_digits <= digits, got {min_digits}, {digits}")
+        self.digits = digits
+        self.min_digits = min_digits
+
+    def _operand(self, rng: random.Random) -> int:
+        n = rng.randint(self.min_digits, self.digits)
+        return rng.randint(0 if n == 1 else 10 ** (n - 1), 10**n - 1)
+
+    def sample(self, rng: random.Random) -> Example:
+        a, b = self._operand(rng), self._operand(rng)
+        steps, carry = [], 0
+        da, db = str(a)[::-1], str(b)[::-1]
+        for i in range(max(len(da), len(db))):
+            x = int(da[i]) if i < len(da) else 0
+            y = int(db[i]) if i < len(db) else 0
+            total = x + y + carry
+            steps.append(f"{x}+{y}+{carry}={total}" if carry else f"{x}+{y}={total}")
+            carry = total // 10
+        answer = str(a + b)
+        return Example(f"{a}+{b}=", format_reasoning(steps, answer), answer, {"num_steps": len(steps)})
+
+
+class MultiSum(Task):
+    """Running sum of several operands, optionally with redundant (re-verification) steps.
+
+    ``"3+5+2="`` -> ``<think>3+5=8\n8+2=10</think>10``; a redundant step repeats an earlier partial sum
+    (``check 8``) and carries ``redundant=True`` in the ``step_redundant`` meta list (ground truth for the
+    length/redundancy methods).
+
+    Args:
+        min_operands, max_operands: number of operands.
+        max_value: operands are drawn from ``[0, max_value]``.
+        redundant_prob: probability of inserting a redundant step after each real step.
+    """
+
+    name = "multisum"
+
+    def __init__(
+        self, min_operands: int = 3, max_operands: int = 5, max_value: int = 9, redundant_prob: float = 0.0
+    ) -> None:
+        if not 2 <= min_operands <= max_operands:
+            raise ValueError(f"need 2 <= min_operands <= max_operands, got {min_operands}, {max_operands}")
+        if not 0.0 <= redundant_prob <= 1.0:
+            raise ValueError(f"redundant_prob must be in [0, 1], got {redundant_prob}")
+        self.min_operands = min_operands
+        self.max_operands = max_operands
+        self.max_value = max_value
+        self.redundant_prob = redundant_prob
+
+    def sample(self, rng: random.Random) -> Example:
+        ops = [rng.randint(0, self.max_value) for _ in range(rng.randint(self.min_operands, self.max_operands))]
+        steps: list[str] = []
+        redundant: list[bool] = []
+        total = ops[0]
+        for x in ops[1:]:
+            new = total + x
+            steps.append(f"{total}+{x}={new}")
+            redundant.append(False)
+            total = new
+            if rng.random() < self.redundant_prob:
+                steps.append(f"check {total}")
+                redundant.append(True)
+        answer = str(total)
+        meta = {"num_steps": len(steps), "step_redundant": redundant, "num_redundant": sum(redundant)}
+        return Example("+".join(map(str, ops)) + "=", format_reasoning(steps, answer), answer, meta)
+
+
+class Reverse(Task):
+    """String reversal, one character per step: ``"rev abc="`` -> ``<think>c\nb\na</think>cba``.
+
+    Args:
+        min_length, max_length: length of the string.
+        alphabet: characters to draw from.
+    """
+
+    name = "reverse"
+
+    def __init__(self, min_length: int = 3, max_length: int = 8, alphabet: str = "abcdefghij") -> None:
+        if not 1 <= min_length <= max_length:
+            raise ValueError(f"need 1 <= min_length <= max_length, got {min_length}, {max_length}")
+        self.min_length = min_length
+        self.max_length = max_length
+        self.alphabet = alphabet
+
+    def sample(self, rng: random.Random) -> Example:
+        s = "".join(rng.choice(self.alphabet) for _ in range(rng.randint(self.min_length, self.max_length)))
+        answer = s[::-1]
+        return Example(f"rev {s}=", format_reasoning(list(answer), answer), answer, {"num_steps": len(s)})

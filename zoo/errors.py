@@ -1,0 +1,27 @@
+"""Errors a researcher can act on.
+
+Every error that the zoo raises on purpose derives from :class:`ZooError`; ``train.py`` prints its message
+alone (no traceback through Hydra internals) and exits with status 2.
+"""
+
+from __future__ import annotations
+
+
+class ZooError(Exception):
+    """Base class of user-facing errors: the message says what was wrong and how to fix it."""
+
+
+class ConfigError(ZooError, ValueError):
+    """An invalid configuration value or combination of options."""
+
+
+class DataError(ZooError, ValueError):
+    """A malformed data file or sample; the message names the file (or sample), the line and the field."""
+
+
+class CheckpointNotFoundError(ZooError, FileNotFoundError):
+    """A checkpoint or exported model that was asked for does not exist; the message names the path."""
+
+
+class NaNLossError(ZooError, FloatingPointError):
+    """Training produced a non-finite loss; the message names the step."""

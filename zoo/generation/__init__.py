@@ -1,0 +1,21 @@
+"""Sampling and decoding loops shared by every generating method."""
+
+from zoo.generation.sampling import (
+    GenerationResult,
+    IncrementalDecoder,
+    SamplingParams,
+    decode_completion,
+    generate,
+    generate_text,
+    sample_next,
+)
+
+__all__ = [
+    "GenerationResult",
+    "IncrementalDecoder",
+    "SamplingParams",
+    "decode_completion",
+    "generate",
+    "generate_text",
+    "sample_next",
+]

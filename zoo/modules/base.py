@@ -1,0 +1,108 @@
+"""What every zoo LightningModule shares: the backbone built in ``configure_model``, generation, export,
+optimizer/scheduler partials, the run config stored in checkpoints, and the NaN-loss stop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from zoo.backbones.base import Backbone
+from zoo.errors import NaNLossError
+from zoo.generation.sampling import GenerationResult, SamplingParams, generate
+from zoo.quant.base import NoQuantizer, Quantizer
+
+OptimizerFactory = Callable[..., torch.optim.Optimizer]
+SchedulerFactory = Callable[..., Any]
+
+
+class ZooModule(pl.LightningModule):
+    """Base of the family modules (not a method by itself).
+
+    Args:
+        backbone: builds the tokenizer now and the model in :meth:`configure_model`.
+        quantizer: applied when the model is built (``quant=...``).
+        optimizer: partial ``torch.optim`` constructor taking the parameters.
+        scheduler: partial taking ``(optimizer, total_steps)`` (see :mod:`zoo.optim`), or ``None``.
+        generation: default :class:`~zoo.generation.SamplingParams` fields for :meth:`generate`.
+    """
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        quantizer: Quantizer | None = None,
+        optimizer: OptimizerFactory | None = None,
+        scheduler: SchedulerFactory | None = None,
+        generation: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.quantizer = quantizer or NoQuantizer()
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.sampling = SamplingParams(**(generation or {}))
+        self.model: PreTrainedModel | None = None
+        self.run_config: dict[str, Any] | None = None  # the resolved Hydra config, set by train.py
+
+    # -- model ----------------------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.backbone.tokenizer
+
+    def configure_model(self) -> None:
+        """Build the backbone once (idempotent; runs inside the strategy's init context)."""
+        if self.model is None:
+            self.model = self.backbone.build_model(self.quantizer)
+
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_attention_mask: torch.Tensor,
+        params: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> GenerationResult:
+        """Generation protocol: completions, texts and log-probs for left-padded prompts."""
+        self.configure_model()
+        return generate(
+            self.model, self.tokenizer, prompt_ids, prompt_attention_mask, params or self.sampling, generator
+        )
+
+    def export_pretrained(self, directory: str | Path) -> Path:
+        """Write model and tokenizer with ``save_pretrained`` (safetensors)."""
+        self.configure_model()
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+        return directory
+
+    # -- optimization ---------------------------------------------------------------------------------------
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def configure_optimizers(self) -> Any:
+        factory = self.optimizer_factory or torch.optim.AdamW
+        optimizer = factory(self.trainable_parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        total = self.trainer.estimated_stepping_batches if self._trainer is not None else 1
+        scheduler = self.scheduler_factory(optimizer, total_steps=int(total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def check_finite(self, loss: torch.Tensor) -> None:
+        """Stop with the step number when the loss is NaN/inf (checkpoints already written are kept)."""
+        if not torch.isfinite(loss.detach()).all():
+            raise NaNLossError(
+                f"non-finite loss ({loss.item()}) at global step {self.global_step}; training stopped. "
+                "The last good checkpoint (if any) is kept in the run's checkpoints/ folder; lower the learning "
+                "rate or enable gradient clipping (trainer.gradient_clip_val) and resume with ckpt_path=last"
+            )
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.run_config is not None:
+            checkpoint["zoo_config"] = self.run_config

@@ -1,0 +1,35 @@
+"""Learning-rate schedules taking the total number of optimizer steps (filled in by the module)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
+
+
+def one_cycle(optimizer: torch.optim.Optimizer, total_steps: int, pct_start: float = 0.1) -> LRScheduler:
+    """One-cycle schedule peaking at the optimizer's learning rate."""
+    max_lr = [group["lr"] for group in optimizer.param_groups]
+    return OneCycleLR(optimizer, max_lr=max_lr, total_steps=max(int(total_steps), 2), pct_start=pct_start)
+
+
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float = 0.05, min_ratio: float = 0.1
+) -> LRScheduler:
+    """Linear warm-up then cosine decay to ``min_ratio`` of the peak."""
+    total = max(int(total_steps), 1)
+    warmup = max(int(warmup_ratio * total), 1)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return LambdaLR(optimizer, factor)
+
+
+def constant(optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:
+    """Constant learning rate."""
+    return LambdaLR(optimizer, lambda _: 1.0)
