@@ -123,7 +123,8 @@ class Backbone(ABC):
             return self.source_pretrained()
         if not (path / "config.json").is_file():
             raise CheckpointNotFoundError(
-                f"backbone.init_from: no exported model at {path.resolve()} (looked for {path.resolve() / 'config.json'}); "
+                f"backbone.init_from: no exported model at {path.resolve()} "
+                f"(looked for {path.resolve() / 'config.json'}); "
                 "pass a directory written by save_pretrained, a Lightning .ckpt, or 'base'"
             )
         return str(path)
