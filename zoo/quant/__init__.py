@@ -1,0 +1,1 @@
+"""Quantization: NanoQuant (``zoo.quant.nanoquant``) and binary baselines (``zoo.quant.baselines``)."""
