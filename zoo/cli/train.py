@@ -31,6 +31,15 @@ METHOD_KINDS = ("module", "callback", "component")
 STAGES = ("fit", "validate", "test", "predict")
 
 
+def resolved(cfg: DictConfig) -> dict[str, Any]:
+    """The config as a plain resolved dict, without the ``hydra`` node (present when composed in tests)."""
+    return {
+        key: OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        for key, value in cfg.items()
+        if key != "hydra"
+    }
+
+
 def check_methods(cfg: DictConfig) -> dict[str, Any]:
     """Validate the ``methods`` block contributed by ``+method=...`` files; at most one ``kind: module``."""
     node = cfg.get("methods")
@@ -98,7 +107,7 @@ def save_run_info(cfg: DictConfig) -> None:
 
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (out / "resolved_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(resolved(cfg))))
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     info = {
         "overrides": overrides,
@@ -130,11 +139,13 @@ def build(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningDataModule, 
 
     if cfg.backbone.get("init_from") == BASE_POLICY:
         cfg.backbone.init_from = str(ensure_base_policy(cfg))
-    backbone = instantiate(cfg.backbone)
-    quantizer = instantiate(cfg.quant)
-    datamodule = instantiate(cfg.datamodule, tokenizer=backbone.tokenizer)
-    module = instantiate(cfg.module, backbone=backbone, quantizer=quantizer)
-    module.run_config = OmegaConf.to_container(cfg, resolve=True)
+    # _convert_="all": plain dicts/lists reach the objects (checkpoints then hold no OmegaConf types and load with
+    # torch.load(weights_only=True)).
+    backbone = instantiate(cfg.backbone, _convert_="all")
+    quantizer = instantiate(cfg.quant, _convert_="all")
+    datamodule = instantiate(cfg.datamodule, tokenizer=backbone.tokenizer, _convert_="all")
+    module = instantiate(cfg.module, backbone=backbone, quantizer=quantizer, _convert_="all")
+    module.run_config = resolved(cfg)
     callbacks = instantiate_named(cfg.get("callbacks"))
     loggers = instantiate_named(cfg.get("logger"))
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)

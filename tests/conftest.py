@@ -1,0 +1,71 @@
+"""Shared test set-up: offline Hugging Face, two torch threads, Hydra composition helpers."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from collections.abc import Callable, Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_module  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig, open_dict  # noqa: E402
+
+torch.set_num_threads(2)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def compose_train(overrides: list[str], tmp_path: Path, cache_dir: Path | None = None) -> DictConfig:
+    """Compose ``train.yaml`` as ``python train.py <overrides>`` would, with run dirs under ``tmp_path``."""
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="zoo.conf", version_base="1.3"):
+        cfg = compose(
+            config_name="train",
+            overrides=[
+                f"hydra.run.dir={tmp_path / 'run'}",
+                f"hydra.runtime.output_dir={tmp_path / 'run'}",
+                f"hydra.runtime.cwd={REPO_ROOT}",
+                f"paths.log_dir={tmp_path / 'logs'}",
+                f"paths.cache_dir={cache_dir or tmp_path / 'cache'}",
+                *overrides,
+            ],
+            return_hydra_config=True,
+        )
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path / "run")
+        cfg.paths.root_dir = str(REPO_ROOT)
+    return cfg
+
+
+@pytest.fixture
+def train_cfg(tmp_path: Path) -> Iterator[Callable[..., DictConfig]]:
+    """Factory: ``train_cfg(["+method=sft", ...])`` -> composed config with run dirs in ``tmp_path``."""
+
+    def make(overrides: list[str] | None = None, cache_dir: Path | None = None) -> DictConfig:
+        return compose_train(list(overrides or []), tmp_path, cache_dir)
+
+    yield make
+    GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="session")
+def base_policy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache dir for the session, so the small test base policy is trained once."""
+    return tmp_path_factory.mktemp("zoo_cache")
+
+
+# A small base-policy recipe for tests (a few seconds instead of minutes).
+SMALL_BASE_POLICY = [
+    "base_policy.num_train=512",
+    "base_policy.max_epochs=1",
+    "base_policy.batch_size=64",
+]

@@ -1,0 +1,74 @@
+"""Backbones: the char tokenizer, the tiny Llama, save/load round trips, the HF path and init_from errors."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from zoo.backbones import HFBackbone, TinyBackbone, add_special_tokens, build_char_tokenizer
+from zoo.errors import CheckpointNotFoundError, ConfigError
+
+
+def test_char_tokenizer_is_a_real_fast_tokenizer_with_the_specials():
+    tok = build_char_tokenizer()
+    assert isinstance(tok, PreTrainedTokenizerFast)
+    for special in ["<pad>", "<bos>", "<eos>", "<think>", "</think>"]:
+        ids = tok(special, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1, special
+    text = "12+34=<think>2+4=6\n1+3=4</think>46"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text
+    assert len(ids) == len(text) - len("<think>") - len("</think>") + 2
+
+
+def test_methods_can_add_tokens_and_the_model_is_resized():
+    tok = build_char_tokenizer()
+    (undo,) = add_special_tokens(tok, ["<UNDO>"])
+    assert tok("a<UNDO>b", add_special_tokens=False)["input_ids"] == [tok.convert_tokens_to_ids("a"), undo,
+                                                                      tok.convert_tokens_to_ids("b")]
+    backbone = TinyBackbone(extra_tokens=["<UNDO>"])
+    model = backbone.build_model()
+    assert model.get_input_embeddings().num_embeddings == len(backbone.tokenizer) == len(build_char_tokenizer()) + 1
+
+
+def test_tiny_model_is_about_one_million_parameters_and_deterministic():
+    a, b = TinyBackbone(seed=3).build_model(), TinyBackbone(seed=3).build_model()
+    n = sum(p.numel() for p in a.parameters())
+    assert 0.5e6 < n < 1.5e6
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+    c = TinyBackbone(seed=4).build_model()
+    assert not torch.equal(next(a.parameters()), next(c.parameters()))
+
+
+def test_tiny_round_trips_through_save_pretrained(tmp_path):
+    backbone = TinyBackbone()
+    model = backbone.build_model()
+    model.save_pretrained(tmp_path)
+    backbone.tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    ids = torch.tensor([tok("7+8=", add_special_tokens=False)["input_ids"]])
+    assert torch.allclose(model(input_ids=ids).logits, reloaded(input_ids=ids).logits)
+    # the same directory through both backbones' init_from / name_or_path
+    via_init = TinyBackbone(init_from=str(tmp_path)).build_model()
+    via_hf = HFBackbone(name_or_path=str(tmp_path)).build_model()
+    for other in (via_init, via_hf):
+        assert torch.allclose(model(input_ids=ids).logits, other(input_ids=ids).logits)
+
+
+def test_hf_backbone_options_and_offline_missing_path(tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match="no model at"):
+        HFBackbone(name_or_path=str(tmp_path / "missing")).tokenizer  # noqa: B018
+    with pytest.raises(ConfigError):
+        HFBackbone(name_or_path="")
+    assert HFBackbone(name_or_path=str(tmp_path)).from_pretrained_options()["trust_remote_code"] is False
+
+
+def test_init_from_missing_path_names_the_path(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(CheckpointNotFoundError, match=str(missing)):
+        TinyBackbone(init_from=str(missing)).build_model()
+    with pytest.raises(CheckpointNotFoundError, match="nowhere.ckpt"):
+        TinyBackbone(init_from=str(tmp_path / "nowhere.ckpt")).build_model()
+    with pytest.raises(ConfigError, match="init_from=base"):
+        TinyBackbone(init_from="base").build_model()
