@@ -19,7 +19,8 @@ HEADER = (
 def write_section(title: str, body: str) -> None:
     """Replace (or append) the ``## <title>`` section of docs/benchmarks.md."""
     text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.is_file() else HEADER
-    stamp = f"_Measured {datetime.date.today()} on {platform.processor() or platform.machine()}, torch {torch.__version__}._\n\n"
+    machine = platform.processor() or platform.machine()
+    stamp = f"_Measured {datetime.date.today()} on {machine}, torch {torch.__version__}._\n\n"
     section = f"## {title}\n\n{stamp}{body.strip()}\n"
     pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
     text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section

@@ -14,8 +14,8 @@ import time
 
 import lightning.pytorch as pl
 import torch
-
 from _results import write_section
+
 from zoo.backbones import TinyBackbone
 from zoo.data.sources import TaskSource
 from zoo.data.tasks import Addition
@@ -26,8 +26,12 @@ from zoo.modules import CausalLMModule
 
 def make(steps: int, batch_size: int):
     backbone = TinyBackbone(seed=0)
-    dm = SFTDataModule(backbone.tokenizer, TaskSource(Addition(2), num_train=steps * batch_size, num_val=8),
-                       batch_size=batch_size, shuffle=False)
+    dm = SFTDataModule(
+        backbone.tokenizer,
+        TaskSource(Addition(2), num_train=steps * batch_size, num_val=8),
+        batch_size=batch_size,
+        shuffle=False,
+    )
     dm.setup("fit")
     return backbone, dm
 
@@ -36,8 +40,15 @@ def lightning_run(steps: int, batch_size: int) -> tuple[float, int]:
     backbone, dm = make(steps, batch_size)
     module = CausalLMModule(backbone, optimizer=functools.partial(torch.optim.AdamW, lr=1e-3), generate_on_eval=False)
     tokens = sum(int(b["attention_mask"].sum()) for b in dm.train_dataloader())
-    trainer = pl.Trainer(accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     start = time.perf_counter()
     trainer.fit(module, train_dataloaders=dm.train_dataloader())
     return time.perf_counter() - start, tokens

@@ -8,15 +8,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from collections.abc import Callable, Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hydra import compose, initialize_config_module  # noqa: E402
-from hydra.core.global_hydra import GlobalHydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import DictConfig, open_dict  # noqa: E402
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
 
 torch.set_num_threads(2)
 

@@ -23,8 +23,11 @@ def test_char_tokenizer_is_a_real_fast_tokenizer_with_the_specials():
 def test_methods_can_add_tokens_and_the_model_is_resized():
     tok = build_char_tokenizer()
     (undo,) = add_special_tokens(tok, ["<UNDO>"])
-    assert tok("a<UNDO>b", add_special_tokens=False)["input_ids"] == [tok.convert_tokens_to_ids("a"), undo,
-                                                                      tok.convert_tokens_to_ids("b")]
+    assert tok("a<UNDO>b", add_special_tokens=False)["input_ids"] == [
+        tok.convert_tokens_to_ids("a"),
+        undo,
+        tok.convert_tokens_to_ids("b"),
+    ]
     backbone = TinyBackbone(extra_tokens=["<UNDO>"])
     model = backbone.build_model()
     assert model.get_input_embeddings().num_embeddings == len(backbone.tokenizer) == len(build_char_tokenizer()) + 1

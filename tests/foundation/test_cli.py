@@ -7,10 +7,10 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO_ROOT, SMALL_BASE_POLICY
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from conftest import REPO_ROOT, SMALL_BASE_POLICY
 from zoo.cli.train import build, check_methods, run
 from zoo.errors import CheckpointNotFoundError, ConfigError, NaNLossError
 
@@ -27,7 +27,11 @@ TINY_RUN = [
 def cli(*args: str, cwd=REPO_ROOT, env_extra=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
     return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=cwd, capture_output=True, text=True, env=env,
+        [sys.executable, str(REPO_ROOT / "train.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
         timeout=600,
     )
 
@@ -201,8 +205,12 @@ def test_unknown_group_option_lists_the_choices():
 def test_bad_data_and_missing_values_print_one_message(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1="}\n')
-    proc = cli("datamodule=sft_jsonl", f"datamodule.source.train_path={bad}", f"datamodule.source.val_path={bad}",
-               f"paths.log_dir={tmp_path}")
+    proc = cli(
+        "datamodule=sft_jsonl",
+        f"datamodule.source.train_path={bad}",
+        f"datamodule.source.val_path={bad}",
+        f"paths.log_dir={tmp_path}",
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"error: {bad}:1: missing field 'completion'" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -213,8 +221,15 @@ def test_bad_data_and_missing_values_print_one_message(tmp_path):
 
 
 def test_multirun_with_the_basic_launcher(tmp_path):
-    proc = cli("-m", "seed=0,1", "debug=fdr", "trainer.accelerator=cpu", f"paths.log_dir={tmp_path}",
-               "datamodule.source.num_train=64", "datamodule.source.num_val=8")
+    proc = cli(
+        "-m",
+        "seed=0,1",
+        "debug=fdr",
+        "trainer.accelerator=cpu",
+        f"paths.log_dir={tmp_path}",
+        "datamodule.source.num_train=64",
+        "datamodule.source.num_val=8",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = sorted(tmp_path.glob("train/multiruns/*/*/run_info.json"))
     assert len(runs) == 2

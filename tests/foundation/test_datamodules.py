@@ -26,9 +26,10 @@ def test_sft_labels_cover_exactly_the_completion_and_eos(tok):
         text = tok.decode(kept[:-1])
         assert kept[-1] == tok.eos_token_id
         assert text.startswith("<think>") and text.endswith(batch["answers"][i])
-        assert tok.decode(batch["prompt_ids"][i][batch["prompt_attention_mask"][i].bool()].tolist()[1:]) == batch[
-            "prompts"
-        ][i]
+        assert (
+            tok.decode(batch["prompt_ids"][i][batch["prompt_attention_mask"][i].bool()].tolist()[1:])
+            == batch["prompts"][i]
+        )
     assert batch["prompt_attention_mask"][:, -1].all()  # left-padded prompts end with a real token
 
 
