@@ -4,5 +4,14 @@ from zoo.backbones.base import Backbone
 from zoo.backbones.hf import HFBackbone
 from zoo.backbones.tiny import TinyBackbone
 from zoo.backbones.tokenizer import add_special_tokens, build_char_tokenizer
+from zoo.backbones.vlm import HFVLMBackbone, TinyVLMBackbone
 
-__all__ = ["Backbone", "HFBackbone", "TinyBackbone", "add_special_tokens", "build_char_tokenizer"]
+__all__ = [
+    "Backbone",
+    "HFBackbone",
+    "HFVLMBackbone",
+    "TinyBackbone",
+    "TinyVLMBackbone",
+    "add_special_tokens",
+    "build_char_tokenizer",
+]

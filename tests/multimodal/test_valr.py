@@ -1,0 +1,350 @@
+"""VaLR invariants (notes s.3(e)): recurrent latents, K slots labelled -100, alignment loss range, frozen
+teacher unused at inference, K->P block upsampling, lambda=0, and the Hydra fast_dev_run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from zoo.backbones.vlm import LATENT_END, LATENT_SLOT, LATENT_START, TinyVLMBackbone
+from zoo.data.visual import VisualCounting, VisualSource
+from zoo.datamodules.visual import VisualReasoningDataModule
+from zoo.losses import masked_nll
+from zoo.modules.valr import VaLRModule
+from zoo.multimodal.teacher import synthetic_teacher
+from zoo.multimodal.valr import (
+    latent_forward,
+    latent_generate,
+    packed_nll,
+    rewrite_with_latents,
+    upsample_latents,
+    valr_alignment_loss,
+)
+
+torch.set_num_threads(1)
+SMALL = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "vision_hidden_size": 16,
+    "vision_layers": 1,
+}
+K = 3
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def backbone() -> TinyVLMBackbone:
+    return TinyVLMBackbone(**SMALL)
+
+
+@pytest.fixture(scope="module")
+def batch(backbone):
+    dm = VisualReasoningDataModule(backbone.tokenizer, VisualSource(VisualCounting(), 12, 4, 4, seed=3), batch_size=3)
+    dm.setup("fit")
+    return next(iter(dm.train_dataloader()))
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    return synthetic_teacher(num_images=64, steps=5, dim=16)
+
+
+def _ids(tok) -> dict[str, int]:
+    a, b, c = tok.convert_tokens_to_ids([LATENT_START, LATENT_END, LATENT_SLOT])
+    return {"latent_start_id": a, "latent_end_id": b, "latent_slot_id": c}
+
+
+def _rewrite(tok, batch, k=K):
+    return rewrite_with_latents(batch["segments"], k, pad_id=tok.pad_token_id, **_ids(tok))
+
+
+# -- data rewrite ---------------------------------------------------------------------------------------------------
+def test_rewrite_has_exactly_k_latents_per_segment_labelled_ignore(backbone, batch) -> None:
+    tok = backbone.tokenizer
+    ids = _ids(tok)
+    lb = _rewrite(tok, batch)
+    assert lb.latent_columns.shape == (int(batch["num_steps"].max()), K)
+    for r, seg in enumerate(batch["segments"]):
+        row = lb.input_ids[r][lb.attention_mask[r].bool()].tolist()
+        labels = lb.labels[r][lb.attention_mask[r].bool()].tolist()
+        starts = [i for i, t in enumerate(row) if t == ids["latent_start_id"]]
+        assert len(starts) == len(seg["steps"])
+        for s in starts:
+            assert row[s + 1 : s + 1 + K] == [ids["latent_slot_id"]] * K
+            assert row[s + 1 + K] == ids["latent_end_id"]
+            assert labels[s + 1 : s + 2 + K] == [-100] * (K + 1)
+        assert row.count(ids["latent_slot_id"]) == K * len(seg["steps"])
+        # removing the latent segments gives back the plain CoT sequence
+        plain = [t for t in row if t not in ids.values()]
+        n = int(batch["attention_mask"][r].sum())
+        assert plain == batch["input_ids"][r, :n].tolist()
+        # image positions carry no loss; latent columns are real exactly where the row has that step
+        assert all(lab == -100 for t, lab in zip(row, labels) if t == backbone.image_token_id)
+        for i in range(lb.num_segments):
+            cols = lb.latent_columns[i]
+            assert bool(lb.segment_mask[r, i]) == (i < len(seg["steps"]))
+            assert bool((lb.input_ids[r, cols] == ids["latent_slot_id"]).all()) == (i < len(seg["steps"]))
+
+
+# -- recurrent latent forward ---------------------------------------------------------------------------------------
+def test_latent_input_is_previous_hidden_state_and_cache_is_exact(backbone, batch) -> None:
+    model = backbone.build_model()
+    lb = _rewrite(backbone.tokenizer, batch)
+    out = latent_forward(model, lb, batch["pixel_values"], hidden_layer=1)
+    b, n = lb.segment_mask.shape
+    assert out.num_passes == n * K + 1
+    cols = lb.latent_columns.reshape(-1)
+    fed = out.latent_inputs.reshape(b, n * K, -1)
+    previous = out.last_hidden[:, cols - 1]
+    real = lb.segment_mask[:, :, None].expand(-1, -1, K).reshape(b, -1)
+    assert torch.equal(fed[real], previous[real])
+    # one full (uncached) forward on the same input embeddings reproduces the chunked cached pass
+    embeds = model.get_input_embeddings()(lb.input_ids).detach().clone()
+    embeds[:, cols] = fed.detach()
+    full = model(
+        inputs_embeds=embeds,
+        pixel_values=batch["pixel_values"],
+        attention_mask=lb.attention_mask,
+        position_ids=lb.position_ids,
+        output_hidden_states=True,
+    )
+    mask = lb.attention_mask.bool()
+    torch.testing.assert_close(full.logits[mask], out.logits[mask], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        full.hidden_states[1][:, cols], out.latent_states.reshape(b, n * K, -1), atol=1e-4, rtol=1e-4
+    )
+    # gradients reach the fed-back states
+    packed_nll(out.logits, lb.labels, lb.attention_mask)[0].backward()
+    assert model.get_input_embeddings().weight.grad is not None
+
+
+def test_interior_padding_is_neutral(backbone, batch) -> None:
+    """Each row's loss in the aligned batch equals its loss alone (no interior padding)."""
+    model = backbone.build_model()
+    tok = backbone.tokenizer
+    lb = _rewrite(tok, batch)
+    with torch.no_grad():
+        out = latent_forward(model, lb, batch["pixel_values"])
+        for r in range(lb.input_ids.shape[0]):
+            single = {k: (v[r : r + 1] if k == "segments" else v) for k, v in batch.items() if k == "segments"}
+            one = _rewrite(tok, single)
+            alone = latent_forward(model, one, batch["pixel_values"][r : r + 1])
+            expected, _ = masked_nll(alone.logits, one.labels)
+            got, _ = packed_nll(out.logits[r : r + 1], lb.labels[r : r + 1], lb.attention_mask[r : r + 1])
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_latent_generate_emits_k_slots_then_forced_end(backbone, batch) -> None:
+    model = backbone.build_model()
+    tok = backbone.tokenizer
+    ids = _ids(tok)
+    head = model.lm_head
+
+    class Biased(nn.Module):  # make <latent> the argmax in language mode
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = head
+
+        def forward(self, x):
+            logits = self.inner(x)
+            logits[..., ids["latent_start_id"]] += 1e4
+            return logits
+
+    model.lm_head = Biased()
+    gen = latent_generate(
+        model,
+        tok,
+        batch["prompt_ids"],
+        batch["prompt_attention_mask"],
+        batch["pixel_values"],
+        K,
+        max_new_tokens=20,
+        max_segments=2,
+        hidden_layer=1,
+        **ids,
+    )
+    for r, row in enumerate(gen.completion_ids.tolist()):
+        expected = ([ids["latent_start_id"]] + [ids["latent_slot_id"]] * K + [ids["latent_end_id"]]) * 2
+        assert row[: len(expected)] == expected
+        assert ids["latent_start_id"] not in row[len(expected) :]
+        assert len(gen.latent_states[r]) == 2
+        assert gen.latent_states[r][0].shape[0] == K
+    assert gen.num_latent_segments.tolist() == [2] * len(gen.texts)
+
+
+# -- alignment loss ---------------------------------------------------------------------------------------------------
+def test_alignment_loss_is_minus_one_at_target_and_bounded() -> None:
+    torch.manual_seed(0)
+    target = torch.randn(2, 16, 8)
+    states = target.reshape(2, 1, 16, 8).expand(2, 3, 16, 8)  # P == K: upsampling is the identity
+    identity = nn.Identity()
+    assert valr_alignment_loss(states, target, identity).item() == pytest.approx(-1.0, abs=1e-6)
+    assert valr_alignment_loss(-states, target, identity).item() == pytest.approx(1.0, abs=1e-6)
+    proj = nn.Linear(5, 8)
+    for _ in range(5):
+        value = valr_alignment_loss(torch.randn(2, 3, 4, 5), torch.randn(2, 16, 8), proj).item()
+        assert -1.0 <= value <= 1.0
+    # masked steps do not count; per-step targets are accepted
+    mixed = torch.stack([target, -target], 1)[:, :, None].expand(2, 2, 1, 16, 8).reshape(2, 2, 16, 8)
+    mask = torch.tensor([[True, False], [True, False]])
+    assert valr_alignment_loss(mixed, target, identity, mask=mask).item() == pytest.approx(-1.0, abs=1e-6)
+    per_step = target[:, None].expand(2, 2, 16, 8)
+    assert valr_alignment_loss(mixed, per_step, identity).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_upsampling_reproduces_block_pattern() -> None:
+    x = torch.arange(16.0).reshape(1, 16, 1)  # a 4x4 grid of latents
+    up = upsample_latents(x, 64).reshape(8, 8)
+    expected = torch.arange(16.0).reshape(4, 4).repeat_interleave(2, 0).repeat_interleave(2, 1)
+    assert torch.equal(up, expected)
+    y = torch.arange(4.0).reshape(1, 4, 1)  # 2x2 -> 4x4 (the demo's K=4, P=16)
+    assert torch.equal(upsample_latents(y, 16).reshape(4, 4), torch.tensor([[0.0, 0, 1, 1]] * 2 + [[2.0, 2, 3, 3]] * 2))
+    assert torch.equal(
+        upsample_latents(torch.arange(3.0).reshape(1, 3, 1), 6, "nearest1d").flatten(),
+        torch.tensor([0, 0, 1, 1, 2, 2.0]),
+    )
+    z = torch.randn(2, 5, 7)
+    for mode in ("nearest", "nearest1d", "linear"):
+        assert torch.equal(upsample_latents(z, 5, mode), z)
+
+
+# -- module ---------------------------------------------------------------------------------------------------------
+def _module(backbone, align_weight, teacher=None, stage="latent") -> VaLRModule:
+    module = VaLRModule(
+        backbone,
+        stage=stage,
+        num_latents=K,
+        align_weight=align_weight,
+        teacher=teacher,
+        align_layer=1,
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+        generation={"max_new_tokens": 6},
+    )
+    module.configure_model()
+    return module
+
+
+def test_lambda_zero_is_the_plain_language_loss(backbone, batch, teacher) -> None:
+    plain = _module(backbone, 0.0)
+    aligned = _module(backbone, 0.5, teacher)
+    aligned.model.load_state_dict(plain.model.state_dict())
+    lb = plain.latent_batch(batch)
+    out = latent_forward(plain.model, lb, batch["pixel_values"])
+    expected, _ = packed_nll(out.logits, lb.labels, lb.attention_mask)
+    got = plain.losses(batch, with_alignment=True)
+    assert plain.projector is None
+    assert "align_loss" not in got
+    torch.testing.assert_close(got["loss"], expected)
+    both = aligned.losses(batch, with_alignment=True)
+    torch.testing.assert_close(both["lm_loss"], expected)
+    torch.testing.assert_close(both["loss"], expected + 0.5 * both["align_loss"])
+    assert -1.0 <= float(both["align_loss"]) <= 1.0
+
+
+def test_teacher_gets_no_gradient_and_is_unchanged_after_a_step(backbone, batch, teacher) -> None:
+    module = _module(backbone, 0.5, teacher)
+    module.train()
+    assert not module.teacher.training
+    before = {k: v.clone() for k, v in module.teacher.state_dict().items()}
+    model_before = module.model.get_input_embeddings().weight.detach().clone()
+    optimizer = module.configure_optimizers()
+    loss = module.losses(batch, with_alignment=True)["loss"]
+    loss.backward()
+    assert all(p.grad is None for p in module.teacher.parameters())
+    assert all(p.grad is not None for p in module.projector.parameters())
+    optimizer.step()
+    after = module.teacher.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not torch.equal(model_before, module.model.get_input_embeddings().weight)
+    assert not any(p.requires_grad for p in module.model.model.vision_tower.parameters())
+
+
+def test_teacher_is_never_called_at_inference(backbone, batch, teacher) -> None:
+    module = _module(backbone, 0.5, teacher)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("teacher called at inference")
+
+    module.teacher.forward = boom
+    module.eval()
+    with torch.no_grad():
+        out = module.validation_step(batch, 0)
+        module.predict_step(batch, 0)
+        module.generate_latent(batch)
+    assert len(out["texts"]) == batch["input_ids"].shape[0]
+    with pytest.raises(AssertionError, match="teacher called"):
+        module.losses(batch, with_alignment=True)  # the mock is live: training does call it
+
+
+def test_stage_cot_is_plain_sft(backbone, batch) -> None:
+    module = _module(backbone, 0.0, stage="cot")
+    logits = module.model(input_ids=batch["input_ids"], pixel_values=batch["pixel_values"]).logits
+    expected, _ = masked_nll(logits, batch["labels"])
+    torch.testing.assert_close(module.losses(batch, with_alignment=True)["loss"], expected)
+
+
+def test_align_weight_without_teacher_is_a_config_error(backbone) -> None:
+    from zoo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="teacher"):
+        VaLRModule(backbone, stage="latent", align_weight=0.5, teacher=None)
+
+
+# -- Hydra app -------------------------------------------------------------------------------------------------------
+SMALL_RUN = [
+    "debug=fdr",
+    "datamodule.source.num_train=8",
+    "datamodule.source.num_val=2",
+    "datamodule.source.num_test=2",
+    "datamodule.batch_size=2",
+    "datamodule.eval_batch_size=2",
+    "module.generation.max_new_tokens=4",
+    "backbone.hidden_size=32",
+    "backbone.intermediate_size=64",
+    "backbone.num_hidden_layers=2",
+    "logger=none",
+    "callbacks=none",
+]
+
+
+def _train(tmp_path: Path, overrides: list[str]) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "ZOO_CACHE_DIR": str(tmp_path / "cache"),
+        "ZOO_LOG_DIR": str(tmp_path / "logs"),
+        "OMP_NUM_THREADS": "1",
+    }
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *overrides],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_method_valr_fast_dev_run(tmp_path) -> None:
+    extra = ["module.teacher.num_images=32", "module.teacher.steps=3", "module.teacher.dim=16"]
+    result = _train(tmp_path, ["+method=valr", *SMALL_RUN, *extra])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "fit done" in result.stdout
+
+
+@pytest.mark.slow
+def test_method_valr_cot_fast_dev_run_on_hf_vlm(tmp_path) -> None:
+    backbone = TinyVLMBackbone(**SMALL)
+    backbone.build_model().save_pretrained(tmp_path / "vlm")
+    backbone.save_processor(tmp_path / "vlm")
+    overrides = [o for o in SMALL_RUN if not o.startswith("backbone.")]
+    result = _train(
+        tmp_path, ["+method=valr_cot", "backbone=hf_vlm", f"backbone.name_or_path={tmp_path / 'vlm'}", *overrides]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -1,0 +1,299 @@
+"""VaLR LightningModule (arXiv 2602.04476): stage 1 plain CoT SFT, stage 2 latents + alignment.
+
+The mathematics lives in :mod:`zoo.multimodal.valr` (rewrite, recurrent latent forward, alignment loss,
+latent decoding); this module wires it to a vision-language backbone and a frozen teacher:
+
+* ``stage="cot"``: L = CE of the plain chain of thought (the image is an input; no latents).
+* ``stage="latent"``: L = CE(latent-augmented sequence) + lambda * L_REPA (lambda = ``align_weight``, 0.5 in
+  the paper); ``align_weight=0`` with ``teacher=None`` is the "latents without alignment" ablation.
+
+The teacher is only called in :meth:`training_step`; validation, test, predict and :meth:`generate_latent`
+use the MLLM alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torchmetrics import MeanMetric
+
+from zoo.backbones.base import Backbone
+from zoo.backbones.vlm import LATENT_END, LATENT_SLOT, LATENT_START
+from zoo.data.tasks import extract_answer
+from zoo.errors import ConfigError, DataError
+from zoo.losses import masked_nll
+from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooModule
+from zoo.multimodal.valr import (
+    AlignmentProjector,
+    LatentBatch,
+    LatentGeneration,
+    latent_forward,
+    latent_generate,
+    packed_nll,
+    rewrite_with_latents,
+    valr_alignment_loss,
+)
+from zoo.protocols import GenerationOutput
+from zoo.quant.base import Quantizer
+
+STAGES = ("cot", "latent")
+
+
+class VaLRModule(ZooModule):
+    """Vision-aligned latent reasoning on a vision-language backbone.
+
+    Args:
+        backbone: a VLM backbone (``backbone=tiny_vlm`` or ``hf_vlm``) whose tokenizer has the latent tokens.
+        stage: ``cot`` (stage 1) or ``latent`` (stage 2).
+        num_latents: K latent positions per reasoning step (paper: 16; demo: 4).
+        align_weight: lambda of ``L_CE + lambda L_REPA`` (paper: 0.5).
+        align_layer: ``hidden_states`` index of the aligned states (0 = embeddings) or ``"middle"``
+            (``num_layers // 2``; the paper's 12th of 28 layers).
+        teacher: a frozen encoder ``pixel_values -> [B, P, D]`` or a zero-argument factory of one (built in
+            :meth:`configure_model`); ``None`` disables alignment.
+        projector_hidden: width of psi's hidden layer.
+        upsample: K -> P mode (``nearest`` / ``nearest1d`` / ``linear``).
+        projector_lr: learning rate of psi (paper: 1e-5 vs 2e-6 for the LLM); ``None`` = the optimizer's.
+        freeze_vision: keep the native vision tower frozen (paper: frozen in both stages).
+        max_latent_segments: cap of latent segments per row at inference.
+        generate_on_eval: greedy generation + exact-match accuracy (overall and per number of steps) on eval.
+    """
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        quantizer: Quantizer | None = None,
+        optimizer: OptimizerFactory | None = None,
+        scheduler: SchedulerFactory | None = None,
+        generation: dict[str, Any] | None = None,
+        stage: str = "latent",
+        num_latents: int = 4,
+        align_weight: float = 0.5,
+        align_layer: int | str = "middle",
+        teacher: nn.Module | Callable[[], nn.Module] | None = None,
+        projector_hidden: int = 256,
+        upsample: str = "nearest",
+        projector_lr: float | None = None,
+        freeze_vision: bool = True,
+        max_latent_segments: int = 8,
+        generate_on_eval: bool = True,
+        max_steps_logged: int = 8,
+    ) -> None:
+        super().__init__(backbone, quantizer, optimizer, scheduler, generation)
+        if stage not in STAGES:
+            raise ConfigError(f"module.stage must be one of {STAGES}, got {stage!r}")
+        if stage == "latent" and num_latents < 1:
+            raise ConfigError(f"module.num_latents must be >= 1 in the latent stage, got {num_latents}")
+        if align_weight < 0:
+            raise ConfigError(f"module.align_weight must be >= 0, got {align_weight}")
+        if stage == "latent" and align_weight > 0 and teacher is None:
+            raise ConfigError("module.align_weight > 0 needs module.teacher (set align_weight=0 for latents only)")
+        missing = [t for t in (LATENT_START, LATENT_END, LATENT_SLOT) if t not in self.tokenizer.get_vocab()]
+        if stage == "latent" and missing:
+            raise ConfigError(f"the backbone's tokenizer lacks {missing}; add them with backbone.extra_tokens")
+        self.stage = stage
+        self.num_latents = num_latents if stage == "latent" else 0
+        self.align_weight = float(align_weight)
+        self.align_layer_spec = align_layer
+        self._teacher_spec = teacher
+        self.teacher: nn.Module | None = None
+        self.projector: AlignmentProjector | None = None
+        self.projector_hidden = projector_hidden
+        self.upsample = upsample
+        self.projector_lr = projector_lr
+        self.freeze_vision = freeze_vision
+        self.max_latent_segments = max_latent_segments
+        self.generate_on_eval = generate_on_eval
+        self.max_steps_logged = max_steps_logged
+        self.save_hyperparameters(ignore=["backbone", "quantizer", "optimizer", "scheduler", "teacher"])
+        self.eval_metrics = nn.ModuleDict(
+            {f"{s}_{n}": MeanMetric() for s in ("val", "test") for n in ("loss", "exact_match")}
+        )
+
+    # -- model ----------------------------------------------------------------------------------------------
+    @property
+    def token_ids(self) -> dict[str, int]:
+        ids = self.tokenizer.convert_tokens_to_ids([LATENT_START, LATENT_END, LATENT_SLOT])
+        return {"latent_start_id": ids[0], "latent_end_id": ids[1], "latent_slot_id": ids[2]}
+
+    @property
+    def align_layer(self) -> int:
+        layers = int(self._text_config().num_hidden_layers)
+        if self.align_layer_spec == "middle":
+            return layers // 2
+        index = int(self.align_layer_spec)
+        if not 0 <= index <= layers:
+            raise ConfigError(f"module.align_layer={index} outside [0, {layers}] (0 = embeddings)")
+        return index
+
+    def _text_config(self) -> Any:
+        config = self.model.config
+        return getattr(config, "text_config", config)
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        super().configure_model()
+        if self.freeze_vision:
+            for name in ("vision_tower", "vision_model"):
+                tower = getattr(self.model.model, name, None) if hasattr(self.model, "model") else None
+                if tower is not None:
+                    tower.requires_grad_(False)
+        if self.stage == "latent" and self.align_weight > 0 and self._teacher_spec is not None:
+            teacher = self._teacher_spec
+            teacher = teacher if isinstance(teacher, nn.Module) else teacher()
+            teacher.requires_grad_(False)
+            teacher.eval()
+            self.teacher = teacher
+            dim = int(getattr(teacher, "feature_dim", 0)) or None
+            if dim is None:
+                raise ConfigError("module.teacher must expose feature_dim (use zoo.multimodal.teacher.FrozenTeacher)")
+            self.projector = AlignmentProjector(int(self._text_config().hidden_size), dim, self.projector_hidden)
+            _ = self.align_layer  # validate early
+
+    def train(self, mode: bool = True) -> VaLRModule:
+        super().train(mode)
+        if self.teacher is not None:
+            self.teacher.eval()
+        return self
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        teacher = {id(p) for p in self.teacher.parameters()} if self.teacher is not None else set()
+        return [p for p in self.parameters() if p.requires_grad and id(p) not in teacher]
+
+    def configure_optimizers(self) -> Any:
+        if self.projector is None or self.projector_lr is None:
+            return super().configure_optimizers()
+        proj = {id(p) for p in self.projector.parameters()}
+        groups = [
+            {"params": [p for p in self.trainable_parameters() if id(p) not in proj]},
+            {"params": list(self.projector.parameters()), "lr": self.projector_lr},
+        ]
+        factory = self.optimizer_factory or torch.optim.AdamW
+        optimizer = factory(groups)
+        if self.scheduler_factory is None:
+            return optimizer
+        total = self.trainer.estimated_stepping_batches if self._trainer is not None else 1
+        scheduler = self.scheduler_factory(optimizer, total_steps=int(total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # -- losses ---------------------------------------------------------------------------------------------
+    def latent_batch(self, batch: dict[str, Any]) -> LatentBatch:
+        """The VaLR data rewrite of a batch (on the batch's device)."""
+        lb = rewrite_with_latents(
+            batch["segments"], self.num_latents, pad_id=self.tokenizer.pad_token_id, **self.token_ids
+        )
+        device = batch["input_ids"].device
+        return LatentBatch(*(getattr(lb, f).to(device) for f in LatentBatch.__dataclass_fields__))
+
+    def _check_pixels(self, batch: dict[str, Any]) -> None:
+        pixels = batch.get("pixel_values")
+        vision = getattr(self.model.config, "vision_config", None)
+        size = getattr(vision, "image_size", None)
+        if pixels is not None and size is not None and tuple(pixels.shape[-2:]) != (size, size):
+            raise DataError(
+                f"batch pixel_values are {tuple(pixels.shape[-2:])} but the vision tower takes {size}x{size}; "
+                f"set datamodule.image_size={size}"
+            )
+
+    def losses(self, batch: dict[str, Any], with_alignment: bool) -> dict[str, torch.Tensor]:
+        """``{"loss", "lm_loss", "num_tokens"}`` (+ ``align_loss``, ``align_cos``, ``num_passes`` in stage 2)."""
+        self._check_pixels(batch)
+        if self.stage == "cot":
+            logits = self.model(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], pixel_values=batch["pixel_values"]
+            ).logits
+            lm, n = masked_nll(logits, batch["labels"])
+            return {"loss": lm, "lm_loss": lm, "num_tokens": n}
+        lb = self.latent_batch(batch)
+        use_align = with_alignment and self.align_weight > 0 and self.teacher is not None
+        out = latent_forward(self.model, lb, batch["pixel_values"], self.align_layer if use_align else None)
+        lm, n = packed_nll(out.logits, lb.labels, lb.attention_mask)
+        result = {"loss": lm, "lm_loss": lm, "num_tokens": n, "num_passes": torch.tensor(float(out.num_passes))}
+        if use_align:
+            with torch.no_grad():
+                feats = self.teacher(batch["pixel_values"])
+            align = valr_alignment_loss(out.latent_states, feats, self.projector, self.upsample, lb.segment_mask)
+            result.update(loss=lm + self.align_weight * align, align_loss=align, align_cos=-align.detach())
+        return result
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        out = self.losses(batch, with_alignment=True)
+        self.check_finite(out["loss"])
+        size = batch["input_ids"].shape[0]
+        self.log("train/loss", out["loss"], prog_bar=True, batch_size=size)
+        self.log("train/lm_loss", out["lm_loss"], batch_size=size)
+        if "align_loss" in out:
+            self.log("train/align_loss", out["align_loss"], batch_size=size)
+            self.log("train/align_cos", out["align_cos"], prog_bar=True, batch_size=size)
+        if "num_passes" in out:
+            self.log("train/forward_passes", out["num_passes"], batch_size=size)
+        return out["loss"]
+
+    # -- inference (teacher never used) -----------------------------------------------------------------------
+    def generate_latent(self, batch: dict[str, Any], hidden_layer: int | None = None) -> LatentGeneration:
+        """Greedy decoding with latent segments (K = ``num_latents``; plain greedy in the CoT stage)."""
+        self.configure_model()
+        return latent_generate(
+            self.model,
+            self.tokenizer,
+            batch["prompt_ids"],
+            batch["prompt_attention_mask"],
+            batch.get("pixel_values"),
+            self.num_latents,
+            max_new_tokens=self.sampling.max_new_tokens,
+            max_segments=self.max_latent_segments,
+            hidden_layer=hidden_layer,
+            **self.token_ids,
+        )
+
+    def _generate_output(self, batch: dict[str, Any]) -> GenerationOutput:
+        result = self.generate_latent(batch)
+        correct = [extract_answer(t) == a for t, a in zip(result.texts, batch["answers"])]
+        return GenerationOutput(
+            prompt_ids=batch["prompt_ids"],
+            completion_ids=result.completion_ids,
+            texts=result.texts,
+            meta={
+                "prompts": batch["prompts"],
+                "answers": batch["answers"],
+                "correct": correct,
+                "num_steps": batch["num_steps"].tolist(),
+            },
+        )
+
+    def _eval_step(self, batch: dict[str, Any], split: str) -> GenerationOutput:
+        size = batch["input_ids"].shape[0]
+        loss = self.losses(batch, with_alignment=False)["lm_loss"]
+        self.eval_metrics[f"{split}_loss"].update(loss)
+        self.log(f"{split}/loss", self.eval_metrics[f"{split}_loss"], prog_bar=split == "val", batch_size=size)
+        if not self.generate_on_eval:
+            return GenerationOutput(meta={})
+        output = self._generate_output(batch)
+        correct = torch.tensor(output["meta"]["correct"], dtype=torch.float, device=self.device)
+        self.eval_metrics[f"{split}_exact_match"].update(correct)
+        self.log(f"{split}/exact_match", self.eval_metrics[f"{split}_exact_match"], prog_bar=True, batch_size=size)
+        return output
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> GenerationOutput:
+        return self._eval_step(batch, "val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> GenerationOutput:
+        return self._eval_step(batch, "test")
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> GenerationOutput:
+        return self._generate_output(batch)
+
+    def export_pretrained(self, directory: Any) -> Any:
+        """Model + processor (or tokenizer) with ``save_pretrained``; loads back with ``backbone=hf_vlm``."""
+        path = super().export_pretrained(directory)
+        saver = getattr(self.backbone, "save_processor", None)
+        if saver is not None:
+            saver(path)
+        return path
+
+
+__all__ = ["VaLRModule"]

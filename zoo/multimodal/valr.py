@@ -1,0 +1,449 @@
+"""VaLR -- "Vision-aligned Latent Reasoning" (arXiv 2602.04476, ICML 2026).
+
+A multimodal LLM emits K *latent* positions before every chain-of-thought step; at a latent position the
+input embedding is the previous position's last hidden state (no LM head, no embedding lookup), and an
+alignment loss pulls an intermediate layer's latent states -- upsampled K -> P and projected by an MLP psi --
+toward a frozen vision encoder's P patch features. The teacher is used in training only.
+
+Equation -> function map (paper section 3; notation of the notes ``research/multimodal_quant_data.md`` s.3):
+
+* data rewrite  v,q -> (r^1..r^N) -> a   becomes   v,q -> (<latent> l^1_{1:K} </latent> r^1, ...,
+  <latent> l^N_{1:K} </latent> r^N) -> a                                     -> :func:`rewrite_with_latents`
+* latent mode  E_{t+1} = [E_t; h_t]  (language mode E_{t+1} = [E_t; e(x_{t+1})]), run with a KV cache,
+  N*K + 1 forward passes per batch                                             -> :func:`latent_forward`
+* K -> P upsampling of the latent states of step i                            -> :func:`upsample_latents`
+* L_REPA = -1/(N P) sum_{i,p} cos(psi(F^{(i)}_MLLM)[p], phi(I^{(i)})[p])       -> :func:`valr_alignment_loss`
+* psi: 2-layer MLP (SiLU) from the LLM width to the teacher width             -> :class:`AlignmentProjector`
+* L = L_CE + lambda L_REPA (lambda = 0.5); L_CE over the latent-augmented sequence, latent positions
+  labelled -100                                                                -> :func:`packed_nll` (+ the module)
+* inference: latent segments decoded with hidden-state feedback, teacher unused -> :func:`latent_generate`
+
+Conventions: ``hidden_states[0]`` is the embedding output and ``hidden_states[L]`` the last layer (after the
+final norm, which is what the LM head reads); the fed-back vector is ``hidden_states[-1]`` (Coconut's
+convention). Rows of a batch are laid out so that latent positions share columns (segment-aligned padding
+*inside* the sequence, masked out); :func:`packed_nll` therefore shifts labels over real tokens only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.generation.sampling import cache_kwarg_name
+from zoo.losses import IGNORE_INDEX, masked_nll
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# data rewrite
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class LatentBatch:
+    """A latent-augmented batch with latent positions aligned across rows.
+
+    Attributes:
+        input_ids, attention_mask, labels, position_ids: ``[B, T]``; latent slots hold ``latent_slot_id`` and
+            label -100; padding (also between segments) has mask 0 and label -100.
+        latent_columns: ``[N, K]`` column of latent slot ``k`` of segment ``i`` (shared by all rows).
+        segment_mask: ``[B, N]`` whether row ``b`` has a reasoning step ``i`` (its latents are real).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+    position_ids: torch.Tensor
+    latent_columns: torch.Tensor
+    segment_mask: torch.Tensor
+
+    @property
+    def num_latents(self) -> int:
+        return int(self.latent_columns.shape[1])
+
+    @property
+    def num_segments(self) -> int:
+        return int(self.latent_columns.shape[0])
+
+
+def rewrite_with_latents(
+    segments: Sequence[dict[str, Sequence[int] | Sequence[Sequence[int]]]],
+    num_latents: int,
+    *,
+    latent_start_id: int,
+    latent_end_id: int,
+    latent_slot_id: int,
+    pad_id: int,
+    label_latent_start: bool = True,
+) -> LatentBatch:
+    """Insert ``<latent> l_1..l_K </latent>`` before every reasoning step (paper's data rewrite, s.3).
+
+    Args:
+        segments: per row ``{"prompt": ids, "head": ids, "steps": [ids, ...], "tail": ids}`` (the
+            :class:`~zoo.datamodules.visual.VisualReasoningDataModule` batch field ``segments``). Loss
+            covers ``head``, ``steps``, ``tail`` and (with ``label_latent_start``) the ``<latent>`` token; the
+            K slots and ``</latent>`` (forced at inference) are labelled -100.
+        num_latents: K >= 1.
+
+    Returns:
+        A :class:`LatentBatch`; the prompt block is left-padded, each segment block and the tail block are
+        right-padded to the batch maximum so that latent columns coincide across rows.
+    """
+    if num_latents < 1:
+        raise ValueError(f"num_latents must be >= 1, got {num_latents}")
+    k = num_latents
+    n_seg = max((len(s["steps"]) for s in segments), default=0)
+    prefix = [list(s["prompt"]) + list(s["head"]) for s in segments]
+    prefix_w = max(len(p) for p in prefix)
+    seg_w = [
+        2 + k + max((len(s["steps"][i]) for s in segments if len(s["steps"]) > i), default=0) for i in range(n_seg)
+    ]
+    tail_w = max(len(s["tail"]) for s in segments)
+    width = prefix_w + sum(seg_w) + tail_w
+    b = len(segments)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.long)
+    labels = torch.full((b, width), IGNORE_INDEX, dtype=torch.long)
+    seg_mask = torch.zeros((b, n_seg), dtype=torch.bool)
+    columns = torch.zeros((n_seg, k), dtype=torch.long)
+    start = prefix_w
+    for i in range(n_seg):
+        columns[i] = torch.arange(start + 1, start + 1 + k)
+        start += seg_w[i]
+
+    def put(row: int, col: int, tokens: Sequence[int], labelled: bool) -> None:
+        if not tokens:
+            return
+        t = torch.as_tensor(list(tokens), dtype=torch.long)
+        ids[row, col : col + len(t)] = t
+        mask[row, col : col + len(t)] = 1
+        if labelled:
+            labels[row, col : col + len(t)] = t
+
+    for r, s in enumerate(segments):
+        prompt, head = list(s["prompt"]), list(s["head"])
+        off = prefix_w - len(prompt) - len(head)
+        put(r, off, prompt, False)
+        put(r, off + len(prompt), head, True)
+        col = prefix_w
+        for i in range(n_seg):
+            if i < len(s["steps"]):
+                seg_mask[r, i] = True
+                put(r, col, [latent_start_id], label_latent_start)
+                put(r, col + 1, [latent_slot_id] * k, False)
+                put(r, col + 1 + k, [latent_end_id], False)
+                put(r, col + 2 + k, list(s["steps"][i]), True)
+            col += seg_w[i]
+        put(r, col, list(s["tail"]), True)
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    return LatentBatch(ids, mask, labels, position_ids, columns, seg_mask)
+
+
+def packed_nll(
+    logits: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor, normalizer: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token NLL over the *real* tokens of each row (padding inside the sequence is skipped).
+
+    Real positions (mask 1) are moved to the front of each row in order, then :func:`zoo.losses.masked_nll`
+    applies: position ``t`` predicts the next real token. Without interior padding this equals
+    ``masked_nll(logits, labels)``.
+
+    Args:
+        logits: ``[B, T, V]``; labels, attention_mask: ``[B, T]``.
+
+    Returns:
+        ``(loss, num_tokens)``.
+    """
+    real = attention_mask.bool()
+    order = torch.argsort((~real).to(torch.int8), dim=1, stable=True)
+    packed_logits = logits.gather(1, order[..., None].expand(-1, -1, logits.shape[-1]))
+    packed_labels = labels.gather(1, order).masked_fill(~real.gather(1, order), IGNORE_INDEX)
+    return masked_nll(packed_logits, packed_labels, None, normalizer)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# recurrent latent forward
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class LatentForwardOutput:
+    """Output of :func:`latent_forward`.
+
+    Attributes:
+        logits: ``[B, T, V]``.
+        latent_states: ``[B, N, K, H]`` hidden states of ``hidden_layer`` at the latent positions (None when
+            no layer was asked for).
+        latent_inputs: ``[B, N, K, H]`` the vectors fed at the latent positions (= last hidden state of the
+            previous position).
+        last_hidden: ``[B, T, H]`` last-layer hidden states (post final norm).
+        num_passes: forward calls made (``N*K + 1``).
+    """
+
+    logits: torch.Tensor
+    latent_states: torch.Tensor | None
+    latent_inputs: torch.Tensor
+    last_hidden: torch.Tensor
+    num_passes: int
+
+
+def _forward(model: nn.Module, cache_kw: str, cache: object, **kwargs: object) -> object:
+    return model(use_cache=True, output_hidden_states=True, return_dict=True, **{cache_kw: cache}, **kwargs)
+
+
+def latent_forward(
+    model: nn.Module,
+    batch: LatentBatch,
+    pixel_values: torch.Tensor | None = None,
+    hidden_layer: int | None = None,
+) -> LatentForwardOutput:
+    """Teacher-forced forward of a latent-augmented batch with recurrent latent positions (E_{t+1} = [E_t; h_t]).
+
+    The sequence is cut at every latent column; each chunk is run with the KV cache of the previous ones,
+    and the first position of a chunk (a latent slot) receives the last hidden state of the position before
+    it. Gradients flow through the fed-back states and the cache. Cost: ``N*K + 1`` forward calls over a
+    total of ``T`` positions (each position is computed once).
+
+    Args:
+        model: a Hugging Face (vision-)language model taking ``input_ids``/``inputs_embeds``,
+            ``pixel_values``, ``attention_mask``, ``position_ids`` and a cache.
+        batch: from :func:`rewrite_with_latents`; the image placeholders must lie before the first latent.
+        pixel_values: images of the batch (passed with the first chunk only).
+        hidden_layer: index into ``hidden_states`` (0 = embeddings) whose latent states are returned.
+    """
+    cache_kw = cache_kwarg_name(model)
+    embed = model.get_input_embeddings()
+    cols = batch.latent_columns.reshape(-1).tolist()
+    b, t = batch.input_ids.shape
+    n, k = batch.num_segments, batch.num_latents
+    bounds = [0, *cols, t] if cols else [0, t]
+    cache = None
+    logits_chunks, last_chunks, layer_chunks = [], [], []
+    latent_inputs: list[torch.Tensor] = []
+    previous_last: torch.Tensor | None = None
+    for j in range(len(bounds) - 1):
+        lo, hi = bounds[j], bounds[j + 1]
+        common = {"attention_mask": batch.attention_mask[:, :hi], "position_ids": batch.position_ids[:, lo:hi]}
+        if j == 0:
+            out = _forward(
+                model, cache_kw, cache, input_ids=batch.input_ids[:, lo:hi], pixel_values=pixel_values, **common
+            )
+        else:
+            seg = (j - 1) // k
+            tokens = embed(batch.input_ids[:, lo:hi])
+            fed = torch.where(batch.segment_mask[:, seg, None], previous_last, tokens[:, 0])
+            latent_inputs.append(fed)
+            out = _forward(model, cache_kw, cache, inputs_embeds=torch.cat([fed[:, None], tokens[:, 1:]], 1), **common)
+        cache = getattr(out, cache_kw, None) or getattr(out, "past_key_values", None)
+        hidden = out.hidden_states
+        logits_chunks.append(out.logits)
+        last_chunks.append(hidden[-1])
+        if hidden_layer is not None:
+            layer_chunks.append(hidden[hidden_layer])
+        previous_last = hidden[-1][:, -1]
+    last_hidden = torch.cat(last_chunks, 1)
+    width = last_hidden.shape[-1]
+    col_index = batch.latent_columns.reshape(-1).to(last_hidden.device)
+    latent_states = None
+    if hidden_layer is not None:
+        layer = torch.cat(layer_chunks, 1)
+        latent_states = layer[:, col_index].reshape(b, n, k, layer.shape[-1])
+    stacked = torch.stack(latent_inputs, 1) if latent_inputs else last_hidden.new_zeros(b, 0, width)
+    return LatentForwardOutput(
+        logits=torch.cat(logits_chunks, 1),
+        latent_states=latent_states,
+        latent_inputs=stacked.reshape(b, n, k, width),
+        last_hidden=last_hidden,
+        num_passes=len(bounds) - 1,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# alignment loss
+# ----------------------------------------------------------------------------------------------------------------
+def upsample_latents(x: torch.Tensor, num_patches: int, mode: str = "nearest") -> torch.Tensor:
+    """Upsample ``[..., K, H]`` latent states to ``[..., P, H]`` (paper: "upsample K -> P").
+
+    Modes: ``nearest`` -- 2-D nearest neighbour when K and P are perfect squares (a sqrt(K) x sqrt(K) grid
+    of latents becomes sqrt(P) x sqrt(P) patch blocks, e.g. 4x4 -> 8x8), else 1-D nearest; ``nearest1d``;
+    ``linear`` (1-D, align_corners=False). ``P == K`` is the identity in every mode.
+    """
+    k, h = x.shape[-2], x.shape[-1]
+    if k == num_patches:
+        return x
+    lead = x.shape[:-2]
+    flat = x.reshape(-1, k, h).transpose(1, 2)  # [M, H, K]
+    sk, sp = math.isqrt(k), math.isqrt(num_patches)
+    if mode == "nearest" and sk * sk == k and sp * sp == num_patches:
+        grid = flat.reshape(-1, h, sk, sk)
+        out = F.interpolate(grid, size=(sp, sp), mode="nearest").reshape(-1, h, num_patches)
+    elif mode in ("nearest", "nearest1d"):
+        out = F.interpolate(flat, size=num_patches, mode="nearest")
+    elif mode == "linear":
+        out = F.interpolate(flat, size=num_patches, mode="linear", align_corners=False)
+    else:
+        raise ValueError(f"upsample mode must be nearest, nearest1d or linear, got {mode!r}")
+    return out.transpose(1, 2).reshape(*lead, num_patches, h)
+
+
+class AlignmentProjector(nn.Module):
+    """psi: 2-layer MLP (SiLU) mapping LLM hidden states to the teacher's feature width (REPA's projector)."""
+
+    def __init__(self, in_dim: int, out_dim: int, hidden_dim: int = 256) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.SiLU(), nn.Linear(hidden_dim, out_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def valr_alignment_loss(
+    latent_states: torch.Tensor,
+    teacher_feats: torch.Tensor,
+    projector: Callable[[torch.Tensor], torch.Tensor],
+    upsample: str | Callable[[torch.Tensor, int], torch.Tensor] = "nearest",
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """L_REPA = -(1/(N P)) sum_{i,p} cos(psi(up(F^{(i)}))[p], phi(I^{(i)})[p]) (paper, alignment loss).
+
+    Args:
+        latent_states: ``[B, N, K, H]`` states of the chosen layer at the K latent positions of N steps.
+        teacher_feats: ``[B, P, D]`` patch features of the (frozen) teacher, shared by all steps, or
+            ``[B, N, P, D]`` one image per step.
+        projector: psi, ``[..., H] -> [..., D]``.
+        upsample: K -> P mode for :func:`upsample_latents`, or a callable ``(x [..., K, H], P) -> [..., P, H]``.
+        mask: ``[B, N]`` which steps exist (padding steps are excluded from the mean).
+
+    Returns:
+        Scalar in ``[-1, 1]``; ``-1`` when the projected states equal the targets (up to positive scale).
+    """
+    b, n = latent_states.shape[:2]
+    p = teacher_feats.shape[-2]
+    up = upsample(latent_states, p) if callable(upsample) else upsample_latents(latent_states, p, upsample)
+    projected = projector(up)  # [B, N, P, D]
+    target = teacher_feats if teacher_feats.dim() == 4 else teacher_feats[:, None].expand(b, n, -1, -1)
+    cos = F.cosine_similarity(projected.float(), target.float(), dim=-1).mean(-1)  # [B, N]
+    if mask is None:
+        return -cos.mean()
+    weights = mask.to(cos.dtype)
+    return -(cos * weights).sum() / weights.sum().clamp(min=1.0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# inference
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class LatentGeneration:
+    """Output of :func:`latent_generate`: ``completion_ids [B, L]`` (latent slots as the slot id, pad after
+    the end), ``texts`` (decoded, slots shown as the slot token), ``num_latent_segments [B]``,
+    ``latent_states`` (per row a list of ``[K, H]`` tensors of ``hidden_layer``, when asked)."""
+
+    completion_ids: torch.Tensor
+    texts: list[str]
+    num_latent_segments: torch.Tensor
+    latent_states: list[list[torch.Tensor]] | None
+
+
+@torch.no_grad()
+def latent_generate(
+    model: nn.Module,
+    tokenizer: object,
+    prompt_ids: torch.Tensor,
+    prompt_attention_mask: torch.Tensor,
+    pixel_values: torch.Tensor | None,
+    num_latents: int,
+    *,
+    latent_start_id: int,
+    latent_end_id: int,
+    latent_slot_id: int,
+    max_new_tokens: int = 128,
+    max_segments: int = 8,
+    hidden_layer: int | None = None,
+) -> LatentGeneration:
+    """Greedy decoding with latent segments: after the model emits ``<latent>``, K steps feed back the last
+    hidden state (E_{t+1} = [E_t; h_t]); then ``</latent>`` is forced and language mode resumes. One position
+    per row per step with the KV cache; the teacher is not involved. ``num_latents=0`` is plain greedy
+    decoding. ``max_segments`` caps latent segments per row (further ``<latent>`` logits are masked).
+    """
+    device = prompt_ids.device
+    cache_kw = cache_kwarg_name(model)
+    embed = model.get_input_embeddings()
+    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
+    pad = tokenizer.pad_token_id  # type: ignore[attr-defined]
+    b = prompt_ids.shape[0]
+    mask = prompt_attention_mask.clone()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = _forward(
+        model,
+        cache_kw,
+        None,
+        input_ids=prompt_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        pixel_values=pixel_values,
+    )
+    cache = getattr(out, cache_kw, None)
+    logits, last = out.logits[:, -1].float(), out.hidden_states[-1][:, -1]
+    remaining = torch.zeros(b, dtype=torch.long, device=device)  # latent steps left in the current segment
+    force_end = torch.zeros(b, dtype=torch.bool, device=device)
+    segments = torch.zeros(b, dtype=torch.long, device=device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    generated: list[torch.Tensor] = []
+    states: list[list[torch.Tensor]] | None = [[] for _ in range(b)] if hidden_layer is not None else None
+    current: list[list[torch.Tensor]] = [[] for _ in range(b)]
+    for _ in range(max_new_tokens):
+        in_latent = remaining > 0
+        if num_latents > 0:
+            logits[:, latent_end_id] = float("-inf")
+            logits[segments >= max_segments, latent_start_id] = float("-inf")
+        logits[:, latent_slot_id] = float("-inf")
+        token = logits.argmax(-1)
+        token = torch.where(force_end, torch.full_like(token, latent_end_id), token)
+        token = torch.where(in_latent, torch.full_like(token, latent_slot_id), token)
+        token = torch.where(done, torch.full_like(token, pad), token)
+        vec = embed(token)
+        vec = torch.where(in_latent[:, None], last, vec)
+        generated.append(token)
+        mask = torch.cat([mask, (~done).long()[:, None]], 1)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -1:]
+        out = _forward(model, cache_kw, cache, inputs_embeds=vec[:, None], attention_mask=mask, position_ids=pos)
+        cache = getattr(out, cache_kw, None)
+        logits, last = out.logits[:, -1].float(), out.hidden_states[-1][:, -1]
+        if states is not None:
+            layer = out.hidden_states[hidden_layer][:, -1]
+            for r in in_latent.nonzero().flatten().tolist():
+                current[r].append(layer[r])
+        # state transitions
+        was_end = force_end.clone()
+        force_end = in_latent & (remaining == 1)
+        remaining = torch.where(in_latent, remaining - 1, remaining)
+        started = (token == latent_start_id) & ~done & (num_latents > 0)
+        remaining = torch.where(started, torch.full_like(remaining, num_latents), remaining)
+        segments = segments + started.long()
+        if states is not None:
+            for r in (force_end & ~was_end).nonzero().flatten().tolist():
+                states[r].append(torch.stack(current[r]))
+                current[r] = []
+        done = done | ((token == eos) & ~in_latent)
+        if bool(done.all()):
+            break
+    completion = torch.stack(generated, 1) if generated else prompt_ids.new_zeros(b, 0)
+    texts = []
+    for row in completion.tolist():
+        cut = row.index(eos) if eos in row else len(row)
+        texts.append(tokenizer.decode(row[:cut], skip_special_tokens=False))  # type: ignore[attr-defined]
+    return LatentGeneration(completion, texts, segments, states)
+
+
+__all__ = [
+    "AlignmentProjector",
+    "LatentBatch",
+    "LatentForwardOutput",
+    "LatentGeneration",
+    "latent_forward",
+    "latent_generate",
+    "packed_nll",
+    "rewrite_with_latents",
+    "upsample_latents",
+    "valr_alignment_loss",
+]
