@@ -6,6 +6,8 @@ if __name__ != "zoo.callbacks":
         "(after 'pip install -e .' in the repository root)."
     )
 
+from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
+from zoo.callbacks.log_generations import LogGenerations
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 
-__all__ = ["LogLineProgress", "auto_progress"]
+__all__ = ["GR3AlphaCalibration", "LogGenerations", "LogLineProgress", "auto_progress"]

@@ -4,9 +4,10 @@ backbone, declares methods.<name>, and has a docs page and a test that names it.
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, SMALL_BASE_POLICY
 
 from zoo.cli.train import check_methods, run
+
+from conftest import REPO_ROOT, SMALL_BASE_POLICY
 
 METHODS = sorted(p.stem for p in (REPO_ROOT / "conf" / "method").glob("*.yaml"))
 

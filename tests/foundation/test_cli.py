@@ -7,12 +7,13 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO_ROOT, SMALL_BASE_POLICY
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from zoo.cli.train import build, check_methods, run
 from zoo.errors import CheckpointNotFoundError, ConfigError, NaNLossError
+
+from conftest import REPO_ROOT, SMALL_BASE_POLICY
 
 TINY_RUN = [
     "datamodule.source.num_train=256",

@@ -2,5 +2,6 @@
 
 from zoo.modules.base import ZooModule
 from zoo.modules.causal_lm import CausalLMModule, exact_answer_match
+from zoo.modules.grpo import GRPOModule
 
-__all__ = ["CausalLMModule", "ZooModule", "exact_answer_match"]
+__all__ = ["CausalLMModule", "GRPOModule", "ZooModule", "exact_answer_match"]

@@ -1,0 +1,217 @@
+"""GRPOModule: micro-batch invariance through the module, seams from config, the GR3 callback, bad input."""
+
+import json
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from zoo.backbones import TinyBackbone
+from zoo.callbacks import GR3AlphaCalibration, LogGenerations
+from zoo.cli.train import build, run
+from zoo.data.sources import TaskSource
+from zoo.data.tasks import MultiSum
+from zoo.datamodules import PromptDataModule
+from zoo.errors import ConfigError
+from zoo.modules import CausalLMModule, GRPOModule
+from zoo.rl import ClippedPolicyLoss, ExactMatchReward, GR3Shaper, LossAggregator, RewardFunctionError
+
+from conftest import SMALL_BASE_POLICY
+
+GRPO_FAST = [
+    *SMALL_BASE_POLICY,
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=2",
+    "datamodule.batch_size=2",
+    "datamodule.source.num_val=8",
+    "module.group_size=4",
+    "module.generation.max_new_tokens=24",
+]
+
+
+def rollout_batch(module, num_prompts=3):
+    dm = PromptDataModule(module.tokenizer, TaskSource(MultiSum(), num_train=16, num_val=4), batch_size=num_prompts)
+    dm.setup("fit")
+    return next(iter(dm.train_dataloader()))
+
+
+def grads(module):
+    return [p.grad.clone() for p in module.model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_micro_batch_split_does_not_change_the_gradient(mode):
+    torch.manual_seed(0)
+    module = GRPOModule(
+        TinyBackbone(seed=2),
+        rewards={"accuracy": ExactMatchReward()},
+        aggregation=LossAggregator(mode),
+        policy_loss=ClippedPolicyLoss(beta=0.1),
+        group_size=4,
+        micro_batch_size=12,
+        generation={"max_new_tokens": 20},
+    )
+    module.configure_model()
+    rollout = module.rollout(rollout_batch(module))
+    rows = module.sequences(rollout["result"], rollout["prompt_mask"])
+    advantages = torch.randn(rows[0].shape[0])  # exercise the loss with non-trivial advantages
+    old, ref = module.reference_logprobs(rows)
+    old = old + 0.05 * torch.randn_like(old)  # off-policy, so ratios and clipping matter
+    module.policy_gradients(rows, advantages, old, ref)
+    full = grads(module)
+    module.model.zero_grad(set_to_none=True)
+    module.micro_batch_size = 5  # 12 rows -> micro-batches of 5, 5, 2 with different padded widths
+    loss_split, _ = module.policy_gradients(rows, advantages, old, ref)
+    for a, b in zip(full, grads(module)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    assert loss_split.isfinite()
+
+
+def test_reference_model_only_when_beta_positive():
+    module = GRPOModule(TinyBackbone(), rewards={"a": ExactMatchReward()}, group_size=2)
+    module.configure_model()
+    assert module.ref_model is None
+    with_kl = GRPOModule(TinyBackbone(), rewards={"a": ExactMatchReward()}, policy_loss=ClippedPolicyLoss(beta=0.04))
+    with_kl.configure_model()
+    assert with_kl.ref_model is not None
+    assert not any(p.requires_grad for p in with_kl.ref_model.parameters())
+    assert "ref_model" not in dict(with_kl.named_children())  # never saved or optimized
+
+
+def test_group_size_below_two_is_a_config_error():
+    with pytest.raises(ConfigError, match="group_size=1"):
+        GRPOModule(TinyBackbone(), rewards={"a": ExactMatchReward()}, group_size=1)
+
+
+def test_bad_reward_names_the_function():
+    def broken_reward(prompts, completions, **kw):
+        return [0.0] * (len(completions) - 1)
+
+    module = GRPOModule(
+        TinyBackbone(), rewards={"broken": broken_reward}, group_size=2, generation={"max_new_tokens": 8}
+    )
+    module.configure_model()
+    with pytest.raises(RewardFunctionError, match="'broken' returned 5 rewards for 6 completions"):
+        module.rollout(rollout_batch(module))
+
+
+def test_rollout_groups_are_contiguous_and_columns_reach_rewards():
+    seen = {}
+
+    def spy(prompts, completions, answer, step, **kw):
+        seen.update(prompts=prompts, answer=answer, step=step)
+        return [float(len(c)) for c in completions]
+
+    module = GRPOModule(TinyBackbone(), rewards={"spy": spy}, group_size=3, generation={"max_new_tokens": 8})
+    module.configure_model()
+    batch = rollout_batch(module, num_prompts=2)
+    rollout = module.rollout(batch)
+    assert seen["prompts"] == [batch["prompts"][0]] * 3 + [batch["prompts"][1]] * 3
+    assert seen["answer"][:3] == [batch["columns"]["answer"][0]] * 3
+    assert seen["step"] == [0] * 6
+    assert rollout["rewards"].shape == (2, 3)
+    assert rollout["rewards"].reshape(-1).tolist() == [float(len(t)) for t in rollout["texts"]]
+    assert torch.equal(rollout["lengths"].reshape(-1), rollout["result"].lengths.float())
+
+
+@pytest.mark.parametrize("method", ["grpo", "gr3"])
+def test_method_runs_from_the_cached_base_policy_and_logs_diagnostics(method, train_cfg, base_policy_cache, tmp_path):
+    metrics = run(train_cfg([f"+method={method}", *GRPO_FAST], cache_dir=base_policy_cache))
+    for key in [
+        "train/completion_length",
+        "train/completion_length_min",
+        "train/completion_length_max",
+        "train/terminated_length",
+        "train/clipped_ratio",
+        "train/frac_reward_zero_std",
+        "train/reward",
+        "train/reward_std",
+        "train/shaped_reward",
+        "train/shaped_reward_std",
+        "train/entropy",
+        "train/clip_frac",
+        "train/clip_frac_low",
+        "train/clip_frac_high",
+        "train/kl_mean",
+        "train/accuracy",
+        "val/exact_match",
+    ]:
+        assert key in metrics, key
+    generations = [json.loads(x) for x in (tmp_path / "run" / "generations.jsonl").read_text().splitlines()]
+    assert {"train", "val"} <= {g["split"] for g in generations}
+    if method == "gr3":
+        assert metrics["train/gr3_alpha"] == pytest.approx(0.3)
+        assert 0.0 <= metrics["train/gr3_satisfaction"] <= 1.0
+
+
+def test_grpo_step_on_a_saved_hf_model(train_cfg, tmp_path, base_policy_cache):
+    backbone = TinyBackbone(seed=7)
+    backbone.build_model().save_pretrained(tmp_path / "hf")
+    backbone.tokenizer.save_pretrained(tmp_path / "hf")
+    cfg = train_cfg(
+        ["+method=grpo", *GRPO_FAST, "backbone=hf", f"backbone.name_or_path={tmp_path / 'hf'}", "trainer.max_steps=1"],
+        cache_dir=base_policy_cache,
+    )
+    module, datamodule, trainer = build(cfg)
+    before = [p.detach().clone() for p in TinyBackbone(init_from=str(tmp_path / "hf")).build_model().parameters()]
+    trainer.fit(module, datamodule)
+    after = list(module.model.parameters())
+    assert trainer.global_step == 1
+    assert any(not torch.equal(a, b) for a, b in zip(after, before))
+
+
+def test_gr3_calibration_callback_adapts_alpha_and_round_trips_state():
+    class FakeGRPO(pl.LightningModule):  # test double: only what the callback reads, no LLM needed
+        def __init__(self):
+            super().__init__()
+            self.shaper = GR3Shaper(alpha=0.6)
+            # all groups: one max-reward response among zero-reward ones -> constraint holds for every alpha
+            self.last_rollout = {
+                "rewards": torch.tensor([[1.0, 0.0, 0.0, 0.0]] * 4),
+                "lengths": torch.tensor([[10.0, 20.0, 30.0, 40.0]] * 4),
+            }
+            self.logged = {}
+
+        def log(self, name, value, **kw):
+            self.logged[name] = value
+
+    class Trainer:
+        global_step = 10
+
+    module = FakeGRPO()
+    callback = GR3AlphaCalibration(alpha_grid=(0.0, 0.1, 0.3), target_fraction=0.99, adapt=True, every_n_steps=5)
+    callback.setup(Trainer(), module, "fit")
+    callback.on_train_batch_end(Trainer(), module, None, None, 0)
+    assert module.shaper.alpha == 0.3
+    assert module.logged["train/gr3_satisfaction"] == 1.0
+    # all-correct groups with unequal lengths violate the constraint for every alpha > 0 (rl.md 2(e))
+    module.last_rollout = {"rewards": torch.ones(4, 4), "lengths": torch.tensor([[10.0, 20.0, 30.0, 40.0]] * 4)}
+    fresh = GR3AlphaCalibration(alpha_grid=(0.0, 0.1, 0.3), target_fraction=0.99, adapt=True, every_n_steps=5)
+    fresh.on_train_batch_end(Trainer(), module, None, None, 0)
+    assert module.shaper.alpha == 0.0
+    restored = GR3AlphaCalibration(alpha_grid=(0.0, 0.1, 0.3), target_fraction=0.99, adapt=True)
+    restored.load_state_dict(fresh.state_dict())
+    assert restored.history == fresh.history
+    assert len(restored.buffer) == 1
+    assert callback.state_key != GR3AlphaCalibration(target_fraction=0.5).state_key
+
+
+def test_gr3_calibration_refuses_a_module_without_a_gr3_shaper():
+    with pytest.raises(ValueError, match="needs a GRPO-family module"):
+        GR3AlphaCalibration().setup(None, CausalLMModule(TinyBackbone()), "fit")
+
+
+def test_log_generations_writes_jsonl(tmp_path):
+    class Trainer:
+        default_root_dir = str(tmp_path)
+        global_step = 0
+        loggers = []
+
+    callback = LogGenerations(every_n_steps=1, num_samples=2)
+    outputs = {"texts": ["a", "b", "c"], "meta": {"prompts": ["p1", "p2", "p3"], "correct": [True, False, True]}}
+    callback.on_validation_batch_end(Trainer(), None, outputs, None, 0)
+    rows = [json.loads(x) for x in (tmp_path / "generations.jsonl").read_text().splitlines()]
+    assert rows == [
+        {"split": "val", "step": 0, "completion": "a", "prompt": "p1", "correct": True},
+        {"split": "val", "step": 0, "completion": "b", "prompt": "p2", "correct": False},
+    ]
