@@ -8,6 +8,7 @@ if __name__ != "zoo.callbacks":
 
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
+from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 
-__all__ = ["GR3AlphaCalibration", "LogGenerations", "LogLineProgress", "auto_progress"]
+__all__ = ["GR3AlphaCalibration", "LogGenerations", "LogLineProgress", "NanoQuantExport", "auto_progress"]

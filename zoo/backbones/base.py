@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,8 +89,13 @@ class Backbone(ABC):
         if pretrained is not None:
             model = self._from_pretrained(pretrained, quantizer)
         elif self.init_from is not None and self.init_from.endswith(".ckpt"):
-            model = self._fresh_model(quantizer)
+            model = self._fresh_model(NoQuantizer())
             load_module_checkpoint_weights(model, self.init_from)
+            if quantizer.needs_pretrained_load:  # load-time quantizers act inside from_pretrained
+                with tempfile.TemporaryDirectory() as tmp:
+                    model.save_pretrained(tmp)
+                    self.tokenizer.save_pretrained(tmp)
+                    model = self._from_pretrained(tmp, quantizer)
         else:
             model = self._fresh_model(quantizer)
         if len(self.tokenizer) > model.get_input_embeddings().num_embeddings:

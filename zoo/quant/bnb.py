@@ -1,0 +1,147 @@
+"""bitsandbytes load-time quantization (``quant=bnb_nf4`` / ``quant=bnb_int8``).
+
+The baselines of NanoQuant's comparison (arXiv 2602.06694, notes 1(c)): NF4 (QLoRA, Dettmers et al. 2023; 4 bits +
+one absmax per 64-weight block = 4.5 bpw, ~4.127 with double quantization) and LLM.int8() (Dettmers et al. 2022;
+8 bits per weight + fp16 outlier columns at run time).
+
+Both act inside ``from_pretrained`` through a ``transformers.BitsAndBytesConfig``: Hugging Face backbones quantize at
+load time, and the tiny backbone takes the same path (``TinyBackbone`` saves its random init to a temporary directory
+and reloads it with these keyword arguments). bitsandbytes >= 0.50 runs both on CPU (its fast CPU 4-bit GEMM needs
+the optional ``kernels`` package; without it a slower reference path is used, with a warning).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from zoo.errors import ConfigError
+from zoo.quant.base import Quantizer
+
+MODES = ("nf4", "fp4", "int8")
+
+
+def _dtype(value: str | torch.dtype) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        return value
+    dt = getattr(torch, str(value), None)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        raise ConfigError(f"quant.compute_dtype={value!r} is not a floating torch dtype (float32, bfloat16, float16)")
+    return dt
+
+
+class BnbQuantizer(Quantizer):
+    """bitsandbytes quantization at load time.
+
+    Args:
+        mode: ``"nf4"`` (4-bit NormalFloat, ``Linear4bit``), ``"fp4"`` or ``"int8"`` (LLM.int8, ``Linear8bitLt``).
+        compute_dtype: dtype of the 4-bit matmuls (``bnb_4bit_compute_dtype``); float32 on CPU by default.
+        double_quant: quantize the per-block absmax constants too (``bnb_4bit_use_double_quant``, QLoRA).
+        skip_modules: module names kept in full precision (``llm_int8_skip_modules``; applies to 4-bit too).
+            ``lm_head`` by default, as in transformers and in NanoQuant's accounting.
+        int8_threshold: outlier threshold of LLM.int8 (``llm_int8_threshold``, paper value 6.0).
+        device_map: where ``from_pretrained`` places the quantized model (bitsandbytes needs a device map; ``"cpu"``
+            here, ``"auto"`` on GPUs).
+    """
+
+    def __init__(
+        self,
+        mode: str = "nf4",
+        compute_dtype: str | torch.dtype = "float32",
+        double_quant: bool = True,
+        skip_modules: Sequence[str] = ("lm_head",),
+        int8_threshold: float = 6.0,
+        device_map: str | dict[str, Any] | None = "cpu",
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"quant.mode={mode!r}; use one of {MODES}")
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError as err:  # no silent fallback to full precision
+            raise ConfigError(
+                f"quant=bnb_{mode} needs bitsandbytes (pip install 'paperzoo[bnb]' or 'bitsandbytes>=0.45')"
+            ) from err
+        self.mode = mode
+        self.name = f"bnb_{mode}"
+        self.compute_dtype = _dtype(compute_dtype)
+        self.double_quant = bool(double_quant)
+        self.skip_modules = list(skip_modules)
+        self.int8_threshold = float(int8_threshold)
+        self.device_map = device_map
+
+    def quantization_config(self) -> Any:
+        """The ``transformers.BitsAndBytesConfig`` of this quantizer."""
+        from transformers import BitsAndBytesConfig
+
+        if self.mode == "int8":
+            return BitsAndBytesConfig(
+                load_in_8bit=True,
+                llm_int8_threshold=self.int8_threshold,
+                llm_int8_skip_modules=self.skip_modules or None,
+            )
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=self.mode,
+            bnb_4bit_compute_dtype=self.compute_dtype,
+            bnb_4bit_use_double_quant=self.double_quant,
+            llm_int8_skip_modules=self.skip_modules or None,
+        )
+
+    def from_pretrained_kwargs(self) -> dict[str, Any]:
+        """``{"quantization_config": BitsAndBytesConfig(...), "device_map": ...}`` for ``from_pretrained``."""
+        kwargs: dict[str, Any] = {"quantization_config": self.quantization_config()}
+        if self.device_map is not None:
+            kwargs["device_map"] = self.device_map
+        return kwargs
+
+    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Check that load-time quantization happened (no silent full-precision model)."""
+        if not is_bnb_quantized(model):
+            raise ConfigError(
+                f"quant={self.name}: the built model has no bitsandbytes layers; load-time quantization only acts "
+                "inside from_pretrained (a backbone built without it, e.g. from a Lightning .ckpt, is not supported)"
+            )
+        return model
+
+
+def is_bnb_quantized(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds at least one bitsandbytes ``Linear4bit``/``Linear8bitLt`` layer."""
+    import bitsandbytes as bnb
+
+    return any(isinstance(m, bnb.nn.Linear4bit | bnb.nn.Linear8bitLt) for m in model.modules())
+
+
+def bnb_bits_per_weight(model: torch.nn.Module) -> float:
+    """Measured bits per weight of the bitsandbytes layers over the weights of those layers only: stored weight
+    bytes + per-layer quantization state (4-bit: block absmax, or with double quantization the 8-bit absmax, their
+    fp32 second-level absmax and offset; int8: the fp32 row scales ``SCB``). The code books (the NF4/FP4 table and
+    the 8-bit dynamic map) are constants of the format, not per-layer data, and are not counted -- so NF4 at
+    blocksize 64 gives 4.5 bpw, ~4.127 with double quantization (QLoRA's accounting)."""
+    import bitsandbytes as bnb
+
+    bits = 0
+    numel = 0
+    for m in model.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            w = m.weight
+            bits += w.numel() * w.element_size() * 8
+            qs = w.quant_state
+            numel += int(torch.Size(qs.shape).numel())
+            bits += qs.absmax.numel() * qs.absmax.element_size() * 8
+            if qs.nested and qs.state2 is not None:
+                bits += qs.state2.absmax.numel() * qs.state2.absmax.element_size() * 8
+                bits += 32  # the fp32 offset of the nested quantization
+        elif isinstance(m, bnb.nn.Linear8bitLt):
+            w = m.weight
+            bits += w.numel() * w.element_size() * 8
+            numel += w.numel()
+            scb = getattr(w, "SCB", None)
+            if scb is None:
+                scb = getattr(m.state, "SCB", None)
+            if scb is not None:
+                bits += scb.numel() * scb.element_size() * 8
+    if numel == 0:
+        raise ValueError("model has no bitsandbytes layers")
+    return bits / numel

@@ -1,0 +1,424 @@
+"""``quant=nanoquant`` / ``quant=sign`` / ``quant=onebit``: the zoo's binary quantizers behind the
+:class:`~zoo.quant.base.Quantizer` seam (post-hoc, :meth:`Quantizer.apply`).
+
+NanoQuant: Efficient Sub-1-Bit Quantization of Large Language Models (arXiv 2602.06694). The mathematics lives in
+:mod:`zoo.quant.nanoquant` (``quantize_model`` = Alg. 1); this file only wires it to the configuration:
+
+* :class:`NanoQuantQuantizer` -- ``apply(model)`` draws calibration token ids, runs
+  :func:`zoo.quant.nanoquant.quantize_model` in place and keeps the :class:`~zoo.quant.nanoquant.NanoQuantReport`
+  in ``self.report`` (the export callback :class:`zoo.callbacks.nanoquant.NanoQuantExport` writes it out);
+* :class:`SignQuantizer` (sign + per-row scale) and :class:`OneBitQuantizer` (OneBit SVID,
+  arXiv 2402.11295) -- the binary baselines, through :func:`zoo.quant.nanoquant.replace_linears`.
+
+Calibration data (paper: 128 x 2048 tokens of WikiText-2 *train*, seed 0; here 32 x 128 by default, notes 1(d)):
+
+* ``source="task"`` -- rows of the synthetic task's *training* split (``TaskSource(task, seed).rows("train")``, so
+  validation/test prompts never enter calibration), rendered exactly as the SFT datamodule renders them
+  (``<bos> prompt completion <eos>``), concatenated and cut into ``num_samples`` sequences of ``seq_len`` tokens;
+* ``source="jsonl"`` -- a JSONL file: a ``text`` field per row, or ``prompt`` + ``completion``;
+* ``source="text"`` -- a plain text file, tokenized as one stream.
+
+Calibration needs the backbone's tokenizer: pass ``tokenizer=`` (a tokenizer or a
+:class:`~zoo.backbones.base.Backbone`, whose ``.tokenizer`` is used; the Hydra configs pass ``${backbone}``); without
+one, the tokenizer is loaded from the model's ``name_or_path`` directory, and otherwise a ``ConfigError`` says so.
+``calib_input_ids`` (a ``[N, T]`` tensor) bypasses all of this from Python.
+
+No Lightning or Hydra import here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from zoo.errors import ConfigError, DataError
+from zoo.quant.base import Quantizer
+from zoo.quant.baselines import quantize_onebit, quantize_sign
+from zoo.quant.nanoquant import (
+    NanoQuantReport,
+    collect_linear_stats,
+    default_layer_filter,
+    load_quantized,
+    model_bits_per_weight,
+    quantize_model,
+    rank_for_bits,
+    replace_linears,
+    shrink_stats,
+)
+
+CALIBRATION_SOURCES = ("task", "jsonl", "text")
+_DEFAULT_CALIBRATION: dict[str, Any] = {
+    "source": "task",
+    "task": None,
+    "path": None,
+    "num_samples": 32,
+    "seq_len": 128,
+    "seed": 0,
+}
+
+
+def _scale_dtype(value: str | torch.dtype) -> torch.dtype:
+    dt = value if isinstance(value, torch.dtype) else getattr(torch, str(value), None)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        raise ConfigError(f"quant.scale_dtype={value!r} is not a floating torch dtype (float16, bfloat16, float32)")
+    return dt
+
+
+def _resolve_tokenizer(tokenizer: Any, model: nn.Module | None) -> Any:
+    from zoo.backbones.base import Backbone
+
+    if isinstance(tokenizer, Backbone):
+        return tokenizer.tokenizer
+    if tokenizer is not None:
+        return tokenizer
+    path = getattr(model, "name_or_path", "") if model is not None else ""
+    if path and (Path(path) / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    raise ConfigError(
+        "calibration needs the backbone's tokenizer: pass tokenizer=<tokenizer or backbone> to the quantizer "
+        "(the quant configs set tokenizer: ${backbone}), or give calib_input_ids"
+    )
+
+
+def _task_texts(task: Any, n_rows: int, seed: int) -> list[tuple[str, str]]:
+    from zoo.data.sources import TaskSource
+
+    source = TaskSource(task, num_train=n_rows, seed=seed)
+    return [(r["prompt"], r["completion"]) for r in source.rows("train")]
+
+
+def _jsonl_texts(path: Path) -> list[tuple[str, str]]:
+    if not path.is_file():
+        raise DataError(f"{path}: calibration file not found")
+    rows: list[tuple[str, str]] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
+            if isinstance(row, dict) and isinstance(row.get("text"), str):
+                rows.append(("", row["text"]))
+            elif isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("prompt", "completion")):
+                rows.append((row["prompt"], row["completion"]))
+            else:
+                raise DataError(f"{path}:{line_no}: calibration rows need a string 'text' or 'prompt' + 'completion'")
+    if not rows:
+        raise DataError(f"{path}: no calibration rows")
+    return rows
+
+
+def calibration_ids(
+    tokenizer: Any,
+    *,
+    source: str = "task",
+    task: Any = None,
+    path: str | Path | None = None,
+    num_samples: int = 32,
+    seq_len: int = 128,
+    seed: int = 0,
+) -> torch.Tensor:
+    """Calibration token ids ``[num_samples, seq_len]`` (see the module docstring for the sources).
+
+    Rows are rendered ``<bos> prompt completion <eos>`` (the SFT datamodule's rendering), concatenated into one
+    stream and cut into consecutive chunks (the paper's WikiText-2 protocol: random 2048-token windows of the
+    concatenated train split; here consecutive windows of a seeded draw). Raises ``DataError`` if the source is
+    too short.
+    """
+    if source not in CALIBRATION_SOURCES:
+        raise ConfigError(f"quant.calibration.source={source!r}; use one of {CALIBRATION_SOURCES}")
+    if num_samples <= 0 or seq_len <= 1:
+        raise ConfigError(f"quant.calibration: num_samples={num_samples}, seq_len={seq_len} must be positive (> 1)")
+    need = num_samples * seq_len
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+    def encode(rows: list[tuple[str, str]]) -> list[int]:
+        stream: list[int] = []
+        for prompt, completion in rows:
+            stream += bos + list(tokenizer(prompt + completion, add_special_tokens=False)["input_ids"]) + eos
+        return stream
+
+    if source == "task":
+        if task is None:
+            raise ConfigError("quant.calibration.source=task needs quant.calibration.task (the configs pass ${task})")
+        n_rows = max(16, need // 16)
+        stream = encode(_task_texts(task, n_rows, seed))
+        while len(stream) < need:  # very short rows: draw more
+            n_rows *= 2
+            stream = encode(_task_texts(task, n_rows, seed))
+    elif path is None:
+        raise ConfigError(f"quant.calibration.source={source} needs quant.calibration.path")
+    elif source == "jsonl":
+        stream = encode(_jsonl_texts(Path(path)))
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise DataError(f"{p}: calibration file not found")
+        stream = bos + list(tokenizer(p.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"])
+    if len(stream) < need:
+        raise DataError(
+            f"calibration source {source} ({path or 'task'}) has {len(stream)} tokens; "
+            f"{num_samples} x {seq_len} = {need} are needed (lower quant.calibration.num_samples/seq_len)"
+        )
+    return torch.tensor(stream[:need], dtype=torch.long).view(num_samples, seq_len)
+
+
+class _CalibratedQuantizer(Quantizer):
+    """Shared calibration plumbing of the post-hoc binary quantizers."""
+
+    def __init__(
+        self,
+        calibration: Mapping[str, Any] | None = None,
+        tokenizer: Any = None,
+        calib_input_ids: torch.Tensor | None = None,
+    ) -> None:
+        cal = dict(_DEFAULT_CALIBRATION)
+        unknown = set(calibration or {}) - set(cal)
+        if unknown:
+            raise ConfigError(f"quant.calibration: unknown keys {sorted(unknown)}; known: {sorted(cal)}")
+        cal.update(calibration or {})
+        self.calibration = cal
+        self.tokenizer = tokenizer
+        self.calib_input_ids = calib_input_ids
+
+    def calibration_input_ids(self, model: nn.Module | None = None) -> torch.Tensor:
+        """The calibration ids ``[N, T]`` (given, or drawn from the configured source)."""
+        if self.calib_input_ids is not None:
+            return self.calib_input_ids
+        tok = _resolve_tokenizer(self.tokenizer, model)
+        cal = self.calibration
+        return calibration_ids(
+            tok,
+            source=cal["source"],
+            task=cal["task"],
+            path=cal["path"],
+            num_samples=int(cal["num_samples"]),
+            seq_len=int(cal["seq_len"]),
+            seed=int(cal["seed"]),
+        )
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+class NanoQuantQuantizer(_CalibratedQuantizer):
+    """NanoQuant post-training quantization of every linear inside the decoder layers (Alg. 1).
+
+    Paper values are the defaults; where the official code differs, both are given (notes 1(a), 1(f)).
+
+    Args:
+        bits: target bits per weight of each quantized layer (App. F Eq. 60); 1.0, 0.8, 0.55 in the paper.
+        block_reconstruction: error-propagation mitigation + STE tuning per block (False: ADMM init only).
+        model_reconstruction: scales-only forward-KL distillation from the full-precision teacher.
+        rank_multiple: rank rounding; code 32 (GPU kernels). Small models need 8 or 1 to reach low budgets.
+        mid_scale: add the optional ``s_mid`` vector (the "DBF"-style third scale); paper default off.
+        scale_dtype: stored scale dtype (fp16 as counted in Eq. 60).
+        use_stats: diagonal preconditioner from calibration statistics (False: plain Frobenius ADMM).
+        shrinkage: ``gamma`` of ``H <- (1 - gamma) H + gamma mean(H)``; paper 0.2 (Llama/Qwen), 0.6 (Gemma);
+            code default 0.4.
+        percentile: robust clipping percentile of token norms (code 0.999).
+        admm: keyword arguments of :func:`zoo.quant.nanoquant.admm_factorize` (``outer_iters`` 400, ``inner_iters``
+            5, ``reg`` 3e-2, ``rho_schedule`` "linear" = code CLI default, "cubic" = its function default).
+        block: keyword arguments of :func:`zoo.quant.nanoquant.reconstruct_block` (``ep_epochs`` 8, ``ep_lr`` 1e-4,
+            ``fact_epochs`` 8, ``binary_lr``/``scale_lr`` 1e-5, ...).
+        kd_epochs, kd_lr, kd_batch_size: model reconstruction; ``kd_lr`` paper stage value 1e-6 (replicators'
+            quote), code 1e-5.
+        batch_size: forward batch size while calibrating/reconstructing.
+        calibration: ``{source, task, path, num_samples, seq_len, seed}`` (module docstring).
+        tokenizer: the backbone's tokenizer (or the backbone) for calibration text.
+        calib_input_ids: ready calibration ids ``[N, T]`` (Python use).
+        seed: seed of ADMM init and of the reconstruction shuffles.
+
+    After :meth:`apply`, ``self.report`` holds the :class:`~zoo.quant.nanoquant.NanoQuantReport`.
+    """
+
+    name = "nanoquant"
+
+    def __init__(
+        self,
+        bits: float = 1.0,
+        block_reconstruction: bool = True,
+        model_reconstruction: bool = True,
+        rank_multiple: int = 32,
+        mid_scale: bool = False,
+        scale_dtype: str | torch.dtype = "float16",
+        use_stats: bool = True,
+        shrinkage: float = 0.2,
+        percentile: float = 0.999,
+        admm: Mapping[str, Any] | None = None,
+        block: Mapping[str, Any] | None = None,
+        kd_epochs: int = 8,
+        kd_lr: float = 1e-6,
+        kd_batch_size: int = 1,
+        batch_size: int = 8,
+        calibration: Mapping[str, Any] | None = None,
+        tokenizer: Any = None,
+        calib_input_ids: torch.Tensor | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(calibration, tokenizer, calib_input_ids)
+        if not float(bits) > 0:
+            raise ConfigError(f"quant.bits={bits} must be positive")
+        if not 0.0 <= float(shrinkage) <= 1.0:
+            raise ConfigError(f"quant.shrinkage={shrinkage} must lie in [0, 1]")
+        self.bits = float(bits)
+        self.block_reconstruction = bool(block_reconstruction)
+        self.model_reconstruction = bool(model_reconstruction)
+        self.rank_multiple = int(rank_multiple)
+        self.mid_scale = bool(mid_scale)
+        self.scale_dtype = _scale_dtype(scale_dtype)
+        self.use_stats = bool(use_stats)
+        self.shrinkage = float(shrinkage)
+        self.percentile = float(percentile)
+        self.admm = dict(admm or {})
+        self.block = dict(block or {})
+        self.kd_epochs = int(kd_epochs)
+        self.kd_lr = float(kd_lr)
+        self.kd_batch_size = int(kd_batch_size)
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.report: NanoQuantReport | None = None
+
+    def check_budget(self, model: nn.Module) -> dict[str, int]:
+        """Ranks of every selected layer at ``bits`` (App. F Eq. 60); a ``ConfigError`` names the first layer that
+        cannot meet the target and its minimum bpw (checked before any calibration work)."""
+        ranks: dict[str, int] = {}
+        for name, mod in model.named_modules():
+            if default_layer_filter(name, mod):
+                try:
+                    ranks[name] = rank_for_bits(
+                        mod.out_features,
+                        mod.in_features,
+                        self.bits,
+                        self.rank_multiple,
+                        mid_scale=self.mid_scale,
+                        layer_name=name,
+                    )
+                except ValueError as err:
+                    raise ConfigError(f"quant.bits={self.bits:g}: {err}") from None
+        if not ranks:
+            raise ConfigError("quant=nanoquant: the model has no linear layers inside decoder layers to quantize")
+        return ranks
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        """Quantize ``model`` in place with :func:`zoo.quant.nanoquant.quantize_model` and return it."""
+        self.check_budget(model)
+        ids = self.calibration_input_ids(model).to(_device_of(model))
+        self.report = quantize_model(
+            model,
+            self.bits,
+            ids,
+            block_reconstruction=self.block_reconstruction,
+            model_reconstruction=self.model_reconstruction,
+            rank_multiple=self.rank_multiple,
+            mid_scale=self.mid_scale,
+            scale_dtype=self.scale_dtype,
+            use_stats=self.use_stats,
+            shrinkage=self.shrinkage,
+            percentile=self.percentile,
+            admm=self.admm,
+            block=self.block,
+            kd_epochs=self.kd_epochs,
+            kd_lr=self.kd_lr,
+            kd_batch_size=self.kd_batch_size,
+            batch_size=self.batch_size,
+            seed=self.seed,
+        )
+        self.report.config.update(
+            {
+                "block_reconstruction": self.block_reconstruction,
+                "model_reconstruction": self.model_reconstruction,
+                "percentile": self.percentile,
+                "admm": self.admm,
+                "block": self.block,
+                "kd_epochs": self.kd_epochs,
+                "kd_lr": self.kd_lr,
+                "calibration": {
+                    k: (v if isinstance(v, str | int | float | type(None)) else repr(v))
+                    for k, v in self.calibration.items()
+                },
+                "calibration_shape": list(ids.shape),
+            }
+        )
+        for p in model.parameters():  # a post-training quantized model is for evaluation/export
+            p.requires_grad_(False)
+        return model
+
+
+class _BaselineQuantizer(_CalibratedQuantizer):
+    """Replace every decoder-layer linear by a binary baseline layer (no reconstruction)."""
+
+    _fn: Any = None
+
+    def __init__(
+        self,
+        use_stats: bool = False,
+        shrinkage: float = 0.2,
+        scale_dtype: str | torch.dtype = "float16",
+        calibration: Mapping[str, Any] | None = None,
+        tokenizer: Any = None,
+        calib_input_ids: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__(calibration, tokenizer, calib_input_ids)
+        self.use_stats = bool(use_stats)
+        self.shrinkage = float(shrinkage)
+        self.scale_dtype = _scale_dtype(scale_dtype)
+        self.bits_per_weight: float | None = None
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        stats = None
+        if self.use_stats:
+            ids = self.calibration_input_ids(model).to(_device_of(model))
+            stats = shrink_stats(collect_linear_stats(model, ids), self.shrinkage)
+        replace_linears(model, type(self)._fn, None, stats=stats, scale_dtype=self.scale_dtype)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.bits_per_weight = model_bits_per_weight(model)
+        return model
+
+
+class SignQuantizer(_BaselineQuantizer):
+    """``quant=sign``: ``W ~ diag(alpha) sign(W)`` per decoder-layer linear (``1 + 16 / d_in`` bpw).
+
+    ``use_stats=True`` weights the row scale by the calibration input moments (default off: data-free).
+    """
+
+    name = "sign"
+    _fn = staticmethod(quantize_sign)
+
+
+class OneBitQuantizer(_BaselineQuantizer):
+    """``quant=onebit``: OneBit's sign-value-independent decomposition ``diag(a) sign(W) diag(b)`` (SVID init of
+    arXiv 2402.11295, without its QAT/KD stage); ``1 + 16 (d_out + d_in) / (d_out d_in)`` bpw."""
+
+    name = "onebit"
+    _fn = staticmethod(quantize_onebit)
+
+
+def load_nanoquant_causal_lm(directory: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """Rebuild ``(model, tokenizer)`` from a ``NanoQuantExport`` directory (``+method=nanoquant``): the
+    architecture from its ``config.json`` (no weights are read from anywhere else), every tensor strictly from the
+    packed file (:func:`zoo.quant.nanoquant.load_quantized`; a missing or mismatched tensor raises, naming it)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(directory)
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+
+    def build() -> torch.nn.Module:
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+    model = load_quantized(path, build).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, tokenizer
