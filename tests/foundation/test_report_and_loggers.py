@@ -1,0 +1,59 @@
+"""zoo.report turns runs into a markdown table and a PNG; loggers: CSV default, TensorBoard option."""
+
+import csv
+
+from zoo.cli.train import run
+from zoo.report import main as report_main
+from zoo.report import markdown_table, summarize
+
+
+def write_run(root, name, overrides, rows):
+    run_dir = root / name
+    (run_dir / "csv").mkdir(parents=True)
+    (run_dir / ".hydra").mkdir()
+    (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    with (run_dir / "csv" / "metrics.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["step", "epoch", "train/loss", "val/exact_match"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_report_table_holds_the_last_value_of_each_metric_per_arm(tmp_path):
+    write_run(
+        tmp_path,
+        "0",
+        ["module/shaper=gr3"],
+        [
+            {"step": 0, "epoch": 0, "train/loss": 2.0, "val/exact_match": ""},
+            {"step": 10, "epoch": 0, "train/loss": 1.0, "val/exact_match": 0.5},
+        ],
+    )
+    write_run(
+        tmp_path, "1", ["module/shaper=none"], [{"step": 10, "epoch": 0, "train/loss": 3.0, "val/exact_match": 0.25}]
+    )
+    columns, rows = summarize(tmp_path)
+    assert columns == ["train/loss", "val/exact_match"]
+    assert rows == [
+        {"run": "module/shaper=gr3", "train/loss": 1.0, "val/exact_match": 0.5},
+        {"run": "module/shaper=none", "train/loss": 3.0, "val/exact_match": 0.25},
+    ]
+    assert "| module/shaper=gr3 | 1 | 0.5 |" in markdown_table(columns, rows)
+    report_main([str(tmp_path), "--out", str(tmp_path / "out" / "r")])
+    assert (tmp_path / "out" / "r.md").read_text().count("module/shaper=") == 2
+    assert (tmp_path / "out" / "r.png").stat().st_size > 1000
+
+
+def test_tensorboard_logger_option(train_cfg, tmp_path):
+    run(
+        train_cfg(
+            [
+                "logger=many",
+                "debug=limit",
+                "export=false",
+                "datamodule.source.num_train=64",
+                "datamodule.source.num_val=8",
+            ]
+        )
+    )
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    assert (tmp_path / "run" / "csv" / "metrics.csv").is_file()
