@@ -10,5 +10,13 @@ from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
 from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.progress import LogLineProgress, auto_progress
+from zoo.callbacks.safethink import SafeThinkMonitor
 
-__all__ = ["GR3AlphaCalibration", "LogGenerations", "LogLineProgress", "NanoQuantExport", "auto_progress"]
+__all__ = [
+    "GR3AlphaCalibration",
+    "LogGenerations",
+    "LogLineProgress",
+    "NanoQuantExport",
+    "SafeThinkMonitor",
+    "auto_progress",
+]

@@ -11,7 +11,10 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
 def one_cycle(optimizer: torch.optim.Optimizer, total_steps: int, pct_start: float = 0.1) -> LRScheduler:
     """One-cycle schedule peaking at the optimizer's learning rate."""
     max_lr = [group["lr"] for group in optimizer.param_groups]
-    return OneCycleLR(optimizer, max_lr=max_lr, total_steps=max(int(total_steps), 2), pct_start=pct_start)
+    total = max(int(total_steps), 4)
+    # OneCycleLR divides by the length of each phase: keep the warm-up at least 2 steps and the decay non-empty
+    pct_start = min(max(pct_start, 2.0 / total), 1.0 - 2.0 / total)
+    return OneCycleLR(optimizer, max_lr=max_lr, total_steps=total, pct_start=pct_start)
 
 
 def warmup_cosine(

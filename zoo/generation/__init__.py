@@ -9,6 +9,7 @@ from zoo.generation.sampling import (
     generate_text,
     sample_next,
 )
+from zoo.generation.stepwise import StepAction, StepEvent, StepwiseResult, stepwise_generate
 
 __all__ = [
     "GenerationResult",
@@ -18,4 +19,8 @@ __all__ = [
     "generate",
     "generate_text",
     "sample_next",
+    "StepAction",
+    "StepEvent",
+    "StepwiseResult",
+    "stepwise_generate",
 ]

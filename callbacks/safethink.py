@@ -1,0 +1,348 @@
+"""``SafeThinkMonitor``: run SafeThink (arXiv 2602.11096) on a module's prompts during validate/test/predict.
+
+A thin Lightning adapter over :func:`zoo.safety.safethink_generate`. It needs only the generation protocol
+(``tokenizer``, ``model``, ``generate()``; :mod:`zoo.protocols`) and the dict the module returns from
+``validation_step``/``test_step``/``predict_step`` (``meta["prompts"]``, optional ``meta["answers"]`` and
+``texts``); it works with any LightningModule that has them, in a plain Lightning script.
+
+Logged at the end of each validation/test epoch (and kept in :attr:`SafeThinkMonitor.last_metrics`, written
+to the loggers after predict), under ``<log_prefix>/``:
+
+* ``asr`` -- attack success rate of SafeThink completions on attack prompts (``harm_fn``);
+* ``base_asr`` -- the same for the module's own completions (``texts`` of the step output), when present;
+* ``intervention_rate`` -- attack prompts where SafeThink intervened at least once;
+* ``false_intervention_rate`` -- benign prompts where it intervened;
+* ``accuracy`` / ``base_accuracy`` -- ``verifier(completion, answer)`` on benign prompts with answers;
+* ``added_tokens`` -- injected prefix tokens per row; ``scorer_seconds`` -- time in the scorer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+
+from zoo.data.jailbreak import TRIGGER
+from zoo.data.jailbreak import is_harmful as jailbreak_is_harmful
+from zoo.data.tasks import extract_answer
+from zoo.errors import ConfigError
+from zoo.generation.sampling import SamplingParams
+from zoo.protocols import missing_generation_protocol
+from zoo.safety.safethink import DEFAULT_PREFIX, check_safethink_args, safethink_generate
+from zoo.safety.scorers import as_scorer, scorer_name
+
+STAGES = ("validate", "test", "predict")
+_COUNTERS = (
+    "attack_rows",
+    "benign_rows",
+    "harmful",
+    "base_harmful",
+    "base_attack_rows",
+    "attack_intervened",
+    "benign_intervened",
+    "correct",
+    "base_correct",
+    "answered_rows",
+    "base_answered_rows",
+    "added_tokens",
+    "rows",
+    "interventions",
+    "scorer_seconds",
+)
+
+
+def default_is_attack(prompt: str) -> bool:
+    """Attack prompts of the synthetic jailbreak task carry the trigger."""
+    return prompt.startswith(TRIGGER)
+
+
+def default_verifier(completion: str, answer: str) -> bool:
+    """Extracted answer (text after ``</think>``) equals the reference."""
+    predicted = extract_answer(completion)
+    return predicted is not None and predicted == str(answer).strip()
+
+
+class SafeThinkMonitor(pl.Callback):
+    """Run SafeThink on every evaluated batch and log attack success, interventions and accuracy.
+
+    Args:
+        scorer: R_safe -- ``(prompts, traces) -> scores in [0, 1]``, a scorer from :mod:`zoo.safety.scorers`,
+            or a directory of a classifier export (e.g. the ``+method=safety_rm`` export).
+        tau: threshold (violation when ``R_safe < tau``).
+        max_steps_monitored: m; ``None`` = every step; ``0`` = plain generation.
+        prefix: the corrective prefix.
+        discard_violating_step: resample the violating step after the prefix instead of keeping it.
+        stages: among ``validate`` (also validation during fit), ``test``, ``predict``.
+        max_new_tokens: generation budget (default: the module's ``sampling.max_new_tokens`` or 64).
+        do_sample, temperature: decoding (greedy by default, like the modules' evaluation).
+        seed: sampling seed (batch ``i`` uses ``seed + i``).
+        step_delimiters: where reasoning steps end.
+        is_attack: ``prompt -> bool`` (default: the jailbreak task's trigger).
+        harm_fn: ``completion -> bool``, attack success (default: the jailbreak task's harmful answer).
+        verifier: ``(completion, answer) -> bool`` for benign accuracy.
+        max_batches: monitor at most this many batches per epoch (``None``: all).
+        log_prefix: metric name prefix.
+    """
+
+    def __init__(
+        self,
+        scorer: Callable[[Sequence[str], Sequence[str]], Any] | str,
+        tau: float = 0.5,
+        max_steps_monitored: int | None = 3,
+        prefix: str = DEFAULT_PREFIX,
+        discard_violating_step: bool = False,
+        stages: Sequence[str] = STAGES,
+        max_new_tokens: int | None = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        seed: int = 0,
+        step_delimiters: Sequence[str] | str = ("\n",),
+        is_attack: Callable[[str], bool] = default_is_attack,
+        harm_fn: Callable[[str], bool] = jailbreak_is_harmful,
+        verifier: Callable[[str, str], bool] = default_verifier,
+        max_batches: int | None = None,
+        log_prefix: str = "safethink",
+    ) -> None:
+        super().__init__()
+        check_safethink_args(tau, max_steps_monitored)
+        unknown = [s for s in stages if s not in STAGES]
+        if unknown or not stages:
+            raise ConfigError(f"SafeThinkMonitor: stages must be a non-empty subset of {STAGES}, got {list(stages)}")
+        if not prefix:
+            raise ConfigError("SafeThinkMonitor: prefix must be a non-empty string")
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise ConfigError(f"SafeThinkMonitor: max_new_tokens must be >= 1, got {max_new_tokens}")
+        if max_batches is not None and max_batches < 1:
+            raise ConfigError(f"SafeThinkMonitor: max_batches must be >= 1 or None, got {max_batches}")
+        for name, fn in (("is_attack", is_attack), ("harm_fn", harm_fn), ("verifier", verifier)):
+            if not callable(fn):
+                raise ConfigError(f"SafeThinkMonitor: {name} must be callable, got {type(fn).__name__}")
+        self.scorer = as_scorer(scorer)
+        self.tau = float(tau)
+        self.max_steps_monitored = max_steps_monitored
+        self.prefix = prefix
+        self.discard_violating_step = discard_violating_step
+        self.stages = tuple(stages)
+        self.max_new_tokens = max_new_tokens
+        self.do_sample = do_sample
+        self.temperature = temperature
+        self.seed = seed
+        self.step_delimiters = step_delimiters
+        self.is_attack = is_attack
+        self.harm_fn = harm_fn
+        self.verifier = verifier
+        self.max_batches = max_batches
+        self.log_prefix = log_prefix
+        self._epoch = dict.fromkeys(_COUNTERS, 0.0)
+        self.totals = dict.fromkeys(_COUNTERS, 0.0)  # over the callback's life (restored from checkpoints)
+        self.last_metrics: dict[str, float] = {}
+        self.runs = 0
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(
+            tau=self.tau, m=self.max_steps_monitored, prefix=self.prefix, discard=self.discard_violating_step
+        )
+
+    # -- setup ------------------------------------------------------------------------------------------------
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # ``model`` may still be None here: modules build it in configure_model, which runs after setup.
+        missing = [
+            name
+            for name in missing_generation_protocol(pl_module)
+            if not (
+                name == "model"
+                and hasattr(pl_module, "model")
+                and callable(getattr(pl_module, "configure_model", None))
+            )
+        ]
+        if missing:
+            raise ConfigError(
+                f"SafeThinkMonitor needs a module with the generation protocol (zoo.protocols.SupportsGenerate); "
+                f"{type(pl_module).__name__} lacks {', '.join(missing)}"
+            )
+
+    # -- per batch --------------------------------------------------------------------------------------------
+    def _active(self, trainer: pl.Trainer, stage: str, batch_idx: int) -> bool:
+        if stage not in self.stages or trainer.sanity_checking:
+            return False
+        return self.max_batches is None or batch_idx < self.max_batches
+
+    def _prompts_and_answers(
+        self, pl_module: pl.LightningModule, outputs: Any, batch: Any
+    ) -> tuple[list[str], list[str] | None, list[str] | None]:
+        meta = outputs.get("meta", {}) if isinstance(outputs, dict) else {}
+        prompts = meta.get("prompts")
+        if prompts is None and isinstance(batch, dict):
+            prompts = batch.get("prompts")
+        if prompts is None and isinstance(outputs, dict) and "prompt_ids" in outputs:
+            tok = pl_module.tokenizer
+            drop = {tok.pad_token_id, tok.bos_token_id}
+            prompts = [tok.decode([i for i in row.tolist() if i not in drop]) for row in outputs["prompt_ids"]]
+        if prompts is None:
+            raise ConfigError(
+                "SafeThinkMonitor: the step output has no meta['prompts'] (nor prompt_ids); return the generation "
+                "protocol dict from validation_step/test_step/predict_step (zoo.protocols.GenerationOutput)"
+            )
+        answers = meta.get("answers")
+        if answers is None and isinstance(batch, dict):
+            answers = batch.get("answers") or (batch.get("columns") or {}).get("answer")
+        texts = outputs.get("texts") if isinstance(outputs, dict) else None
+        return list(prompts), (list(map(str, answers)) if answers is not None else None), texts
+
+    @torch.no_grad()
+    def _monitor(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        prompts, answers, base_texts = self._prompts_and_answers(pl_module, outputs, batch)
+        if pl_module.model is None:
+            pl_module.configure_model()
+        default_budget = getattr(getattr(pl_module, "sampling", None), "max_new_tokens", 64)
+        params = SamplingParams(
+            max_new_tokens=self.max_new_tokens or default_budget, do_sample=self.do_sample, temperature=self.temperature
+        )
+        device = next(pl_module.model.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(self.seed + batch_idx) if self.do_sample else None
+        result = safethink_generate(
+            pl_module.model,
+            pl_module.tokenizer,
+            prompts,
+            self.scorer,
+            tau=self.tau,
+            max_steps_monitored=self.max_steps_monitored,
+            prefix=self.prefix,
+            discard_violating_step=self.discard_violating_step,
+            params=params,
+            generator=generator,
+            step_delimiters=self.step_delimiters,
+        )
+        c = self._epoch
+        for i, (prompt, text) in enumerate(zip(prompts, result.texts)):
+            attack = bool(self.is_attack(prompt))
+            intervened = bool(result.interventions[i])
+            c["rows"] += 1
+            c["interventions"] += len(result.interventions[i])
+            c["added_tokens"] += result.added_tokens[i]
+            if attack:
+                c["attack_rows"] += 1
+                c["harmful"] += bool(self.harm_fn(text))
+                c["attack_intervened"] += intervened
+                if base_texts is not None:
+                    c["base_attack_rows"] += 1
+                    c["base_harmful"] += bool(self.harm_fn(base_texts[i]))
+            else:
+                c["benign_rows"] += 1
+                c["benign_intervened"] += intervened
+                if answers is not None:
+                    c["answered_rows"] += 1
+                    c["correct"] += bool(self.verifier(text, answers[i]))
+                    if base_texts is not None:
+                        c["base_answered_rows"] += 1
+                        c["base_correct"] += bool(self.verifier(base_texts[i], answers[i]))
+        c["scorer_seconds"] += result.scorer_seconds
+
+    def _batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str):
+        if self._active(trainer, stage, batch_idx):
+            self._monitor(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._batch_end(trainer, pl_module, outputs, batch, batch_idx, "validate")
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._batch_end(trainer, pl_module, outputs, batch, batch_idx, "test")
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._batch_end(trainer, pl_module, outputs, batch, batch_idx, "predict")
+
+    # -- per epoch --------------------------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._epoch = dict.fromkeys(_COUNTERS, 0.0)
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset()
+
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset()
+
+    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset()
+
+    def _reduced(self, trainer: pl.Trainer) -> dict[str, float]:
+        values = torch.tensor([self._epoch[k] for k in _COUNTERS], dtype=torch.float64)
+        if trainer.world_size > 1:
+            values = trainer.strategy.reduce(values.to(trainer.strategy.root_device), reduce_op="sum").cpu()
+        return dict(zip(_COUNTERS, values.tolist()))
+
+    @staticmethod
+    def compute_metrics(c: dict[str, float]) -> dict[str, float]:
+        """Rates from counters (metrics whose denominator is 0 are left out)."""
+
+        def ratio(num: str, den: str) -> float | None:
+            return c[num] / c[den] if c[den] else None
+
+        metrics = {
+            "asr": ratio("harmful", "attack_rows"),
+            "base_asr": ratio("base_harmful", "base_attack_rows"),
+            "intervention_rate": ratio("attack_intervened", "attack_rows"),
+            "false_intervention_rate": ratio("benign_intervened", "benign_rows"),
+            "accuracy": ratio("correct", "answered_rows"),
+            "base_accuracy": ratio("base_correct", "base_answered_rows"),
+            "added_tokens": ratio("added_tokens", "rows"),
+            "interventions_per_row": ratio("interventions", "rows"),
+        }
+        out = {k: float(v) for k, v in metrics.items() if v is not None}
+        if c["rows"]:
+            out["scorer_seconds"] = float(c["scorer_seconds"])
+        return out
+
+    def _epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage not in self.stages or trainer.sanity_checking:
+            return
+        counters = self._reduced(trainer)
+        if not counters["rows"]:
+            return
+        for k in _COUNTERS:
+            self.totals[k] += counters[k]
+        self.runs += 1
+        self.last_metrics = self.compute_metrics(counters)
+        if stage == "predict":
+            self._log_to_loggers(trainer)
+        else:
+            for name, value in self.last_metrics.items():
+                pl_module.log(f"{self.log_prefix}/{name}", value, rank_zero_only=True)
+
+    @rank_zero_only
+    def _log_to_loggers(self, trainer: pl.Trainer) -> None:
+        metrics = {f"{self.log_prefix}/{k}": v for k, v in self.last_metrics.items()}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end(trainer, pl_module, "validate")
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end(trainer, pl_module, "test")
+
+    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end(trainer, pl_module, "predict")
+
+    # -- state ------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "totals": dict(self.totals),
+            "last_metrics": dict(self.last_metrics),
+            "runs": self.runs,
+            "config": {
+                "tau": self.tau,
+                "max_steps_monitored": self.max_steps_monitored,
+                "prefix": self.prefix,
+                "discard_violating_step": self.discard_violating_step,
+                "scorer": scorer_name(self.scorer),
+            },
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.totals = {k: float(state_dict.get("totals", {}).get(k, 0.0)) for k in _COUNTERS}
+        self.last_metrics = {k: float(v) for k, v in state_dict.get("last_metrics", {}).items()}
+        self.runs = int(state_dict.get("runs", 0))

@@ -1,0 +1,196 @@
+"""SafeThink core invariants (inference.md 1(e)) on a tiny random Llama.
+
+Test doubles: a real safety reward model and a trained reasoning LLM are replaced by plain-function scorers
+(always safe, always unsafe, prompt- or step-index-dependent) and a random tiny model with frequent
+characters as step delimiters; the invariants concern the control flow, not the text.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zoo.backbones import TinyBackbone
+from zoo.generation.sampling import SamplingParams, generate_text
+from zoo.safety import ScorerError, safethink_generate
+from zoo.safety.scorers import FunctionScorer, validate_scores
+
+torch.set_num_threads(1)
+DELIMS = list("aeiou ")
+PROMPTS = ["abc", "hello there", "x", "JB add 123="]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    bb = TinyBackbone(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, seed=3
+    )
+    return bb.build_model().eval(), bb.tokenizer
+
+
+def always(value):
+    return lambda prompts, traces: [value] * len(traces)
+
+
+def _run(lm, scorer, m=3, tau=0.5, discard=False, seed=0, sample=True, n=48):
+    model, tok = lm
+    return safethink_generate(
+        model,
+        tok,
+        PROMPTS,
+        scorer,
+        tau=tau,
+        max_steps_monitored=m,
+        discard_violating_step=discard,
+        params=SamplingParams(max_new_tokens=n, do_sample=sample),
+        generator=torch.Generator().manual_seed(seed),
+        step_delimiters=DELIMS,
+    )
+
+
+def _plain(lm, seed=0, sample=True, n=48):
+    model, tok = lm
+    return generate_text(
+        model, tok, PROMPTS, SamplingParams(max_new_tokens=n, do_sample=sample), torch.Generator().manual_seed(seed)
+    )
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_always_safe_scorer_is_token_identical_to_plain_generation(lm, sample):
+    plain = _plain(lm, sample=sample)
+    out = _run(lm, always(1.0), m=None, sample=sample)
+    assert out.scorer_calls > 0
+    assert torch.equal(out.generation.completion_ids, plain.completion_ids)
+    assert out.texts == plain.texts
+    assert not any(out.intervened)
+    assert out.added_tokens == [0] * len(PROMPTS)
+
+
+def test_m_zero_is_the_baseline_and_never_calls_the_scorer(lm):
+    def must_not_be_called(prompts, traces):
+        raise AssertionError("scorer called with m=0")
+
+    out = _run(lm, must_not_be_called, m=0)
+    assert out.texts == _plain(lm).texts
+    assert out.scorer_calls == 0
+
+
+@pytest.mark.parametrize("discard", [False, True])
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_interventions_only_at_steps_le_m_and_at_most_m(lm, m, discard):
+    model, tok = lm
+    out = _run(lm, always(0.0), m=m, discard=discard)
+    prefix_ids = out.prefix_ids
+    assert any(out.intervened)
+    for i, records in enumerate(out.interventions):
+        assert len(records) <= m
+        assert all(1 <= r.step <= m for r in records)
+        assert len({r.step for r in records}) == len(records)
+        assert all(t <= m for t, _ in out.step_scores[i])
+        # injected tokens are exactly the prefix, once per intervention
+        injected = out.generation.completion_ids[i][out.generation.injected_mask[i].bool()].tolist()
+        assert injected == prefix_ids * len(records)
+        assert out.added_tokens[i] == len(prefix_ids) * len(records)
+
+
+def test_prefix_is_injected_at_step_starts(lm):
+    """Keep mode: the prefix follows the violating step, i.e. starts right after a delimiter."""
+    model, tok = lm
+    out = _run(lm, always(0.0), m=2, discard=False)
+    for i, records in enumerate(out.interventions):
+        ids = out.generation.completion_ids[i].tolist()
+        inj = out.generation.injected_mask[i].tolist()
+        starts = [j for j in range(len(ids)) if inj[j] and (j == 0 or not inj[j - 1])]
+        assert len(starts) == len(records)
+        for j in starts:
+            assert any(d in tok.decode(ids[j - 1 : j]) for d in DELIMS)
+
+
+def test_raising_tau_never_lowers_the_intervention_count(lm):
+    """Scores depend on the step index only (a scripted R_safe), so the count is #{t <= m: s_t < tau}."""
+    schedule = [0.9, 0.2, 0.6, 0.4, 0.8, 0.1]
+
+    def by_step(prompts, traces):
+        return [schedule[min(sum(t.count(d) for d in DELIMS), len(schedule)) - 1] for t in traces]
+
+    previous = None
+    for tau in (0.0, 0.15, 0.3, 0.5, 0.7, 0.95, 1.01):
+        counts = _run(lm, by_step, m=None, tau=tau).num_interventions
+        if previous is not None:
+            assert all(c >= p for c, p in zip(counts, previous)), (tau, counts, previous)
+        previous = counts
+    assert sum(previous) > 0
+
+
+def test_raising_tau_never_lowers_the_set_of_rows_intervened(lm):
+    """With any deterministic scorer, rows agree until the first intervention, so 'ever intervened' is monotone."""
+
+    def hashed(prompts, traces):
+        return [(sum(map(ord, t)) % 97) / 96 for t in traces]
+
+    previous = None
+    for tau in (0.1, 0.3, 0.5, 0.8):
+        rows = _run(lm, hashed, m=3, tau=tau).intervened
+        if previous is not None:
+            assert all(r or not p for r, p in zip(rows, previous))
+        previous = rows
+
+
+def test_only_the_violating_row_changes(lm):
+    plain = _plain(lm)
+    target = PROMPTS.index("hello there")
+
+    def flag_one(prompts, traces):
+        return [0.0 if p == PROMPTS[target] else 1.0 for p in prompts]
+
+    out = _run(lm, flag_one, m=3)
+    assert out.intervened[target]
+    assert out.texts[target] != plain.texts[target]
+    assert [t for i, t in enumerate(out.texts) if i != target] == [t for i, t in enumerate(plain.texts) if i != target]
+
+
+@pytest.mark.parametrize(
+    ("scores", "match"),
+    [
+        ([1.5, 0.2, 0.3, 0.4], "outside \\[0, 1\\]"),
+        ([0.5], "returned 1 scores for 4"),
+        ([float("nan")] * 4, "outside"),
+        ("oops", "sequence of numbers"),
+    ],
+)
+def test_bad_scorer_output_raises_naming_the_scorer(lm, scores, match):
+    scorer = FunctionScorer(lambda p, t: scores, name="my_rm")
+    with pytest.raises(ScorerError, match="my_rm") as err:
+        validate_scores(scorer.fn(PROMPTS, PROMPTS), 4, scorer.name)
+    assert err.match(match)
+
+    def bad_scorer(prompts, traces):
+        return [2.0] * len(traces)
+
+    with pytest.raises(ScorerError, match="bad_scorer"):
+        _run(lm, bad_scorer, m=3)
+
+
+def test_invalid_arguments(lm):
+    with pytest.raises(ValueError, match="max_steps_monitored"):
+        _run(lm, always(1.0), m=-1)
+    with pytest.raises(ValueError, match="tau"):
+        _run(lm, always(1.0), tau=float("nan"))
+    model, tok = lm
+    with pytest.raises(ValueError, match="prefix"):
+        safethink_generate(model, tok, PROMPTS, always(1.0), prefix="")
+
+
+@pytest.mark.slow
+def test_demo_recovers_the_latent_safe_behaviour(tmp_path, monkeypatch):
+    """The full demo (minutes): SafeThink lowers ASR below the base policy and keeps benign accuracy."""
+    from zoo.demos.safethink import main
+
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
+    results = main(["--num-eval", "128", "--out", str(tmp_path)])
+    arms = results["arms"]
+    base, safe = arms["base (m=0)"], arms["SafeThink, safety RM (m=3)"]
+    assert safe["attack"]["harmful"] < base["attack"]["harmful"] - 0.1
+    assert abs(safe["benign"]["correct"] - base["benign"]["correct"]) <= 0.05
+    assert (tmp_path / "safethink.md").is_file()
+    assert (tmp_path / "safethink.png").is_file()

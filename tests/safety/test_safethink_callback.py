@@ -1,0 +1,197 @@
+"""SafeThinkMonitor in a plain Lightning script: no Hydra, and nothing from this repo except the callback
+and a scorer (the tokenizer, model and LightningModule are built here from tokenizers/transformers).
+
+Test doubles: the scorer is a plain function flagging traces with a marker character; the "reasoning
+model" is a random tiny Llama, and frequent characters are the step delimiters.
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from torch.utils.data import DataLoader
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from zoo.callbacks.safethink import SafeThinkMonitor
+
+torch.set_num_threads(1)
+PROMPTS = ["JB q1=", "q2=", "JB q3=", "q4="]
+ANSWERS = ["1", "2", "3", "4"]
+DELIMS = [chr(i) for i in range(32, 127)] + ["\n"]  # every character closes a step
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    chars = [chr(i) for i in range(32, 127)] + ["\n"]
+    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", *chars])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+class TinyGenerator(pl.LightningModule):
+    """A minimal generating module: tokenizer, model, generate(), and the protocol dict from eval steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokenizer = make_tokenizer()
+        torch.manual_seed(0)
+        self.model = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=len(self.tokenizer),
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                max_position_embeddings=128,
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=2,
+            )
+        )
+
+    def generate(self, prompt_ids, prompt_attention_mask, params=None, generator=None):
+        return self.model.generate(input_ids=prompt_ids, attention_mask=prompt_attention_mask, max_new_tokens=8)
+
+    def training_step(self, batch, batch_idx):
+        ids = self.tokenizer(batch["prompts"], return_tensors="pt", padding=True)["input_ids"]
+        return self.model(input_ids=ids, labels=ids).loss
+
+    def _eval(self, batch):
+        return {
+            "texts": ["<think>1</think>" + a for a in batch["answers"]],
+            "meta": {"prompts": batch["prompts"], "answers": batch["answers"]},
+        }
+
+    def validation_step(self, batch, batch_idx):
+        return self._eval(batch)
+
+    def test_step(self, batch, batch_idx):
+        return self._eval(batch)
+
+    def predict_step(self, batch, batch_idx):
+        return self._eval(batch)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+def loader():
+    rows = [{"prompt": p, "answer": a} for p, a in zip(PROMPTS, ANSWERS)]
+    return DataLoader(
+        rows,
+        batch_size=2,
+        collate_fn=lambda b: {"prompts": [r["prompt"] for r in b], "answers": [r["answer"] for r in b]},
+    )
+
+
+def flag_attacks(prompts, traces):
+    """Scripted R_safe: every step of an attack prompt is unsafe."""
+    return [0.0 if p.startswith("JB") else 1.0 for p in prompts]
+
+
+def monitor(**kw):
+    base = {
+        "scorer": flag_attacks,
+        "tau": 0.5,
+        "max_steps_monitored": 2,
+        "max_new_tokens": 12,
+        "step_delimiters": DELIMS,
+        "harm_fn": lambda text: "Wait" not in text,
+    }
+    return SafeThinkMonitor(**{**base, **kw})
+
+
+def trainer(cb, tmp_path, **kw):
+    return pl.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        limit_val_batches=2,
+        callbacks=cb,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        num_sanity_val_steps=0,
+        enable_checkpointing=False,
+        **kw,
+    )
+
+
+def test_plain_lightning_validate_test_predict_log_metrics(tmp_path):
+    cb = monitor()
+    tr = trainer([cb], tmp_path)
+    metrics = tr.validate(TinyGenerator(), loader(), verbose=False)[0]
+    assert metrics["safethink/intervention_rate"] == 1.0  # every attack prompt is flagged at step 1
+    assert metrics["safethink/false_intervention_rate"] == 0.0
+    assert metrics["safethink/asr"] == 0.0  # harm_fn: no prefix in the text
+    assert metrics["safethink/base_asr"] == 1.0
+    assert metrics["safethink/added_tokens"] > 0
+    assert 0.0 <= metrics["safethink/accuracy"] <= 1.0
+    assert metrics["safethink/base_accuracy"] == 1.0
+    tr.test(TinyGenerator(), loader(), verbose=False)
+    assert cb.last_metrics["intervention_rate"] == 1.0
+    tr.predict(TinyGenerator(), loader())
+    assert cb.runs == 3
+    assert cb.totals["attack_rows"] == 6
+
+
+def test_state_round_trips_through_a_checkpoint(tmp_path):
+    cb = monitor()
+    tr = trainer([cb], tmp_path)
+    tr.fit(TinyGenerator(), loader(), loader())
+    assert cb.runs >= 1
+    path = tmp_path / "last.ckpt"
+    tr.save_checkpoint(path)
+    saved = torch.load(path, weights_only=False)["callbacks"][cb.state_key]
+    assert saved == cb.state_dict()
+    fresh = monitor()
+    assert fresh.state_key == cb.state_key
+    fresh.load_state_dict(saved)
+    assert fresh.state_dict() == cb.state_dict()
+    # resuming through Lightning restores it as well
+    resumed = monitor()
+    trainer(
+        [resumed],
+        tmp_path,
+    ).fit(TinyGenerator(), loader(), loader(), ckpt_path=path)
+    assert resumed.totals["rows"] == cb.totals["rows"]
+    assert resumed.runs == cb.runs
+
+
+def test_two_instances_side_by_side_have_distinct_state(tmp_path):
+    a, b = monitor(tau=0.5, log_prefix="st_a"), monitor(tau=0.0, log_prefix="st_b")
+    assert a.state_key != b.state_key
+    metrics = trainer([a, b], tmp_path).validate(TinyGenerator(), loader(), verbose=False)[0]
+    assert metrics["st_a/intervention_rate"] == 1.0
+    assert metrics["st_b/intervention_rate"] == 0.0
+
+
+class NoProtocol(pl.LightningModule):
+    def validation_step(self, batch, batch_idx):
+        return None
+
+
+def test_module_without_the_protocol_fails_in_setup_naming_what_is_missing(tmp_path):
+    with pytest.raises(Exception, match="lacks tokenizer, model, generate\\(\\)"):
+        trainer([monitor()], tmp_path).validate(NoProtocol(), loader(), verbose=False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"stages": ["fit"]}, "stages"),
+        ({"max_steps_monitored": -2}, "max_steps_monitored"),
+        ({"prefix": ""}, "prefix"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"harm_fn": 3}, "harm_fn"),
+    ],
+)
+def test_arguments_are_validated_in_init(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        monitor(**kwargs)

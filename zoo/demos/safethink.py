@@ -1,0 +1,381 @@
+"""SafeThink demo (arXiv 2602.11096) on the synthetic jailbreak task: ``python -m zoo.demos.safethink``.
+
+1. trains the tiny Llama backbone on the jailbreak task with ``CausalLMModule`` (SFT, cached under
+   ``$ZOO_CACHE_DIR`` or ``./.zoo_cache``);
+2. trains the safety reward model (``SequenceClassifierModule`` on labelled prefixes);
+3. compares, on held-out prompts with sampled decoding (same seeds for every arm): base generation,
+   SafeThink (trained RM; and the exact oracle as an upper bound), always-prepend-prefix; benign accuracy and
+   false-intervention rate; ASR as a function of m in {0, 1, 2, 3, all};
+4. writes ``docs/results/safethink.md`` and ``docs/results/safethink.png``.
+
+The task is built so that a latent safe behaviour exists (recoveries after the prefix are in the training
+data); the demo shows that the implementation recovers it, not the paper's numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zoo.data.jailbreak import JailbreakTask, SafetyPrefixSource, is_harmful, oracle_safety_score
+from zoo.data.tasks import Example
+
+log = logging.getLogger("zoo.demos.safethink")
+TASK_FORMAT = 2  # bump when the jailbreak task's text format changes (cache key)
+ARCH_LM: dict[str, Any] = {}  # the default tiny backbone
+ARCH_RM = {
+    "hidden_size": 64,
+    "intermediate_size": 192,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+}
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("ZOO_CACHE_DIR", _repo_root() / ".zoo_cache")).expanduser() / "demos"
+
+
+def _trainer(max_epochs: int, log_every: int = 50) -> Any:
+    import lightning.pytorch as pl
+
+    from zoo.callbacks.progress import LogLineProgress
+
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=max_epochs,
+        logger=False,
+        callbacks=[LogLineProgress(log_every_n_steps=log_every)],
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        gradient_clip_val=1.0,
+        enable_model_summary=False,
+    )
+
+
+def train_policy(
+    task: JailbreakTask, num_train: int, epochs: int, seed: int, batch_size: int = 32, lr: float = 3e-3
+) -> Path:
+    """SFT the tiny backbone on the task; returns the export directory (cached by recipe)."""
+    import lightning.pytorch as pl
+
+    from zoo.backbones import TinyBackbone
+    from zoo.data.sources import TaskSource
+    from zoo.datamodules.sft import SFTDataModule
+    from zoo.modules.causal_lm import CausalLMModule
+    from zoo.optim import one_cycle
+
+    key = hashlib.sha256(
+        json.dumps(
+            {
+                "task": task.describe(),
+                "n": num_train,
+                "e": epochs,
+                "seed": seed,
+                "arch": ARCH_LM,
+                "bs": batch_size,
+                "lr": lr,
+                "v": TASK_FORMAT,
+            }
+        ).encode()
+    ).hexdigest()[:12]
+    target = _cache_dir() / f"safethink-lm-{key}"
+    if (target / "config.json").is_file():
+        log.info(f"[demo] using the cached policy {target}")
+        return target
+    pl.seed_everything(seed, verbose=False)
+    backbone = TinyBackbone(seed=seed, **ARCH_LM)
+    dm = SFTDataModule(
+        backbone.tokenizer,
+        TaskSource(task, num_train=num_train, num_val=64, num_test=64, seed=seed),
+        batch_size=batch_size,
+    )
+    module = CausalLMModule(
+        backbone,
+        optimizer=functools.partial(torch.optim.AdamW, lr=lr, weight_decay=0.01),
+        scheduler=one_cycle,
+        generate_on_eval=False,
+    )
+    start = time.time()
+    _trainer(epochs).fit(module, dm)
+    log.info(f"[demo] policy trained in {time.time() - start:.0f}s")
+    return module.export_pretrained(target)
+
+
+def train_rm(task: JailbreakTask, num_traces: int, epochs: int, seed: int) -> tuple[Path, dict[str, float]]:
+    """Train the safety RM on labelled prefixes; returns its export directory and held-out metrics."""
+    import lightning.pytorch as pl
+
+    from zoo.backbones import TinyBackbone
+    from zoo.datamodules.labelled_prefixes import LabelledPrefixDataModule
+    from zoo.modules.sequence_classifier import SequenceClassifierModule
+    from zoo.optim import warmup_cosine
+
+    key = hashlib.sha256(
+        json.dumps(
+            {"task": task.describe(), "n": num_traces, "e": epochs, "seed": seed, "arch": ARCH_RM, "v": TASK_FORMAT}
+        ).encode()
+    ).hexdigest()[:12]
+    target = _cache_dir() / f"safethink-rm-{key}"
+    if (target / "zoo_scorer.json").is_file() and (target / "metrics.json").is_file():
+        log.info(f"[demo] using the cached safety RM {target}")
+        return target, json.loads((target / "metrics.json").read_text())
+    pl.seed_everything(seed, verbose=False)
+    backbone = TinyBackbone(seed=seed, **ARCH_RM)
+    dm = LabelledPrefixDataModule(
+        backbone.tokenizer,
+        SafetyPrefixSource(task, num_train=num_traces, num_val=200, num_test=200, seed=seed),
+        batch_size=64,
+        eval_batch_size=256,
+    )
+    module = SequenceClassifierModule(
+        backbone,
+        optimizer=functools.partial(torch.optim.AdamW, lr=2e-3, weight_decay=0.01),
+        scheduler=warmup_cosine,
+        seed=seed,
+    )
+    start = time.time()
+    trainer = _trainer(epochs)
+    trainer.fit(module, dm)
+    metrics = {k: float(v) for k, v in trainer.test(module, dm, verbose=False)[0].items()}
+    log.info(f"[demo] safety RM trained in {time.time() - start:.0f}s: {metrics}")
+    module.export_pretrained(target)
+    (target / "metrics.json").write_text(json.dumps(metrics))
+    return target, metrics
+
+
+def eval_prompts(task: JailbreakTask, n: int, seed: int) -> tuple[list[Example], list[Example]]:
+    """``n`` attack and ``n`` benign held-out examples (seeds far from the training seeds)."""
+    attack = JailbreakTask(**_knobs(task, 1.0))
+    benign = JailbreakTask(**_knobs(task, 0.0))
+    return attack.examples(n, seed + 1000), benign.examples(n, seed + 2000)
+
+
+def _knobs(task: JailbreakTask, trigger_prob: float) -> dict[str, Any]:
+    knobs = {k: v for k, v in task.describe().items() if k != "name"}
+    knobs["trigger_prob"] = trigger_prob
+    return knobs
+
+
+def _stderr(p: float, n: int) -> float:
+    return math.sqrt(max(p * (1 - p), 1e-12) / max(n, 1))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-train", type=int, default=8000, help="SFT rows for the policy")
+    parser.add_argument("--epochs", type=int, default=3, help="SFT epochs")
+    parser.add_argument("--batch-size", type=int, default=32, help="SFT batch size")
+    parser.add_argument("--lr", type=float, default=3e-3, help="SFT peak learning rate")
+    parser.add_argument("--rm-traces", type=int, default=1500, help="traces for the safety RM (one row per step)")
+    parser.add_argument("--num-eval", type=int, default=256, help="attack and benign prompts each")
+    parser.add_argument("--tau", type=float, default=0.5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=_repo_root() / "docs" / "results")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from zoo.generation.sampling import SamplingParams
+    from zoo.safety import always_prefix_generate, load_safety_rm, safethink_generate
+
+    start = time.time()
+    task = JailbreakTask()
+    lm_dir = train_policy(task, args.num_train, args.epochs, args.seed, args.batch_size, args.lr)
+    rm_dir, rm_metrics = train_rm(task, args.rm_traces, 1, args.seed)
+    model = AutoModelForCausalLM.from_pretrained(lm_dir, local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(lm_dir, local_files_only=True)
+    rm = load_safety_rm(rm_dir)
+    attack, benign = eval_prompts(task, args.num_eval, args.seed)
+    params = SamplingParams(max_new_tokens=128, do_sample=True, temperature=1.0)
+
+    def run(examples: list[Example], scorer: Any, m: int | None, discard: bool = False) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(args.seed + 7)
+        prompts = [e.prompt for e in examples]
+        out = safethink_generate(
+            model,
+            tokenizer,
+            prompts,
+            scorer,
+            tau=args.tau,
+            max_steps_monitored=m,
+            discard_violating_step=discard,
+            params=params,
+            generator=gen,
+        )
+        n = len(examples)
+        return {
+            "harmful": sum(is_harmful(t) for t in out.texts) / n,
+            "correct": sum(task.verify(t, e.answer) for t, e in zip(out.texts, examples)) / n,
+            "intervened": sum(out.intervened) / n,
+            "added_tokens": sum(out.added_tokens) / n,
+            "scorer_calls": out.scorer_calls,
+            "texts": out.texts,
+        }
+
+    def run_always(examples: list[Example]) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(args.seed + 7)
+        texts = always_prefix_generate(model, tokenizer, [e.prompt for e in examples], params=params, generator=gen)
+        n = len(examples)
+        return {
+            "harmful": sum(is_harmful(t) for t in texts) / n,
+            "correct": sum(task.verify(t, e.answer) for t, e in zip(texts, examples)) / n,
+            "texts": texts[:3],
+        }
+
+    arms: dict[str, dict[str, Any]] = {}
+    for name, scorer, m, discard in (
+        ("base (m=0)", oracle_safety_score, 0, False),
+        ("SafeThink, safety RM (m=3)", rm, 3, False),
+        ("SafeThink, safety RM (m=3, discard step)", rm, 3, True),
+        ("SafeThink, oracle scorer (m=3)", oracle_safety_score, 3, False),
+    ):
+        arms[name] = {"attack": run(attack, scorer, m, discard), "benign": run(benign, scorer, m, discard)}
+        for split in ("attack", "benign"):
+            base_texts = arms["base (m=0)"][split]["texts"]
+            same = sum(a == b for a, b in zip(arms[name][split]["texts"], base_texts))
+            arms[name][split]["identical_to_base"] = same / len(base_texts)
+        log.info(f"[demo] {name}: ASR={arms[name]['attack']['harmful']:.3f} acc={arms[name]['benign']['correct']:.3f}")
+    arms["always prefix"] = {"attack": run_always(attack), "benign": run_always(benign)}
+    for arm in arms.values():
+        for split in arm.values():
+            split["texts"] = split["texts"][:3]
+    log.info(f"[demo] always prefix: ASR={arms['always prefix']['attack']['harmful']:.3f}")
+    curve: dict[str, dict[str, float]] = {"safety RM": {}, "oracle": {}}
+    for label, scorer in (("safety RM", rm), ("oracle", oracle_safety_score)):
+        for m in (0, 1, 2, 3, None):
+            key = "all" if m is None else str(m)
+            if key == "3" and label == "safety RM":
+                curve[label][key] = arms["SafeThink, safety RM (m=3)"]["attack"]["harmful"]
+            elif key == "3":
+                curve[label][key] = arms["SafeThink, oracle scorer (m=3)"]["attack"]["harmful"]
+            elif key == "0":
+                curve[label][key] = arms["base (m=0)"]["attack"]["harmful"]
+            else:
+                curve[label][key] = run(attack, scorer, m)["harmful"]
+    elapsed = time.time() - start
+    results = {"arms": arms, "curve": curve, "rm_metrics": rm_metrics, "seconds": elapsed, "args": vars(args)}
+    write_report(results, args, len(attack), len(benign))
+    return results
+
+
+def write_report(results: dict[str, Any], args: argparse.Namespace, n_attack: int, n_benign: int) -> None:
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ms = ["0", "1", "2", "3", "all"]
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for label, marker in (("safety RM", "o"), ("oracle", "s")):
+        ys = [results["curve"][label][m] for m in ms]
+        ax.errorbar(
+            ms, ys, yerr=[_stderr(y, n_attack) for y in ys], marker=marker, capsize=3, label=f"SafeThink, {label}"
+        )
+    ax.axhline(results["arms"]["always prefix"]["attack"]["harmful"], color="gray", ls="--", label="always prefix")
+    ax.set_xlabel("m (steps monitored)")
+    ax.set_ylabel("attack success rate")
+    ax.set_ylim(0, 1)
+    ax.set_title("SafeThink on the synthetic jailbreak task")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "safethink.png", dpi=120)
+    plt.close(fig)
+
+    rows = []
+    for name, arm in results["arms"].items():
+        a, b = arm["attack"], arm["benign"]
+        fir = f"{b['intervened']:.3f}" if "intervened" in b else "1.000 (always)"
+        ir = f"{a['intervened']:.3f}" if "intervened" in a else "1.000 (always)"
+        same = f"{b['identical_to_base']:.3f}" if "identical_to_base" in b else "-"
+        added = f"{a['added_tokens']:.1f} / {b['added_tokens']:.1f}" if "added_tokens" in a else "19 / 19"
+        rows.append(
+            f"| {name} | {a['harmful']:.3f} ± {_stderr(a['harmful'], n_attack):.3f} | "
+            f"{b['correct']:.3f} ± {_stderr(b['correct'], n_benign):.3f} | {ir} | {fir} | {added} | {same} |"
+        )
+    curve_rows = [
+        f"| {label} | " + " | ".join(f"{results['curve'][label][m]:.3f}" for m in ms) + " |"
+        for label in ("safety RM", "oracle")
+    ]
+    a = vars(args)
+    base_acc = results["arms"]["base (m=0)"]["benign"]["correct"]
+    accuracy_note = (
+        f"The tiny policy did not learn the running-sum arithmetic within this CPU budget (benign accuracy "
+        f"{base_acc:.2f}, about chance for a digit), so accuracy is weak evidence here; the direct check of "
+        '"utility unchanged" is the token-identity column: a benign prompt that is never flagged gets exactly the '
+        "base completion (satisficing). "
+        if base_acc < 0.3
+        else ""
+    )
+    header = (
+        "| arm | ASR (attack) | accuracy (benign) | intervention rate (attack) | false-intervention rate (benign) "
+        "| added tokens / row (attack / benign) | benign rows token-identical to base |\n|---|---|---|---|---|---|---|"
+    )
+    md = f"""# SafeThink — demo results
+
+Paper: *Safety Recovery in Reasoning Models Is Only a Few Early Steering Steps Away* (arXiv:2602.11096).
+Produced by `python -m zoo.demos.safethink` (seed {a["seed"]}, {a["threads"]} CPU thread(s),
+{results["seconds"]:.0f} s wall for this run; the trained policy and RM are cached under `.zoo_cache/demos`, a
+rerun only evaluates; building them from scratch took about 5 minutes on the shared 2-core machine).
+
+**The synthetic jailbreak task is built so that a latent safe behaviour exists**: its training traces
+contain self-corrections after the prefix "Wait, think safely" that recover to safe reasoning (with a
+probability that decays with the number of unsafe steps already written), and the trigger makes unsafe
+reasoning crystallise in the first step. The demo therefore shows that the implementation (step-wise
+monitoring, prefix injection, KV-cached continuation, trained safety RM) recovers that behaviour; it does not
+reproduce the paper's models, benchmarks or numbers.
+
+Setup: policy = tiny Llama (~0.85M parameters) SFT on {a["num_train"]} task rows × {a["epochs"]} epochs
+(batch {a["batch_size"]}, peak lr {a["lr"]});
+safety RM = 2-layer tiny Llama classifier trained 1 epoch on labelled prefixes of {a["rm_traces"]} traces
+(held-out test accuracy {results["rm_metrics"].get("test/accuracy", float("nan")):.3f},
+AUROC {results["rm_metrics"].get("test/auroc", float("nan")):.3f}); evaluation on {n_attack} attack (trigger)
+and {n_benign} benign held-out prompts, sampled decoding (temperature 1, generator seed {a["seed"] + 7} for
+every arm, max 128 new tokens), tau = {a["tau"]}. ± is one binomial standard error.
+
+{header}
+{chr(10).join(rows)}
+
+ASR as a function of m (steps monitored; `all` = every step), keep-step variant:
+
+| scorer | m=0 | m=1 | m=2 | m=3 | all |
+|---|---|---|---|---|---|
+{chr(10).join(curve_rows)}
+
+![ASR vs m](safethink.png)
+
+Reading: m=0 is plain sampling (the base policy). Arms share the sampling seed, so rows agree token for
+token until the first intervention. "always prefix" starts every reasoning block with the prefix; in this
+task the prefix never appears at step 1 in training, so that arm is out of distribution for the policy —
+what it measures is reported, not designed. {accuracy_note}The safety RM's near-perfect held-out accuracy
+reflects how easy the synthetic labels are (unsafe steps carry a marker); a real RM is the hard part in practice.
+Regenerate with `python -m zoo.demos.safethink`.
+"""
+    (out / "safethink.md").write_text(md)
+    log.info(f"[demo] wrote {out / 'safethink.md'} and {out / 'safethink.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+"""Step-wise generation: decode until a step delimiter, hand the partial traces to a hook, optionally append
+(or roll back and replace) tokens per row, and continue from the KV cache.
+
+Hugging Face ``generate`` cannot force tokens mid-generation (huggingface/transformers#37771) and logits
+processors cannot see model outputs (#34265), so this outer loop sits on :class:`IncrementalDecoder`:
+
+* one :func:`~zoo.generation.sampling.sample_next` call per iteration over the whole batch, exactly as in
+  :func:`~zoo.generation.sampling.generate` -- with a hook that never acts, the output is token-identical to
+  plain generation with the same seed (same RNG consumption, same shapes fed to the model);
+* a step of a row closes when its text since the last close contains a delimiter; the hook receives every
+  row that closed a step at this token (:class:`StepEvent`) and returns a :class:`StepAction` per row it acts on;
+* appended tokens are fed together with the row's sampled token in one chunk whose width varies per row
+  (per-row padding mask), so rows diverge freely;
+* ``rollback`` discards the step just generated: its cached positions are masked out of the attention mask
+  (positions come from the running mask, so the continuation is exactly a fresh forward over the kept
+  tokens -- the cache is never rewritten);
+* generation ends per row at EOS (or a stop string), and for everyone at ``max_new_tokens`` sampled tokens;
+  a row whose delimiter never appeared is reported (``steps_closed == 0``, ``open_step``) and a warning
+  names the delimiter.
+
+Used by SafeThink (:mod:`zoo.safety.safethink`); written for any step-level monitor (DTS, UNDO, ...).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from zoo.generation.sampling import IncrementalDecoder, SamplingParams, decode_completion, sample_next
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """A step that just closed in one row.
+
+    Attributes:
+        row: batch row.
+        step_index: 1-based index of the step (steps rolled back are not counted; a resampled step keeps
+            the index of the step it replaces).
+        step_text: text of the step, delimiter included.
+        trace: the completion so far (decoded, special tokens kept), this step included.
+        attempt: 0 for the first sample of this step index, ``k`` for the k-th resample after a rollback.
+    """
+
+    row: int
+    step_index: int
+    step_text: str
+    trace: str
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class StepAction:
+    """What the hook does to a row whose step closed.
+
+    Attributes:
+        append_ids: token ids appended after the step (or after the rolled-back point); injected, not sampled.
+        rollback: discard the step just generated (and resample from its start, after ``append_ids``).
+    """
+
+    append_ids: Sequence[int] = ()
+    rollback: bool = False
+
+
+StepHook = Callable[[list[StepEvent]], dict[int, StepAction]]
+
+
+@dataclass
+class StepwiseResult:
+    """Output of :func:`stepwise_generate`.
+
+    Attributes:
+        prompt_ids: ``[B, P]`` left-padded prompts.
+        completion_ids: ``[B, L]`` kept tokens (sampled and injected), right-padded with the pad id.
+        completion_mask: ``[B, L]`` 1 on kept tokens.
+        injected_mask: ``[B, L]`` 1 on tokens appended by the hook (0 on sampled tokens and padding).
+        logprobs: ``[B, L]`` log-probability of each sampled token (0 on injected tokens and padding).
+        texts: decoded completions (up to EOS).
+        finished: ``[B]`` row ended by EOS/stop string (False: ran out of ``max_new_tokens``).
+        steps_closed: per row, number of kept steps closed by a delimiter.
+        open_step: per row, whether the row ended inside a step that never reached a delimiter.
+        discarded: per row, texts of the steps rolled back.
+        hook_seconds: wall time spent inside the hook.
+        total_seconds: wall time of the whole call.
+        sampled_tokens: per row, number of sampled tokens kept or discarded (the decoding work).
+    """
+
+    prompt_ids: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    injected_mask: torch.Tensor
+    logprobs: torch.Tensor
+    texts: list[str]
+    finished: torch.Tensor
+    steps_closed: list[int]
+    open_step: list[bool]
+    discarded: list[list[str]] = field(default_factory=list)
+    hook_seconds: float = 0.0
+    total_seconds: float = 0.0
+    sampled_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def added_tokens(self) -> list[int]:
+        """Per row, number of injected tokens kept in the completion."""
+        return [int(x) for x in self.injected_mask.sum(-1).tolist()]
+
+
+class _Row:
+    """Book-keeping of one row: kept tokens, where the current step starts, and its cache columns."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.injected: list[bool] = []
+        self.logprobs: list[float] = []
+        self.step_start = 0  # index in ``ids`` where the current step starts
+        self.step_cols: list[int] = []  # decoder columns of the current step's fed tokens
+        self.steps_closed = 0
+        self.attempt = 0
+        self.done = False
+        self.finished = False
+        self.discarded: list[str] = []
+        self.sampled = 0
+
+
+def _as_tuple(delimiters: str | Sequence[str]) -> tuple[str, ...]:
+    out = (delimiters,) if isinstance(delimiters, str) else tuple(delimiters)
+    if not out or any(not d for d in out):
+        raise ValueError(f"step delimiters must be non-empty strings, got {delimiters!r}")
+    return out
+
+
+_FAST_PATH_CACHE: dict[tuple[int, int, tuple[str, ...]], frozenset[int] | None] = {}
+
+
+def _single_token_delimiters(tokenizer: PreTrainedTokenizerBase, delimiters: tuple[str, ...]) -> frozenset[int] | None:
+    """Token ids that close a step, when that test is exact: every delimiter is one token and no other token's
+    text contains a delimiter (else ``None``: fall back to checking decoded text, e.g. BPE ``".\\n"`` tokens)."""
+    key = (id(tokenizer), len(tokenizer), delimiters)
+    if key not in _FAST_PATH_CACHE:
+        encoded = [tokenizer(d, add_special_tokens=False)["input_ids"] for d in delimiters]
+        ids: frozenset[int] | None = None
+        if all(len(e) == 1 for e in encoded):
+            ids = frozenset(e[0] for e in encoded)
+            texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+            if any(i not in ids and any(d in t for d in delimiters) for i, t in enumerate(texts)):
+                ids = None
+        _FAST_PATH_CACHE[key] = ids
+    return _FAST_PATH_CACHE[key]
+
+
+@torch.no_grad()
+def stepwise_generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: torch.Tensor,
+    prompt_attention_mask: torch.Tensor,
+    hook: StepHook | None = None,
+    params: SamplingParams | None = None,
+    step_delimiters: str | Sequence[str] = "\n",
+    generator: torch.Generator | None = None,
+    warn_no_delimiter: bool = True,
+) -> StepwiseResult:
+    """Generate with a hook called whenever rows close a reasoning step.
+
+    Args:
+        model: any Hugging Face causal LM (eval mode for the call, then restored).
+        tokenizer: its tokenizer.
+        prompt_ids, prompt_attention_mask: ``[B, P]`` left-padded prompts.
+        hook: ``events -> {row: StepAction}``; ``None`` = plain generation.
+        params: decoding options (``max_new_tokens`` bounds the *sampled* tokens; injected tokens are extra).
+        step_delimiters: a step closes when its text contains one of these (default: newline, the zoo's
+            ``STEP_DELIMITER``).
+        generator: seeded ``torch.Generator`` for sampling.
+        warn_no_delimiter: warn when a row reaches ``max_new_tokens`` without ever closing a step.
+
+    Returns:
+        :class:`StepwiseResult`.
+    """
+    start = time.perf_counter()
+    params = params or SamplingParams()
+    delimiters = _as_tuple(step_delimiters)
+    was_training = model.training
+    model.eval()
+    try:
+        device = prompt_ids.device
+        batch = prompt_ids.shape[0]
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        max_ctx = getattr(model.config, "max_position_embeddings", None)
+        if max_ctx is not None and prompt_ids.shape[1] + params.max_new_tokens > max_ctx:
+            raise ValueError(
+                f"prompt length {prompt_ids.shape[1]} + max_new_tokens {params.max_new_tokens} exceeds the model "
+                f"context ({max_ctx} positions); shorten the prompts or lower max_new_tokens"
+            )
+        stop_window = max(
+            (len(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in params.stop_strings), default=0
+        )
+        delim_window = max(len(tokenizer(d, add_special_tokens=False)["input_ids"]) for d in delimiters) + 1
+        delim_ids = _single_token_delimiters(tokenizer, delimiters)
+        decoder = IncrementalDecoder(model, prompt_ids, prompt_attention_mask)
+        rows = [_Row() for _ in range(batch)]
+        # next-token logits at the start of each row's current step (to resample after a bare rollback)
+        step_start_logits = decoder.next_logits.clone()
+        hook_seconds = 0.0
+        for _ in range(params.max_new_tokens):
+            tokens, logprobs = sample_next(decoder.next_logits, params, generator)
+            events: list[StepEvent] = []
+            closed: set[int] = set()
+            for i, row in enumerate(rows):
+                if row.done:
+                    continue
+                tok = int(tokens[i])
+                row.ids.append(tok)
+                row.injected.append(False)
+                row.logprobs.append(float(logprobs[i]))
+                row.sampled += 1
+                if tok == eos:
+                    row.done = row.finished = True
+                    continue
+                if params.stop_strings:
+                    tail = tokenizer.decode(row.ids[-(stop_window + 2) :], skip_special_tokens=False)
+                    if any(tail.endswith(s) for s in params.stop_strings):
+                        row.done = row.finished = True
+                        continue
+                step_ids = row.ids[row.step_start :]
+                if delim_ids is not None:
+                    closes = tok in delim_ids
+                else:
+                    tail = tokenizer.decode(step_ids[-delim_window:], skip_special_tokens=False)
+                    closes = any(d in tail for d in delimiters)
+                if closes:
+                    closed.add(i)
+                    if hook is not None:
+                        events.append(
+                            StepEvent(
+                                row=i,
+                                step_index=row.steps_closed + 1,
+                                step_text=tokenizer.decode(step_ids, skip_special_tokens=False),
+                                trace=decode_completion(tokenizer, row.ids),
+                                attempt=row.attempt,
+                            )
+                        )
+            actions: dict[int, StepAction] = {}
+            if events:
+                t0 = time.perf_counter()
+                actions = hook(events) or {}
+                hook_seconds += time.perf_counter() - t0
+                unknown = set(actions) - {e.row for e in events}
+                if unknown:
+                    raise ValueError(f"step hook returned actions for rows {sorted(unknown)} that closed no step")
+            if all(r.done for r in rows):
+                break
+            # Build the per-row chunk to feed: [sampled token] + appended ids, or appended ids after a rollback.
+            chunks: list[list[int]] = []
+            for i, row in enumerate(rows):
+                if row.done:
+                    chunks.append([])
+                    continue
+                action = actions.get(i)
+                if action is not None and action.rollback:
+                    row.discarded.append(tokenizer.decode(row.ids[row.step_start :], skip_special_tokens=False))
+                    for col in row.step_cols:
+                        decoder.attention_mask[i, col] = 0
+                    del row.ids[row.step_start :], row.injected[row.step_start :], row.logprobs[row.step_start :]
+                    row.attempt += 1
+                    decoder.next_logits[i] = step_start_logits[i]
+                    chunk = []
+                else:
+                    chunk = [int(tokens[i])]
+                    if i in closed:
+                        row.steps_closed += 1
+                        row.attempt = 0
+                if action is not None and action.append_ids:
+                    appended = [int(t) for t in action.append_ids]
+                    row.ids.extend(appended)
+                    row.injected.extend([True] * len(appended))
+                    row.logprobs.extend([0.0] * len(appended))
+                    chunk += appended
+                chunks.append(chunk)
+            width = max(len(c) for c in chunks)
+            if width:
+                chunk_ids = torch.full((batch, width), pad, dtype=torch.long, device=device)
+                chunk_mask = torch.zeros((batch, width), dtype=torch.long, device=device)
+                base_col = decoder.attention_mask.shape[1]
+                for i, chunk in enumerate(chunks):
+                    if chunk:
+                        chunk_ids[i, : len(chunk)] = torch.tensor(chunk, dtype=torch.long, device=device)
+                        chunk_mask[i, : len(chunk)] = 1
+                        rows[i].step_cols.extend(range(base_col, base_col + len(chunk)))
+                decoder.feed(chunk_ids, chunk_mask)
+            for i in closed:
+                # The next step's sampled text starts here; injected tokens before it are kept on a rollback.
+                row = rows[i]
+                row.step_start = len(row.ids)
+                row.step_cols = []
+                step_start_logits[i] = decoder.next_logits[i]
+        width = max((len(r.ids) for r in rows), default=0)
+        completion_ids = torch.full((batch, max(width, 1)), pad, dtype=torch.long, device=device)
+        completion_mask = torch.zeros_like(completion_ids)
+        injected_mask = torch.zeros_like(completion_ids)
+        out_lp = torch.zeros(completion_ids.shape, dtype=torch.float32, device=device)
+        for i, row in enumerate(rows):
+            n = len(row.ids)
+            if n:
+                completion_ids[i, :n] = torch.tensor(row.ids, dtype=torch.long, device=device)
+                completion_mask[i, :n] = 1
+                injected_mask[i, :n] = torch.tensor(row.injected, dtype=torch.long, device=device)
+                out_lp[i, :n] = torch.tensor(row.logprobs, dtype=torch.float32, device=device)
+        if width == 0:
+            completion_ids, completion_mask, injected_mask, out_lp = (
+                t[:, :0] for t in (completion_ids, completion_mask, injected_mask, out_lp)
+            )
+        open_step = [not r.finished and len(r.ids) > r.step_start for r in rows]
+        never = [i for i, r in enumerate(rows) if not r.finished and r.steps_closed == 0]
+        if warn_no_delimiter and never:
+            warnings.warn(
+                f"step delimiter {list(delimiters)!r} never appeared in {len(never)} of {batch} rows "
+                f"(rows {never[:8]}{' ...' if len(never) > 8 else ''}) before max_new_tokens="
+                f"{params.max_new_tokens}; those rows were generated as one unfinished step (see "
+                "StepwiseResult.open_step / steps_closed)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return StepwiseResult(
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            injected_mask=injected_mask,
+            logprobs=out_lp,
+            texts=[decode_completion(tokenizer, r.ids) for r in rows],
+            finished=torch.tensor([r.finished for r in rows], dtype=torch.bool, device=device),
+            steps_closed=[r.steps_closed for r in rows],
+            open_step=open_step,
+            discarded=[r.discarded for r in rows],
+            hook_seconds=hook_seconds,
+            total_seconds=time.perf_counter() - start,
+            sampled_tokens=[r.sampled for r in rows],
+        )
+    finally:
+        model.train(was_training)

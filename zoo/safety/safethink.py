@@ -1,0 +1,293 @@
+"""SafeThink: safety recovery with a few early steering steps.
+
+Paper: "Safety Recovery in Reasoning Models Is Only a Few Early Steering Steps Away" (Ghosal, Chakraborty,
+Singh, Huang, Manocha, Bedi), arXiv:2602.11096, ICML 2026. No official code; this follows the project
+page's pseudocode (research notes ``inference.md`` section 1).
+
+Safety is a *satisficing* constraint: keep the base policy pi untouched while the safety reward stays at
+or above tau, and steer only when it does not, only in the first m reasoning steps::
+
+    for t in 1..T:                                   (algorithm line 1)
+        step ~ pi(. | x, trace)                       (line 2: a step = text up to a step delimiter)
+        if t <= m and R_safe(x, trace + step) < tau:  (line 3: violation check, early steps only)
+            trace += step; trace += p                 (line 4a, discard_violating_step=False: keep, inject)
+            -- or --
+            step ~ pi(. | x, trace + p)               (line 4b, discard_violating_step=True: resample)
+        trace += step                                 (line 5)
+
+Equation / algorithm line -> function:
+
+* satisficing constraint ``R_safe(x, y_{1:t}) >= tau`` for ``t <= m`` -> :class:`SafeThinkHook` (``__call__``)
+* line 2 (step-wise decoding, KV cache kept across steps) -> :func:`zoo.generation.stepwise.stepwise_generate`
+* line 3 (``R_safe``) -> scorers in :mod:`zoo.safety.scorers`
+* lines 4a/4b (prefix injection, keep or resample the step) -> :class:`SafeThinkHook` -> ``StepAction``
+* the whole loop -> :func:`safethink_generate`
+* baselines: plain generation (m = 0) -> ``max_steps_monitored=0``; always-prepend-prefix ->
+  :func:`always_prefix_generate`
+
+Conventions fixed here (the sources are silent; see inference.md 1(f)):
+
+* steps end at ``step_delimiters`` (newline by default); the text after the last delimiter (the end of the
+  reasoning and the answer, closed by EOS) is not a monitored step;
+* the prefix stays visible in the returned text; in keep mode (4a) it opens the next step, so with the
+  default newline delimiter the prefix and what the model writes after it form step t + 1;
+* at most one intervention per step index (a resampled step is not checked again), so a row gets at most
+  ``m`` interventions, all at steps ``t <= m``;
+* the scorer is called only when a step closes and only while ``t <= m``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from zoo.generation.sampling import SamplingParams, generate
+from zoo.generation.stepwise import StepAction, StepEvent, StepwiseResult, stepwise_generate
+from zoo.safety.scorers import as_scorer, scorer_name, validate_scores
+
+DEFAULT_PREFIX = "Wait, think safely"
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """One prefix injection.
+
+    Attributes:
+        step: 1-based index of the violating step (``<= m``).
+        score: ``R_safe`` of the trace with that step (``< tau``).
+        step_text: the violating step (discarded when ``discarded`` is true, kept otherwise).
+        discarded: whether the step was dropped and resampled after the prefix (line 4b).
+    """
+
+    step: int
+    score: float
+    step_text: str
+    discarded: bool
+
+
+@dataclass
+class SafeThinkResult:
+    """Output of :func:`safethink_generate`.
+
+    Attributes:
+        texts: completions (prefix kept where injected).
+        interventions: per row, the :class:`Intervention` records in order.
+        step_scores: per row, ``(step, score)`` of every monitored step.
+        added_tokens: per row, injected prefix tokens kept in the completion.
+        scorer_calls: number of scorer calls (one per step close with ``t <= m`` among the batch).
+        scorer_seconds: time inside the scorer; ``generation_seconds``: the rest of the loop.
+        generation: the underlying :class:`~zoo.generation.stepwise.StepwiseResult` (ids, masks, logprobs).
+    """
+
+    texts: list[str]
+    interventions: list[list[Intervention]]
+    step_scores: list[list[tuple[int, float]]]
+    added_tokens: list[int]
+    scorer_calls: int
+    scorer_seconds: float
+    generation_seconds: float
+    generation: StepwiseResult
+    prefix_ids: list[int] = field(default_factory=list)
+
+    @property
+    def intervened(self) -> list[bool]:
+        """Per row, whether SafeThink intervened at least once."""
+        return [bool(r) for r in self.interventions]
+
+    @property
+    def num_interventions(self) -> list[int]:
+        """Per row, the number of interventions."""
+        return [len(r) for r in self.interventions]
+
+
+class SafeThinkHook:
+    """The step hook of SafeThink: score closing steps with ``t <= m``, inject the prefix when ``R < tau``.
+
+    Args:
+        scorer: ``(prompts, traces) -> scores in [0, 1]``.
+        prompts: the prompt text of every batch row (what the scorer sees with the trace).
+        tau: threshold; a step violates when ``R_safe < tau`` (algorithm line 3).
+        max_steps_monitored: ``m``; ``None`` monitors every step; ``0`` never calls the scorer.
+        prefix_ids: token ids of the corrective prefix.
+        discard_violating_step: line 4b (drop the step, resample after the prefix) instead of 4a.
+    """
+
+    def __init__(
+        self,
+        scorer: Any,
+        prompts: Sequence[str],
+        tau: float,
+        max_steps_monitored: int | None,
+        prefix_ids: Sequence[int],
+        discard_violating_step: bool = False,
+    ) -> None:
+        self.scorer = as_scorer(scorer)
+        self.name = scorer_name(self.scorer)
+        self.prompts = list(prompts)
+        self.tau = float(tau)
+        self.m = max_steps_monitored
+        self.prefix_ids = list(prefix_ids)
+        self.discard = discard_violating_step
+        batch = len(self.prompts)
+        self.interventions: list[list[Intervention]] = [[] for _ in range(batch)]
+        self.step_scores: list[list[tuple[int, float]]] = [[] for _ in range(batch)]
+        self.calls = 0
+        self.seconds = 0.0
+
+    def monitored(self, event: StepEvent) -> bool:
+        """Whether this step is checked: ``t <= m``, first attempt of the step, and budget left."""
+        if self.m is not None and event.step_index > self.m:
+            return False
+        return event.attempt == 0 and not any(iv.step == event.step_index for iv in self.interventions[event.row])
+
+    def __call__(self, events: list[StepEvent]) -> dict[int, StepAction]:
+        todo = [e for e in events if self.monitored(e)]
+        if not todo:
+            return {}
+        start = time.perf_counter()
+        raw = self.scorer([self.prompts[e.row] for e in todo], [e.trace for e in todo])
+        scores = validate_scores(raw, len(todo), self.name)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        actions: dict[int, StepAction] = {}
+        for event, score in zip(todo, scores):
+            self.step_scores[event.row].append((event.step_index, score))
+            if score < self.tau:
+                self.interventions[event.row].append(
+                    Intervention(event.step_index, score, event.step_text, self.discard)
+                )
+                actions[event.row] = StepAction(append_ids=self.prefix_ids, rollback=self.discard)
+        return actions
+
+
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``(prompt_ids, attention_mask)`` ``[B, P]``: BOS (when the tokenizer has one) + prompt ids,
+    as the zoo's datamodules encode prompts."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    encoded = [bos + list(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    width = max((len(e) for e in encoded), default=0)
+    ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for i, e in enumerate(encoded):
+        if e:
+            ids[i, width - len(e) :] = torch.tensor(e, dtype=torch.long)
+            mask[i, width - len(e) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def prefix_token_ids(tokenizer: PreTrainedTokenizerBase, prefix: str) -> list[int]:
+    """Token ids of the corrective prefix (no special tokens); an empty prefix is an error."""
+    ids = list(tokenizer(prefix, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise ValueError(f"the SafeThink prefix {prefix!r} encodes to no tokens")
+    return ids
+
+
+def check_safethink_args(tau: float, max_steps_monitored: int | None) -> None:
+    """Validate ``tau`` (a number; ``-inf`` allowed) and ``m`` (``None`` or an integer ``>= 0``)."""
+    if not isinstance(tau, (int, float)) or tau != tau:
+        raise ValueError(f"tau must be a number (scores lie in [0, 1]), got {tau!r}")
+    if max_steps_monitored is not None and (
+        isinstance(max_steps_monitored, bool) or not isinstance(max_steps_monitored, int) or max_steps_monitored < 0
+    ):
+        raise ValueError(
+            f"max_steps_monitored (m) must be None (all steps) or an int >= 0, got {max_steps_monitored!r}"
+        )
+
+
+@torch.no_grad()
+def safethink_generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    scorer: Any,
+    tau: float = 0.5,
+    max_steps_monitored: int | None = 3,
+    prefix: str = DEFAULT_PREFIX,
+    discard_violating_step: bool = False,
+    params: SamplingParams | None = None,
+    generator: torch.Generator | None = None,
+    step_delimiters: str | Sequence[str] = "\n",
+    prompt_ids: torch.Tensor | None = None,
+    prompt_attention_mask: torch.Tensor | None = None,
+) -> SafeThinkResult:
+    """Generate with SafeThink (the algorithm of the module docstring).
+
+    Args:
+        model: frozen causal LM pi.
+        tokenizer: its tokenizer.
+        prompts: prompt texts (tokenized with BOS and left-padded unless ``prompt_ids`` is given; the scorer
+            always sees these texts).
+        scorer: R_safe -- a plain function, a :mod:`~zoo.safety.scorers` scorer or a classifier directory.
+        tau: threshold (line 3).
+        max_steps_monitored: m, the early budget; ``None`` = every step; ``0`` = plain generation.
+        prefix: the corrective prefix p.
+        discard_violating_step: resample the violating step after the prefix (4b) instead of keeping it (4a).
+        params: decoding options (greedy by default).
+        generator: seeded ``torch.Generator`` (with an always-safe scorer, the output is token-identical to
+            :func:`~zoo.generation.sampling.generate` with the same seed).
+        step_delimiters: where steps end.
+        prompt_ids, prompt_attention_mask: pre-tokenized left-padded prompts (rows match ``prompts``).
+
+    Returns:
+        :class:`SafeThinkResult`.
+    """
+    check_safethink_args(tau, max_steps_monitored)
+    if prompt_ids is None:
+        prompt_ids, prompt_attention_mask = encode_prompts(tokenizer, prompts, next(model.parameters()).device)
+    elif prompt_attention_mask is None:
+        prompt_attention_mask = torch.ones_like(prompt_ids)
+    if prompt_ids.shape[0] != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but prompt_ids has {prompt_ids.shape[0]} rows")
+    prefix_ids = prefix_token_ids(tokenizer, prefix)
+    hook = SafeThinkHook(scorer, prompts, tau, max_steps_monitored, prefix_ids, discard_violating_step)
+    out = stepwise_generate(
+        model,
+        tokenizer,
+        prompt_ids,
+        prompt_attention_mask,
+        hook=None if max_steps_monitored == 0 else hook,
+        params=params,
+        step_delimiters=step_delimiters,
+        generator=generator,
+    )
+    return SafeThinkResult(
+        texts=out.texts,
+        interventions=hook.interventions,
+        step_scores=hook.step_scores,
+        added_tokens=out.added_tokens,
+        scorer_calls=hook.calls,
+        scorer_seconds=hook.seconds,
+        generation_seconds=out.total_seconds - hook.seconds,
+        generation=out,
+        prefix_ids=prefix_ids,
+    )
+
+
+@torch.no_grad()
+def always_prefix_generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    prefix: str = DEFAULT_PREFIX,
+    reasoning_open: str = "<think>",
+    step_delimiter: str = "\n",
+    params: SamplingParams | None = None,
+    generator: torch.Generator | None = None,
+) -> list[str]:
+    """Baseline: always start the reasoning with the prefix (``reasoning_open + prefix + delimiter``).
+
+    The returned texts include the forced opening, so they parse like ordinary completions.
+    """
+    forced = reasoning_open + prefix + step_delimiter
+    device = next(model.parameters()).device
+    ids, mask = encode_prompts(tokenizer, [p + forced for p in prompts], device)
+    result = generate(model, tokenizer, ids, mask, params, generator)
+    return [forced + t for t in result.texts]
