@@ -26,6 +26,7 @@ GRPO_FAST = [
     "datamodule.source.num_val=8",
     "module.group_size=4",
     "module.generation.max_new_tokens=24",
+    "callbacks.log_generations.every_n_steps=1",
 ]
 
 
