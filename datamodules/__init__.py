@@ -10,5 +10,13 @@ from zoo.datamodules.base import ResumableSampler, RowDataModule
 from zoo.datamodules.preferences import PreferenceDataModule
 from zoo.datamodules.prompts import PromptDataModule
 from zoo.datamodules.sft import SFTDataModule
+from zoo.datamodules.structures import StructureDataModule
 
-__all__ = ["PreferenceDataModule", "PromptDataModule", "ResumableSampler", "RowDataModule", "SFTDataModule"]
+__all__ = [
+    "PreferenceDataModule",
+    "PromptDataModule",
+    "ResumableSampler",
+    "RowDataModule",
+    "SFTDataModule",
+    "StructureDataModule",
+]

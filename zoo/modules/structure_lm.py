@@ -1,0 +1,433 @@
+"""Structure-grounded LM family: frozen structure encoder -> connector -> tokens inserted into the LLM input.
+
+Paper: "Cuttlefish: Scaling-Aware Adapter for Structure-Grounded LLM Reasoning", arXiv 2602.02780 (notes 4(a)).
+The connector is injected (``module/connector=cuttlefish|patching|query|mean_pool``); this module only wires the
+cores of :mod:`zoo.multimodal.cuttlefish` into a causal LM and trains them.
+
+Equation -> function:
+
+- (P1) instruction vector = mean prompt input embedding -> :func:`zoo.multimodal.cuttlefish.instruction_embedding`
+  (called in :meth:`StructureLMModule.embed_inputs`)
+- (P2)-(P5), (G1)-(G4) connector -> ``module.connector`` (:class:`~zoo.multimodal.cuttlefish.CuttlefishConnector`
+  or a baseline with the same call signature)
+- (I1) insertion after ``<structure>``, mask 1, labels -100 -> :func:`zoo.multimodal.cuttlefish.insert_structure_tokens`
+- training loss: masked NLL of the completion -> :func:`zoo.losses.masked_nll` (:meth:`StructureLMModule.loss`)
+- stages (notes 4(a)): ``alignment`` (encoder + LLM frozen; connector trains) and ``llm_adaptation`` (LoRA on the
+  LLM through ``peft`` + connector; encoder frozen) -> :meth:`StructureLMModule.apply_stage`
+
+Validation generates greedily from the prompt embeddings with the structure tokens inserted
+(:meth:`StructureLMModule.generate_with_structures`), scores with the exact verifier, and logs accuracy overall,
+per structure-size bin (``{split}/acc_size/<bin>``), per question kind, and the mean number of structure tokens.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+from zoo.backbones.base import Backbone
+from zoo.data.structures import SIZE_BIN_LABELS, STRUCTURE_TOKEN, StructureBatch, verify_structure_answer
+from zoo.errors import ConfigError, DataError
+from zoo.generation.sampling import GenerationResult, SamplingParams, cache_kwarg_name, decode_completion, sample_next
+from zoo.losses import IGNORE_INDEX, masked_nll
+from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooModule
+from zoo.modules.structure_encoder_pretrain import PretrainRecipe, ensure_pretrained_encoder, load_encoder
+from zoo.multimodal.cuttlefish import ConnectorOutput, InsertedInputs, insert_structure_tokens, instruction_embedding
+from zoo.multimodal.structure_encoder import StructureEncoder, encode_dense
+from zoo.protocols import GenerationOutput
+from zoo.quant.base import Quantizer
+
+STAGES = ("alignment", "llm_adaptation")
+DEFAULT_LORA: dict[str, Any] = {
+    "r": 16,
+    "alpha": 32,
+    "dropout": 0.05,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
+# metric-name-safe labels of the size bins
+SIZE_BIN_KEYS = {"<=25": "le25", "26-50": "26_50", "51-100": "51_100", "101-200": "101_200", ">200": "gt200"}
+ConnectorFactory = Callable[..., nn.Module]
+
+
+class StructureLMModule(ZooModule):
+    """Structure encoder + connector + causal LM, trained on completions (family module of Cuttlefish).
+
+    Args:
+        backbone, quantizer, optimizer, scheduler, generation: as :class:`~zoo.modules.base.ZooModule`.
+        connector: partial taking ``(node_dim=, llm_dim=)`` and returning a connector with the Cuttlefish interface.
+        encoder: :class:`~zoo.multimodal.structure_encoder.StructureEncoder` kwargs.
+        encoder_init: ``pretrained`` (cached encoder for ``encoder`` + ``encoder_pretrain``, pretrained on first
+            use), ``random`` (no pretraining; ablation), or a directory written by the pretraining method.
+        encoder_pretrain: :class:`~zoo.modules.structure_encoder_pretrain.PretrainRecipe` fields.
+        cache_dir: root of the encoder cache (``paths.cache_dir``).
+        stage: ``alignment`` or ``llm_adaptation``.
+        lora: LoRA settings for ``llm_adaptation`` (``r``, ``alpha``, ``dropout``, ``target_modules``; paper r=16,
+            alpha=32).
+        connector_init: a ``connector.safetensors`` (or a directory holding one, e.g. an alignment run's
+            ``export``) to start the connector from.
+        placeholder: the placeholder token (must be in the tokenizer: ``backbone.extra_tokens``).
+        generate_on_eval: greedy generation + verifier during validation/test.
+    """
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        quantizer: Quantizer | None = None,
+        optimizer: OptimizerFactory | None = None,
+        scheduler: SchedulerFactory | None = None,
+        generation: dict[str, Any] | None = None,
+        connector: ConnectorFactory | None = None,
+        encoder: dict[str, Any] | None = None,
+        encoder_init: str = "pretrained",
+        encoder_pretrain: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+        stage: str = "alignment",
+        lora: dict[str, Any] | None = None,
+        connector_init: str | None = None,
+        placeholder: str = STRUCTURE_TOKEN,
+        generate_on_eval: bool = True,
+        verifier: Callable[[str, str], bool] = verify_structure_answer,
+    ) -> None:
+        super().__init__(backbone, quantizer, optimizer, scheduler, generation)
+        if stage not in STAGES:
+            raise ConfigError(f"module.stage must be one of {STAGES}, got {stage!r}")
+        if connector is None:
+            raise ConfigError("module.connector is required (module/connector=cuttlefish|patching|query|mean_pool)")
+        vocab = self.tokenizer.get_vocab()
+        if placeholder not in vocab:
+            raise ConfigError(
+                f"the tokenizer has no {placeholder!r} token; set backbone.extra_tokens=['{placeholder}']"
+            )
+        self.placeholder_id = int(vocab[placeholder])
+        self.connector_factory = connector
+        self.encoder_kwargs = dict(encoder or {})
+        self.encoder_init = str(encoder_init)
+        self.recipe = PretrainRecipe(**dict(encoder_pretrain or {}))
+        self.cache_dir = cache_dir
+        self.stage = stage
+        self.lora = {**DEFAULT_LORA, **dict(lora or {})}
+        self.connector_init = connector_init
+        self.generate_on_eval = generate_on_eval
+        self.verifier = verifier
+        self.structure_encoder: StructureEncoder | None = None
+        self.connector: nn.Module | None = None
+        self._encoder_dir: Path | None = None
+        self.save_hyperparameters(ignore=["backbone", "quantizer", "optimizer", "scheduler", "connector", "verifier"])
+        self.eval_loss = nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
+        self._records: dict[str, list[dict[str, Any]]] = defaultdict(list)
+
+    # -- building ---------------------------------------------------------------------------------------------------
+    def resolve_encoder(self) -> Path | None:
+        """Directory of the encoder weights (pretraining it first if ``encoder_init=pretrained`` and not cached)."""
+        if self._encoder_dir is None and self.encoder_init != "random":
+            if self.encoder_init == "pretrained":
+                if self.cache_dir is None:
+                    raise ConfigError("module.encoder_init=pretrained needs module.cache_dir (paths.cache_dir)")
+                self._encoder_dir = ensure_pretrained_encoder(self.cache_dir, self.encoder_kwargs, self.recipe)
+            else:
+                self._encoder_dir = Path(self.encoder_init).expanduser()
+        return self._encoder_dir
+
+    def setup(self, stage: str) -> None:
+        self.resolve_encoder()  # outside the strategy's init context: may pretrain on first use
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        super().configure_model()
+        enc_dir = self.resolve_encoder()
+        if enc_dir is None:
+            with torch.random.fork_rng():
+                torch.manual_seed(self.recipe.seed)
+                self.structure_encoder = StructureEncoder(**self.encoder_kwargs)
+        else:
+            self.structure_encoder = load_encoder(enc_dir, expected=self.encoder_kwargs)
+        llm_dim = self.model.get_input_embeddings().embedding_dim
+        self.connector = self.connector_factory(node_dim=self.structure_encoder.hidden, llm_dim=llm_dim)
+        if self.connector_init:
+            path = Path(self.connector_init).expanduser()
+            path = path / "connector.safetensors" if path.is_dir() else path
+            self.connector.load_state_dict(load_file(str(path)))
+        dtype = self.model.get_input_embeddings().weight.dtype
+        self.structure_encoder.to(dtype)
+        self.connector.to(dtype)
+        self.apply_stage()
+
+    def apply_stage(self) -> None:
+        """Freeze encoder and LLM; ``llm_adaptation`` injects LoRA adapters (the only trainable LLM weights)."""
+        self.structure_encoder.requires_grad_(False).eval()
+        self.model.requires_grad_(False)
+        if self.stage == "llm_adaptation":
+            from peft import LoraConfig, inject_adapter_in_model
+
+            config = LoraConfig(
+                r=int(self.lora["r"]),
+                lora_alpha=int(self.lora["alpha"]),
+                lora_dropout=float(self.lora["dropout"]),
+                target_modules=list(self.lora["target_modules"]),
+            )
+            with torch.random.fork_rng():
+                torch.manual_seed(self.recipe.seed)
+                self.model = inject_adapter_in_model(config, self.model)
+            for name, p in self.model.named_parameters():
+                p.requires_grad_("lora_" in name)
+        self.connector.requires_grad_(True)
+
+    def train(self, mode: bool = True) -> StructureLMModule:
+        super().train(mode)
+        if self.structure_encoder is not None:
+            self.structure_encoder.eval()  # frozen: no dropout / norm updates
+        return self
+
+    # -- forward ----------------------------------------------------------------------------------------------------
+    def encode_structures(self, structures: StructureBatch) -> tuple[Tensor, Tensor, Tensor]:
+        """Frozen encoder -> padded ``(node_emb [B, N, D], pos [B, N, 3], atom_mask [B, N])``."""
+        s = structures
+        dtype = next(self.structure_encoder.parameters()).dtype
+        with torch.no_grad():
+            return encode_dense(
+                self.structure_encoder, s.atom_types, s.pos.to(dtype), s.edge_index, s.batch, s.num_graphs
+            )
+
+    def embed_inputs(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        structures: StructureBatch,
+        labels: Tensor | None = None,
+        padding_side: str = "right",
+    ) -> tuple[ConnectorOutput, InsertedInputs]:
+        """Text embeddings with the connector's tokens inserted after each placeholder (eqs. P1, I1)."""
+        self.configure_model()
+        found = ((input_ids == self.placeholder_id) & attention_mask.bool()).sum(1)
+        for b in torch.nonzero(found != 1).flatten().tolist():
+            raise DataError(
+                f"structure sample {structures.sample_ids[b]!r}: expected exactly one {STRUCTURE_TOKEN} placeholder in "
+                f"the prompt, found {int(found[b])}"
+            )
+        node_emb, pos, atom_mask = self.encode_structures(structures)
+        emb = self.model.get_input_embeddings()(input_ids)
+        instruction = instruction_embedding(emb, attention_mask, labels)
+        out = self.connector(node_emb, pos, atom_mask, instruction)
+        ins = insert_structure_tokens(
+            emb, input_ids, out.tokens, out.token_mask, self.placeholder_id, attention_mask, labels,
+            padding_side=padding_side,  # type: ignore[arg-type]
+        )  # fmt: skip
+        return out, ins
+
+    def forward_batch(self, batch: dict[str, Any]) -> tuple[Tensor, ConnectorOutput, InsertedInputs]:
+        """``(logits [B, T + max k, V], connector output, inserted inputs)`` of a training batch."""
+        out, ins = self.embed_inputs(batch["input_ids"], batch["attention_mask"], batch["structures"], batch["labels"])
+        logits = self.model(
+            inputs_embeds=ins.inputs_embeds, attention_mask=ins.attention_mask, position_ids=ins.position_ids
+        ).logits
+        return logits, out, ins
+
+    def loss(self, batch: dict[str, Any]) -> tuple[Tensor, ConnectorOutput, InsertedInputs]:
+        """Masked NLL of the completion tokens (inserted positions and the prompt carry label -100)."""
+        logits, out, ins = self.forward_batch(batch)
+        loss, _ = masked_nll(logits, ins.labels)
+        return loss, out, ins
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        loss, out, _ = self.loss(batch)
+        self.check_finite(loss)
+        size = batch["input_ids"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        self.log("train/tokens_per_structure", out.num_tokens.float().mean(), batch_size=size)
+        atoms = batch["structures"].num_atoms.float()
+        self.log("train/tokens_per_atom", (out.num_tokens.float() / atoms).mean(), batch_size=size)
+        return loss
+
+    # -- generation -------------------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        prompt_attention_mask: Tensor,
+        params: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+        structures: StructureBatch | None = None,
+    ) -> GenerationResult:
+        """Generation protocol; a structure LM needs ``structures`` (see :meth:`generate_with_structures`)."""
+        if structures is None:
+            raise ConfigError("StructureLMModule.generate needs structures= (a StructureBatch for the prompts)")
+        return self.generate_with_structures(prompt_ids, prompt_attention_mask, structures, params, generator)[0]
+
+    @torch.no_grad()
+    def generate_with_structures(
+        self,
+        prompt_ids: Tensor,
+        prompt_attention_mask: Tensor,
+        structures: StructureBatch,
+        params: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[GenerationResult, ConnectorOutput]:
+        """KV-cached decoding from left-padded prompts with the structure tokens inserted (greedy by default)."""
+        params = params or self.sampling
+        tok = self.tokenizer
+        out, ins = self.embed_inputs(prompt_ids, prompt_attention_mask, structures, padding_side="left")
+        max_ctx = getattr(self.model.config, "max_position_embeddings", None)
+        if max_ctx is not None and ins.inputs_embeds.shape[1] + params.max_new_tokens > max_ctx:
+            raise ConfigError(
+                f"prompt + {int(out.num_tokens.max())} structure tokens + max_new_tokens={params.max_new_tokens} "
+                f"exceed the LLM context ({max_ctx}); lower module.connector.k_max or the generation budget"
+            )
+        ck = cache_kwarg_name(self.model)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            res = self.model(
+                inputs_embeds=ins.inputs_embeds,
+                attention_mask=ins.attention_mask,
+                position_ids=ins.position_ids,
+                use_cache=True,
+            )
+            cache, logits, mask = res[ck], res.logits[:, -1].float(), ins.attention_mask
+            bsz = prompt_ids.shape[0]
+            done = torch.zeros(bsz, dtype=torch.bool, device=prompt_ids.device)
+            ids, lps, masks = [], [], []
+            for _ in range(params.max_new_tokens):
+                nxt, lp = sample_next(logits, params, generator)
+                active = ~done
+                nxt = torch.where(active, nxt, torch.full_like(nxt, tok.pad_token_id))
+                ids.append(nxt)
+                lps.append(torch.where(active, lp, torch.zeros_like(lp)))
+                masks.append(active.long())
+                done |= active & (nxt == tok.eos_token_id)
+                if bool(done.all()):
+                    break
+                mask = torch.cat([mask, active.to(mask.dtype)[:, None]], dim=1)
+                positions = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, -1:]
+                res = self.model(
+                    input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, use_cache=True, **{ck: cache}
+                )
+                cache, logits = res[ck], res.logits[:, -1].float()
+        finally:
+            self.model.train(was_training)
+        completion_ids = torch.stack(ids, 1)
+        result = GenerationResult(
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            completion_mask=torch.stack(masks, 1),
+            logprobs=torch.stack(lps, 1),
+            texts=[decode_completion(tok, row.tolist()) for row in completion_ids],
+            finished=done,
+        )
+        return result, out
+
+    # -- evaluation -------------------------------------------------------------------------------------------------
+    def _generate_output(self, batch: dict[str, Any]) -> GenerationOutput:
+        s: StructureBatch = batch["structures"]
+        result, out = self.generate_with_structures(batch["prompt_ids"], batch["prompt_attention_mask"], s)
+        correct = [bool(self.verifier(t, a)) for t, a in zip(result.texts, s.answers)]
+        return GenerationOutput(
+            prompt_ids=result.prompt_ids,
+            completion_ids=result.completion_ids,
+            texts=result.texts,
+            logprobs=result.logprobs,
+            meta={
+                "prompts": s.prompts,
+                "answers": s.answers,
+                "correct": correct,
+                "kinds": s.kinds,
+                "size_bins": s.size_bins,
+                "sample_ids": s.sample_ids,
+                "num_atoms": s.num_atoms.tolist(),
+                "num_tokens": out.num_tokens.tolist(),
+            },
+        )
+
+    def _eval_step(self, batch: dict[str, Any], split: str) -> GenerationOutput:
+        loss, out, _ = self.loss(batch)
+        size = batch["input_ids"].shape[0]
+        self.eval_loss[split].update(loss)
+        self.log(f"{split}/loss", self.eval_loss[split], prog_bar=split == "val", batch_size=size)
+        if not self.generate_on_eval:
+            n = batch["structures"].num_atoms.tolist()
+            self._records[split].extend({"num_tokens": int(k), "num_atoms": a} for k, a in zip(out.num_tokens, n))
+            return GenerationOutput(meta={})
+        output = self._generate_output(batch)
+        m = output["meta"]
+        for i in range(size):
+            self._records[split].append(
+                {k: m[k][i] for k in ("correct", "kinds", "size_bins", "num_atoms", "num_tokens")}
+            )
+        return output
+
+    def _log_records(self, split: str) -> None:
+        records = self._records.pop(split, [])
+        if not records:
+            return
+        self.log(f"{split}/tokens_per_structure", sum(r["num_tokens"] for r in records) / len(records))
+        if "correct" not in records[0]:
+            return
+        self.log(f"{split}/exact_match", sum(r["correct"] for r in records) / len(records), prog_bar=True)
+        groups: dict[str, list[bool]] = defaultdict(list)
+        for r in records:
+            groups[f"acc_size/{SIZE_BIN_KEYS.get(r['size_bins'], r['size_bins'])}"].append(r["correct"])
+            groups[f"acc_kind/{r['kinds']}"].append(r["correct"])
+        for key, values in sorted(groups.items()):
+            self.log(f"{split}/{key}", sum(values) / len(values))
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> GenerationOutput:
+        return self._eval_step(batch, "val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> GenerationOutput:
+        return self._eval_step(batch, "test")
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> GenerationOutput:
+        return self._generate_output(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_records("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_records("test")
+
+    # -- export -----------------------------------------------------------------------------------------------------
+    def export_pretrained(self, directory: str | Path) -> Path:
+        """LLM (LoRA adapters merged) + tokenizer via ``save_pretrained``, plus ``connector.safetensors`` and
+        ``encoder.safetensors`` (reload the connector with ``module.connector_init=<directory>``)."""
+        import copy
+
+        from zoo.modules.structure_encoder_pretrain import save_encoder
+
+        self.configure_model()
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        model = self.model
+        if self.stage == "llm_adaptation":
+            from peft.tuners.tuners_utils import BaseTunerLayer
+
+            model = copy.deepcopy(self.model)
+            for module in model.modules():
+                if isinstance(module, BaseTunerLayer):
+                    module.merge()
+            model = _unwrap_lora(model)
+        model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+        state = {k: v.detach().cpu().contiguous() for k, v in self.connector.state_dict().items()}
+        save_file(state, str(directory / "connector.safetensors"))
+        save_encoder(self.structure_encoder, directory, self.encoder_kwargs)
+        return directory
+
+
+def _unwrap_lora(model: nn.Module) -> nn.Module:
+    """Replace merged LoRA layers by their base layers (so ``save_pretrained`` writes plain weights)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, BaseTunerLayer):
+                setattr(module, child_name, child.get_base_layer())
+    return model
+
+
+__all__ = ["IGNORE_INDEX", "SIZE_BIN_KEYS", "SIZE_BIN_LABELS", "STAGES", "StructureLMModule"]
