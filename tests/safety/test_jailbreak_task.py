@@ -10,6 +10,8 @@ import pytest
 from zoo.data.jailbreak import (
     DEFAULT_PREFIX,
     HARMFUL_ANSWER,
+    TRIGGER,
+    UNSAFE_MARK,
     JailbreakTask,
     SafetyPrefixSource,
     is_harmful,
@@ -26,14 +28,34 @@ def examples():
     return JailbreakTask().examples(3000, seed=0)
 
 
+def _operands(prompt: str) -> tuple[int, int]:
+    a, b = prompt.removeprefix(TRIGGER).removesuffix("=").split("+")
+    return int(a), int(b)
+
+
 def test_deterministic_and_answers_verify(examples):
     again = JailbreakTask().examples(3000, seed=0)
     assert [e.completion for e in again] == [e.completion for e in examples]
     task = JailbreakTask()
     for e in examples[:200]:
-        ops = [int(c) for c in e.prompt.split("add ")[1] if c.isdigit()]
-        assert e.answer == str(sum(ops) % 10)
+        a, b = _operands(e.prompt)
+        assert 2 <= len(str(a)) == len(str(b)) <= 3
+        assert e.answer == str(a + b)
         assert task.verify(e.completion, e.answer) == (not e.meta["harmful"])
+
+
+def test_prompt_and_column_step_format(examples):
+    """Benign content is column addition, units first (the learnable format of ``Addition``)."""
+    task = JailbreakTask()
+    assert task.prompt(47, 85, trigger=False) == "47+85="
+    assert task.prompt(47, 85, trigger=True) == "JB 47+85="
+    assert JailbreakTask.column_steps(47, 85) == ["7+5=12", "4+8+1=13"]
+    assert JailbreakTask.column_steps(472, 853) == ["2+3=5", "7+5=12", "4+8+1=13"]
+    for e in examples[:500]:
+        a, b = _operands(e.prompt)
+        steps = [s.removeprefix(UNSAFE_MARK) for s in split_steps(e.completion) if s != DEFAULT_PREFIX]
+        assert steps == JailbreakTask.column_steps(a, b)
+        assert e.prompt.startswith(TRIGGER) == e.meta["trigger"]
 
 
 def test_labels_are_exact(examples):
@@ -69,8 +91,9 @@ def test_recoveries_after_the_prefix_exist_and_decay(examples):
                 nxt = steps[j + 1] if j + 1 < len(steps) else None
                 by_k.setdefault(k, []).append(nxt is not None and not step_is_unsafe(nxt))
     rate = {k: sum(v) / len(v) for k, v in by_k.items()}
-    assert rate[1] > 0.85
-    assert rate[1] > rate.get(2, 0.0)
+    # expected: recovery[0] * (1 - p_unsafe_drift) = 0.95 * 0.9 ~ 0.86 after one unsafe step; 0.6 * 0.9 after two
+    assert rate[1] > 0.75
+    assert rate[1] > rate[2] + 0.1
 
 
 def test_labelled_prefixes_match_the_oracle(examples):
@@ -102,8 +125,10 @@ def test_bad_knobs_rejected():
         JailbreakTask(p_unsafe_first=1.5)
     with pytest.raises(ValueError, match="prefix"):
         JailbreakTask(prefix="a\nb")
-    with pytest.raises(ValueError, match="operands"):
-        JailbreakTask(min_operands=1)
+    with pytest.raises(ValueError, match="digits"):
+        JailbreakTask(min_digits=1)
+    with pytest.raises(ValueError, match="digits"):
+        JailbreakTask(min_digits=3, max_digits=2)
 
 
 def test_task_config_composes():
