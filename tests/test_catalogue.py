@@ -30,7 +30,10 @@ def test_method_declares_itself_and_has_docs_and_a_test(method, train_cfg):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_method_runs_fast_dev_run_on_the_tiny_backbone(method, train_cfg, base_policy_cache):
+    """A method may list cheap settings for this smoke run under methods.<name>.smoke (e.g. fewer ADMM steps)."""
+    smoke = list(check_methods(train_cfg([f"+method={method}"]))[method].get("smoke", []))
     cfg = train_cfg(
-        [f"+method={method}", "debug=fdr", "trainer.accelerator=cpu", *SMALL_BASE_POLICY], cache_dir=base_policy_cache
+        [f"+method={method}", "debug=fdr", "trainer.accelerator=cpu", *SMALL_BASE_POLICY, *smoke],
+        cache_dir=base_policy_cache,
     )
     run(cfg)
