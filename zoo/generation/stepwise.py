@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from zoo.backbones.tokenizer import THINK_OPEN
 from zoo.generation.sampling import IncrementalDecoder, SamplingParams, decode_completion, sample_next
 
 
@@ -164,6 +165,7 @@ def stepwise_generate(
     step_delimiters: str | Sequence[str] = "\n",
     generator: torch.Generator | None = None,
     warn_no_delimiter: bool = True,
+    step_openers: Sequence[str] = (THINK_OPEN,),
 ) -> StepwiseResult:
     """Generate with a hook called whenever rows close a reasoning step.
 
@@ -177,6 +179,8 @@ def stepwise_generate(
             ``STEP_DELIMITER``).
         generator: seeded ``torch.Generator`` for sampling.
         warn_no_delimiter: warn when a row reaches ``max_new_tokens`` without ever closing a step.
+        step_openers: tokens that open the reasoning block (``<think>``); sampled at the start of a step they are
+            not part of it, so a rollback of the first step keeps the reasoning block open.
 
     Returns:
         :class:`StepwiseResult`.
@@ -201,6 +205,8 @@ def stepwise_generate(
         )
         delim_window = max(len(tokenizer(d, add_special_tokens=False)["input_ids"]) for d in delimiters) + 1
         delim_ids = _single_token_delimiters(tokenizer, delimiters)
+        vocab = tokenizer.get_vocab()
+        opener_ids = {vocab[t] for t in step_openers if t in vocab}
         decoder = IncrementalDecoder(model, prompt_ids, prompt_attention_mask)
         rows = [_Row() for _ in range(batch)]
         # next-token logits at the start of each row's current step (to resample after a bare rollback)
@@ -292,12 +298,14 @@ def stepwise_generate(
                         chunk_mask[i, : len(chunk)] = 1
                         rows[i].step_cols.extend(range(base_col, base_col + len(chunk)))
                 decoder.feed(chunk_ids, chunk_mask)
-            for i in closed:
-                # The next step's sampled text starts here; injected tokens before it are kept on a rollback.
-                row = rows[i]
-                row.step_start = len(row.ids)
-                row.step_cols = []
-                step_start_logits[i] = decoder.next_logits[i]
+            for i, row in enumerate(rows):
+                # The next step's sampled text starts here (after a closed step, or after an opener such as
+                # <think> that began the current step); injected tokens before it are kept on a rollback.
+                opened = len(row.ids) > row.step_start and all(t in opener_ids for t in row.ids[row.step_start :])
+                if i in closed or (opened and not row.done):
+                    row.step_start = len(row.ids)
+                    row.step_cols = []
+                    step_start_logits[i] = decoder.next_logits[i]
         width = max((len(r.ids) for r in rows), default=0)
         completion_ids = torch.full((batch, max(width, 1)), pad, dtype=torch.long, device=device)
         completion_mask = torch.zeros_like(completion_ids)
