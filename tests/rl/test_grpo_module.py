@@ -216,3 +216,23 @@ def test_log_generations_writes_jsonl(tmp_path):
         {"split": "val", "step": 0, "completion": "a", "prompt": "p1", "correct": True},
         {"split": "val", "step": 0, "completion": "b", "prompt": "p2", "correct": False},
     ]
+
+
+def test_on_policy_shortcut_equals_precomputed_old_logprobs():
+    """num_iterations=1 skips the old-policy forward (old = detached current log-probs): same gradient."""
+    torch.manual_seed(0)
+    module = GRPOModule(
+        TinyBackbone(seed=3), rewards={"a": ExactMatchReward()}, group_size=4, generation={"max_new_tokens": 16}
+    )
+    module.configure_model()
+    rollout = module.rollout(rollout_batch(module, num_prompts=2))
+    rows = module.sequences(rollout["result"], rollout["prompt_mask"])
+    advantages = torch.randn(rows[0].shape[0])
+    old, _ = module.reference_logprobs(rows)
+    module.policy_gradients(rows, advantages, old)
+    precomputed = grads(module)
+    module.model.zero_grad(set_to_none=True)
+    assert module.reference_logprobs(rows, need_old=False) == (None, None)
+    module.policy_gradients(rows, advantages, None)
+    for a, b in zip(precomputed, grads(module)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)

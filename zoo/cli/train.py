@@ -176,7 +176,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         write_predictions(predictions or [], Path(cfg.paths.output_dir) / "predictions.jsonl")
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
     if trainer.is_global_zero:
-        summary = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if not k.startswith("train/"))
+        summary = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if not k.startswith(("train/", "lr-")))
         print(f"[zoo] {cfg.stage} done in {cfg.paths.output_dir}: {summary}")
     return metrics
 

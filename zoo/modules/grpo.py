@@ -208,7 +208,9 @@ class GRPOModule(ZooModule):
         rollout = self.rollout(batch)
         self.last_rollout = rollout
         rows = self.sequences(rollout["result"], rollout["prompt_mask"])
-        old, ref = self.reference_logprobs(rows)
+        # With one optimizer step per rollout the old policy is the current one: its log-probs are the detached
+        # log-probs of the loss forward (as TRL does), which saves a forward pass.
+        old, ref = self.reference_logprobs(rows, need_old=self.num_iterations > 1)
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
         for _ in range(self.num_iterations):
@@ -226,10 +228,15 @@ class GRPOModule(ZooModule):
         return [slice(i, min(i + self.micro_batch_size, num_rows)) for i in range(0, num_rows, self.micro_batch_size)]
 
     @torch.no_grad()
-    def reference_logprobs(self, rows: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Old-policy log-probs (the rollout policy, before any update) and reference log-probs (``beta > 0``)."""
+    def reference_logprobs(
+        self, rows: tuple[torch.Tensor, ...], need_old: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Old-policy log-probs (the rollout policy, before any update; ``None`` unless ``need_old``) and
+        reference log-probs (``None`` unless ``beta > 0``)."""
         chunks = self.micro_batches(rows[0].shape[0])
-        old = torch.cat([self.token_logprobs(self.model, tuple(t[c] for t in rows))[0] for c in chunks])
+        old = None
+        if need_old:
+            old = torch.cat([self.token_logprobs(self.model, tuple(t[c] for t in rows))[0] for c in chunks])
         if self.ref_model is None:
             return old, None
         return old, torch.cat([self.token_logprobs(self.ref_model, tuple(t[c] for t in rows))[0] for c in chunks])
@@ -238,23 +245,25 @@ class GRPOModule(ZooModule):
         self,
         rows: tuple[torch.Tensor, ...],
         advantages: torch.Tensor,
-        old_logp: torch.Tensor,
+        old_logp: torch.Tensor | None,
         ref_logp: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Accumulate the gradient of one optimizer step over micro-batches.
 
         The aggregation normalizer is computed once from the whole step's completion mask, so the summed
         micro-batch gradients equal the full-batch gradient whatever ``micro_batch_size`` is.
+        ``old_logp=None`` means on-policy: the old log-probs are the detached current ones (ratio 1).
         Returns the step's loss (sum over micro-batches) and the mean of the per-micro-batch metrics.
         """
         completion_mask = rows[3][:, 1:] != -100
         normalizer = self.aggregation.normalizer(completion_mask, max_length=self.sampling.max_new_tokens)
-        total = torch.zeros((), device=old_logp.device)
+        total = torch.zeros((), device=rows[0].device)
         metrics: dict[str, list[torch.Tensor]] = {}
         for chunk in self.micro_batches(rows[0].shape[0]):
             logp, mask, entropy = self.token_logprobs(self.model, tuple(t[chunk] for t in rows), with_entropy=True)
             ref = None if ref_logp is None else ref_logp[chunk]
-            per_token, info = self.policy_loss(logp, old_logp[chunk], advantages[chunk], mask, ref)
+            old = logp.detach() if old_logp is None else old_logp[chunk]
+            per_token, info = self.policy_loss(logp, old, advantages[chunk], mask, ref)
             loss = self.aggregation(per_token, mask, normalizer)
             self.check_finite(loss)
             if self._trainer is not None:
