@@ -236,3 +236,33 @@ def test_on_policy_shortcut_equals_precomputed_old_logprobs():
     module.policy_gradients(rows, advantages, None)
     for a, b in zip(precomputed, grads(module)):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_safethink_stacks_on_grpo(train_cfg, base_policy_cache):
+    """A callback method rides on the GRPO module: +method=[grpo,safethink] runs and logs the monitor's metrics."""
+    cfg = train_cfg(
+        ["+method=[grpo,safethink]", "task=jailbreak", "debug=fdr", *SMALL_BASE_POLICY], cache_dir=base_policy_cache
+    )
+    assert set(cfg.methods) == {"grpo", "safethink"}
+    metrics = run(cfg)
+    assert {"safethink/asr", "safethink/intervention_rate", "val/exact_match"} <= set(metrics)
+
+
+def test_log_generations_writes_a_table_to_tensorboard(tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    logger = TensorBoardLogger(str(tmp_path), name="tb", version="")
+
+    class Trainer:
+        default_root_dir = str(tmp_path)
+        global_step = 3
+        loggers = [logger]
+
+    outputs = {"texts": ["x"], "meta": {"prompts": ["p"]}}
+    LogGenerations(every_n_steps=1).on_validation_batch_end(Trainer(), None, outputs, None, 0)
+    logger.experiment.flush()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+    events.Reload()
+    assert "val/generations/text_summary" in events.Tags()["tensors"]
