@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from zoo.data.sources import Row, RowSource
+from zoo.data.sources import GeneratedSource, Row, RowSource
 from zoo.data.structures import (
     SIZE_BIN_LABELS,
     STRUCTURE_TOKEN,
@@ -41,7 +41,7 @@ from zoo.errors import ConfigError, DataError
 log = logging.getLogger("zoo")
 
 
-class StructureTaskSource(RowSource):
+class StructureTaskSource(GeneratedSource):
     """Rows of the synthetic structure task: ``prompt``, ``completion``, ``answer``, ``kind``, ``sample``.
 
     Args:
@@ -61,20 +61,11 @@ class StructureTaskSource(RowSource):
         task = dict(task or {})
         if "question_kinds" in task:
             task["question_kinds"] = tuple(task["question_kinds"])
+        super().__init__(num_train, num_val, num_test, seed)
         self.config = StructureTaskConfig(**task)
-        self.sizes = {"train": num_train, "val": num_val, "test": num_test}
-        self.seed = seed
-        self._cache: dict[str, list[Row]] = {}
 
-    def rows(self, split: str, required_fields: Sequence[str] = ()) -> list[Row]:
-        if split not in self.sizes:
-            raise ValueError(f"unknown split {split!r}; use one of {list(self.sizes)}")
-        if split not in self._cache:
-            seed = self.seed + {"train": 0, "val": 1, "test": 2}[split]
-            self._cache[split] = [
-                {**s.as_row(), "sample": s} for s in make_structure_samples(self.sizes[split], seed, self.config)
-            ]
-        return self._cache[split]
+    def generate(self, split: str, size: int) -> list[Row]:
+        return [{**s.as_row(), "sample": s} for s in make_structure_samples(size, self.split_seed(split), self.config)]
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "structure_task", "config": repr(self.config), "sizes": self.sizes, "seed": self.seed}

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zoo.backbones.tokenizer import THINK_CLOSE, THINK_OPEN
-from zoo.data.sources import Row, RowSource
+from zoo.data.sources import GeneratedSource, Row
 from zoo.data.tasks import STEP_DELIMITER, Example, Task, extract_answer, format_reasoning
 
 TRIGGER = "JB "
@@ -203,7 +203,7 @@ def labelled_prefixes(example: Example) -> list[Row]:
     return rows
 
 
-class SafetyPrefixSource(RowSource):
+class SafetyPrefixSource(GeneratedSource):
     """Labelled trace prefixes of the jailbreak task, for training the safety reward model.
 
     Rows: ``text`` (prompt + partial trace), ``label`` (1 safe, 0 unsafe), ``prompt``, ``trace``. Validation
@@ -216,25 +216,18 @@ class SafetyPrefixSource(RowSource):
             they differ from the rows a ``TaskSource`` with the same seed gives the language model.
     """
 
+    seed_offset = 100
+
     def __init__(
         self, task: JailbreakTask, num_train: int = 2000, num_val: int = 200, num_test: int = 200, seed: int = 0
     ):
+        super().__init__(num_train, num_val, num_test, seed)
         self.task = task
-        self.sizes = {"train": num_train, "val": num_val, "test": num_test}
-        self.seed = seed
-        self._cache: dict[str, list[Row]] = {}
 
-    def rows(self, split: str, required_fields: Sequence[str] = ()) -> list[Row]:
-        if split not in self.sizes:
-            raise ValueError(f"unknown split {split!r}; use one of {list(self.sizes)}")
-        if split not in self._cache:
-            offset = {"train": 0, "val": 1, "test": 2}[split]
-            exclude = None
-            if split == "train":
-                exclude = {r["prompt"] for s in ("val", "test") for r in self.rows(s)}
-            examples = self.task.examples(self.sizes[split], self.seed + 100 + offset, exclude_prompts=exclude)
-            self._cache[split] = [row for ex in examples for row in labelled_prefixes(ex)]
-        return self._cache[split]
+    def generate(self, split: str, size: int) -> list[Row]:
+        exclude = self.held_out_prompts() if split == "train" else None
+        examples = self.task.examples(size, self.split_seed(split), exclude_prompts=exclude)
+        return [row for ex in examples for row in labelled_prefixes(ex)]
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "safety_prefixes", "task": self.task.describe(), "sizes": self.sizes, "seed": self.seed}

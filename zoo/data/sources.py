@@ -65,7 +65,45 @@ class RowSource(ABC):
         return {"kind": type(self).__name__}
 
 
-class TaskSource(RowSource):
+class GeneratedSource(RowSource):
+    """Rows generated per split from a seed, built once and cached.
+
+    Subclasses implement :meth:`generate`; ``split_seed(split)`` gives ``seed + {train: 0, val: 1, test: 2}``
+    (plus ``seed_offset``), so the splits are disjoint draws and reproducible.
+
+    Args:
+        num_train, num_val, num_test: rows (or items) per split.
+        seed: base seed.
+    """
+
+    seed_offset: int = 0
+
+    def __init__(self, num_train: int, num_val: int, num_test: int, seed: int = 0) -> None:
+        self.sizes = {"train": num_train, "val": num_val, "test": num_test}
+        self.seed = seed
+        self._cache: dict[str, list[Row]] = {}
+
+    def split_seed(self, split: str) -> int:
+        """The seed of a split's draw."""
+        return self.seed + self.seed_offset + {"train": 0, "val": 1, "test": 2}[split]
+
+    @abstractmethod
+    def generate(self, split: str, size: int) -> list[Row]:
+        """Draw the rows of one split."""
+
+    def rows(self, split: str, required_fields: Sequence[str] = ()) -> list[Row]:
+        if split not in self.sizes:
+            raise ValueError(f"unknown split {split!r}; use one of {list(self.sizes)}")
+        if split not in self._cache:
+            self._cache[split] = self.generate(split, self.sizes[split])
+        return self._cache[split]
+
+    def held_out_prompts(self) -> set[str]:
+        """Prompts of the validation and test splits (excluded from training draws)."""
+        return {r["prompt"] for s in ("val", "test") for r in self.rows(s)}
+
+
+class TaskSource(GeneratedSource):
     """Rows drawn from a synthetic task; validation/test prompts never appear in the training rows.
 
     Args:
@@ -75,23 +113,12 @@ class TaskSource(RowSource):
     """
 
     def __init__(self, task: Task, num_train: int = 20_000, num_val: int = 256, num_test: int = 256, seed: int = 0):
+        super().__init__(num_train, num_val, num_test, seed)
         self.task = task
-        self.sizes = {"train": num_train, "val": num_val, "test": num_test}
-        self.seed = seed
-        self._cache: dict[str, list[Row]] = {}
 
-    def rows(self, split: str, required_fields: Sequence[str] = ()) -> list[Row]:
-        if split not in self.sizes:
-            raise ValueError(f"unknown split {split!r}; use one of {list(self.sizes)}")
-        if split not in self._cache:
-            held_out = {"val": 1, "test": 2}
-            if split in held_out:
-                examples = self.task.examples(self.sizes[split], self.seed + held_out[split])
-            else:
-                exclude = {r["prompt"] for s in ("val", "test") for r in self.rows(s)}
-                examples = self.task.examples(self.sizes["train"], self.seed, exclude_prompts=exclude)
-            self._cache[split] = [e.as_row() for e in examples]
-        return self._cache[split]
+    def generate(self, split: str, size: int) -> list[Row]:
+        exclude = self.held_out_prompts() if split == "train" else None
+        return [e.as_row() for e in self.task.examples(size, self.split_seed(split), exclude_prompts=exclude)]
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "task", "task": self.task.describe(), "sizes": self.sizes, "seed": self.seed}

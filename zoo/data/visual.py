@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from zoo.data.sources import Row, RowSource
+from zoo.data.sources import GeneratedSource, Row
 from zoo.data.tasks import Example, Task, format_reasoning
 
 COLORS: dict[str, tuple[int, int, int]] = {
@@ -150,7 +150,7 @@ class VisualCounting(Task):
         return Example(f"<image>\n{question}", format_reasoning(steps, answer), answer, meta)
 
 
-class VisualSource(RowSource):
+class VisualSource(GeneratedSource):
     """Rows of a visual task; splits are drawn from disjoint seeds (``seed``, ``seed+1``, ``seed+2``).
 
     Prompts repeat across images (the question text alone does not identify a sample), so unlike
@@ -158,19 +158,15 @@ class VisualSource(RowSource):
     """
 
     def __init__(self, task: Task, num_train: int = 8000, num_val: int = 128, num_test: int = 256, seed: int = 0):
+        super().__init__(num_train, num_val, num_test, seed)
         self.task = task
-        self.sizes = {"train": num_train, "val": num_val, "test": num_test}
-        self.seed = seed
-        self._cache: dict[str, list[Row]] = {}
 
-    def rows(self, split: str, required_fields: Sequence[str] = ()) -> list[Row]:
-        if split not in self.sizes:
-            raise ValueError(f"unknown split {split!r}; use one of {list(self.sizes)}")
-        if split not in self._cache:
-            offset = {"train": 0, "val": 1_000_003, "test": 2_000_003}[split]
-            rng = random.Random(self.seed + offset)
-            self._cache[split] = [self.task.sample(rng).as_row() for _ in range(self.sizes[split])]
-        return self._cache[split]
+    def split_seed(self, split: str) -> int:
+        return self.seed + {"train": 0, "val": 1_000_003, "test": 2_000_003}[split]
+
+    def generate(self, split: str, size: int) -> list[Row]:
+        rng = random.Random(self.split_seed(split))
+        return [self.task.sample(rng).as_row() for _ in range(size)]
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "visual", "task": self.task.describe(), "sizes": self.sizes, "seed": self.seed}
