@@ -152,7 +152,7 @@ def test_resume_mid_epoch_ends_like_an_uninterrupted_run(train_cfg, tmp_path):
     assert resumed["val/exact_match"] == full["val/exact_match"]
 
 
-def test_at_most_one_module_method():
+def test_at_most_one_module_method(train_cfg):
     cfg = OmegaConf.create(
         {
             "methods": {
@@ -164,6 +164,8 @@ def test_at_most_one_module_method():
     )
     with pytest.raises(ConfigError, match=r"at most one of them"):
         check_methods(cfg)
+    with pytest.raises(ConfigError, match=r"methods \['grpo', 'sft'\] each replace the training module"):
+        check_methods(train_cfg(["+method=[grpo,sft]"]))
     with pytest.raises(ConfigError, match="must declare"):
         check_methods(OmegaConf.create({"methods": {"a": {"paper": "x"}}}))
 
