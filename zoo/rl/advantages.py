@@ -16,6 +16,7 @@ Every estimator returns exactly 0 for a group whose rewards are all equal (no Na
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Literal
 
 import torch
@@ -91,13 +92,14 @@ def rloo_advantages(rewards: Tensor) -> Tensor:
     return _zero_constant_groups(r - baseline, r)
 
 
-class AdvantageEstimator:
+class AdvantageEstimator(ABC):
     """Base class: ``estimator(rewards [num_groups, G]) -> advantages [num_groups, G]``."""
 
     name: str = "base"
 
+    @abstractmethod
     def __call__(self, rewards: Tensor) -> Tensor:
-        raise NotImplementedError
+        """Apply the transform (see the class docstring)."""
 
 
 class GRPOAdvantage(AdvantageEstimator):

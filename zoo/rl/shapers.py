@@ -14,6 +14,8 @@ with its own ``max_length`` uses that, otherwise the value passed at call time.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch import Tensor
 
@@ -31,13 +33,14 @@ def _check(rewards: Tensor, lengths: Tensor, who: str) -> tuple[Tensor, Tensor]:
     return r, lengths.to(r.dtype)
 
 
-class RewardShaper:
+class RewardShaper(ABC):
     """Base class: ``shaper(rewards, lengths, max_length=None) -> shaped rewards`` (all ``[num_groups, G]``)."""
 
     name: str = "base"
 
+    @abstractmethod
     def __call__(self, rewards: Tensor, lengths: Tensor, max_length: int | None = None) -> Tensor:
-        raise NotImplementedError
+        """Apply the transform (see the class docstring)."""
 
 
 class NoShaping(RewardShaper):
