@@ -14,6 +14,8 @@ Both store the packed sign matrix (uint8, :mod:`zoo.quant.nanoquant.packing`) an
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch import nn
 
@@ -21,7 +23,7 @@ from zoo.quant.nanoquant.calibration import LinearStats, preconditioner
 from zoo.quant.nanoquant.packing import pack_signs, packed_width, unpack_signs
 
 
-class _PackedSignLinear(nn.Module):
+class _PackedSignLinear(nn.Module, ABC):
     """Shared storage: ``sign_packed uint8 [d_out, ceil(d_in/8)]``, optional fp ``bias`` (not counted in bpw)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, scale_dtype: torch.dtype) -> None:
@@ -38,8 +40,9 @@ class _PackedSignLinear(nn.Module):
             self._cache = (key, unpack_signs(self.sign_packed, self.in_features, dtype))
         return self._cache[1]
 
+    @abstractmethod
     def _scale_params(self) -> list[nn.Parameter]:
-        raise NotImplementedError
+        """The scale parameters counted in the bit budget."""
 
     def stored_bits(self) -> int:
         """Packed sign bits (padding included) + scales at their stored width; bias not counted."""
