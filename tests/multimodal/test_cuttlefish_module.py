@@ -313,3 +313,31 @@ def test_cuttlefish_method_files_declare_themselves_and_share_the_encoder_key(tr
         keys[method] = encoder_cache_dir(cfg.paths.cache_dir, dict(cfg.module.encoder), recipe)
     # the defaults of the two method files point at the same cached encoder
     assert keys["cuttlefish"] == keys["structure_encoder_pretrain"]
+
+
+# ------------------------------------------------------------------------------------------------ standardization
+
+
+def test_feature_standardization_is_measured_on_training_structures_and_exported(samples, tmp_path):
+    """The frozen encoder's atom features reach the connector standardized per dimension (stats measured once on
+    training structures); the statistics travel with the exported connector."""
+    module = _module()
+    raw, _, mask = module.encode_structures(_batch(module, samples)["structures"])
+    assert torch.equal(module.feature_norm(raw, mask), raw)  # identity until statistics are measured
+    many = make_structure_samples(40, seed=5)
+    module.fit_feature_stats(many)
+    std = module.feature_norm.std
+    assert not torch.allclose(std, torch.ones_like(std))
+    from zoo.data.structures import collate_structures
+
+    feats, _, m = module.encode_structures(collate_structures(many))
+    atoms = feats[m]
+    torch.testing.assert_close(atoms.mean(0), torch.zeros(atoms.shape[1]), atol=1e-3, rtol=0)
+    torch.testing.assert_close(atoms.std(0), torch.ones(atoms.shape[1]), atol=2e-2, rtol=0)
+    assert torch.all(feats[~m] == 0)
+    module.export_pretrained(tmp_path)
+    again = _module(seed=1)
+    again.connector_init = str(tmp_path)
+    again.model = None
+    again.configure_model()
+    torch.testing.assert_close(again.feature_norm.std, module.feature_norm.std)

@@ -40,7 +40,7 @@ from zoo.losses import IGNORE_INDEX, masked_nll
 from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooModule
 from zoo.modules.structure_encoder_pretrain import PretrainRecipe, ensure_pretrained_encoder, load_encoder
 from zoo.multimodal.cuttlefish import ConnectorOutput, InsertedInputs, insert_structure_tokens, instruction_embedding
-from zoo.multimodal.structure_encoder import StructureEncoder, encode_dense
+from zoo.multimodal.structure_encoder import FeatureStandardizer, StructureEncoder, atom_feature_stats, encode_dense
 from zoo.protocols import GenerationOutput
 from zoo.quant.base import Quantizer
 
@@ -94,6 +94,8 @@ class StructureLMModule(ZooModule):
         placeholder: str = STRUCTURE_TOKEN,
         generate_on_eval: bool = True,
         verifier: Callable[[str, str], bool] = verify_structure_answer,
+        standardize_features: bool = True,
+        standardize_samples: int = 256,
     ) -> None:
         super().__init__(backbone, quantizer, optimizer, scheduler, generation)
         if stage not in STAGES:
@@ -116,7 +118,10 @@ class StructureLMModule(ZooModule):
         self.connector_init = connector_init
         self.generate_on_eval = generate_on_eval
         self.verifier = verifier
+        self.standardize_features = standardize_features
+        self.standardize_samples = standardize_samples
         self.structure_encoder: StructureEncoder | None = None
+        self.feature_norm: FeatureStandardizer | None = None
         self.connector: nn.Module | None = None
         self._encoder_dir: Path | None = None
         self.save_hyperparameters(ignore=["backbone", "quantizer", "optimizer", "scheduler", "connector", "verifier"])
@@ -137,6 +142,27 @@ class StructureLMModule(ZooModule):
 
     def setup(self, stage: str) -> None:
         self.resolve_encoder()  # outside the strategy's init context: may pretrain on first use
+        if stage == "fit" and self.standardize_features and self._trainer is not None:
+            datamodule = self.trainer.datamodule
+            if datamodule is not None and hasattr(datamodule, "dataset"):
+                self.configure_model()
+                self.fit_feature_stats(
+                    [r["sample"] for r in datamodule.dataset("train").items[: self.standardize_samples]]
+                )
+
+    def fit_feature_stats(self, samples: list[Any]) -> None:
+        """Measure the frozen encoder's per-dimension atom-feature mean/std on ``samples`` (training structures);
+        stored as buffers (saved in checkpoints and exported with the connector)."""
+        from zoo.data.structures import collate_structures
+
+        self.configure_model()
+        dtype = next(self.structure_encoder.parameters()).dtype
+        batches = []
+        for i in range(0, len(samples), 32):
+            b = collate_structures(samples[i : i + 32])
+            batches.append((b.atom_types, b.pos.to(dtype), b.edge_index, b.batch, b.num_graphs))
+        mean, std = atom_feature_stats(self.structure_encoder, batches)
+        self.feature_norm.set_stats(mean, std)
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -150,11 +176,16 @@ class StructureLMModule(ZooModule):
         else:
             self.structure_encoder = load_encoder(enc_dir, expected=self.encoder_kwargs)
         llm_dim = self.model.get_input_embeddings().embedding_dim
+        self.feature_norm = FeatureStandardizer(self.structure_encoder.hidden)
         self.connector = self.connector_factory(node_dim=self.structure_encoder.hidden, llm_dim=llm_dim)
         if self.connector_init:
             path = Path(self.connector_init).expanduser()
             path = path / "connector.safetensors" if path.is_dir() else path
-            self.connector.load_state_dict(load_file(str(path)))
+            state = load_file(str(path))
+            norm = {k.split(".", 1)[1]: v for k, v in state.items() if k.startswith("feature_norm.")}
+            if norm:
+                self.feature_norm.load_state_dict(norm)
+            self.connector.load_state_dict({k: v for k, v in state.items() if not k.startswith("feature_norm.")})
         dtype = self.model.get_input_embeddings().weight.dtype
         self.structure_encoder.to(dtype)
         self.connector.to(dtype)
@@ -192,9 +223,10 @@ class StructureLMModule(ZooModule):
         s = structures
         dtype = next(self.structure_encoder.parameters()).dtype
         with torch.no_grad():
-            return encode_dense(
+            node_emb, pos, atom_mask = encode_dense(
                 self.structure_encoder, s.atom_types, s.pos.to(dtype), s.edge_index, s.batch, s.num_graphs
             )
+        return self.feature_norm(node_emb, atom_mask), pos, atom_mask
 
     def embed_inputs(
         self,
@@ -414,6 +446,9 @@ class StructureLMModule(ZooModule):
         model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
         state = {k: v.detach().cpu().contiguous() for k, v in self.connector.state_dict().items()}
+        state.update(
+            {f"feature_norm.{k}": v.detach().cpu().contiguous() for k, v in self.feature_norm.state_dict().items()}
+        )
         save_file(state, str(directory / "connector.safetensors"))
         save_encoder(self.structure_encoder, directory, self.encoder_kwargs)
         return directory

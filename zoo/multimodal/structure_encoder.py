@@ -19,6 +19,7 @@ reflections, translations); updated coordinates are E(3)-equivariant. Inputs use
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
@@ -237,3 +238,43 @@ def encode_dense(
     h, mask = to_dense_batch(out.node_emb, batch, num_graphs)
     p, _ = to_dense_batch(pos.to(out.node_emb.dtype), batch, num_graphs)
     return h, p, mask
+
+
+class FeatureStandardizer(nn.Module):
+    """Per-dimension standardization ``(h - mean) / std`` of atom embeddings (fixed buffers).
+
+    A frozen pretrained encoder's atom embeddings can share a large common vector with small per-atom variation;
+    a freshly initialised connector then sees almost constant inputs. Standardizing each dimension with statistics
+    measured once on training structures (:func:`atom_feature_stats`) fixes that. With the default buffers
+    (mean 0, std 1) it is the identity. Padding stays 0.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("std", torch.ones(dim))
+
+    def set_stats(self, mean: Tensor, std: Tensor) -> None:
+        """Set the statistics (``[D]`` each)."""
+        self.mean.copy_(mean)
+        self.std.copy_(std)
+
+    def forward(self, node_emb: Tensor, atom_mask: Tensor) -> Tensor:
+        """``node_emb [B, N, D]``, ``atom_mask [B, N]`` -> standardized ``[B, N, D]`` (0 on padding)."""
+        return ((node_emb - self.mean) / self.std) * atom_mask[..., None].to(node_emb.dtype)
+
+
+@torch.no_grad()
+def atom_feature_stats(
+    encoder: StructureEncoder, batches: Iterable[tuple[Tensor, Tensor, Tensor, Tensor, int]], eps: float = 1e-4
+) -> tuple[Tensor, Tensor]:
+    """Per-dimension mean and std (+ ``eps``) of the encoder's atom embeddings over all atoms of ``batches``.
+
+    Each batch is ``(atom_types, pos, edge_index, batch_index, num_graphs)`` as in :func:`encode_dense`.
+    """
+    feats = []
+    for atom_types, pos, edge_index, batch_index, num_graphs in batches:
+        h, _, mask = encode_dense(encoder, atom_types, pos, edge_index, batch_index, num_graphs)
+        feats.append(h[mask])
+    h = torch.cat(feats)
+    return h.mean(0), h.std(0) + eps
