@@ -11,8 +11,9 @@ learned queries, Q-Former style), Scaling-Aware Patching without the Geometry Gr
 - accuracy under random rotations + translations of the coordinates (should equal the unrotated accuracy).
 
 Two demo-level choices make the arms learn to read the structure at all within a few CPU minutes (measured, see the
-page): (1) every connector sees *standardized* atom embeddings (per-dimension mean/std of the frozen encoder's
-outputs on training structures, a fixed affine map in front of the connector): the raw embeddings share a common
+page): (1) every connector sees *standardized* atom embeddings (``StructureLMModule(standardize_features=True)``,
+the default: per-dimension mean/std of the frozen encoder's outputs on training structures, a fixed affine map in
+front of the connector, exported with it): the raw embeddings share a common
 vector of norm ~8 while the informative per-dimension spread is ~0.08, so a freshly initialised connector sees an
 almost constant input; (2) the tiny random-init LLM is fully fine-tuned with the connector (``--llm-tuning full``)
 instead of LoRA on a frozen random network (``--llm-tuning lora`` keeps the paper's LoRA stage).
@@ -65,31 +66,6 @@ ARMS: dict[str, tuple[str, Any]] = {
         functools.partial(CuttlefishConnector, num_fusion_blocks=2, **CUTTLEFISH),
     ),
 }
-
-
-class StandardizedConnector(torch.nn.Module):
-    """``inner`` connector fed with per-dimension standardized atom embeddings ``(h - mean) / std`` (fixed buffers,
-    computed once from the frozen encoder on training structures and shared by every arm)."""
-
-    def __init__(self, inner: torch.nn.Module, mean: torch.Tensor, std: torch.Tensor) -> None:
-        super().__init__()
-        self.inner = inner
-        self.register_buffer("mean", mean.clone())
-        self.register_buffer("std", std.clone())
-
-    def forward(self, node_emb, pos, atom_mask, instruction=None):  # type: ignore[no-untyped-def]
-        x = ((node_emb - self.mean) / self.std) * atom_mask[..., None].to(node_emb.dtype)
-        return self.inner(x, pos, atom_mask, instruction)
-
-
-def _standardized(factory: Any, mean: torch.Tensor | None, std: torch.Tensor | None) -> Any:
-    if mean is None:
-        return factory
-
-    def build(node_dim: int, llm_dim: int) -> torch.nn.Module:
-        return StandardizedConnector(factory(node_dim=node_dim, llm_dim=llm_dim), mean, std)
-
-    return build
 
 
 @torch.no_grad()
@@ -257,13 +233,13 @@ def run_arm(name: str, factory: Any, data: dict[str, list[StructureSample]], arg
     dm = StructureDataModule(
         backbone.tokenizer, _SampleSource({"train": data["train"], "val": data["test"][:8]}), batch_size=args.batch_size
     )
-    stats = getattr(args, "node_stats", None) or {}
     module = StructureLMModule(
         backbone,
         optimizer=functools.partial(torch.optim.AdamW, lr=args.lr, weight_decay=0.01),
         scheduler=functools.partial(warmup_cosine, warmup_ratio=0.05),
         generation={"max_new_tokens": 6},
-        connector=_standardized(factory, stats.get("mean"), stats.get("std")),
+        connector=factory,
+        standardize_features=not args.no_standardize,  # stats measured by the module on its training structures
         encoder=ENCODER,
         encoder_init="pretrained",
         encoder_pretrain={"seed": args.seed},
