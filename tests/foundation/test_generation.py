@@ -87,3 +87,19 @@ def test_context_overflow_is_a_clear_error(lm):
     ids = torch.ones(1, 250, dtype=torch.long)
     with pytest.raises(ValueError, match="exceeds the model context"):
         generate(model, tok, ids, torch.ones_like(ids), SamplingParams(10))
+
+
+def test_dropping_finished_rows_does_not_change_seeded_outputs(lm, monkeypatch):
+    """Finished rows leave the decoder's batch (less compute); sampling noise is drawn per batch row, so the
+    remaining rows get the same tokens as without compaction."""
+    model, tok = lm
+    params = SamplingParams(40, do_sample=True, temperature=1.5)
+    prompts = ["1+1=", "22+3=", "rev ab=", "9+9=", "5+50=", "rev abcd="] * 2
+    compacted = generate_text(model, tok, prompts, params, torch.Generator().manual_seed(3))
+    calls = []
+    monkeypatch.setattr(IncrementalDecoder, "select_rows", lambda self, idx: calls.append(len(idx)) or False)
+    full = generate_text(model, tok, prompts, params, torch.Generator().manual_seed(3))
+    assert calls, "some rows should have finished early"
+    assert compacted.texts == full.texts
+    torch.testing.assert_close(compacted.logprobs, full.logprobs, atol=1e-4, rtol=0)
+    assert torch.equal(compacted.completion_mask, full.completion_mask)

@@ -117,6 +117,15 @@ class IncrementalDecoder:
             picked = torch.where(fed[:, None], picked, self.next_logits)
         return picked
 
+    def select_rows(self, indices: torch.Tensor) -> bool:
+        """Keep only the rows ``indices`` (cache, attention mask, next logits); False if the cache cannot."""
+        if not hasattr(self.cache, "batch_select_indices"):
+            return False
+        self.cache.batch_select_indices(indices)
+        self.attention_mask = self.attention_mask[indices]
+        self.next_logits = self.next_logits[indices]
+        return True
+
     def feed(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Append ``tokens`` ``[B, k]`` (``mask`` 0 marks per-row padding) and return next-token logits ``[B, V]``."""
         if mask is None:
@@ -127,9 +136,18 @@ class IncrementalDecoder:
 
 
 def sample_next(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    rows: torch.Tensor | None = None,
+    num_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the next token of every row; returns ``(tokens [B], logprobs [B])``.
+
+    Sampling is Gumbel-max (``argmax(log p + G)``, ``G = -log(-log U)``), which draws exactly from the warped
+    distribution. The uniform noise is drawn for ``num_rows`` rows and row ``rows[i]`` of it used for
+    ``logits[i]``: a batch that drops finished rows (``rows`` = the indices of the rows still running) draws the
+    same tokens for the remaining rows as the full batch would, so seeded outputs do not depend on compaction.
 
     The log-probability is taken under ``softmax(logits / temperature)`` (the policy distribution RL
     methods optimise), not under the top-k/top-p truncated one.
@@ -142,8 +160,12 @@ def sample_next(
             warped = TopKLogitsWarper(top_k=params.top_k)(None, warped)
         if params.top_p < 1.0:
             warped = TopPLogitsWarper(top_p=params.top_p)(None, warped)
-        probs = torch.softmax(warped, dim=-1)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        total = num_rows if num_rows is not None else logits.shape[0]
+        uniform = torch.rand(total, logits.shape[-1], generator=generator, device=logits.device)
+        if rows is not None:
+            uniform = uniform[rows]
+        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1.0 - 1e-7)))
+        tokens = (torch.log_softmax(warped.float(), dim=-1) + gumbel).argmax(-1)
     else:
         tokens = scaled.argmax(-1)
     return tokens, logprobs_all.gather(-1, tokens[:, None]).squeeze(-1)
@@ -200,8 +222,15 @@ def generate(
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         out_ids, out_lp, out_mask = [], [], []
         rows: list[list[int]] = [[] for _ in range(batch)]
+        # ``live`` maps the decoder's (possibly compacted) rows to rows of the batch; finished rows are dropped
+        # from the decoder once a quarter of its rows are done, so they stop costing forward passes.
+        live = torch.arange(batch, device=device)
         for _ in range(params.max_new_tokens):
-            tokens, logprobs = sample_next(decoder.next_logits, params, generator)
+            sampled, sampled_lp = sample_next(decoder.next_logits, params, generator, rows=live, num_rows=batch)
+            tokens = torch.full((batch,), pad, dtype=torch.long, device=device)
+            logprobs = torch.zeros(batch, dtype=sampled_lp.dtype, device=device)
+            tokens[live] = sampled
+            logprobs[live] = sampled_lp
             active = ~done
             tokens = torch.where(active, tokens, torch.full_like(tokens, pad))
             out_ids.append(tokens)
@@ -217,7 +246,10 @@ def generate(
             done |= hit_eos
             if bool(done.all()):
                 break
-            decoder.feed(tokens[:, None], active.long()[:, None])
+            still = ~done[live]
+            if int(still.sum()) <= 0.75 * len(live) and decoder.select_rows(torch.nonzero(still).flatten()):
+                live = live[still]
+            decoder.feed(tokens[live][:, None], (~done[live]).long()[:, None])
         completion_ids = torch.stack(out_ids, dim=1)
         texts = [decode_completion(tokenizer, row.tolist()) for row in completion_ids]
         return GenerationResult(
