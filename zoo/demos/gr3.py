@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         sweep_dir = multirun(setting, rewards, args.steps, args.seed, out)
         md, png = report(sweep_dir, METRICS, results / f"gr3_{setting}")
         rows = [
-            "| arm | length (first 5 steps) | length (last step) | train accuracy | reward | val exact match |",
+            "| arm | length (logged steps 5-25) | length (last step) | train accuracy | reward | val exact match |",
             "|---|---|---|---|---|---|",
         ]
         for label, values in sorted(final_values(sweep_dir).items()):
