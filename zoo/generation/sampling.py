@@ -135,6 +135,21 @@ class IncrementalDecoder:
         return self.next_logits
 
 
+def check_context(model: PreTrainedModel, prompt_ids: torch.Tensor, params: SamplingParams) -> None:
+    """Raise a clear error when prompt + ``max_new_tokens`` exceeds the model's positions."""
+    max_ctx = getattr(model.config, "max_position_embeddings", None)
+    if max_ctx is not None and prompt_ids.shape[1] + params.max_new_tokens > max_ctx:
+        raise ValueError(
+            f"prompt length {prompt_ids.shape[1]} + max_new_tokens {params.max_new_tokens} exceeds the model "
+            f"context ({max_ctx} positions); shorten the prompts or lower max_new_tokens"
+        )
+
+
+def max_token_length(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> int:
+    """Longest tokenization (in tokens) among ``texts`` (0 when empty): the tail window for suffix checks."""
+    return max((len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts), default=0)
+
+
 def sample_next(
     logits: torch.Tensor,
     params: SamplingParams,
@@ -210,13 +225,8 @@ def generate(
         device = prompt_ids.device
         batch = prompt_ids.shape[0]
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        max_ctx = getattr(model.config, "max_position_embeddings", None)
-        if max_ctx is not None and prompt_ids.shape[1] + params.max_new_tokens > max_ctx:
-            raise ValueError(
-                f"prompt length {prompt_ids.shape[1]} + max_new_tokens {params.max_new_tokens} exceeds the model "
-                f"context ({max_ctx} positions); shorten the prompts or lower max_new_tokens"
-            )
-        window = max((len(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in params.stop_strings), default=0)
+        check_context(model, prompt_ids, params)
+        window = max_token_length(tokenizer, params.stop_strings)
         decoder = IncrementalDecoder(model, prompt_ids, prompt_attention_mask)
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)

@@ -32,7 +32,14 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.backbones.tokenizer import THINK_OPEN
-from zoo.generation.sampling import IncrementalDecoder, SamplingParams, decode_completion, sample_next
+from zoo.generation.sampling import (
+    IncrementalDecoder,
+    SamplingParams,
+    check_context,
+    decode_completion,
+    max_token_length,
+    sample_next,
+)
 
 
 @dataclass(frozen=True)
@@ -194,16 +201,9 @@ def stepwise_generate(
         device = prompt_ids.device
         batch = prompt_ids.shape[0]
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        max_ctx = getattr(model.config, "max_position_embeddings", None)
-        if max_ctx is not None and prompt_ids.shape[1] + params.max_new_tokens > max_ctx:
-            raise ValueError(
-                f"prompt length {prompt_ids.shape[1]} + max_new_tokens {params.max_new_tokens} exceeds the model "
-                f"context ({max_ctx} positions); shorten the prompts or lower max_new_tokens"
-            )
-        stop_window = max(
-            (len(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in params.stop_strings), default=0
-        )
-        delim_window = max(len(tokenizer(d, add_special_tokens=False)["input_ids"]) for d in delimiters) + 1
+        check_context(model, prompt_ids, params)
+        stop_window = max_token_length(tokenizer, params.stop_strings)
+        delim_window = max_token_length(tokenizer, delimiters) + 1
         delim_ids = _single_token_delimiters(tokenizer, delimiters)
         vocab = tokenizer.get_vocab()
         opener_ids = {vocab[t] for t in step_openers if t in vocab}
