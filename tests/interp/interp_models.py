@@ -1,0 +1,92 @@
+"""Small random models of every registered architecture for the interpretability tests.
+
+Weights are re-drawn with a larger scale than the default init (std 0.2) so that greedy decoding does not
+repeat one token and steering visibly changes the outputs; everything is seeded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from zoo.backbones import TinyBackbone
+from zoo.backbones.tokenizer import build_char_tokenizer
+
+ARCHITECTURES = ("llama", "qwen2", "mistral", "gpt2")
+WIDTH, LAYERS, HEADS, KV_HEADS = 32, 3, 4, 2
+
+
+def liven(model: PreTrainedModel, seed: int = 0, std: float = 0.2) -> PreTrainedModel:
+    """Re-draw every matrix (linear/embedding weights) from N(0, std^2) with a seeded generator."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _name, param in sorted(model.named_parameters()):
+            if param.dim() == 2:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+    return model.eval()
+
+
+def build_model(arch: str, seed: int = 0) -> PreTrainedModel:
+    """A random ``arch`` model over the character tokenizer (``llama`` is the zoo's tiny backbone, with GQA)."""
+    tok = build_char_tokenizer()
+    common = {
+        "vocab_size": len(tok),
+        "pad_token_id": tok.pad_token_id,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+    }
+    if arch == "llama":
+        model = TinyBackbone(
+            hidden_size=WIDTH,
+            intermediate_size=2 * WIDTH,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            num_key_value_heads=KV_HEADS,
+            seed=seed,
+        ).build_model()
+    elif arch == "qwen2":
+        model = Qwen2ForCausalLM(
+            Qwen2Config(
+                hidden_size=WIDTH,
+                intermediate_size=2 * WIDTH,
+                num_hidden_layers=LAYERS,
+                num_attention_heads=HEADS,
+                num_key_value_heads=KV_HEADS,
+                max_position_embeddings=256,
+                **common,
+            )
+        )
+    elif arch == "mistral":
+        model = MistralForCausalLM(
+            MistralConfig(
+                hidden_size=WIDTH,
+                intermediate_size=2 * WIDTH,
+                num_hidden_layers=LAYERS,
+                num_attention_heads=HEADS,
+                num_key_value_heads=KV_HEADS,
+                max_position_embeddings=256,
+                **common,
+            )
+        )
+    elif arch == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS, n_positions=256, **common))
+    else:
+        raise ValueError(arch)
+    return liven(model, seed)
+
+
+def saved_and_loaded(arch: str, directory: Path, seed: int = 0) -> PreTrainedModel:
+    """``build_model`` written with ``save_pretrained`` and read back through ``from_pretrained`` (the HF path)."""
+    build_model(arch, seed).save_pretrained(directory)
+    return AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).eval()

@@ -1,0 +1,43 @@
+"""Interpretability toolkit: activation caching, probes, residual steering, head scaling (cores, no Lightning).
+
+The hooks are context managers over any registered causal LM (:mod:`zoo.interp.architectures`); WET
+(:mod:`zoo.interp.wet`) and the performative-misalignment harness (:mod:`zoo.interp.performative`) are built on
+them.
+"""
+
+from zoo.interp.architectures import (
+    ArchitectureSpec,
+    ModelLayout,
+    model_layout,
+    register_architecture,
+    supported_architectures,
+)
+from zoo.interp.hooks import (
+    ActivationCache,
+    HeadPatcher,
+    HeadScaler,
+    ModelHook,
+    ResidualSteerer,
+    collect_activations,
+    encode_prompts,
+)
+from zoo.interp.probes import LinearProbe, auroc, cosine, diff_of_means
+
+__all__ = [
+    "ActivationCache",
+    "ArchitectureSpec",
+    "HeadPatcher",
+    "HeadScaler",
+    "LinearProbe",
+    "ModelHook",
+    "ModelLayout",
+    "ResidualSteerer",
+    "auroc",
+    "collect_activations",
+    "cosine",
+    "diff_of_means",
+    "encode_prompts",
+    "model_layout",
+    "register_architecture",
+    "supported_architectures",
+]
