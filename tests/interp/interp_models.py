@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import (
     AutoModelForCausalLM,
@@ -90,3 +91,38 @@ def saved_and_loaded(arch: str, directory: Path, seed: int = 0) -> PreTrainedMod
     """``build_model`` written with ``save_pretrained`` and read back through ``from_pretrained`` (the HF path)."""
     build_model(arch, seed).save_pretrained(directory)
     return AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).eval()
+
+
+def uncached_greedy_check(model, prompt_ids, prompt_mask, completion, step_logits, completion_mask=None) -> None:
+    """Re-forward ``prompt + completion[:t]`` without a cache at every step ``t`` (the first generated token
+    included); the cached decode's logits of that step must match and its token must be the greedy one."""
+    from zoo.interp.hooks import forward_left_padded
+
+    for t in range(completion.shape[1]):
+        if completion_mask is None:
+            active = torch.ones(completion.shape[0], dtype=torch.bool)
+            done_mask = torch.ones_like(completion[:, :t])
+        else:
+            active, done_mask = completion_mask[:, t].bool(), completion_mask[:, :t]
+        ids = torch.cat([prompt_ids, completion[:, :t]], 1)
+        mask = torch.cat([prompt_mask, done_mask], 1)
+        with torch.no_grad():
+            ref = forward_left_padded(model, ids, mask)[:, -1]
+        torch.testing.assert_close(step_logits[t][active], ref[active], atol=1e-4, rtol=0)
+        assert torch.equal(ref.argmax(-1)[active], completion[active, t]), f"step {t}"
+
+
+def record_step_logits(model) -> tuple[list, object]:
+    """Collect the last-position logits of every forward call (one per decode step); returns (list, handle)."""
+    logits: list = []
+    handle = model.register_forward_hook(lambda m, a, out: logits.append(out.logits[:, -1].float()))
+    return logits, handle
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """These tests run many tiny ops; one intra-op thread avoids thread-contention stalls on a shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

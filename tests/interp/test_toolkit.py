@@ -11,7 +11,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from interp_models import ARCHITECTURES, HEADS, KV_HEADS, LAYERS, WIDTH, build_model, saved_and_loaded
+from interp_models import (
+    ARCHITECTURES,
+    HEADS,
+    KV_HEADS,
+    LAYERS,
+    WIDTH,
+    build_model,
+    record_step_logits,
+    saved_and_loaded,
+    single_thread,  # noqa: F401  (autouse fixture)
+    uncached_greedy_check,
+)
 from peft import LoraConfig, get_peft_model
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -195,23 +206,6 @@ def test_outputs_are_restored_after_exit_also_after_an_exception(models, batch, 
 # -- every cached decode step -------------------------------------------------------------------------------------
 
 
-def uncached_greedy_check(model, prompt_ids, prompt_mask, completion, step_logits, completion_mask=None):
-    """Re-forward prompt + completion[:t] without cache at every step t; compare logits and the greedy token."""
-    for t in range(completion.shape[1]):
-        active = (
-            torch.ones(completion.shape[0], dtype=torch.bool)
-            if completion_mask is None
-            else completion_mask[:, t].bool()
-        )
-        done_mask = torch.ones_like(completion[:, :t]) if completion_mask is None else completion_mask[:, :t]
-        ids = torch.cat([prompt_ids, completion[:, :t]], 1)
-        mask = torch.cat([prompt_mask, done_mask], 1)
-        with torch.no_grad():
-            ref = forward_left_padded(model, ids, mask)[:, -1]
-        torch.testing.assert_close(step_logits[t][active], ref[active], atol=1e-4, rtol=0)
-        assert torch.equal(ref.argmax(-1)[active], completion[active, t]), f"step {t}"
-
-
 def hooks_under_test(model, kind):
     if kind == "steer":
         return ResidualSteerer(model, 1, direction(1), 3.0)
@@ -224,8 +218,7 @@ def test_zoo_generate_with_hooks_equals_uncached_reforward_every_step(models, ba
     ids, mask = batch
     params = SamplingParams(max_new_tokens=10)
     plain = generate(model, tok, ids, mask, params)
-    step_logits = []
-    record = model.register_forward_hook(lambda m, a, out: step_logits.append(out.logits[:, -1].float()))
+    step_logits, record = record_step_logits(model)
     try:
         with hooks_under_test(model, kind):
             hooked = generate(model, tok, ids, mask, params)

@@ -18,6 +18,7 @@ from zoo.interp.hooks import (
     HeadScaler,
     ModelHook,
     ResidualSteerer,
+    activations_at,
     collect_activations,
     encode_prompts,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "ModelHook",
     "ModelLayout",
     "ResidualSteerer",
+    "activations_at",
     "auroc",
     "collect_activations",
     "cosine",

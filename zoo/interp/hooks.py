@@ -13,7 +13,8 @@ A hook object can be entered again after it exits (not while it is active).
   projection scales that head's slice ``[h * d_head, (h + 1) * d_head)`` of its input (query heads under
   GQA); with a ``gate`` callable the factor is ``1 + (scale - 1) * g`` for a step-dependent ``g``.
 * :class:`HeadPatcher` -- replace heads' slices at one position with given values (activation patching).
-* :func:`collect_activations` -- activations of a list of prompts at one position, batched.
+* :func:`activations_at` / :func:`collect_activations` -- activations of a batch / of text prompts at one
+  position, computed in chunks.
 
 Where the hooks attach comes from :func:`zoo.interp.architectures.model_layout`; all indices and widths are
 checked when the hook is built, before any forward pass.
@@ -40,7 +41,7 @@ Gate = Callable[[int], "float | torch.Tensor"]
 Site = Literal["residual", "heads"]
 
 
-def _hidden(output: Any) -> torch.Tensor:
+def hidden_of(output: Any) -> torch.Tensor:
     """The hidden states of a decoder layer's output (a tensor, or the first item of a tuple)."""
     return output[0] if isinstance(output, tuple) else output
 
@@ -150,7 +151,7 @@ class ActivationCache(ModelHook):
         self.records[layer].append(value.to(self.device) if self.device is not None else value)
 
     def _record_residual(self, layer: int, module: nn.Module, args: tuple, output: Any) -> None:
-        self._store(layer, _hidden(output))
+        self._store(layer, hidden_of(output))
 
     def _record_heads(self, layer: int, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         x = args[0] if args else kwargs["input"]
@@ -201,7 +202,7 @@ class ResidualSteerer(ModelHook):
         stack.callback(self.layout.layers[self.layer].register_forward_hook(self._steer).remove)
 
     def _steer(self, module: nn.Module, args: tuple, output: Any) -> Any:
-        hidden = _hidden(output)
+        hidden = hidden_of(output)
         shift = (self.alpha * self.vector).to(device=hidden.device, dtype=hidden.dtype)
         return _replace_hidden(output, hidden + shift)
 
@@ -355,6 +356,48 @@ def forward_left_padded(model: nn.Module, input_ids: torch.Tensor, attention_mas
 
 
 @torch.no_grad()
+def activations_at(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    layers: Sequence[int],
+    site: Site = "residual",
+    position: int = -1,
+    batch_size: int = 64,
+) -> dict[int, torch.Tensor]:
+    """Activations of a left-padded batch at one position, computed in chunks of ``batch_size`` rows.
+
+    Args:
+        model: the causal LM (put in eval mode for the call, then restored).
+        input_ids, attention_mask: ``[N, P]`` left-padded, so ``position=-1`` is every row's last token.
+        layers: decoder layers to read.
+        site: ``"residual"`` (returns ``{layer: [N, d]}``) or ``"heads"`` (``{layer: [N, H, d_head]}``).
+        position: the position read.
+        batch_size: rows per forward.
+
+    Returns:
+        float32 tensors on CPU.
+    """
+    if input_ids.shape[0] == 0:
+        raise ConfigError("no prompts: give at least one")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size} must be >= 1")
+    cache = ActivationCache(model, layers, site=site)
+    was_training = model.training
+    model.eval()
+    out: dict[int, list[torch.Tensor]] = {layer: [] for layer in cache.layers}
+    try:
+        for start in range(0, input_ids.shape[0], batch_size):
+            rows = slice(start, start + batch_size)
+            with cache:
+                forward_left_padded(model, input_ids[rows], attention_mask[rows])
+            for layer in cache.layers:
+                out[layer].append(cache[layer][:, position].float().cpu())
+    finally:
+        model.train(was_training)
+    return {layer: torch.cat(chunks) for layer, chunks in out.items()}
+
+
 def collect_activations(
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase,
@@ -364,27 +407,9 @@ def collect_activations(
     position: int = -1,
     batch_size: int = 64,
 ) -> dict[int, torch.Tensor]:
-    """Activations of ``prompts`` at one position (default: each prompt's last token), on CPU in float32.
-
-    Returns ``{layer: [N, d]}`` for ``site="residual"`` or ``{layer: [N, H, d_head]}`` for ``site="heads"``.
-    Prompts are left-padded, so ``position=-1`` is every prompt's last token.
-    """
+    """:func:`activations_at` of text prompts (tokenized with :func:`encode_prompts`; default: last token)."""
     if not prompts:
         raise ConfigError("prompts is empty: give at least one prompt")
-    if batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size} must be >= 1")
-    cache = ActivationCache(model, layers, site=site)
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    out: dict[int, list[torch.Tensor]] = {layer: [] for layer in cache.layers}
-    try:
-        for start in range(0, len(prompts), batch_size):
-            ids, mask = encode_prompts(tokenizer, prompts[start : start + batch_size], device)
-            with cache:
-                forward_left_padded(model, ids, mask)
-            for layer in cache.layers:
-                out[layer].append(cache[layer][:, position].float().cpu())
-    finally:
-        model.train(was_training)
-    return {layer: torch.cat(chunks) for layer, chunks in out.items()}
+    ids, mask = encode_prompts(tokenizer, prompts, device)
+    return activations_at(model, ids, mask, layers, site, position, batch_size)

@@ -1,0 +1,512 @@
+"""WET -- World Entropy Tethering: entropy-gated rescaling of world-tethering attention heads.
+
+Paper: "WET: World Entropy Tethering" (ICML 2026). No paper text, arXiv id or code could be retrieved; this is a
+**reconstruction** from the abstract's nouns and the nearest published mechanisms (research notes
+``inference.md`` section 2: entrainment heads, PASTA, ITI head selection by probes, receiver-head amplification).
+Every free choice is a constructor argument marked ``[reconstruction]``; the tests pin the mechanism
+(entropy-gated head rescaling), not paper numbers.
+
+*World misattribution*: the prompt sets a world (a fictional setting, counterfactual facts, a document) and the
+model answers from another one (usually its parametric default). WET reads how uncertain the residual stream is
+about the world, finds the heads that carry the world, and amplifies them only when the uncertainty is high.
+
+Equation -> function:
+
+* world probe ``q_phi(k | h_t^l) = softmax(W h_t^l + b)`` over ``K`` worlds -> :class:`WorldEntropyProbe`
+  (a ``K``-class :class:`~zoo.interp.probes.LinearProbe` on the residual stream after layer ``l``);
+  :func:`fit_world_probe` fits it on labelled prompts.
+* drift score ``H_t = -sum_k q_phi(k | h_t) log q_phi(k | h_t)`` -> :func:`world_entropy`,
+  :meth:`WorldEntropyProbe.entropy`.
+* denoising score matching ``E || s_theta(z + sigma eps, k, sigma) + eps / sigma ||^2`` on each head's outputs
+  ``z`` (its slice of the attention output projection's input) -> :class:`ConditionalScoreNets`
+  (all heads' nets trained at once), :meth:`ScoreMatchingRanker.score_head_outputs`.
+* tethering score ``T_{l,h} = E_z E_{k != k'} || s_theta(z, k) - s_theta(z, k') ||^2`` (how strongly the world
+  label reshapes the density of the head's outputs; a Fisher-divergence proxy) -> :class:`ScoreMatchingRanker`.
+  Alternative rankers: per-head probe accuracy (ITI) -> :class:`ProbeAccuracyRanker`; activation-patching
+  effect -> :class:`PatchingEffectRanker`. Top heads -> :func:`top_heads`.
+* gate ``g_t = clip((H_t - eta) / (log K - eta), 0, 1)`` -> :func:`entropy_gate`.
+* rescaling ``o^{l,h} <- (1 + alpha g_t) o^{l,h}`` for tethering heads and, optionally,
+  ``o^{l,h} <- (1 - beta g_t) o^{l,h}`` for the other heads -> :class:`WETController` (a
+  :class:`~zoo.interp.hooks.HeadScaler` whose gate is read from the probe at the same step).
+
+Conventions fixed here [reconstruction]:
+
+* the gate of position ``t`` comes from the probe layer's residual at ``t`` in the same forward pass, so the
+  gated heads must lie in layers *above* the probe layer; this keeps the rescaling a per-position function of
+  the prefix, hence identical with and without the KV cache (heads at or below the probe layer would need the
+  entropy before it is computed: refused with a clear error);
+* "other heads" (``beta``) are all heads above the probe layer that are not tethering heads;
+* probes and rankers read the last prompt position (left-padded batches) unless told otherwise;
+* head outputs are standardised per head before score matching, so heads compete on the shape of their
+  world-conditional densities, not on their scale.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from zoo.errors import ConfigError, DataError
+from zoo.interp.architectures import model_layout
+from zoo.interp.hooks import (
+    Head,
+    HeadPatcher,
+    HeadScaler,
+    ModelHook,
+    activations_at,
+    forward_left_padded,
+    hidden_of,
+)
+from zoo.interp.probes import LinearProbe
+
+# -- the world-entropy probe and the gate ------------------------------------------------------------------------
+
+
+def world_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of ``softmax(logits)`` over the last dimension: ``[..., K] -> [...]``."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def entropy_gate(entropy: torch.Tensor, eta: float, num_worlds: int) -> torch.Tensor:
+    """``g = clip((H - eta) / (log K - eta), 0, 1)``: 0 while ``H <= eta``, 1 at the maximal entropy ``log K``."""
+    check_gate_threshold(eta, num_worlds)
+    return ((entropy - eta) / (math.log(num_worlds) - eta)).clamp(0.0, 1.0)
+
+
+def check_gate_threshold(eta: float, num_worlds: int) -> None:
+    """Raise unless ``num_worlds >= 2`` and ``eta < log K`` (the gate's denominator must be positive)."""
+    if num_worlds < 2:
+        raise ConfigError(f"num_worlds={num_worlds} must be >= 2")
+    if not eta < math.log(num_worlds):
+        raise ConfigError(f"eta={eta} must be below log K = {math.log(num_worlds):.4f} (K={num_worlds} worlds)")
+
+
+class WorldEntropyProbe:
+    """Linear softmax probe ``q_phi(k | h^l_t)`` over ``K`` worlds on the residual stream after layer ``layer``.
+
+    Args:
+        layer: decoder layer whose output the probe reads [reconstruction: a config choice].
+        num_worlds: ``K``.
+        probe: a fitted ``K``-class :class:`LinearProbe` (``None``: fit one with :meth:`fit`).
+        l2: L2 penalty of the fit.
+    """
+
+    def __init__(self, layer: int, num_worlds: int, probe: LinearProbe | None = None, l2: float = 1e-3) -> None:
+        if num_worlds < 2:
+            raise ConfigError(f"num_worlds={num_worlds} must be >= 2")
+        if probe is not None and probe.num_classes != num_worlds:
+            raise ConfigError(f"the probe has {probe.num_classes} classes but num_worlds={num_worlds}")
+        self.layer = layer
+        self.num_worlds = num_worlds
+        self.probe = probe or LinearProbe(num_classes=num_worlds, l2=l2)
+
+    def fit(self, activations: torch.Tensor, worlds: torch.Tensor) -> WorldEntropyProbe:
+        """Fit on residual activations ``[N, d]`` with world labels ``[N]``; returns ``self``."""
+        self.probe.fit(activations, worlds)
+        return self
+
+    def probabilities(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``q_phi(k | h)``: ``[..., d] -> [..., K]``."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return self.probe.predict_proba(flat).reshape(*hidden.shape[:-1], self.num_worlds)
+
+    def entropy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``H = -sum_k q log q``: ``[..., d] -> [...]`` (float32)."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return world_entropy(self.probe.logits(flat)).reshape(hidden.shape[:-1])
+
+
+# -- labelled prompts for probes and rankers ------------------------------------------------------------------------
+
+
+@dataclass
+class WorldBatch:
+    """Left-padded prompts, each set in a known world.
+
+    Attributes:
+        input_ids, attention_mask: ``[N, P]`` left-padded prompts.
+        worlds: ``[N]`` world labels in ``[0, K)``.
+        answer_ids: ``[N]`` the correct next token of each prompt (needed by :class:`PatchingEffectRanker`).
+        source_ids, source_mask: ``[N, P']`` counterfactual prompts: the same query set in another world (needed by
+            :class:`PatchingEffectRanker`; their last position is patched into the clean run).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    worlds: torch.Tensor
+    answer_ids: torch.Tensor | None = None
+    source_ids: torch.Tensor | None = None
+    source_mask: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        n = self.input_ids.shape[0]
+        if self.attention_mask.shape != self.input_ids.shape:
+            shapes = f"{list(self.attention_mask.shape)} vs {list(self.input_ids.shape)}"
+            raise DataError(f"attention_mask and input_ids differ in shape: {shapes}")
+        for name in ("worlds", "answer_ids"):
+            value = getattr(self, name)
+            if value is not None and value.shape != (n,):
+                raise DataError(f"{name} must have shape [{n}], got {list(value.shape)}")
+        if (self.source_ids is None) != (self.source_mask is None):
+            raise DataError("give both source_ids and source_mask, or neither")
+        if self.source_ids is not None and self.source_ids.shape[0] != n:
+            raise DataError(f"source_ids has {self.source_ids.shape[0]} rows; input_ids has {n}")
+
+
+def fit_world_probe(
+    model: nn.Module, batch: WorldBatch, layer: int, num_worlds: int, l2: float = 1e-3, batch_size: int = 64
+) -> WorldEntropyProbe:
+    """Fit a :class:`WorldEntropyProbe` on the residual after ``layer`` at the last prompt position."""
+    model_layout(model).check_layer(layer, "probe layer")
+    acts = activations_at(model, batch.input_ids, batch.attention_mask, [layer], batch_size=batch_size)[layer]
+    return WorldEntropyProbe(layer, num_worlds, l2=l2).fit(acts, batch.worlds)
+
+
+# -- head rankers ---------------------------------------------------------------------------------------------------
+
+
+def top_heads(scores: torch.Tensor, k: int, min_layer: int = 0) -> list[Head]:
+    """The ``k`` heads with the highest scores among layers ``>= min_layer`` (ties: lower index first).
+
+    Args:
+        scores: ``[L, H]`` ranker scores.
+        k: number of heads.
+        min_layer: first eligible layer (WET: the probe layer + 1).
+    """
+    num_layers, num_heads = scores.shape
+    eligible = [
+        (float(scores[layer, head]), layer, head) for layer in range(min_layer, num_layers) for head in range(num_heads)
+    ]
+    if not 1 <= k <= len(eligible):
+        raise ConfigError(f"k={k} heads requested; {len(eligible)} heads lie in layers >= {min_layer}")
+    eligible.sort(key=lambda item: (-item[0], item[1], item[2]))
+    return [(layer, head) for _, layer, head in eligible[:k]]
+
+
+class HeadRanker(ABC):
+    """Scores every attention head for how strongly it carries the world: ``score(model, batch) -> [L, H]``."""
+
+    @abstractmethod
+    def score(self, model: nn.Module, batch: WorldBatch) -> torch.Tensor:
+        """``[L, H]`` scores (higher = more world-tethering)."""
+
+
+def head_outputs(model: nn.Module, batch: WorldBatch, position: int = -1, batch_size: int = 64) -> torch.Tensor:
+    """Per-head attention outputs at one position: ``[N, L, H, d_head]`` (float32, CPU)."""
+    layers = list(range(model_layout(model).num_layers))
+    acts = activations_at(model, batch.input_ids, batch.attention_mask, layers, "heads", position, batch_size)
+    return torch.stack([acts[layer] for layer in layers], dim=1)
+
+
+def _check_head_outputs(z: torch.Tensor, worlds: torch.Tensor) -> torch.Tensor:
+    if z.dim() != 4:
+        raise DataError(f"head outputs must be [N, L, H, d_head], got {list(z.shape)}")
+    worlds = torch.as_tensor(worlds).long().flatten()
+    if worlds.shape[0] != z.shape[0]:
+        raise DataError(f"{z.shape[0]} head-output rows but {worlds.shape[0]} world labels")
+    if len(worlds.unique()) < 2:
+        raise DataError("head ranking needs prompts from at least two worlds")
+    return worlds
+
+
+class HeadOutputRanker(HeadRanker):
+    """A ranker that only needs the heads' outputs at the last position (score matching, probe accuracy)."""
+
+    position: int = -1
+
+    def score(self, model: nn.Module, batch: WorldBatch) -> torch.Tensor:
+        return self.score_head_outputs(head_outputs(model, batch, self.position), batch.worlds)
+
+    @abstractmethod
+    def score_head_outputs(self, z: torch.Tensor, worlds: torch.Tensor) -> torch.Tensor:
+        """``z [N, L, H, d_head]``, ``worlds [N]`` -> ``[L, H]``."""
+
+
+class ConditionalScoreNets(nn.Module):
+    """``G`` independent conditional score nets ``s_theta(z, k, sigma) = f_theta([z, onehot(k), log sigma]) / sigma``.
+
+    One small MLP per head (two hidden SiLU layers), evaluated for all heads at once with batched matrix products.
+    Initialised from a seeded generator.
+
+    Args:
+        num_nets: ``G`` (one per head).
+        dim: ``d_head``.
+        num_worlds: ``K``.
+        hidden: hidden width [reconstruction].
+        seed: initialisation seed.
+    """
+
+    def __init__(self, num_nets: int, dim: int, num_worlds: int, hidden: int = 64, seed: int = 0) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        sizes = [(dim + num_worlds + 1, hidden), (hidden, hidden), (hidden, dim)]
+        self.weights = nn.ParameterList(
+            [nn.Parameter(torch.randn(num_nets, i, o, generator=gen) / math.sqrt(i)) for i, o in sizes]
+        )
+        self.biases = nn.ParameterList([nn.Parameter(torch.zeros(num_nets, 1, o)) for _, o in sizes])
+        self.num_worlds = num_worlds
+
+    def forward(self, z: torch.Tensor, worlds: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """``sigma * s_theta``: ``z [G, N, d]``, ``worlds [N]``, ``sigma [N]`` -> ``[G, N, d]``."""
+        cond = torch.cat([nn.functional.one_hot(worlds, self.num_worlds).float(), sigma.log()[:, None]], dim=-1)
+        x = torch.cat([z, cond.expand(z.shape[0], -1, -1)], dim=-1)
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            x = torch.baddbmm(bias, x, weight)
+            if i < len(self.weights) - 1:
+                x = nn.functional.silu(x)
+        return x
+
+
+class ScoreMatchingRanker(HeadOutputRanker):
+    """Tethering score from a conditional score-matching geometry model of each head's outputs [reconstruction].
+
+    For every head, fit ``s_theta(z, k, sigma)`` by denoising score matching,
+    ``min E_{z, k, sigma, eps} || sigma s_theta(z + sigma eps, k, sigma) + eps ||^2`` (the sigma^2-weighted DSM
+    loss), then score ``T = E_z mean_{k != k'} || sigma_e (s_theta(z, k, sigma_e) - s_theta(z, k', sigma_e)) ||^2``
+    at the smallest noise level ``sigma_e``. A head whose output density does not depend on the world has
+    ``s(z, k) = s(z, k')`` and ``T ~ 0``.
+
+    Args:
+        sigmas: noise levels (each training example draws one) [reconstruction].
+        hidden: score-net hidden width [reconstruction].
+        steps: Adam steps [reconstruction].
+        lr: Adam learning rate.
+        batch_size: rows per step (``None``: all rows).
+        standardize: standardise each head's outputs (mean 0, unit variance per coordinate) first.
+        seed: initialisation, minibatch and noise seed (the fit is deterministic given it).
+    """
+
+    def __init__(
+        self,
+        sigmas: Sequence[float] = (0.1, 0.2, 0.4, 0.8),
+        hidden: int = 64,
+        steps: int = 400,
+        lr: float = 3e-3,
+        batch_size: int | None = 256,
+        standardize: bool = True,
+        seed: int = 0,
+    ) -> None:
+        if not sigmas or min(sigmas) <= 0:
+            raise ConfigError(f"sigmas={list(sigmas)} must be a non-empty list of positive noise levels")
+        if steps < 1 or hidden < 1:
+            raise ConfigError(f"steps={steps} and hidden={hidden} must be >= 1")
+        self.sigmas = tuple(float(s) for s in sigmas)
+        self.hidden = hidden
+        self.steps = steps
+        self.lr = lr
+        self.batch_size = batch_size
+        self.standardize = standardize
+        self.seed = seed
+
+    def score_head_outputs(self, z: torch.Tensor, worlds: torch.Tensor) -> torch.Tensor:
+        worlds = _check_head_outputs(z, worlds)
+        n, num_layers, num_heads, dim = z.shape
+        num_worlds = int(worlds.max()) + 1
+        x = z.detach().float().cpu().reshape(n, num_layers * num_heads, dim).transpose(0, 1).contiguous()  # [G, N, d]
+        if self.standardize:
+            x = (x - x.mean(1, keepdim=True)) / x.std(1, keepdim=True, unbiased=False).clamp_min(1e-6)
+        nets = ConditionalScoreNets(x.shape[0], dim, num_worlds, self.hidden, self.seed)
+        self._fit(nets, x, worlds)
+        return self._tethering(nets, x, num_worlds).reshape(num_layers, num_heads)
+
+    def _fit(self, nets: ConditionalScoreNets, x: torch.Tensor, worlds: torch.Tensor) -> None:
+        gen = torch.Generator().manual_seed(self.seed + 1)
+        sigmas = torch.tensor(self.sigmas)
+        opt = torch.optim.Adam(nets.parameters(), lr=self.lr)
+        n = x.shape[1]
+        rows = min(self.batch_size or n, n)
+        with torch.enable_grad():
+            for _ in range(self.steps):
+                idx = torch.randperm(n, generator=gen)[:rows]
+                sigma = sigmas[torch.randint(len(sigmas), (rows,), generator=gen)]
+                eps = torch.randn(x.shape[0], rows, x.shape[2], generator=gen)
+                noisy = x[:, idx] + sigma[None, :, None] * eps
+                loss = (nets(noisy, worlds[idx], sigma) + eps).pow(2).sum(-1).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+    @torch.no_grad()
+    def _tethering(self, nets: ConditionalScoreNets, x: torch.Tensor, num_worlds: int) -> torch.Tensor:
+        n = x.shape[1]
+        sigma = torch.full((n,), min(self.sigmas))
+        scores = [nets(x, torch.full((n,), k, dtype=torch.long), sigma) for k in range(num_worlds)]
+        total = torch.zeros(x.shape[0])
+        for k in range(num_worlds):
+            for k2 in range(num_worlds):
+                if k != k2:
+                    total += (scores[k] - scores[k2]).pow(2).sum(-1).mean(-1)
+        return total / (num_worlds * (num_worlds - 1))
+
+
+class ProbeAccuracyRanker(HeadOutputRanker):
+    """Held-out accuracy of a ``K``-class linear probe on each head's outputs (ITI-style head selection).
+
+    Args:
+        holdout_fraction: fraction of rows held out for the accuracy (a seeded split) [reconstruction].
+        l2: probe L2 penalty.
+        seed: split seed.
+    """
+
+    def __init__(self, holdout_fraction: float = 0.3, l2: float = 1e-2, seed: int = 0) -> None:
+        if not 0 < holdout_fraction < 1:
+            raise ConfigError(f"holdout_fraction={holdout_fraction} must be in (0, 1)")
+        self.holdout_fraction = holdout_fraction
+        self.l2 = l2
+        self.seed = seed
+
+    def score_head_outputs(self, z: torch.Tensor, worlds: torch.Tensor) -> torch.Tensor:
+        worlds = _check_head_outputs(z, worlds)
+        n, num_layers, num_heads, _ = z.shape
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
+        held = max(1, int(round(self.holdout_fraction * n)))
+        test, train = order[:held], order[held:]
+        num_worlds = int(worlds.max()) + 1
+        scores = torch.zeros(num_layers, num_heads)
+        for layer in range(num_layers):
+            for head in range(num_heads):
+                x = z[:, layer, head].float()
+                probe = LinearProbe(num_classes=num_worlds, l2=self.l2).fit(x[train], worlds[train])
+                scores[layer, head] = probe.accuracy(x[test], worlds[test])
+        return scores
+
+
+class PatchingEffectRanker(HeadRanker):
+    """Activation-patching effect of each head: how much the correct answer's log-probability drops when the
+    head's output at the last position is replaced by its output on the counterfactual-world prompt.
+
+    ``effect_{l,h} = mean_i [ log p(a_i | x_i) - log p(a_i | x_i, o^{l,h} <- o^{l,h}(x'_i)) ]`` with ``x'_i`` the
+    same query set in another world (``WorldBatch.source_ids``) and ``a_i`` the clean answer token
+    (``WorldBatch.answer_ids``) [reconstruction: the metric and the patched position].
+
+    Args:
+        batch_size: rows per forward.
+    """
+
+    def __init__(self, batch_size: int = 64) -> None:
+        self.batch_size = batch_size
+
+    @torch.no_grad()
+    def score(self, model: nn.Module, batch: WorldBatch) -> torch.Tensor:
+        if batch.answer_ids is None or batch.source_ids is None or batch.source_mask is None:
+            raise DataError("PatchingEffectRanker needs WorldBatch.answer_ids, source_ids and source_mask")
+        layout = model_layout(model)
+        was_training = model.training
+        model.eval()
+        try:
+            effects = torch.zeros(layout.num_layers, layout.num_heads)
+            for start in range(0, batch.input_ids.shape[0], self.batch_size):
+                rows = slice(start, start + self.batch_size)
+                effects += self._chunk(model, layout.num_layers, layout.num_heads, batch, rows)
+        finally:
+            model.train(was_training)
+        return effects / batch.input_ids.shape[0]
+
+    def _chunk(self, model: nn.Module, num_layers: int, num_heads: int, batch: WorldBatch, rows: slice) -> torch.Tensor:
+        ids, mask, answers = batch.input_ids[rows], batch.attention_mask[rows], batch.answer_ids[rows]
+        layers = list(range(num_layers))
+        source = activations_at(model, batch.source_ids[rows], batch.source_mask[rows], layers, "heads")
+
+        def answer_logprob() -> torch.Tensor:
+            logits = forward_left_padded(model, ids, mask)[:, -1].float()
+            return torch.log_softmax(logits, -1).gather(-1, answers.to(logits.device)[:, None]).squeeze(-1).cpu()
+
+        clean = answer_logprob()
+        effects = torch.zeros(num_layers, num_heads)
+        for layer in layers:
+            for head in range(num_heads):
+                with HeadPatcher(model, {(layer, head): source[layer][:, head]}):
+                    effects[layer, head] = (clean - answer_logprob()).sum()
+        return effects
+
+
+# -- the entropy-gated controller --------------------------------------------------------------------------------
+
+
+class WETController(ModelHook):
+    """Entropy-gated rescaling of tethering heads during any forward or generation (a context manager).
+
+    At every forward call the probe reads the residual after its layer and gives ``H_t`` and
+    ``g_t = clip((H_t - eta) / (log K - eta), 0, 1)`` per row and position; a :class:`HeadScaler` then multiplies
+    tethering heads by ``1 + alpha g_t`` and, with ``beta > 0``, every other head above the probe layer by
+    ``1 - beta g_t``. A closed gate (``H_t <= eta``) leaves the logits bit-identical.
+
+    ``entropies`` and ``gates`` record ``[B, T]`` per forward call while ``record`` is true (cleared on enter).
+
+    Args:
+        model: the causal LM.
+        probe: a fitted :class:`WorldEntropyProbe`.
+        heads: tethering heads ``[(layer, head), ...]``, all in layers above ``probe.layer``.
+        alpha: amplification of tethering heads at ``g = 1`` [reconstruction].
+        eta: entropy threshold of the gate, ``< log K`` [reconstruction].
+        beta: suppression of the other heads at ``g = 1`` (0 disables) [reconstruction].
+        record: keep the per-call entropies and gates.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        probe: WorldEntropyProbe,
+        heads: Sequence[Head],
+        alpha: float,
+        eta: float,
+        beta: float = 0.0,
+        record: bool = True,
+    ) -> None:
+        super().__init__(model)
+        self.probe = probe
+        self.layout.check_layer(probe.layer, "probe layer")
+        if not probe.probe.fitted:
+            raise ConfigError("the world probe is not fitted: fit it (fit_world_probe) before building WETController")
+        check_gate_threshold(eta, probe.num_worlds)
+        if not 0.0 <= beta <= 1.0:
+            raise ConfigError(f"beta={beta} must be in [0, 1] (other heads are scaled by 1 - beta * g)")
+        heads = [self.layout.check_head(*h, what="tethering head") for h in heads]
+        if not heads:
+            raise ConfigError("heads is empty: give at least one tethering head")
+        below = [h for h in heads if h[0] <= probe.layer]
+        if below:
+            raise ConfigError(
+                f"tethering heads {below} are not above the probe layer {probe.layer}: the gate of a position is "
+                "computed from the probe layer's output in the same forward pass, so only heads in layers "
+                f">= {probe.layer + 1} can be gated (choose a lower probe layer or heads from higher layers)"
+            )
+        self.heads = heads
+        self.alpha, self.beta, self.eta = float(alpha), float(beta), float(eta)
+        scales = dict.fromkeys(heads, 1.0 + self.alpha)
+        if self.beta > 0:
+            for layer in range(probe.layer + 1, self.layout.num_layers):
+                for head in range(self.layout.num_heads):
+                    scales.setdefault((layer, head), 1.0 - self.beta)
+        self.scaler = HeadScaler(model, scales, gate=self._gate)
+        self.record = record
+        self.entropies: list[torch.Tensor] = []
+        self.gates: list[torch.Tensor] = []
+        self._current: torch.Tensor | None = None
+
+    def _attach(self, stack: ExitStack) -> None:
+        self.entropies, self.gates, self._current = [], [], None
+        handle = self.layout.layers[self.probe.layer].register_forward_hook(self._read_entropy)
+        stack.callback(handle.remove)
+        stack.enter_context(self.scaler)
+
+    def _read_entropy(self, module: nn.Module, args: tuple, output: Any) -> None:
+        entropy = self.probe.entropy(hidden_of(output).detach())
+        gate = entropy_gate(entropy, self.eta, self.probe.num_worlds)
+        self._current = gate
+        if self.record:
+            self.entropies.append(entropy.cpu())
+            self.gates.append(gate.cpu())
+
+    def _gate(self, layer: int) -> torch.Tensor:
+        if self._current is None:
+            raise RuntimeError("WETController: a gated head ran before the probe layer in this forward pass")
+        return self._current
