@@ -45,13 +45,14 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 from zoo.errors import ConfigError, DataError
 from zoo.interp.architectures import model_layout
@@ -61,6 +62,7 @@ from zoo.interp.hooks import (
     HeadScaler,
     ModelHook,
     activations_at,
+    encode_prompts,
     forward_left_padded,
     hidden_of,
 )
@@ -159,6 +161,41 @@ class WorldBatch:
             raise DataError("give both source_ids and source_mask, or neither")
         if self.source_ids is not None and self.source_ids.shape[0] != n:
             raise DataError(f"source_ids has {self.source_ids.shape[0]} rows; input_ids has {n}")
+
+    @classmethod
+    def from_rows(
+        cls,
+        tokenizer: PreTrainedTokenizerBase,
+        rows: Sequence[Mapping[str, Any]],
+        world_field: str = "world",
+        answer_field: str | None = "answer",
+        counterfactual_field: str | None = "counterfactual_prompt",
+        device: torch.device | str = "cpu",
+    ) -> WorldBatch:
+        """Build a batch from data rows (e.g. :class:`zoo.data.multiworld.MultiWorldRecallTask` rows).
+
+        Each row needs ``prompt`` and ``world_field``; with ``answer_field`` the answer token is the first token
+        of that text; with ``counterfactual_field`` that prompt becomes the patching source (``None`` skips).
+        """
+        if not rows:
+            raise DataError("no rows to build a WorldBatch from")
+        fields = ["prompt", world_field] + [f for f in (answer_field, counterfactual_field) if f is not None]
+        for index, row in enumerate(rows):
+            for name in fields:
+                if name not in row:
+                    raise DataError(f"row {index}: missing field '{name}' (needed: {fields})")
+        ids, mask = encode_prompts(tokenizer, [r["prompt"] for r in rows], device)
+        worlds = torch.tensor([int(r[world_field]) for r in rows], device=device)
+        answers = source_ids = source_mask = None
+        if answer_field is not None:
+            first = [tokenizer(str(r[answer_field]), add_special_tokens=False)["input_ids"][:1] for r in rows]
+            empty = [i for i, f in enumerate(first) if not f]
+            if empty:
+                raise DataError(f"row {empty[0]}: field '{answer_field}' tokenizes to nothing")
+            answers = torch.tensor([f[0] for f in first], device=device)
+        if counterfactual_field is not None:
+            source_ids, source_mask = encode_prompts(tokenizer, [r[counterfactual_field] for r in rows], device)
+        return cls(ids, mask, worlds, answers, source_ids, source_mask)
 
 
 def fit_world_probe(
