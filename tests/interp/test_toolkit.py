@@ -355,3 +355,23 @@ def test_cache_is_cleared_on_reentry_and_collect_activations_matches_single_prom
         with ActivationCache(model, [2]) as one:
             logits_of(model, single)
         torch.testing.assert_close(acts[2][i], one[2][0, -1], atol=1e-5, rtol=0)
+
+
+def test_hooks_work_on_a_4bit_bitsandbytes_backbone():
+    from zoo.backbones import TinyBackbone
+    from zoo.quant.bnb import BnbQuantizer
+
+    backbone = TinyBackbone(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    model = backbone.build_model(BnbQuantizer("nf4")).eval()
+    layout = model_layout(model)
+    assert type(layout.attn_out_projs[0]).__name__ == "Linear4bit"
+    batch = encode_prompts(backbone.tokenizer, PROMPTS)
+    base = logits_of(model, batch)
+    with HeadScaler(model, {(0, 1): 1.0}), ResidualSteerer(model, 0, torch.ones(64), 0.0):
+        assert torch.equal(logits_of(model, batch), base)
+    with ActivationCache(model, [0], site="heads") as before:
+        logits_of(model, batch)
+    with HeadScaler(model, {(0, 1): 2.0}), ActivationCache(model, [0], site="heads") as after:
+        assert not torch.equal(logits_of(model, batch), base)
+    assert torch.equal(after[0][:, :, 1], 2 * before[0][:, :, 1])
+    assert torch.equal(after[0][:, :, [0, 2, 3]], before[0][:, :, [0, 2, 3]])

@@ -199,11 +199,19 @@ class WorldBatch:
 
 
 def fit_world_probe(
-    model: nn.Module, batch: WorldBatch, layer: int, num_worlds: int, l2: float = 1e-3, batch_size: int = 64
+    model: nn.Module,
+    batch: WorldBatch,
+    layer: int,
+    num_worlds: int,
+    l2: float = 1e-3,
+    position: int = -1,
+    batch_size: int = 64,
 ) -> WorldEntropyProbe:
-    """Fit a :class:`WorldEntropyProbe` on the residual after ``layer`` at the last prompt position."""
+    """Fit a :class:`WorldEntropyProbe` on the residual after ``layer`` at ``position`` (default: the last prompt
+    token [reconstruction])."""
     model_layout(model).check_layer(layer, "probe layer")
-    acts = activations_at(model, batch.input_ids, batch.attention_mask, [layer], batch_size=batch_size)[layer]
+    acts = activations_at(model, batch.input_ids, batch.attention_mask, [layer], "residual", position, batch_size)
+    acts = acts[layer]
     return WorldEntropyProbe(layer, num_worlds, l2=l2).fit(acts, batch.worlds)
 
 
@@ -255,7 +263,10 @@ def _check_head_outputs(z: torch.Tensor, worlds: torch.Tensor) -> torch.Tensor:
 
 
 class HeadOutputRanker(HeadRanker):
-    """A ranker that only needs the heads' outputs at the last position (score matching, probe accuracy)."""
+    """A ranker that only needs the heads' outputs at one position (score matching, probe accuracy).
+
+    Subclasses set ``self.position`` (the position read; default the last prompt token [reconstruction]).
+    """
 
     position: int = -1
 
@@ -319,6 +330,7 @@ class ScoreMatchingRanker(HeadOutputRanker):
         batch_size: rows per step (``None``: all rows).
         standardize: standardise each head's outputs (mean 0, unit variance per coordinate) first.
         seed: initialisation, minibatch and noise seed (the fit is deterministic given it).
+        position: prompt position whose head outputs are modelled [reconstruction].
     """
 
     def __init__(
@@ -330,6 +342,7 @@ class ScoreMatchingRanker(HeadOutputRanker):
         batch_size: int | None = 256,
         standardize: bool = True,
         seed: int = 0,
+        position: int = -1,
     ) -> None:
         if not sigmas or min(sigmas) <= 0:
             raise ConfigError(f"sigmas={list(sigmas)} must be a non-empty list of positive noise levels")
@@ -342,6 +355,7 @@ class ScoreMatchingRanker(HeadOutputRanker):
         self.batch_size = batch_size
         self.standardize = standardize
         self.seed = seed
+        self.position = position
 
     def score_head_outputs(self, z: torch.Tensor, worlds: torch.Tensor) -> torch.Tensor:
         worlds = _check_head_outputs(z, worlds)
@@ -391,14 +405,16 @@ class ProbeAccuracyRanker(HeadOutputRanker):
         holdout_fraction: fraction of rows held out for the accuracy (a seeded split) [reconstruction].
         l2: probe L2 penalty.
         seed: split seed.
+        position: prompt position whose head outputs are probed [reconstruction].
     """
 
-    def __init__(self, holdout_fraction: float = 0.3, l2: float = 1e-2, seed: int = 0) -> None:
+    def __init__(self, holdout_fraction: float = 0.3, l2: float = 1e-2, seed: int = 0, position: int = -1) -> None:
         if not 0 < holdout_fraction < 1:
             raise ConfigError(f"holdout_fraction={holdout_fraction} must be in (0, 1)")
         self.holdout_fraction = holdout_fraction
         self.l2 = l2
         self.seed = seed
+        self.position = position
 
     def score_head_outputs(self, z: torch.Tensor, worlds: torch.Tensor) -> torch.Tensor:
         worlds = _check_head_outputs(z, worlds)
