@@ -47,39 +47,21 @@ def build_model(arch: str, seed: int = 0) -> PreTrainedModel:
         "bos_token_id": tok.bos_token_id,
         "eos_token_id": tok.eos_token_id,
     }
+    sizes = {
+        "hidden_size": WIDTH,
+        "intermediate_size": 2 * WIDTH,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+    }
     if arch == "llama":
-        model = TinyBackbone(
-            hidden_size=WIDTH,
-            intermediate_size=2 * WIDTH,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS,
-            num_key_value_heads=KV_HEADS,
-            seed=seed,
-        ).build_model()
-    elif arch == "qwen2":
-        model = Qwen2ForCausalLM(
-            Qwen2Config(
-                hidden_size=WIDTH,
-                intermediate_size=2 * WIDTH,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=HEADS,
-                num_key_value_heads=KV_HEADS,
-                max_position_embeddings=256,
-                **common,
-            )
-        )
-    elif arch == "mistral":
-        model = MistralForCausalLM(
-            MistralConfig(
-                hidden_size=WIDTH,
-                intermediate_size=2 * WIDTH,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=HEADS,
-                num_key_value_heads=KV_HEADS,
-                max_position_embeddings=256,
-                **common,
-            )
-        )
+        model = TinyBackbone(**sizes, seed=seed).build_model()
+    elif arch in ("qwen2", "mistral"):
+        config_cls, model_cls = {
+            "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+            "mistral": (MistralConfig, MistralForCausalLM),
+        }[arch]
+        model = model_cls(config_cls(**sizes, max_position_embeddings=256, **common))
     elif arch == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS, n_positions=256, **common))
     else:

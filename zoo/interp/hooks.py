@@ -407,9 +407,15 @@ def collect_activations(
     position: int = -1,
     batch_size: int = 64,
 ) -> dict[int, torch.Tensor]:
-    """:func:`activations_at` of text prompts (tokenized with :func:`encode_prompts`; default: last token)."""
+    """:func:`activations_at` of text prompts (tokenized with :func:`encode_prompts` and padded per batch of
+    ``batch_size``; default position: each prompt's last token)."""
     if not prompts:
         raise ConfigError("prompts is empty: give at least one prompt")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size} must be >= 1")
     device = next(model.parameters()).device
-    ids, mask = encode_prompts(tokenizer, prompts, device)
-    return activations_at(model, ids, mask, layers, site, position, batch_size)
+    chunks = []
+    for start in range(0, len(prompts), batch_size):
+        ids, mask = encode_prompts(tokenizer, prompts[start : start + batch_size], device)
+        chunks.append(activations_at(model, ids, mask, layers, site, position, batch_size))
+    return {layer: torch.cat([c[layer] for c in chunks]) for layer in chunks[0]}
