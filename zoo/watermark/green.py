@@ -80,10 +80,7 @@ class GreenList:
         self.num_regions = int(num_regions)
         self.gamma = check_gamma(gamma)
         self.size = green_size(self.num_regions, self.gamma)
-        table = torch.zeros(self.num_regions, self.num_regions, dtype=torch.bool)
-        for previous in range(self.num_regions):
-            table[previous, green_regions(key, previous, self.num_regions, self.gamma)] = True
-        self.table = table
+        self._masks: dict[int, torch.Tensor] = {}  # previous region -> [R] bool, filled on first use
 
     def regions(self, previous_region: int) -> torch.Tensor:
         """Sorted green ids ``[gamma R]`` after a sentence in ``previous_region``."""
@@ -91,10 +88,24 @@ class GreenList:
 
     def mask(self, previous_region: int) -> torch.Tensor:
         """``[R]`` bool: which regions are green after a sentence in ``previous_region``."""
-        return self.table[previous_region].clone()
+        previous_region = int(previous_region)
+        if previous_region not in self._masks:
+            mask = torch.zeros(self.num_regions, dtype=torch.bool)
+            mask[self.regions(previous_region)] = True
+            self._masks[previous_region] = mask
+        return self._masks[previous_region].clone()
 
     def is_green(self, regions: torch.Tensor, previous_regions: torch.Tensor) -> torch.Tensor:
         """``[N]`` bool: ``regions[i] in G(key, previous_regions[i])`` (both long ``[N]``, any device)."""
         regions = torch.as_tensor(regions, dtype=torch.long).cpu()
         previous_regions = torch.as_tensor(previous_regions, dtype=torch.long).cpu()
-        return self.table[previous_regions, regions]
+        if regions.shape != previous_regions.shape:
+            raise ConfigError(
+                f"is_green needs regions and previous_regions of one shape, got {tuple(regions.shape)} "
+                f"and {tuple(previous_regions.shape)}"
+            )
+        out = torch.zeros(regions.shape, dtype=torch.bool)
+        for previous in previous_regions.unique().tolist():
+            rows = previous_regions == previous
+            out[rows] = self.mask(previous)[regions[rows]]
+        return out
