@@ -32,10 +32,16 @@ def test_proposer_follows_the_context_topic_and_continues_its_stream():
     assert len(first) == 4 and all(grammar.topic_of(s) == "cooking" for s in first)
     assert propose("The chef baked fresh bread.", 4) != first  # one stream, not a restart
     assert grammar.proposer(seed=3)("The chef baked fresh bread.", 4) == first
+    # the topic of the last sentence counts
+    assert all(grammar.topic_of(s) == "finance" for s in propose("The chef baked fresh bread. Prices rose.", 4))
+    drifting = grammar.proposer(seed=3, off_topic=1.0)("The chef baked fresh bread.", 60)
+    assert len({grammar.topic_of(s) for s in drifting}) == len(TOPICS)
 
 
 def test_bad_vocabularies():
     with pytest.raises(ConfigError, match="lacks word lists"):
         TopicGrammar({"empty": {"subjects": ["a"]}})
+    with pytest.raises(ConfigError, match="off_topic"):
+        TopicGrammar().proposer(0, off_topic=1.5)
     with pytest.raises(ConfigError, match="unknown topic"):
         TopicGrammar().sentence(random.Random(0), "cars")

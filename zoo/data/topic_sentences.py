@@ -139,13 +139,26 @@ class TopicGrammar:
         best = max(scores, key=lambda name: scores[name])
         return best if scores[best] > 0 else None
 
-    def proposer(self, seed: int) -> Callable[[str, int], list[str]]:
-        """A candidate source ``(context, n) -> n`` sentences on the context's topic (a random topic when the
-        context has none); successive calls continue one seeded stream."""
+    def proposer(self, seed: int, off_topic: float = 0.0) -> Callable[[str, int], list[str]]:
+        """A candidate source ``(context, n) -> n`` sentences on the topic of the context's last sentence (a random
+        topic when it has none); successive calls continue one seeded stream.
+
+        Args:
+            seed: seed of the stream.
+            off_topic: probability that a candidate comes from a uniformly drawn topic instead (a generator whose
+                next sentence may change the subject). At 0, every candidate stays on topic, so a partition
+                whose regions follow topics leaves one reachable region per context (region collapse).
+        """
+        if not 0.0 <= off_topic <= 1.0:
+            raise ConfigError(f"off_topic must be in [0, 1], got {off_topic}")
         rng = random.Random(f"proposer:{seed}")
 
         def propose(context: str, n: int) -> list[str]:
-            topic = self.topic_of(context) or rng.choice(self.topic_names)
-            return [self.sentence(rng, topic) for _ in range(n)]
+            last = context.rstrip().rsplit(". ", 1)[-1]
+            topic = self.topic_of(last) or self.topic_of(context) or rng.choice(self.topic_names)
+            return [
+                self.sentence(rng, rng.choice(self.topic_names) if rng.random() < off_topic else topic)
+                for _ in range(n)
+            ]
 
         return propose
