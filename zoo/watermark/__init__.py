@@ -1,0 +1,73 @@
+"""Sentence-level semantic watermarks: X-Guard (reconstruction), SemStamp and k-SemStamp on shared cores.
+
+Start at :mod:`zoo.watermark.xguard` (the method, its equation map and the reconstruction choices).
+
+* encoders -- :mod:`zoo.watermark.encoders`; partitions -- :mod:`zoo.watermark.partition`,
+  :mod:`zoo.watermark.xguard`; green sets -- :mod:`zoo.watermark.green`; rejection sampling --
+  :mod:`zoo.watermark.sampler`; sentence boundaries -- :mod:`zoo.watermark.sentences`; detection (API and
+  ``python -m zoo.watermark.detect``) -- :mod:`zoo.watermark.detect`; attacks -- :mod:`zoo.watermark.attacks`.
+"""
+
+from zoo.watermark.attacks import (
+    Attack,
+    ClauseReorder,
+    Paraphrase,
+    SentenceAttack,
+    SentenceMerge,
+    SentenceSplit,
+    SynonymSubstitution,
+)
+from zoo.watermark.detect import DEFAULT_Z_THRESHOLD, DetectionResult, build_scheme, detect, z_score
+from zoo.watermark.encoders import (
+    HashingEncoder,
+    SentenceEncoder,
+    SentenceTransformerEncoder,
+    load_encoder,
+    minilm_encoder,
+    minilm_path,
+)
+from zoo.watermark.green import GreenList, green_regions, green_seed
+from zoo.watermark.partition import KMeansPartitioner, LSHPartitioner, Partitioner, load_partitioner
+from zoo.watermark.sampler import RejectionSampler, RowState, SentenceSample, WatermarkedText, WatermarkScheme
+from zoo.watermark.sentences import first_sentence, first_sentence_end, sentence_ended, split_sentences
+from zoo.watermark.xguard import BalancedPartitioner, Whitener, equal_mass_offsets
+
+__all__ = [
+    "DEFAULT_Z_THRESHOLD",
+    "Attack",
+    "BalancedPartitioner",
+    "ClauseReorder",
+    "DetectionResult",
+    "GreenList",
+    "HashingEncoder",
+    "KMeansPartitioner",
+    "LSHPartitioner",
+    "Paraphrase",
+    "Partitioner",
+    "RejectionSampler",
+    "RowState",
+    "SentenceAttack",
+    "SentenceEncoder",
+    "SentenceMerge",
+    "SentenceSample",
+    "SentenceSplit",
+    "SentenceTransformerEncoder",
+    "SynonymSubstitution",
+    "WatermarkScheme",
+    "WatermarkedText",
+    "Whitener",
+    "build_scheme",
+    "detect",
+    "equal_mass_offsets",
+    "first_sentence",
+    "first_sentence_end",
+    "green_regions",
+    "green_seed",
+    "load_encoder",
+    "load_partitioner",
+    "minilm_encoder",
+    "minilm_path",
+    "sentence_ended",
+    "split_sentences",
+    "z_score",
+]
