@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from vocab_helpers import load_tiny_gpt2, save_tiny_gpt2, tiny_llama, train_steps
 
 from zoo.backbones import TinyVLMBackbone
 from zoo.errors import ConfigError
@@ -17,9 +18,17 @@ from zoo.vocab import (
     mask_new_token_logits,
 )
 
-from conftest import train_steps
-
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2_dir(tmp_path_factory):
+    return save_tiny_gpt2(tmp_path_factory.mktemp("tiny_gpt2"))
+
+
+@pytest.fixture
+def tiny_gpt2(tiny_gpt2_dir):
+    return load_tiny_gpt2(tiny_gpt2_dir)
 
 
 def old_contexts(vocab: int, seed: int = 0) -> torch.Tensor:
@@ -37,7 +46,7 @@ def new_token_batch(vocab: int, new_ids: list[int], seed: int = 1) -> torch.Tens
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 @pytest.mark.parametrize("mode", ["free", "dictionary"])
 @pytest.mark.parametrize("output_rows", [False, True], ids=["in", "in+out"])
-def test_old_contexts_bit_identical_after_adamw_with_weight_decay(tiny_llama, tie, mode, output_rows):
+def test_old_contexts_bit_identical_after_adamw_with_weight_decay(tie, mode, output_rows):
     _, model = tiny_llama(tie)
     vocab = model.get_input_embeddings().num_embeddings
     contexts = old_contexts(vocab)
@@ -61,7 +70,7 @@ def test_old_contexts_bit_identical_after_adamw_with_weight_decay(tiny_llama, ti
         assert now.numpy().tobytes() == value.numpy().tobytes(), name
 
 
-def test_frozen_parameters_get_no_gradient_and_new_rows_do(tiny_llama):
+def test_frozen_parameters_get_no_gradient_and_new_rows_do():
     _, model = tiny_llama(False)
     vocab = model.get_input_embeddings().num_embeddings
     ext = extend_vocabulary(model, 2, [[5], [6, 7]], output_rows=True)
@@ -74,7 +83,7 @@ def test_frozen_parameters_get_no_gradient_and_new_rows_do(tiny_llama):
     assert {n for n, _ in ext.named_parameters()} == {"input.rows", "output.rows"}
 
 
-def test_parameters_are_only_the_new_rows_and_not_the_embedding(tiny_llama):
+def test_parameters_are_only_the_new_rows_and_not_the_embedding():
     _, model = tiny_llama(True)
     embedding = model.get_input_embeddings()
     ext = extend_vocabulary(model, 4)
@@ -85,7 +94,7 @@ def test_parameters_are_only_the_new_rows_and_not_the_embedding(tiny_llama):
     assert "model.embed_tokens.weight" in model.state_dict()
 
 
-def test_free_init_is_the_mean_of_the_dictionary_rows(tiny_llama):
+def test_free_init_is_the_mean_of_the_dictionary_rows():
     _, model = tiny_llama(True)
     table = model.get_input_embeddings().weight.detach().clone()
     ext = extend_vocabulary(model, 3, [[5, 9], [], [11]])
@@ -96,7 +105,7 @@ def test_free_init_is_the_mean_of_the_dictionary_rows(tiny_llama):
 
 
 @pytest.mark.parametrize("output_rows", [False, True])
-def test_dictionary_mode_with_one_token_reproduces_that_token(tiny_llama, output_rows):
+def test_dictionary_mode_with_one_token_reproduces_that_token(output_rows):
     _, model = tiny_llama(False)
     vocab = model.get_input_embeddings().num_embeddings
     ext = extend_vocabulary(model, 2, [[17], [40]], mode="dictionary", output_rows=output_rows)
@@ -112,7 +121,7 @@ def test_dictionary_mode_with_one_token_reproduces_that_token(tiny_llama, output
         torch.testing.assert_close(a[..., vocab + 1], a[..., 40])
 
 
-def test_dictionary_mode_mixes_rows_with_softmax_weights(tiny_llama):
+def test_dictionary_mode_mixes_rows_with_softmax_weights():
     _, model = tiny_llama(True)
     table = model.get_input_embeddings().weight.detach().clone()
     ext = extend_vocabulary(model, 2, [[3, 4, 5], [6]], mode="dictionary")
@@ -125,7 +134,7 @@ def test_dictionary_mode_mixes_rows_with_softmax_weights(tiny_llama):
     assert torch.equal(ext.input_rows.weights().sum(-1), torch.ones(2))
 
 
-def test_remove_restores_the_original_model_exactly(tiny_llama):
+def test_remove_restores_the_original_model_exactly():
     _, model = tiny_llama(True)
     vocab = model.get_input_embeddings().num_embeddings
     original_embedding, original_head = model.get_input_embeddings(), model.get_output_embeddings()
@@ -180,7 +189,7 @@ def test_tied_gpt2_output_rows_are_the_input_rows(tiny_gpt2):
     assert [n for n, _ in untied.named_parameters()] == ["input.rows", "output.rows"]
 
 
-def test_tying_new_rows_of_an_untied_model_is_refused(tiny_llama):
+def test_tying_new_rows_of_an_untied_model_is_refused():
     _, model = tiny_llama(False)
     with pytest.raises(ConfigError, match="not tied"):
         extend_vocabulary(model, 1, output_rows=True, tie_output_rows=True)
@@ -207,7 +216,7 @@ def test_the_vlm_language_model_is_extended(tmp_path):
     assert not isinstance(model.get_input_embeddings(), ExtendedEmbedding)
 
 
-def test_output_rows_shift_old_context_mass_unless_masked(tiny_llama):
+def test_output_rows_shift_old_context_mass_unless_masked():
     _, model = tiny_llama(False)
     vocab = model.get_input_embeddings().num_embeddings
     contexts = old_contexts(vocab)
@@ -247,14 +256,14 @@ def test_mask_opens_once_a_new_token_is_in_the_context():
         ({"num_new_tokens": 1, "mode": "sparse"}, "mode must be one of"),
     ],
 )
-def test_bad_input_is_one_clear_error(tiny_llama, kwargs, message):
+def test_bad_input_is_one_clear_error(kwargs, message):
     _, model = tiny_llama(True)
     with pytest.raises(ConfigError, match=message):
         extend_vocabulary(model, **kwargs)
     assert not isinstance(model.get_input_embeddings(), ExtendedEmbedding)  # nothing half-done
 
 
-def test_extending_twice_is_refused(tiny_llama):
+def test_extending_twice_is_refused():
     _, model = tiny_llama(True)
     extend_vocabulary(model, 1)
     with pytest.raises(ConfigError, match="already extended"):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from vocab_helpers import SMALL_LLAMA, load_tiny_gpt2, save_tiny_gpt2, tiny_llama, train_steps
 
 from zoo.backbones import TinyBackbone, build_char_tokenizer
 from zoo.errors import CheckpointNotFoundError, ConfigError
@@ -22,13 +23,23 @@ from zoo.vocab import (
     save_delta,
 )
 
-from conftest import SMALL_LLAMA, train_steps
-
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2_dir(tmp_path_factory):
+    return save_tiny_gpt2(tmp_path_factory.mktemp("tiny_gpt2"))
+
+
+@pytest.fixture
+def tiny_gpt2(tiny_gpt2_dir):
+    return load_tiny_gpt2(tiny_gpt2_dir)
+
+
 NEW = ["<zork>", "<blip>", "<quux>"]
 
 
-def test_char_tokenizer_new_ids_are_contiguous_after_the_model_rows(tiny_llama):
+def test_char_tokenizer_new_ids_are_contiguous_after_the_model_rows():
     backbone, model = tiny_llama(True)
     tokenizer = backbone.tokenizer
     ext = extend_vocabulary(model, len(NEW))
@@ -89,7 +100,7 @@ def test_dictionaries_by_token_string():
     ("tie", "mode", "output_rows"),
     [(True, "free", False), (False, "dictionary", True), (False, "free", True), (True, "dictionary", True)],
 )
-def test_delta_round_trips_onto_a_fresh_base(tiny_llama, tmp_path, tie, mode, output_rows):
+def test_delta_round_trips_onto_a_fresh_base(tmp_path, tie, mode, output_rows):
     backbone, model = tiny_llama(tie)
     tokenizer = backbone.tokenizer
     ext = extend_vocabulary(model, 3, [[5, 6], [7, 8, 9], [10]], mode=mode, output_rows=output_rows)
@@ -139,7 +150,7 @@ def _saved_delta(model: torch.nn.Module, directory: Path) -> Path:
     return path
 
 
-def test_delta_for_another_vocabulary_size_is_refused(tiny_llama, tmp_path):
+def test_delta_for_another_vocabulary_size_is_refused(tmp_path):
     _, model = tiny_llama(True)
     path = _saved_delta(model, tmp_path)
     other = TinyBackbone(**SMALL_LLAMA, extra_tokens=["<extra>"]).build_model()
@@ -148,7 +159,7 @@ def test_delta_for_another_vocabulary_size_is_refused(tiny_llama, tmp_path):
     assert not isinstance(other.get_input_embeddings(), ExtendedEmbedding)
 
 
-def test_delta_for_another_hidden_size_is_refused(tiny_llama, tmp_path):
+def test_delta_for_another_hidden_size_is_refused(tmp_path):
     _, model = tiny_llama(True)
     path = _saved_delta(model, tmp_path)
     other = TinyBackbone(**{**SMALL_LLAMA, "hidden_size": 16}).build_model()
@@ -156,7 +167,7 @@ def test_delta_for_another_hidden_size_is_refused(tiny_llama, tmp_path):
         apply_delta(other, path)
 
 
-def test_delta_for_another_base_of_the_same_shape_is_refused(tiny_llama, tmp_path):
+def test_delta_for_another_base_of_the_same_shape_is_refused(tmp_path):
     _, model = tiny_llama(True)
     path = _saved_delta(model, tmp_path)
     other = TinyBackbone(**SMALL_LLAMA, seed=1).build_model()
@@ -175,7 +186,7 @@ def test_delta_file_errors(tmp_path):
         read_delta(tmp_path / "other.safetensors")
 
 
-def test_delta_without_token_strings_cannot_extend_a_tokenizer(tiny_llama, tmp_path):
+def test_delta_without_token_strings_cannot_extend_a_tokenizer(tmp_path):
     backbone, model = tiny_llama(True)
     ext = extend_vocabulary(model, 1)
     path = save_delta(ext, tmp_path)

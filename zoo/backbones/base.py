@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.backbones.tokenizer import add_special_tokens
 from zoo.errors import CheckpointNotFoundError, ConfigError
@@ -91,6 +91,21 @@ class Backbone(ABC):
         """Tokens of the base model: the tokenizer's length when it was built (``extra_tokens`` included)."""
         self.tokenizer  # noqa: B018 - builds the tokenizer (and records its length) on first use
         return int(self._base_vocab_size if self._base_vocab_size is not None else len(self._tokenizer))
+
+    def num_embedding_rows(self) -> int:
+        """Rows of the built model's input embedding, read without building it: the checkpoint's vocabulary size
+        (models may pad it beyond the tokenizer), or :attr:`base_vocab_size` when that is larger (the model is
+        then resized) or the weights are fresh."""
+        pretrained = self._pretrained_dir()
+        if pretrained is None:
+            return self.base_vocab_size
+        config = AutoConfig.from_pretrained(
+            pretrained,
+            local_files_only=True if Path(pretrained).is_dir() else hub_offline(),
+            trust_remote_code=bool(self.from_pretrained_options().get("trust_remote_code", False)),
+        )
+        vocab = getattr(config.get_text_config(), "vocab_size", None)
+        return max(int(vocab or 0), self.base_vocab_size)
 
     # -- model ------------------------------------------------------------------------------------------------
     def build_model(self, quantizer: Quantizer | None = None) -> PreTrainedModel:

@@ -27,7 +27,15 @@ Example::
     ext.remove()  # the original model, bit for bit
 """
 
-from zoo.vocab.delta import DELTA_FILE, Delta, apply_delta, embedding_fingerprint, read_delta, save_delta
+from zoo.vocab.delta import (
+    DELTA_FILE,
+    Delta,
+    apply_delta,
+    check_delta_base,
+    embedding_fingerprint,
+    read_delta,
+    save_delta,
+)
 from zoo.vocab.extension import (
     MODES,
     DictionaryRows,
@@ -55,6 +63,7 @@ __all__ = [
     "NewTokenLogitsMask",
     "VocabularyExtension",
     "apply_delta",
+    "check_delta_base",
     "dictionary_token_ids",
     "embedding_fingerprint",
     "extend_vocabulary",

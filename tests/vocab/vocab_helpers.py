@@ -1,12 +1,13 @@
-"""Fixtures of the vocabulary-extension tests: the tiny Llama (tied and untied), a tiny GPT-2 with a byte-level
-BPE fast tokenizer saved locally with ``save_pretrained`` (tied input/output embeddings), and a training loop."""
+"""Helpers of the vocabulary-extension tests: the tiny Llama (tied and untied), a tiny GPT-2 with a byte-level
+BPE fast tokenizer saved locally with ``save_pretrained`` (tied input/output embeddings), and a training loop.
+
+(Plain functions: a second ``conftest.py`` would clash with ``tests/conftest.py`` under the same module name.)"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -28,21 +29,14 @@ CORPUS = [
 ] * 4
 
 
-@pytest.fixture
-def tiny_llama() -> Callable[..., tuple[TinyBackbone, torch.nn.Module]]:
-    """Factory ``tiny_llama(tie=True)`` -> ``(backbone, model in eval mode)`` (deterministic weights)."""
-
-    def make(tie: bool = True) -> tuple[TinyBackbone, torch.nn.Module]:
-        backbone = TinyBackbone(**SMALL_LLAMA, tie_word_embeddings=tie)
-        return backbone, backbone.build_model().eval()
-
-    return make
+def tiny_llama(tie: bool = True) -> tuple[TinyBackbone, torch.nn.Module]:
+    """``(backbone, model in eval mode)`` of a small tiny Llama (deterministic weights)."""
+    backbone = TinyBackbone(**SMALL_LLAMA, tie_word_embeddings=tie)
+    return backbone, backbone.build_model().eval()
 
 
-@pytest.fixture(scope="session")
-def tiny_gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny GPT-2 (tied embeddings) and a byte-level BPE fast tokenizer, written with ``save_pretrained``."""
-    directory = tmp_path_factory.mktemp("tiny_gpt2")
+def save_tiny_gpt2(directory: Path) -> Path:
+    """Write a tiny GPT-2 (tied embeddings) and a byte-level BPE fast tokenizer with ``save_pretrained``."""
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -61,11 +55,10 @@ def tiny_gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-@pytest.fixture
-def tiny_gpt2(tiny_gpt2_dir: Path) -> tuple[PreTrainedTokenizerFast, torch.nn.Module]:
-    """``(tokenizer, model in eval mode)`` loaded from the saved directory (a fresh copy per test)."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir, local_files_only=True).eval()
+def load_tiny_gpt2(directory: Path) -> tuple[PreTrainedTokenizerFast, torch.nn.Module]:
+    """``(tokenizer, model in eval mode)`` loaded from a directory written by :func:`save_tiny_gpt2`."""
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).eval()
     return tokenizer, model
 
 
