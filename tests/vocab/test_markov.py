@@ -31,12 +31,16 @@ def test_entropy_rate_of_a_uniform_dense_chain_is_log_T():
     torch.testing.assert_close(pi @ chain.transition, pi)
 
 
+def empirical(draws: list[int], num_states: int) -> torch.Tensor:
+    counts = Counter(draws)
+    return torch.tensor([counts[k] / len(draws) for k in range(num_states)], dtype=torch.float64)
+
+
 def test_chain_samples_follow_the_transition_matrix():
     chain = MarkovChain(num_states=6, support=3, seed=1)
     rng = random.Random(0)
-    counts = Counter(chain.step(rng, 2) for _ in range(20_000))
-    empirical = torch.tensor([counts[k] / 20_000 for k in range(6)], dtype=torch.float64)
-    assert float(total_variation(empirical, chain.transition[2])) < 0.02
+    draws = [chain.step(rng, 2) for _ in range(20_000)]
+    assert float(total_variation(empirical(draws, 6), chain.transition[2])) < 0.02
 
 
 def test_new_token_rows_mix_the_dictionary_rows():
@@ -48,9 +52,8 @@ def test_new_token_rows_mix_the_dictionary_rows():
         torch.testing.assert_close(new.rows[j], expected)
     torch.testing.assert_close(new.rows.sum(-1), torch.ones(3, dtype=torch.float64))
     rng = random.Random(1)
-    counts = Counter(new.step(rng, 1) for _ in range(30_000))
-    empirical = torch.tensor([counts[k] / 30_000 for k in range(16)], dtype=torch.float64)
-    assert float(total_variation(empirical, new.rows[1])) < 0.02
+    draws = [new.step(rng, 1) for _ in range(30_000)]
+    assert float(total_variation(empirical(draws, 16), new.rows[1])) < 0.02
 
 
 def test_dictionary_of_one_token_copies_its_row():
@@ -87,9 +90,8 @@ def test_new_token_rows_hold_one_new_token_and_keep_the_length():
 def test_successors_of_new_tokens_follow_the_mixture():
     task = MarkovChainTask(num_states=8, support=3, length=8, prompt_length=2, num_new_tokens=1, dictionary_size=3)
     rows = NewTokenSource(task, num_train=20_000, num_val=1, num_test=1, seed=0).rows("train")
-    counts = Counter(STATE_ALPHABET.index(r["completion"][0]) for r in rows)
-    empirical = torch.tensor([counts[k] / len(rows) for k in range(8)], dtype=torch.float64)
-    assert float(total_variation(empirical, task.new.rows[0])) < 0.02
+    draws = [STATE_ALPHABET.index(r["completion"][0]) for r in rows]
+    assert float(total_variation(empirical(draws, 8), task.new.rows[0])) < 0.02
 
 
 def test_task_source_of_the_chain_holds_out_validation_prompts():

@@ -26,11 +26,6 @@ def tiny_gpt2_dir(tmp_path_factory):
     return save_tiny_gpt2(tmp_path_factory.mktemp("tiny_gpt2"))
 
 
-@pytest.fixture
-def tiny_gpt2(tiny_gpt2_dir):
-    return load_tiny_gpt2(tiny_gpt2_dir)
-
-
 def old_contexts(vocab: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(3, vocab, (3, 12), generator=torch.Generator().manual_seed(seed))
 
@@ -160,8 +155,8 @@ def test_remove_restores_the_original_model_exactly():
         assert model(torch.tensor([[1, ext.new_token_ids[0]]])).logits.shape[-1] == vocab + 2
 
 
-def test_tied_gpt2_keeps_old_logits_exact_without_output_rows(tiny_gpt2):
-    tokenizer, model = tiny_gpt2
+def test_tied_gpt2_keeps_old_logits_exact_without_output_rows(tiny_gpt2_dir):
+    tokenizer, model = load_tiny_gpt2(tiny_gpt2_dir)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # tied
     vocab = model.get_input_embeddings().num_embeddings
     ids = [torch.tensor([tokenizer(text)["input_ids"]]) for text in ("the cat sat on the mat", "models read tokens")]
@@ -175,8 +170,8 @@ def test_tied_gpt2_keeps_old_logits_exact_without_output_rows(tiny_gpt2):
     assert all(a.shape[-1] == vocab and torch.equal(a, b) for a, b in zip(after, before))
 
 
-def test_tied_gpt2_output_rows_are_the_input_rows(tiny_gpt2):
-    _, model = tiny_gpt2
+def test_tied_gpt2_output_rows_are_the_input_rows(tiny_gpt2_dir):
+    _, model = load_tiny_gpt2(tiny_gpt2_dir)
     vocab = model.get_input_embeddings().num_embeddings
     ext = extend_vocabulary(model, 2, [[5, 6], [7]], output_rows=True)
     assert ext.tied_output_rows

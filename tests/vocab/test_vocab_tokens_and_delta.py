@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 from vocab_helpers import SMALL_LLAMA, load_tiny_gpt2, save_tiny_gpt2, tiny_llama, train_steps
 
 from zoo.backbones import TinyBackbone, build_char_tokenizer
@@ -31,11 +30,6 @@ def tiny_gpt2_dir(tmp_path_factory):
     return save_tiny_gpt2(tmp_path_factory.mktemp("tiny_gpt2"))
 
 
-@pytest.fixture
-def tiny_gpt2(tiny_gpt2_dir):
-    return load_tiny_gpt2(tiny_gpt2_dir)
-
-
 NEW = ["<zork>", "<blip>", "<quux>"]
 
 
@@ -52,8 +46,8 @@ def test_char_tokenizer_new_ids_are_contiguous_after_the_model_rows():
         assert model(torch.tensor([encoded])).logits.shape == (1, 4, ext.first_new_id)
 
 
-def test_bpe_fast_tokenizer_new_ids_are_contiguous(tiny_gpt2):
-    tokenizer, model = tiny_gpt2
+def test_bpe_fast_tokenizer_new_ids_are_contiguous(tiny_gpt2_dir):
+    tokenizer, model = load_tiny_gpt2(tiny_gpt2_dir)
     ext = extend_vocabulary(model, len(NEW))
     ids = register_new_tokens(tokenizer, NEW, first_id=ext.first_new_id)
     assert ids == ext.new_token_ids
@@ -126,8 +120,7 @@ def test_delta_round_trips_onto_a_fresh_base(tmp_path, tie, mode, output_rows):
 
 
 def test_delta_round_trips_on_a_saved_hf_model(tiny_gpt2_dir, tmp_path):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir, local_files_only=True).eval()
+    tokenizer, model = load_tiny_gpt2(tiny_gpt2_dir)
     ext = extend_vocabulary(model, 2, [[5, 6], [7]], output_rows=True)
     register_new_tokens(tokenizer, NEW[:2], first_id=ext.first_new_id)
     batch = torch.tensor([tokenizer("the <zork> cat <blip>")["input_ids"]])
@@ -135,8 +128,7 @@ def test_delta_round_trips_on_a_saved_hf_model(tiny_gpt2_dir, tmp_path):
     with torch.no_grad():
         expected = model(batch).logits
     path = save_delta(ext, tmp_path / "zork.safetensors", new_tokens=NEW[:2])
-    fresh = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir, local_files_only=True).eval()
-    fresh_tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir, local_files_only=True)
+    fresh_tokenizer, fresh = load_tiny_gpt2(tiny_gpt2_dir)
     apply_delta(fresh, path, tokenizer=fresh_tokenizer)
     with torch.no_grad():
         assert torch.equal(fresh(batch).logits, expected)
