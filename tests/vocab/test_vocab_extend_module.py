@@ -235,3 +235,12 @@ def test_padded_hf_vocabulary_gets_reserved_ids(tiny_gpt2_dir, tmp_path):
     assert module.tokenizer("a <pet>", add_special_tokens=False)["input_ids"][-1] == len(tokenizer) + 5
     with pytest.raises(ConfigError, match="padded vocabulary"):
         VocabExtendModule(HFBackbone(str(tmp_path)), new_tokens=["<pet>"], pad_tokenizer=False)
+
+
+def test_tokens_added_after_the_tokenizer_is_built_are_not_base_rows():
+    """What lets the module add its tokens before the model is built: the backbone builds the base vocabulary."""
+    backbone = TinyBackbone(**SMALL_LLAMA, extra_tokens=["<extra>"])
+    size = len(backbone.tokenizer)
+    backbone.tokenizer.add_tokens(["<late>"])
+    assert backbone.base_vocab_size == backbone.num_embedding_rows() == size
+    assert backbone.build_model().get_input_embeddings().num_embeddings == size

@@ -263,3 +263,56 @@ def test_extending_twice_is_refused():
     extend_vocabulary(model, 1)
     with pytest.raises(ConfigError, match="already extended"):
         extend_vocabulary(model, 1)
+
+
+class ScaledEmbedding(torch.nn.Embedding):
+    """Like Gemma's embedding: the module scales its output by ``embed_scale``."""
+
+    def __init__(self, num: int, dim: int) -> None:
+        super().__init__(num, dim)
+        self.register_buffer("embed_scale", torch.tensor(3.0))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids) * self.embed_scale
+
+
+class ToyLM(torch.nn.Module):
+    """The smallest model with the Hugging Face embedding accessors: scaled embedding, untied head with a bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = ScaledEmbedding(10, 4)
+        self.head = torch.nn.Linear(4, 10, bias=True)
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def set_input_embeddings(self, value):
+        self.embed = value
+
+    def get_output_embeddings(self):
+        return self.head
+
+    def set_output_embeddings(self, value):
+        self.head = value
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids))
+
+
+def test_scaled_embeddings_and_head_biases_follow_the_original_modules():
+    model = ToyLM()
+    ext = extend_vocabulary(model, 2, [[3], [4, 5]], mode="dictionary", output_rows=True)
+    assert [n for n, _ in ext.named_parameters()] == ["input.mixing_logits", "output.mixing_logits"]
+    with torch.no_grad():
+        out = model(torch.tensor([3, 10, 4]))
+    # the new token with dictionary [3] reads token 3's scaled embedding: same logits, and its own logit (row + bias)
+    # equals token 3's
+    assert torch.equal(out[0], out[1])
+    torch.testing.assert_close(out[:, 10], out[:, 3])
+    bias = model.head.bias.detach()
+    free = ToyLM()
+    ext_free = extend_vocabulary(free, 1, [[4, 5]], output_rows=True)
+    assert {n for n, _ in ext_free.named_parameters()} == {"input.rows", "output.rows", "output_bias.rows"}
+    torch.testing.assert_close(ext_free.output_bias.rows, ((bias[4] + bias[5]) / 2).reshape(1))
