@@ -114,6 +114,11 @@ def test_baselines_forget_on_the_same_data(tmp_path, tuning):
     if tuning == "lora":
         names = [n for n, p in module.model.named_parameters() if p.requires_grad]
         assert names and all("lora_" in n or "new_rows" in n for n in names)
+    # the export holds plain (merged) weights of the trained base, which differ from the original base
+    written = load_file(str(module.export_pretrained(tmp_path / "export") / "model.safetensors"))
+    original = base_state()
+    assert not any("lora_" in k or "new_rows" in k for k in written)
+    assert written.keys() <= original.keys() and any(not torch.equal(written[k], original[k]) for k in written)
 
 
 def test_output_rows_shift_mass_unless_the_monitor_masks(tmp_path):
