@@ -6,6 +6,7 @@ if __name__ != "zoo.callbacks":
         "(after 'pip install -e .' in the repository root)."
     )
 
+from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
 from zoo.callbacks.nanoquant import NanoQuantExport
@@ -13,6 +14,7 @@ from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.safethink import SafeThinkMonitor
 
 __all__ = [
+    "ForgettingMonitor",
     "GR3AlphaCalibration",
     "LogGenerations",
     "LogLineProgress",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.backbones.tokenizer import add_special_tokens
 from zoo.errors import CheckpointNotFoundError, ConfigError
@@ -55,6 +55,9 @@ class Backbone(ABC):
             directory before the backbone is built).
         extra_tokens: special tokens a method needs (added to the tokenizer; embeddings are resized).
         dtype: parameter dtype of the built model.
+
+    The base vocabulary is the tokenizer as built (``extra_tokens`` included): :attr:`base_vocab_size`. Tokens
+    added to the tokenizer afterwards (a vocabulary extension, :mod:`zoo.vocab`) are not rows of the built model.
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class Backbone(ABC):
         self.extra_tokens = tuple(extra_tokens)
         self.dtype = resolve_dtype(dtype)
         self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._base_vocab_size: int | None = None
 
     # -- tokenizer -------------------------------------------------------------------------------------------
     @property
@@ -79,7 +83,29 @@ class Backbone(ABC):
             if tok.pad_token is None:
                 tok.pad_token = tok.eos_token
             self._tokenizer = tok
+            self._base_vocab_size = len(tok)
         return self._tokenizer
+
+    @property
+    def base_vocab_size(self) -> int:
+        """Tokens of the base model: the tokenizer's length when it was built (``extra_tokens`` included)."""
+        self.tokenizer  # noqa: B018 - builds the tokenizer (and records its length) on first use
+        return int(self._base_vocab_size if self._base_vocab_size is not None else len(self._tokenizer))
+
+    def num_embedding_rows(self) -> int:
+        """Rows of the built model's input embedding, read without building it: the checkpoint's vocabulary size
+        (models may pad it beyond the tokenizer), or :attr:`base_vocab_size` when that is larger (the model is
+        then resized) or the weights are fresh."""
+        pretrained = self._pretrained_dir()
+        if pretrained is None:
+            return self.base_vocab_size
+        config = AutoConfig.from_pretrained(
+            pretrained,
+            local_files_only=True if Path(pretrained).is_dir() else hub_offline(),
+            trust_remote_code=bool(self.from_pretrained_options().get("trust_remote_code", False)),
+        )
+        vocab = getattr(config.get_text_config(), "vocab_size", None)
+        return max(int(vocab or 0), self.base_vocab_size)
 
     # -- model ------------------------------------------------------------------------------------------------
     def build_model(self, quantizer: Quantizer | None = None) -> PreTrainedModel:
@@ -98,8 +124,8 @@ class Backbone(ABC):
                     model = self._from_pretrained(tmp, quantizer)
         else:
             model = self._fresh_model(quantizer)
-        if len(self.tokenizer) > model.get_input_embeddings().num_embeddings:
-            model.resize_token_embeddings(len(self.tokenizer))
+        if self.base_vocab_size > model.get_input_embeddings().num_embeddings:
+            model.resize_token_embeddings(self.base_vocab_size)
         model = quantizer.apply(model)
         if model.generation_config is not None:
             model.generation_config.pad_token_id = self.tokenizer.pad_token_id

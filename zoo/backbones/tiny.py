@@ -50,10 +50,10 @@ class TinyBackbone(Backbone):
         return build_char_tokenizer()
 
     def model_config(self) -> LlamaConfig:
-        """The ``LlamaConfig`` of the fresh model (vocabulary from the tokenizer)."""
+        """The ``LlamaConfig`` of the fresh model (vocabulary: :attr:`base_vocab_size`)."""
         tok = self.tokenizer
         return LlamaConfig(
-            vocab_size=len(tok),
+            vocab_size=self.base_vocab_size,
             pad_token_id=tok.pad_token_id,
             bos_token_id=tok.bos_token_id,
             eos_token_id=tok.eos_token_id,

@@ -185,10 +185,10 @@ class TinyVLMBackbone(_VLMMixin, Backbone):
         return build_char_tokenizer()
 
     def model_config(self) -> LlavaConfig:
-        """The ``LlavaConfig`` of the fresh model (vocabulary from the tokenizer)."""
+        """The ``LlavaConfig`` of the fresh model (vocabulary: :attr:`base_vocab_size`)."""
         tok = self.tokenizer
         text = LlamaConfig(
-            vocab_size=len(tok),
+            vocab_size=self.base_vocab_size,
             pad_token_id=tok.pad_token_id,
             bos_token_id=tok.bos_token_id,
             eos_token_id=tok.eos_token_id,
@@ -294,6 +294,7 @@ class HFVLMBackbone(_VLMMixin, HFBackbone):
             if tok.pad_token is None:
                 tok.pad_token = tok.eos_token
             self._tokenizer = tok
+            self._base_vocab_size = len(tok)
         return self._tokenizer
 
     def describe(self) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from zoo.modules.grpo import GRPOModule
 from zoo.modules.sequence_classifier import SequenceClassifierModule
 from zoo.modules.structure_lm import StructureLMModule
 from zoo.modules.valr import VaLRModule
+from zoo.modules.vocab_extend import VocabExtendModule
 
 __all__ = [
     "CausalLMModule",
@@ -13,6 +14,7 @@ __all__ = [
     "SequenceClassifierModule",
     "StructureLMModule",
     "VaLRModule",
+    "VocabExtendModule",
     "ZooModule",
     "exact_answer_match",
 ]

@@ -36,6 +36,7 @@ from zoo.backbones.base import Backbone
 from zoo.data.structures import SIZE_BIN_LABELS, STRUCTURE_TOKEN, StructureBatch, verify_structure_answer
 from zoo.errors import ConfigError, DataError
 from zoo.generation.sampling import GenerationResult, SamplingParams, cache_kwarg_name, decode_completion, sample_next
+from zoo.lora import DEFAULT_LORA, inject_lora, merged_copy
 from zoo.losses import IGNORE_INDEX, masked_nll
 from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooModule
 from zoo.modules.structure_encoder_pretrain import PretrainRecipe, ensure_pretrained_encoder, load_encoder
@@ -45,12 +46,6 @@ from zoo.protocols import GenerationOutput
 from zoo.quant.base import Quantizer
 
 STAGES = ("alignment", "llm_adaptation")
-DEFAULT_LORA: dict[str, Any] = {
-    "r": 16,
-    "alpha": 32,
-    "dropout": 0.05,
-    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-}
 # metric-name-safe labels of the size bins
 SIZE_BIN_KEYS = {"<=25": "le25", "26-50": "26_50", "51-100": "51_100", "101-200": "101_200", ">200": "gt200"}
 ConnectorFactory = Callable[..., nn.Module]
@@ -196,19 +191,7 @@ class StructureLMModule(ZooModule):
         self.structure_encoder.requires_grad_(False).eval()
         self.model.requires_grad_(False)
         if self.stage == "llm_adaptation":
-            from peft import LoraConfig, inject_adapter_in_model
-
-            config = LoraConfig(
-                r=int(self.lora["r"]),
-                lora_alpha=int(self.lora["alpha"]),
-                lora_dropout=float(self.lora["dropout"]),
-                target_modules=list(self.lora["target_modules"]),
-            )
-            with torch.random.fork_rng():
-                torch.manual_seed(self.recipe.seed)
-                self.model = inject_adapter_in_model(config, self.model)
-            for name, p in self.model.named_parameters():
-                p.requires_grad_("lora_" in name)
+            self.model = inject_lora(self.model, self.lora, seed=self.recipe.seed)
         self.connector.requires_grad_(True)
 
     def train(self, mode: bool = True) -> StructureLMModule:
@@ -427,22 +410,12 @@ class StructureLMModule(ZooModule):
     def export_pretrained(self, directory: str | Path) -> Path:
         """LLM (LoRA adapters merged) + tokenizer via ``save_pretrained``, plus ``connector.safetensors`` and
         ``encoder.safetensors`` (reload the connector with ``module.connector_init=<directory>``)."""
-        import copy
-
         from zoo.modules.structure_encoder_pretrain import save_encoder
 
         self.configure_model()
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        model = self.model
-        if self.stage == "llm_adaptation":
-            from peft.tuners.tuners_utils import BaseTunerLayer
-
-            model = copy.deepcopy(self.model)
-            for module in model.modules():
-                if isinstance(module, BaseTunerLayer):
-                    module.merge()
-            model = _unwrap_lora(model)
+        model = merged_copy(self.model) if self.stage == "llm_adaptation" else self.model
         model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
         state = {k: v.detach().cpu().contiguous() for k, v in self.connector.state_dict().items()}
@@ -452,17 +425,6 @@ class StructureLMModule(ZooModule):
         save_file(state, str(directory / "connector.safetensors"))
         save_encoder(self.structure_encoder, directory, self.encoder_kwargs)
         return directory
-
-
-def _unwrap_lora(model: nn.Module) -> nn.Module:
-    """Replace merged LoRA layers by their base layers (so ``save_pretrained`` writes plain weights)."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    for module in list(model.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, BaseTunerLayer):
-                setattr(module, child_name, child.get_base_layer())
-    return model
 
 
 __all__ = ["IGNORE_INDEX", "SIZE_BIN_KEYS", "SIZE_BIN_LABELS", "STAGES", "StructureLMModule"]
