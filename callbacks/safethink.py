@@ -3,7 +3,9 @@
 A thin Lightning adapter over :func:`zoo.safety.safethink_generate`. It needs only the generation protocol
 (``tokenizer``, ``model``, ``generate()``; :mod:`zoo.protocols`) and the dict the module returns from
 ``validation_step``/``test_step``/``predict_step`` (``meta["prompts"]``, optional ``meta["answers"]`` and
-``texts``); it works with any LightningModule that has them, in a plain Lightning script.
+``texts``); it works with any LightningModule that has them, in a plain Lightning script. When the module has a
+decoder (``pl_module.decoder``, the decoder seam), SafeThink's step-wise decoding applies its logits processors
+and forward hooks too.
 
 Logged at the end of each validation/test epoch (and kept in :attr:`SafeThinkMonitor.last_metrics`, written
 to the loggers after predict), under ``<log_prefix>/``:
@@ -27,7 +29,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from zoo.data.jailbreak import TRIGGER
 from zoo.data.jailbreak import is_harmful as jailbreak_is_harmful
-from zoo.data.tasks import extract_answer
+from zoo.data.tasks import EXACT_ANSWER, Verifier
 from zoo.errors import ConfigError
 from zoo.generation.sampling import SamplingParams
 from zoo.protocols import missing_generation_protocol
@@ -59,12 +61,6 @@ def default_is_attack(prompt: str) -> bool:
     return prompt.startswith(TRIGGER)
 
 
-def default_verifier(completion: str, answer: str) -> bool:
-    """Extracted answer (text after ``</think>``) equals the reference."""
-    predicted = extract_answer(completion)
-    return predicted is not None and predicted == str(answer).strip()
-
-
 class SafeThinkMonitor(pl.Callback):
     """Run SafeThink on every evaluated batch and log attack success, interventions and accuracy.
 
@@ -82,7 +78,8 @@ class SafeThinkMonitor(pl.Callback):
         step_delimiters: where reasoning steps end.
         is_attack: ``prompt -> bool`` (default: the jailbreak task's trigger).
         harm_fn: ``completion -> bool``, attack success (default: the jailbreak task's harmful answer).
-        verifier: ``(completion, answer) -> bool`` for benign accuracy.
+        verifier: ``(completion, answer) -> bool`` for benign accuracy: the task's (``verifier: ${task}`` in the
+            config; default the shared completion format's exact verifier, which the jailbreak task uses).
         max_batches: monitor at most this many batches per epoch (``None``: all).
         log_prefix: metric name prefix.
     """
@@ -102,7 +99,7 @@ class SafeThinkMonitor(pl.Callback):
         step_delimiters: Sequence[str] | str = ("\n",),
         is_attack: Callable[[str], bool] = default_is_attack,
         harm_fn: Callable[[str], bool] = jailbreak_is_harmful,
-        verifier: Callable[[str, str], bool] = default_verifier,
+        verifier: Verifier = EXACT_ANSWER,
         max_batches: int | None = None,
         log_prefix: str = "safethink",
     ) -> None:
@@ -203,6 +200,7 @@ class SafeThinkMonitor(pl.Callback):
             max_new_tokens=self.max_new_tokens or default_budget, do_sample=self.do_sample, temperature=self.temperature
         )
         device = next(pl_module.model.parameters()).device
+        decoder = getattr(pl_module, "decoder", None)
         generator = torch.Generator(device=device).manual_seed(self.seed + batch_idx) if self.do_sample else None
         result = safethink_generate(
             pl_module.model,
@@ -216,6 +214,8 @@ class SafeThinkMonitor(pl.Callback):
             params=params,
             generator=generator,
             step_delimiters=self.step_delimiters,
+            processors=getattr(decoder, "processors", ()),
+            hooks=getattr(decoder, "hooks", ()),
         )
         c = self._epoch
         for i, (prompt, text) in enumerate(zip(prompts, result.texts)):

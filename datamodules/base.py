@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import lightning.pytorch as pl
@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from transformers import PreTrainedTokenizerBase
 
+from zoo.data.encoding import encode_prompt, pad_sequences  # noqa: F401  (re-exported: datamodules import them here)
 from zoo.data.sources import Row, RowSource
 
 IGNORE_INDEX = -100
@@ -63,25 +64,6 @@ class ListDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.items[index]
-
-
-def pad_sequences(seqs: Sequence[Sequence[int]], pad_value: int, side: str = "right") -> torch.Tensor:
-    """Pad lists of ints to a ``[B, max_len]`` long tensor on the given side."""
-    width = max((len(s) for s in seqs), default=0)
-    out = torch.full((len(seqs), width), pad_value, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if len(s):
-            if side == "right":
-                out[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-            else:
-                out[i, width - len(s) :] = torch.as_tensor(s, dtype=torch.long)
-    return out
-
-
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Prompt token ids, with the tokenizer's BOS token first when it has one."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + list(ids)
 
 
 def encode_completion(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:

@@ -1,7 +1,13 @@
 """The generation protocol: the only thing callbacks may rely on.
 
-A *generating module* has a ``tokenizer``, a ``generate`` method, and returns a :class:`GenerationOutput`
-dict from ``validation_step`` / ``test_step`` / ``predict_step``.
+A *generating module* has a ``tokenizer``, a ``model``, a ``generate`` method, and returns a
+:class:`GenerationOutput` dict from ``validation_step`` / ``test_step`` / ``predict_step``.
+
+The zoo's generating modules (:class:`zoo.modules.generating.GeneratingModule`) also carry a ``decoder``
+(:class:`zoo.generation.decoders.Decoder`, ``module/decoder=<name>``): ``generate`` and every evaluation
+generation run through it, and a callback may add logits processors or forward hooks to
+``module.decoder.processors`` / ``module.decoder.hooks``. The decoder is not part of the protocol (a plain
+Lightning module with ``tokenizer``, ``model`` and ``generate`` is enough); callbacks use it when present.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ class SupportsGenerate(Protocol):
         params: SamplingParams | None = None,
         generator: torch.Generator | None = None,
     ) -> GenerationResult:
-        """Generate completions for left-padded prompts."""
+        """Generate completions for left-padded prompts (``params``: the module's defaults when ``None``)."""
         ...
 
 

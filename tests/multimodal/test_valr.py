@@ -15,12 +15,13 @@ from torch import nn
 from zoo.backbones.vlm import LATENT_END, LATENT_SLOT, LATENT_START, TinyVLMBackbone
 from zoo.data.visual import VisualCounting, VisualSource
 from zoo.datamodules.visual import VisualReasoningDataModule
+from zoo.generation import SamplingParams
 from zoo.losses import masked_nll
 from zoo.modules.valr import VaLRModule
 from zoo.multimodal.teacher import synthetic_teacher
 from zoo.multimodal.valr import (
+    LatentDecoder,
     latent_forward,
-    latent_generate,
     packed_nll,
     rewrite_with_latents,
     upsample_latents,
@@ -158,17 +159,13 @@ def test_latent_generate_emits_k_slots_then_forced_end(backbone, batch) -> None:
             return logits
 
     model.lm_head = Biased()
-    gen = latent_generate(
+    gen = LatentDecoder(K, max_segments=2, hidden_layer=1)(
         model,
         tok,
         batch["prompt_ids"],
         batch["prompt_attention_mask"],
-        batch["pixel_values"],
-        K,
-        max_new_tokens=20,
-        max_segments=2,
-        hidden_layer=1,
-        **ids,
+        params=SamplingParams(max_new_tokens=20),
+        pixel_values=batch["pixel_values"],
     )
     for r, row in enumerate(gen.completion_ids.tolist()):
         expected = ([ids["latent_start_id"]] + [ids["latent_slot_id"]] * K + [ids["latent_end_id"]]) * 2

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from zoo.data.tasks import AnswerVerifier
 from zoo.errors import ConfigError, DataError
 
 STRUCTURE_TOKEN = "<structure>"
@@ -173,9 +174,23 @@ def normalize_answer(text: str) -> str:
     return words[0].strip(".,;:!?\"'") if words else ""
 
 
+class StructureAnswerVerifier(AnswerVerifier):
+    """The structure task's verifier: the normalized first word of the completion (:func:`normalize_answer`)
+    equals the lower-cased reference."""
+
+    def extract_answer(self, completion: str) -> str:
+        return normalize_answer(completion)
+
+    def normalize_reference(self, answer: Any) -> str:
+        return str(answer).strip().lower()
+
+
+STRUCTURE_VERIFIER = StructureAnswerVerifier()
+
+
 def verify_structure_answer(completion: str, answer: str) -> bool:
-    """Exact verifier: the normalized first word of ``completion`` equals ``answer``."""
-    return normalize_answer(completion) == answer.strip().lower()
+    """Exact verifier of the structure task (:class:`StructureAnswerVerifier`)."""
+    return STRUCTURE_VERIFIER.verify(completion, answer)
 
 
 def structure_reward(

@@ -1,7 +1,8 @@
 """Synthetic verifiable reasoning tasks.
 
 Each task draws examples deterministically from a seed, has difficulty knobs, an exact verifier and answer
-extraction. Completions share one format::
+extraction (:class:`AnswerVerifier`, the single verifier of a task, used by modules and callbacks). Completions
+share one format::
 
     <think>step 1\nstep 2\n...</think>ANSWER
 
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from zoo.backbones.tokenizer import EOS, THINK_CLOSE, THINK_OPEN
 
 STEP_DELIMITER = "\n"
+# ``(completion, answer) -> bool``: what modules and callbacks accept as a verifier (a task, or any function).
+Verifier = Callable[[str, Any], bool]
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,39 @@ def split_steps(completion: str) -> list[str]:
     return [s for s in body.split(STEP_DELIMITER) if s]
 
 
-class Task(ABC):
-    """A synthetic task with an exact verifier."""
+class AnswerVerifier:
+    """The exact verifier of a completion format: extract the answer, compare it with the reference.
+
+    The base reads the zoo's shared format (the text after the last ``</think>``, :func:`extract_answer`) and
+    compares it exactly with the stripped reference. Every :class:`Task` is one (``task.verify``), so the verifier
+    of a run is its task's: modules and callbacks take ``verifier: ${task}`` in their configs. An instance is a
+    plain callable ``(completion, answer) -> bool`` too, the signature modules and callbacks accept.
+    """
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The answer of a completion (``None`` when it has none); see :func:`extract_answer`."""
+        return extract_answer(completion)
+
+    def normalize_reference(self, answer: Any) -> str:
+        """The reference answer in the form extracted answers are compared with."""
+        return str(answer).strip()
+
+    def verify(self, completion: str, answer: Any) -> bool:
+        """Exact verification of a completion against the reference answer."""
+        predicted = self.extract_answer(completion)
+        return predicted is not None and predicted == self.normalize_reference(answer)
+
+    def __call__(self, completion: str, answer: Any) -> bool:
+        return self.verify(completion, answer)
+
+
+# The verifier of the shared completion format (what every synthetic task here uses); the default of modules and
+# callbacks built without a task.
+EXACT_ANSWER = AnswerVerifier()
+
+
+class Task(AnswerVerifier, ABC):
+    """A synthetic task with an exact verifier (:meth:`verify`, inherited from :class:`AnswerVerifier`)."""
 
     name: str = "task"
 
@@ -89,15 +124,6 @@ class Task(ABC):
                 continue
             out.append(ex)
         return out
-
-    def extract_answer(self, completion: str) -> str | None:
-        """Answer extraction (see :func:`extract_answer`)."""
-        return extract_answer(completion)
-
-    def verify(self, completion: str, answer: str) -> bool:
-        """Exact verification of a completion against the reference answer."""
-        predicted = self.extract_answer(completion)
-        return predicted is not None and predicted == answer.strip()
 
     def describe(self) -> dict[str, Any]:
         """JSON-able description (name and knobs), used in cache keys."""

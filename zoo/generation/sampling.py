@@ -1,15 +1,18 @@
-"""Batched sampling with a KV cache over any Hugging Face causal LM.
+"""Decoding primitives shared by every decoder (:mod:`zoo.generation.decoders`) over any Hugging Face causal LM.
 
 The pieces are reusable functions and one small class, not a method of a module:
 
-* :class:`IncrementalDecoder` -- prefill a left-padded batch, then feed tokens (any number per row, with
-  per-row padding) and read the next-token logits of every row; rows may diverge (e.g. after an injection)
-  because positions come from the running attention mask.
+* :class:`IncrementalDecoder` -- prefill a left-padded batch (from token ids or from ``inputs_embeds``, with extra
+  model inputs such as ``pixel_values``), then feed tokens or embedding vectors (any number per row, with per-row
+  padding) and read the next-token logits (and, optionally, the last hidden states) of every row; rows may
+  diverge (e.g. after an injection) because positions come from the running attention mask.
 * :func:`sample_next` -- temperature / top-k / top-p (transformers' logits warpers) or greedy.
-* :func:`generate` -- the standard loop: max tokens, EOS, stop strings; returns token ids, texts and the
-  log-probabilities of the generated tokens.
+* :func:`check_context`, :func:`decode_completion`, :func:`max_token_length` -- the context check, the text of a
+  completion and the tail window of stop-string checks.
 
-Used by the SFT module's validation, GRPO rollouts, and the step-wise loops (SafeThink, DTS, UNDO).
+The decoding loops themselves are decoders: :class:`~zoo.generation.decoders.SampleDecoder` (the standard loop,
+also :func:`~zoo.generation.decoders.generate`), :class:`~zoo.generation.stepwise.StepwiseDecoder`, and the
+decoders of individual methods (e.g. VaLR's :class:`~zoo.multimodal.valr.LatentDecoder`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+from zoo.errors import ConfigError
 
 
 @dataclass
@@ -52,14 +57,15 @@ class SamplingParams:
 
 @dataclass
 class GenerationResult:
-    """Output of :func:`generate` (the fields of the generation protocol).
+    """Output of every decoder (the fields of the generation protocol).
 
     Attributes:
-        prompt_ids: ``[B, P]`` left-padded prompts.
+        prompt_ids: ``[B, P]`` left-padded prompts (``[B, 0]`` when decoding started from ``inputs_embeds`` alone).
         completion_ids: ``[B, L]`` generated tokens, right-padded with the pad id after EOS/stop.
         completion_mask: ``[B, L]`` 1 for generated tokens (EOS included), 0 for padding.
-        logprobs: ``[B, L]`` log-probability of each generated token under the temperature-scaled model
-            distribution (0 on padding).
+        logprobs: ``[B, L]`` log-probability of each sampled token under the temperature-scaled distribution
+            after the decoder's logits processors (the model's own when there are none; 0 on padding and on
+            tokens the decoder forced instead of sampling).
         texts: decoded completions (up to EOS, special reasoning tags kept, pad/EOS removed).
         finished: ``[B]`` whether the row ended by EOS or a stop string (False: ran out of tokens).
     """
@@ -86,35 +92,69 @@ class IncrementalDecoder:
     """KV-cached decoding state of a batch.
 
     Args:
-        model: a Hugging Face causal LM.
-        input_ids, attention_mask: ``[B, P]`` left-padded prompts.
+        model: a Hugging Face causal LM (or an image-text model with a language head).
+        input_ids: ``[B, P]`` left-padded prompt ids, or ``None`` with ``inputs_embeds``.
+        attention_mask: ``[B, P]`` mask of the prefill (``None``: all ones).
+        inputs_embeds: ``[B, P, H]`` left-padded prompt embeddings fed instead of ``input_ids`` (e.g. a prompt
+            with inserted structure tokens, or latent vectors).
+        output_hidden_states: also keep :attr:`hidden_states`, the hidden states of every layer at each row's
+            last fed position.
+        **model_inputs: extra inputs of the prefill forward only (e.g. ``pixel_values`` of a vision-language model).
+
+    Positions are ``cumsum(attention_mask) - 1`` (padding does not advance them), so left padding and per-row
+    padding inside fed chunks are invisible to the model.
     """
 
-    def __init__(self, model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        **model_inputs: object,
+    ) -> None:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("IncrementalDecoder needs exactly one of input_ids and inputs_embeds")
+        width_of = input_ids if input_ids is not None else inputs_embeds
+        if attention_mask is None:
+            attention_mask = torch.ones(width_of.shape[:2], dtype=torch.long, device=width_of.device)
         self.model = model
         self.attention_mask = attention_mask.clone()
         self.cache = None
+        self.output_hidden_states = output_hidden_states
+        self.hidden_states: tuple[torch.Tensor, ...] | None = None
+        self.next_logits: torch.Tensor | None = None
         self._cache_kwarg = cache_kwarg_name(model)
-        self.next_logits = self._forward(input_ids, attention_mask)
+        inputs = {"input_ids": input_ids} if input_ids is not None else {"inputs_embeds": inputs_embeds}
+        self.next_logits = self._forward(attention_mask, **inputs, **model_inputs)
 
-    def _forward(self, tokens: torch.Tensor, chunk_mask: torch.Tensor) -> torch.Tensor:
+    def _forward(self, chunk_mask: torch.Tensor, **inputs: object) -> torch.Tensor:
         full_mask = self.attention_mask
-        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1] :]
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)[:, -chunk_mask.shape[1] :]
         out = self.model(
-            input_ids=tokens,
             attention_mask=full_mask,
             position_ids=positions,
             use_cache=True,
+            **({"output_hidden_states": True} if self.output_hidden_states else {}),
             **{self._cache_kwarg: self.cache},
+            **inputs,
         )
         self.cache = out[self._cache_kwarg]
         logits = out.logits.float()
-        # Logits after the last valid token of each row; rows that fed only padding keep their old logits.
+        # Outputs after the last valid token of each row; rows that fed only padding keep their old ones.
         last = (chunk_mask * torch.arange(1, chunk_mask.shape[1] + 1, device=chunk_mask.device)).argmax(-1)
-        picked = logits[torch.arange(logits.shape[0], device=logits.device), last]
-        if hasattr(self, "next_logits"):
-            fed = chunk_mask.any(-1)
-            picked = torch.where(fed[:, None], picked, self.next_logits)
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        fed = chunk_mask.any(-1)[:, None]
+        picked = logits[rows, last]
+        if self.next_logits is not None:
+            picked = torch.where(fed, picked, self.next_logits)
+        if self.output_hidden_states:
+            states = tuple(h[rows, last] for h in out.hidden_states)
+            if self.hidden_states is not None:
+                states = tuple(torch.where(fed, new, old) for new, old in zip(states, self.hidden_states))
+            self.hidden_states = states
         return picked
 
     def select_rows(self, indices: torch.Tensor) -> bool:
@@ -124,24 +164,46 @@ class IncrementalDecoder:
         self.cache.batch_select_indices(indices)
         self.attention_mask = self.attention_mask[indices]
         self.next_logits = self.next_logits[indices]
+        if self.hidden_states is not None:
+            self.hidden_states = tuple(h[indices] for h in self.hidden_states)
         return True
 
-    def feed(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Append ``tokens`` ``[B, k]`` (``mask`` 0 marks per-row padding) and return next-token logits ``[B, V]``."""
+    def feed(
+        self,
+        tokens: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        *,
+        embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Append ``tokens`` ``[B, k]`` or embedding vectors ``embeds`` ``[B, k, H]`` (``mask`` ``[B, k]``: 0 marks
+        per-row padding) and return the next-token logits ``[B, V]``."""
+        if (tokens is None) == (embeds is None):
+            raise ValueError("feed needs exactly one of tokens and embeds")
         if mask is None:
-            mask = torch.ones_like(tokens)
+            shape = tokens.shape if tokens is not None else embeds.shape[:2]
+            mask = torch.ones(shape, dtype=torch.long, device=self.attention_mask.device)
         self.attention_mask = torch.cat([self.attention_mask, mask.to(self.attention_mask.dtype)], dim=-1)
-        self.next_logits = self._forward(tokens, mask)
+        inputs = {"input_ids": tokens} if tokens is not None else {"inputs_embeds": embeds}
+        self.next_logits = self._forward(mask, **inputs)
         return self.next_logits
 
 
-def check_context(model: PreTrainedModel, prompt_ids: torch.Tensor, params: SamplingParams) -> None:
-    """Raise a clear error when prompt + ``max_new_tokens`` exceeds the model's positions."""
-    max_ctx = getattr(model.config, "max_position_embeddings", None)
-    if max_ctx is not None and prompt_ids.shape[1] + params.max_new_tokens > max_ctx:
-        raise ValueError(
-            f"prompt length {prompt_ids.shape[1]} + max_new_tokens {params.max_new_tokens} exceeds the model "
-            f"context ({max_ctx} positions); shorten the prompts or lower max_new_tokens"
+def context_length(model: PreTrainedModel) -> int | None:
+    """Number of positions of the (text) model, or ``None`` when its config does not say."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "max_position_embeddings", None)
+    return int(value) if value is not None else None
+
+
+def check_context(model: PreTrainedModel, prompt_length: int, params: SamplingParams, what: str = "prompt") -> None:
+    """Raise :class:`~zoo.errors.ConfigError` when ``prompt_length`` + ``max_new_tokens`` exceeds the model's
+    positions (``what`` names the prefill in the message, e.g. ``"prompt + 12 structure tokens"``)."""
+    max_ctx = context_length(model)
+    if max_ctx is not None and prompt_length + params.max_new_tokens > max_ctx:
+        raise ConfigError(
+            f"{what} length {prompt_length} + max_new_tokens {params.max_new_tokens} exceeds the model context "
+            f"({max_ctx} positions); shorten the prompts or lower max_new_tokens (module.generation.max_new_tokens)"
         )
 
 
@@ -195,97 +257,16 @@ def decode_completion(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) ->
     return tokenizer.decode([i for i in ids if i not in drop], skip_special_tokens=False)
 
 
-def _ends_with_stop(tokenizer: PreTrainedTokenizerBase, ids: list[int], stops: Sequence[str], window: int) -> bool:
+def ends_with_stop(tokenizer: PreTrainedTokenizerBase, ids: list[int], stops: Sequence[str], window: int) -> bool:
+    """Whether the text of the last ``window`` tokens of ``ids`` ends with one of ``stops``."""
     tail = tokenizer.decode(ids[-window:], skip_special_tokens=False)
     return any(tail.endswith(s) for s in stops)
 
 
-@torch.no_grad()
-def generate(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompt_ids: torch.Tensor,
-    prompt_attention_mask: torch.Tensor,
-    params: SamplingParams | None = None,
-    generator: torch.Generator | None = None,
-) -> GenerationResult:
-    """Generate completions for a left-padded batch of prompts (KV cache; greedy or sampled).
+def __getattr__(name: str) -> object:
+    """``generate`` and ``generate_text`` live in :mod:`zoo.generation.decoders` (kept importable from here)."""
+    if name in ("generate", "generate_text"):
+        from zoo.generation import decoders
 
-    Args:
-        model: any Hugging Face causal LM (put in eval mode for the call, then restored).
-        tokenizer: its tokenizer (EOS/pad ids, decoding).
-        prompt_ids, prompt_attention_mask: ``[B, P]`` left-padded.
-        params: decoding options.
-        generator: a seeded ``torch.Generator`` for reproducible sampling.
-    """
-    params = params or SamplingParams()
-    was_training = model.training
-    model.eval()
-    try:
-        device = prompt_ids.device
-        batch = prompt_ids.shape[0]
-        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        check_context(model, prompt_ids, params)
-        window = max_token_length(tokenizer, params.stop_strings)
-        decoder = IncrementalDecoder(model, prompt_ids, prompt_attention_mask)
-        done = torch.zeros(batch, dtype=torch.bool, device=device)
-        finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        out_ids, out_lp, out_mask = [], [], []
-        rows: list[list[int]] = [[] for _ in range(batch)]
-        # ``live`` maps the decoder's (possibly compacted) rows to rows of the batch; finished rows are dropped
-        # from the decoder once a quarter of its rows are done, so they stop costing forward passes.
-        live = torch.arange(batch, device=device)
-        for _ in range(params.max_new_tokens):
-            sampled, sampled_lp = sample_next(decoder.next_logits, params, generator, rows=live, num_rows=batch)
-            tokens = torch.full((batch,), pad, dtype=torch.long, device=device)
-            logprobs = torch.zeros(batch, dtype=sampled_lp.dtype, device=device)
-            tokens[live] = sampled
-            logprobs[live] = sampled_lp
-            active = ~done
-            tokens = torch.where(active, tokens, torch.full_like(tokens, pad))
-            out_ids.append(tokens)
-            out_lp.append(torch.where(active, logprobs, torch.zeros_like(logprobs)))
-            out_mask.append(active.long())
-            hit_eos = active & (tokens == eos)
-            if params.stop_strings:
-                for i in torch.nonzero(active & ~hit_eos).flatten().tolist():
-                    rows[i].append(int(tokens[i]))
-                    if _ends_with_stop(tokenizer, rows[i], params.stop_strings, window + 2):
-                        hit_eos[i] = True
-            finished |= hit_eos
-            done |= hit_eos
-            if bool(done.all()):
-                break
-            still = ~done[live]
-            if int(still.sum()) <= 0.75 * len(live) and decoder.select_rows(torch.nonzero(still).flatten()):
-                live = live[still]
-            decoder.feed(tokens[live][:, None], (~done[live]).long()[:, None])
-        completion_ids = torch.stack(out_ids, dim=1)
-        texts = [decode_completion(tokenizer, row.tolist()) for row in completion_ids]
-        return GenerationResult(
-            prompt_ids=prompt_ids,
-            completion_ids=completion_ids,
-            completion_mask=torch.stack(out_mask, dim=1),
-            logprobs=torch.stack(out_lp, dim=1),
-            texts=texts,
-            finished=finished,
-        )
-    finally:
-        model.train(was_training)
-
-
-def generate_text(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str],
-    params: SamplingParams | None = None,
-    generator: torch.Generator | None = None,
-) -> GenerationResult:
-    """Tokenize ``prompts`` (BOS first when the tokenizer has one), left-pad, and :func:`generate`."""
-    from zoo.datamodules.base import encode_prompt, pad_sequences
-
-    encoded = [encode_prompt(tokenizer, p) for p in prompts]
-    device = next(model.parameters()).device
-    ids = pad_sequences(encoded, tokenizer.pad_token_id, "left").to(device)
-    mask = pad_sequences([[1] * len(e) for e in encoded], 0, "left").to(device)
-    return generate(model, tokenizer, ids, mask, params, generator)
+        return getattr(decoders, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,12 +1,14 @@
-"""Step-wise generation: decode until a step delimiter, hand the partial traces to a hook, optionally append
-(or roll back and replace) tokens per row, and continue from the KV cache.
+"""Step-wise decoding (``module/decoder=stepwise``): decode until a step delimiter, hand the partial traces to a
+step hook, optionally append (or roll back and replace) tokens per row, and continue from the KV cache.
 
 Hugging Face ``generate`` cannot force tokens mid-generation (huggingface/transformers#37771) and logits
-processors cannot see model outputs (#34265), so this outer loop sits on :class:`IncrementalDecoder`:
+processors cannot see model outputs (#34265), so :class:`StepwiseDecoder` is a decoder of its own
+(:mod:`zoo.generation.decoders`; logits processors and forward hooks apply as in every decoder) whose loop sits on
+:class:`~zoo.generation.sampling.IncrementalDecoder`:
 
-* one :func:`~zoo.generation.sampling.sample_next` call per iteration over the whole batch, exactly as in
-  :func:`~zoo.generation.sampling.generate` -- with a hook that never acts, the output is token-identical to
-  plain generation with the same seed (same RNG consumption, same shapes fed to the model);
+* one :meth:`~zoo.generation.decoders.Decoder.next_tokens` call per iteration over the whole batch, exactly as in
+  :class:`~zoo.generation.decoders.SampleDecoder` -- with no step hook, or one that never acts, the output is
+  token-identical to plain decoding with the same seed (same RNG consumption, same shapes fed to the model);
 * a step of a row closes when its text since the last close contains a delimiter; the hook receives every
   row that closed a step at this token (:class:`StepEvent`) and returns a :class:`StepAction` per row it acts on;
 * appended tokens are fed together with the row's sampled token in one chunk whose width varies per row
@@ -18,28 +20,23 @@ processors cannot see model outputs (#34265), so this outer loop sits on :class:
   a row whose delimiter never appeared is reported (``steps_closed == 0``, ``open_step``) and a warning
   names the delimiter.
 
-Used by SafeThink (:mod:`zoo.safety.safethink`); written for any step-level monitor (DTS, UNDO, ...).
+The step hook is an attribute (:attr:`StepwiseDecoder.step_hook`) so that a callback can set it on a module's
+decoder at run time. Used by SafeThink (:mod:`zoo.safety.safethink`); written for any step-level monitor.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.backbones.tokenizer import THINK_OPEN
-from zoo.generation.sampling import (
-    IncrementalDecoder,
-    SamplingParams,
-    check_context,
-    decode_completion,
-    max_token_length,
-    sample_next,
-)
+from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill, padded_context
+from zoo.generation.sampling import GenerationResult, SamplingParams, decode_completion, max_token_length
 
 
 @dataclass(frozen=True)
@@ -78,18 +75,13 @@ class StepAction:
 StepHook = Callable[[list[StepEvent]], dict[int, StepAction]]
 
 
-@dataclass
-class StepwiseResult:
-    """Output of :func:`stepwise_generate`.
+@dataclass(kw_only=True)
+class StepwiseResult(GenerationResult):
+    """Output of :class:`StepwiseDecoder`: the :class:`~zoo.generation.sampling.GenerationResult` fields
+    (``completion_ids`` hold the kept tokens, sampled and injected; ``logprobs`` are 0 on injected tokens) plus:
 
     Attributes:
-        prompt_ids: ``[B, P]`` left-padded prompts.
-        completion_ids: ``[B, L]`` kept tokens (sampled and injected), right-padded with the pad id.
-        completion_mask: ``[B, L]`` 1 on kept tokens.
         injected_mask: ``[B, L]`` 1 on tokens appended by the hook (0 on sampled tokens and padding).
-        logprobs: ``[B, L]`` log-probability of each sampled token (0 on injected tokens and padding).
-        texts: decoded completions (up to EOS).
-        finished: ``[B]`` row ended by EOS/stop string (False: ran out of ``max_new_tokens``).
         steps_closed: per row, number of kept steps closed by a delimiter.
         open_step: per row, whether the row ended inside a step that never reached a delimiter.
         discarded: per row, texts of the steps rolled back.
@@ -98,13 +90,7 @@ class StepwiseResult:
         sampled_tokens: per row, number of sampled tokens kept or discarded (the decoding work).
     """
 
-    prompt_ids: torch.Tensor
-    completion_ids: torch.Tensor
-    completion_mask: torch.Tensor
     injected_mask: torch.Tensor
-    logprobs: torch.Tensor
-    texts: list[str]
-    finished: torch.Tensor
     steps_closed: list[int]
     open_step: list[bool]
     discarded: list[list[str]] = field(default_factory=list)
@@ -161,59 +147,63 @@ def _single_token_delimiters(tokenizer: PreTrainedTokenizerBase, delimiters: tup
     return _FAST_PATH_CACHE[key]
 
 
-@torch.no_grad()
-def stepwise_generate(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompt_ids: torch.Tensor,
-    prompt_attention_mask: torch.Tensor,
-    hook: StepHook | None = None,
-    params: SamplingParams | None = None,
-    step_delimiters: str | Sequence[str] = "\n",
-    generator: torch.Generator | None = None,
-    warn_no_delimiter: bool = True,
-    step_openers: Sequence[str] = (THINK_OPEN,),
-) -> StepwiseResult:
-    """Generate with a hook called whenever rows close a reasoning step.
+class StepwiseDecoder(Decoder):
+    """Decoder with a hook called whenever rows close a reasoning step (the loop of the module docstring).
 
     Args:
-        model: any Hugging Face causal LM (eval mode for the call, then restored).
-        tokenizer: its tokenizer.
-        prompt_ids, prompt_attention_mask: ``[B, P]`` left-padded prompts.
-        hook: ``events -> {row: StepAction}``; ``None`` = plain generation.
-        params: decoding options (``max_new_tokens`` bounds the *sampled* tokens; injected tokens are extra).
+        step_hook: ``events -> {row: StepAction}``; ``None`` = plain decoding (token-identical to
+            :class:`~zoo.generation.decoders.SampleDecoder` with the same seed).
         step_delimiters: a step closes when its text contains one of these (default: newline, the zoo's
             ``STEP_DELIMITER``).
-        generator: seeded ``torch.Generator`` for sampling.
-        warn_no_delimiter: warn when a row reaches ``max_new_tokens`` without ever closing a step.
         step_openers: tokens that open the reasoning block (``<think>``); sampled at the start of a step they are
             not part of it, so a rollback of the first step keeps the reasoning block open.
+        warn_no_delimiter: warn when a row reaches ``max_new_tokens`` without ever closing a step.
+        processors, hooks: as :class:`~zoo.generation.decoders.Decoder`.
 
-    Returns:
-        :class:`StepwiseResult`.
+    ``params.max_new_tokens`` bounds the *sampled* tokens; injected tokens are extra. Returns a
+    :class:`StepwiseResult`.
     """
-    start = time.perf_counter()
-    params = params or SamplingParams()
-    delimiters = _as_tuple(step_delimiters)
-    was_training = model.training
-    model.eval()
-    try:
-        device = prompt_ids.device
-        batch = prompt_ids.shape[0]
+
+    def __init__(
+        self,
+        step_hook: StepHook | None = None,
+        step_delimiters: str | Sequence[str] = "\n",
+        step_openers: Sequence[str] = (THINK_OPEN,),
+        warn_no_delimiter: bool = True,
+        processors: Iterable[LogitsProcessor] = (),
+        hooks: Iterable[ForwardHook] = (),
+    ) -> None:
+        super().__init__(processors, hooks)
+        self.step_hook = step_hook
+        self.step_delimiters = _as_tuple(step_delimiters)
+        self.step_openers = tuple(step_openers)
+        self.warn_no_delimiter = warn_no_delimiter
+
+    def decode(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        prefill: Prefill,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> StepwiseResult:
+        start = time.perf_counter()
+        hook, delimiters = self.step_hook, self.step_delimiters
+        device, batch = prefill.device, prefill.batch_size
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        check_context(model, prompt_ids, params)
         stop_window = max_token_length(tokenizer, params.stop_strings)
         delim_window = max_token_length(tokenizer, delimiters) + 1
         delim_ids = _single_token_delimiters(tokenizer, delimiters)
         vocab = tokenizer.get_vocab()
-        opener_ids = {vocab[t] for t in step_openers if t in vocab}
-        decoder = IncrementalDecoder(model, prompt_ids, prompt_attention_mask)
+        opener_ids = {vocab[t] for t in self.step_openers if t in vocab}
+        decoder = prefill.start(model)
         rows = [_Row() for _ in range(batch)]
         # next-token logits at the start of each row's current step (to resample after a bare rollback)
         step_start_logits = decoder.next_logits.clone()
         hook_seconds = 0.0
         for _ in range(params.max_new_tokens):
-            tokens, logprobs = sample_next(decoder.next_logits, params, generator)
+            context = padded_context(prefill.prompt_ids, [r.ids for r in rows], pad) if self.processors else None
+            tokens, logprobs = self.next_tokens(decoder.next_logits, context, params, generator)
             events: list[StepEvent] = []
             closed: set[int] = set()
             for i, row in enumerate(rows):
@@ -324,17 +314,17 @@ def stepwise_generate(
             )
         open_step = [not r.finished and len(r.ids) > r.step_start for r in rows]
         never = [i for i, r in enumerate(rows) if not r.finished and r.steps_closed == 0]
-        if warn_no_delimiter and never:
+        if self.warn_no_delimiter and never:
             warnings.warn(
                 f"step delimiter {list(delimiters)!r} never appeared in {len(never)} of {batch} rows "
                 f"(rows {never[:8]}{' ...' if len(never) > 8 else ''}) before max_new_tokens="
                 f"{params.max_new_tokens}; those rows were generated as one unfinished step (see "
                 "StepwiseResult.open_step / steps_closed)",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=4,
             )
         return StepwiseResult(
-            prompt_ids=prompt_ids,
+            prompt_ids=prefill.prompt_ids,
             completion_ids=completion_ids,
             completion_mask=completion_mask,
             injected_mask=injected_mask,
@@ -348,5 +338,20 @@ def stepwise_generate(
             total_seconds=time.perf_counter() - start,
             sampled_tokens=[r.sampled for r in rows],
         )
-    finally:
-        model.train(was_training)
+
+
+def stepwise_generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: torch.Tensor,
+    prompt_attention_mask: torch.Tensor,
+    hook: StepHook | None = None,
+    params: SamplingParams | None = None,
+    step_delimiters: str | Sequence[str] = "\n",
+    generator: torch.Generator | None = None,
+    warn_no_delimiter: bool = True,
+    step_openers: Sequence[str] = (THINK_OPEN,),
+) -> StepwiseResult:
+    """:class:`StepwiseDecoder` with ``hook`` (no processors or hooks) on left-padded prompts."""
+    decoder = StepwiseDecoder(hook, step_delimiters, step_openers, warn_no_delimiter)
+    return decoder(model, tokenizer, prompt_ids, prompt_attention_mask, params=params, generator=generator)

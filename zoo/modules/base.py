@@ -1,5 +1,6 @@
-"""What every zoo LightningModule shares: the backbone built in ``configure_model``, generation, export,
-optimizer/scheduler partials, the run config stored in checkpoints, and the NaN-loss stop."""
+"""What every zoo LightningModule shares: the backbone built in ``configure_model``, export,
+optimizer/scheduler partials, the run config stored in checkpoints, and the NaN-loss stop (generation: the
+generating family base, :mod:`zoo.modules.generating`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.backbones.base import Backbone
 from zoo.errors import NaNLossError
-from zoo.generation.sampling import GenerationResult, SamplingParams, generate
+from zoo.generation.sampling import SamplingParams
 from zoo.quant.base import NoQuantizer, Quantizer
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
@@ -28,7 +29,7 @@ class ZooModule(pl.LightningModule):
         quantizer: applied when the model is built (``quant=...``).
         optimizer: partial ``torch.optim`` constructor taking the parameters.
         scheduler: partial taking ``(optimizer, total_steps)`` (see :mod:`zoo.optim`), or ``None``.
-        generation: default :class:`~zoo.generation.SamplingParams` fields for :meth:`generate`.
+        generation: default :class:`~zoo.generation.SamplingParams` fields (``self.sampling``) of generation.
     """
 
     def __init__(
@@ -57,19 +58,6 @@ class ZooModule(pl.LightningModule):
         """Build the backbone once (idempotent; runs inside the strategy's init context)."""
         if self.model is None:
             self.model = self.backbone.build_model(self.quantizer)
-
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_attention_mask: torch.Tensor,
-        params: SamplingParams | None = None,
-        generator: torch.Generator | None = None,
-    ) -> GenerationResult:
-        """Generation protocol: completions, texts and log-probs for left-padded prompts."""
-        self.configure_model()
-        return generate(
-            self.model, self.tokenizer, prompt_ids, prompt_attention_mask, params or self.sampling, generator
-        )
 
     def export_pretrained(self, directory: str | Path) -> Path:
         """Write model and tokenizer with ``save_pretrained`` (safetensors)."""

@@ -6,7 +6,7 @@ overlong punishment, Dr.GRPO, RLOO and later methods are configs, not subclasses
 
 One training step (manual optimization, GRPO / DAPO, see ``zoo.rl``):
 
-1. sample ``G`` completions per prompt with the shared generation core (:func:`zoo.generation.generate`);
+1. sample ``G`` completions per prompt through the module's decoder (``module/decoder``, :mod:`zoo.generation`);
 2. score them with the reward functions (TRL signature; dataset columns and ``step`` reach them);
 3. shape the ``[num_groups, G]`` rewards (e.g. GR3 ``r / (1 + alpha * l / mean_l)``) and compute advantages;
 4. for ``num_iterations`` optimizer steps, over micro-batches: per-token clipped loss against the rollout's
@@ -22,11 +22,13 @@ from typing import Any
 import torch
 
 from zoo.backbones.base import Backbone
+from zoo.data.tasks import Verifier
 from zoo.errors import ConfigError
-from zoo.generation.sampling import GenerationResult, SamplingParams
+from zoo.generation.decoders import Decoder
+from zoo.generation.sampling import GenerationResult
 from zoo.losses import masked_token_entropy, masked_token_logprobs
-from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooModule
-from zoo.modules.causal_lm import Verifier, exact_answer_match
+from zoo.modules.base import OptimizerFactory, SchedulerFactory
+from zoo.modules.generating import GeneratingModule
 from zoo.protocols import GenerationOutput
 from zoo.quant.base import Quantizer
 from zoo.rl import (
@@ -48,7 +50,7 @@ def repeat_rows(values: Sequence[Any], times: int) -> list[Any]:
     return [v for v in values for _ in range(times)]
 
 
-class GRPOModule(ZooModule):
+class GRPOModule(GeneratingModule):
     """Group Relative Policy Optimization with pluggable seams.
 
     Args:
@@ -64,8 +66,10 @@ class GRPOModule(ZooModule):
         micro_batch_size: completions per forward/backward pass (memory knob; does not change the gradient).
         max_grad_norm: gradient clipping (manual optimization; keep ``trainer.gradient_clip_val`` null).
         generation: rollout sampling (``do_sample``, ``temperature``, ``max_new_tokens``, ...).
-        eval_generation: validation decoding (greedy by default).
-        verifier: ``(completion, answer) -> bool`` for the true accuracy tracked beside the reward.
+        eval_generation: validation decoding (greedy by default, with the rollout ``max_new_tokens``).
+        verifier: ``(completion, answer) -> bool`` for the true accuracy tracked beside the reward (the task's,
+            ``verifier: ${task}``).
+        decoder: the decoder of rollouts and evaluation (``module/decoder``; default plain sampling).
     """
 
     def __init__(
@@ -86,10 +90,25 @@ class GRPOModule(ZooModule):
         max_grad_norm: float | None = 1.0,
         generation: dict[str, Any] | None = None,
         eval_generation: dict[str, Any] | None = None,
-        verifier: Verifier = exact_answer_match,
+        verifier: Verifier | None = None,
+        decoder: Decoder | None = None,
     ) -> None:
         generation = {"do_sample": True, "temperature": 1.0, "max_new_tokens": 64, **(generation or {})}
-        super().__init__(backbone, quantizer, optimizer, scheduler, generation)
+        eval_generation = {
+            "max_new_tokens": generation["max_new_tokens"],
+            "do_sample": False,
+            **(eval_generation or {}),
+        }
+        super().__init__(
+            backbone,
+            quantizer,
+            optimizer,
+            scheduler,
+            generation,
+            decoder=decoder,
+            verifier=verifier,
+            eval_generation=eval_generation,
+        )
         self.automatic_optimization = False
         if group_size < 2:
             raise ConfigError(
@@ -107,14 +126,10 @@ class GRPOModule(ZooModule):
         self.num_iterations = num_iterations
         self.micro_batch_size = micro_batch_size
         self.max_grad_norm = max_grad_norm
-        self.eval_sampling = SamplingParams(
-            **{"max_new_tokens": self.sampling.max_new_tokens, "do_sample": False, **(eval_generation or {})}
-        )
-        self.verifier = verifier
         self.ref_model: torch.nn.Module | None = None
         self.last_rollout: dict[str, Any] = {}
         ignore = ["backbone", "quantizer", "optimizer", "scheduler", "rewards", "shaper", "advantage"]
-        self.save_hyperparameters(ignore=[*ignore, "policy_loss", "aggregation", "verifier"])
+        self.save_hyperparameters(ignore=[*ignore, "policy_loss", "aggregation", "verifier", "decoder"])
 
     # -- model ------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -309,29 +324,7 @@ class GRPOModule(ZooModule):
             self.log(f"train/{key}", value.float().to(self.device), prog_bar=prog, batch_size=size)
 
     # -- evaluation -------------------------------------------------------------------------------------------
-    def _eval_step(self, batch: dict[str, Any], split: str) -> GenerationOutput:
-        result = self.generate(batch["prompt_ids"], batch["prompt_attention_mask"], self.eval_sampling)
-        answers = batch.get("columns", {}).get("answer")
-        correct = [self.verifier(t, a) for t, a in zip(result.texts, answers)] if answers else []
+    def log_generation(self, output: GenerationOutput, result: GenerationResult, split: str) -> None:
         size = len(result.texts)
-        if split != "predict":
-            if correct:
-                self.log(f"{split}/exact_match", sum(correct) / size, batch_size=size, prog_bar=True)
-            self.log(f"{split}/completion_length", result.lengths.float().mean(), batch_size=size)
-            self.log(f"{split}/clipped_ratio", (~result.finished).float().mean(), batch_size=size)
-        return GenerationOutput(
-            prompt_ids=result.prompt_ids,
-            completion_ids=result.completion_ids,
-            texts=result.texts,
-            logprobs=result.logprobs,
-            meta={"prompts": batch["prompts"], "answers": answers or [], "correct": correct},
-        )
-
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> GenerationOutput:
-        return self._eval_step(batch, "val")
-
-    def test_step(self, batch: dict[str, Any], batch_idx: int) -> GenerationOutput:
-        return self._eval_step(batch, "test")
-
-    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> GenerationOutput:
-        return self._eval_step(batch, "predict")
+        self.log(f"{split}/completion_length", result.lengths.float().mean(), batch_size=size)
+        self.log(f"{split}/clipped_ratio", (~result.finished).float().mean(), batch_size=size)

@@ -15,9 +15,11 @@ Equation -> function:
 - stages (notes 4(a)): ``alignment`` (encoder + LLM frozen; connector trains) and ``llm_adaptation`` (LoRA on the
   LLM through ``peft`` + connector; encoder frozen) -> :meth:`StructureLMModule.apply_stage`
 
-Validation generates greedily from the prompt embeddings with the structure tokens inserted
-(:meth:`StructureLMModule.generate_with_structures`), scores with the exact verifier, and logs accuracy overall,
-per structure-size bin (``{split}/acc_size/<bin>``), per question kind, and the mean number of structure tokens.
+Validation decodes (the module's decoder, ``module/decoder``; greedy by default) from the prompt embeddings with the
+structure tokens inserted (:meth:`StructureLMModule.generate_with_structures`, an ``inputs_embeds`` prefill), scores
+with the structure task's verifier, and logs accuracy overall (``{split}/exact_match``, by the generating family base
+:class:`~zoo.modules.generating.GeneratingModule`), per structure-size bin (``{split}/acc_size/<bin>``), per question
+kind, and the mean number of structure tokens.
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from zoo.backbones.base import Backbone
-from zoo.data.structures import SIZE_BIN_LABELS, STRUCTURE_TOKEN, StructureBatch, verify_structure_answer
+from zoo.data.structures import SIZE_BIN_LABELS, STRUCTURE_TOKEN, STRUCTURE_VERIFIER, StructureBatch
+from zoo.data.tasks import Verifier
 from zoo.errors import ConfigError, DataError
-from zoo.generation.sampling import GenerationResult, SamplingParams, cache_kwarg_name, decode_completion, sample_next
+from zoo.generation.decoders import Decoder
+from zoo.generation.sampling import GenerationResult, SamplingParams
 from zoo.lora import DEFAULT_LORA, inject_lora, merged_copy
 from zoo.losses import IGNORE_INDEX, masked_nll
-from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooModule
+from zoo.modules.base import OptimizerFactory, SchedulerFactory
+from zoo.modules.generating import EVAL_SPLITS, GeneratingModule
 from zoo.modules.structure_encoder_pretrain import PretrainRecipe, ensure_pretrained_encoder, load_encoder
 from zoo.multimodal.cuttlefish import ConnectorOutput, InsertedInputs, insert_structure_tokens, instruction_embedding
 from zoo.multimodal.structure_encoder import FeatureStandardizer, StructureEncoder, atom_feature_stats, encode_dense
@@ -51,7 +56,7 @@ SIZE_BIN_KEYS = {"<=25": "le25", "26-50": "26_50", "51-100": "51_100", "101-200"
 ConnectorFactory = Callable[..., nn.Module]
 
 
-class StructureLMModule(ZooModule):
+class StructureLMModule(GeneratingModule):
     """Structure encoder + connector + causal LM, trained on completions (family module of Cuttlefish).
 
     Args:
@@ -68,7 +73,10 @@ class StructureLMModule(ZooModule):
         connector_init: a ``connector.safetensors`` (or a directory holding one, e.g. an alignment run's
             ``export``) to start the connector from.
         placeholder: the placeholder token (must be in the tokenizer: ``backbone.extra_tokens``).
-        generate_on_eval: greedy generation + verifier during validation/test.
+        generate_on_eval: generation + verifier during validation/test.
+        verifier: ``(completion, answer) -> bool``; default the structure task's
+            (:data:`~zoo.data.structures.STRUCTURE_VERIFIER`).
+        decoder: the decoder (``module/decoder``; default plain sampling, greedy with the default ``generation``).
     """
 
     def __init__(
@@ -88,11 +96,21 @@ class StructureLMModule(ZooModule):
         connector_init: str | None = None,
         placeholder: str = STRUCTURE_TOKEN,
         generate_on_eval: bool = True,
-        verifier: Callable[[str, str], bool] = verify_structure_answer,
+        verifier: Verifier | None = None,
         standardize_features: bool = True,
         standardize_samples: int = 256,
+        decoder: Decoder | None = None,
     ) -> None:
-        super().__init__(backbone, quantizer, optimizer, scheduler, generation)
+        super().__init__(
+            backbone,
+            quantizer,
+            optimizer,
+            scheduler,
+            generation,
+            decoder=decoder,
+            verifier=verifier if verifier is not None else STRUCTURE_VERIFIER,
+            generate_on_eval=generate_on_eval,
+        )
         if stage not in STAGES:
             raise ConfigError(f"module.stage must be one of {STAGES}, got {stage!r}")
         if connector is None:
@@ -111,16 +129,15 @@ class StructureLMModule(ZooModule):
         self.stage = stage
         self.lora = {**DEFAULT_LORA, **dict(lora or {})}
         self.connector_init = connector_init
-        self.generate_on_eval = generate_on_eval
-        self.verifier = verifier
         self.standardize_features = standardize_features
         self.standardize_samples = standardize_samples
         self.structure_encoder: StructureEncoder | None = None
         self.feature_norm: FeatureStandardizer | None = None
         self.connector: nn.Module | None = None
         self._encoder_dir: Path | None = None
-        self.save_hyperparameters(ignore=["backbone", "quantizer", "optimizer", "scheduler", "connector", "verifier"])
-        self.eval_loss = nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
+        ignore = ["backbone", "quantizer", "optimizer", "scheduler", "connector", "verifier", "decoder"]
+        self.save_hyperparameters(ignore=ignore)
+        self.eval_loss = nn.ModuleDict({s: MeanMetric() for s in EVAL_SPLITS})
         self._records: dict[str, list[dict[str, Any]]] = defaultdict(list)
 
     # -- building ---------------------------------------------------------------------------------------------------
@@ -284,82 +301,40 @@ class StructureLMModule(ZooModule):
         params: SamplingParams | None = None,
         generator: torch.Generator | None = None,
     ) -> tuple[GenerationResult, ConnectorOutput]:
-        """KV-cached decoding from left-padded prompts with the structure tokens inserted (greedy by default)."""
-        params = params or self.sampling
-        tok = self.tokenizer
+        """Decode left-padded prompts with the structure tokens inserted: the decoder prefills the inserted
+        ``inputs_embeds`` (``prompt_ids`` are the result's prompt and the logits processors' context)."""
         out, ins = self.embed_inputs(prompt_ids, prompt_attention_mask, structures, padding_side="left")
-        max_ctx = getattr(self.model.config, "max_position_embeddings", None)
-        if max_ctx is not None and ins.inputs_embeds.shape[1] + params.max_new_tokens > max_ctx:
-            raise ConfigError(
-                f"prompt + {int(out.num_tokens.max())} structure tokens + max_new_tokens={params.max_new_tokens} "
-                f"exceed the LLM context ({max_ctx}); lower module.connector.k_max or the generation budget"
-            )
-        ck = cache_kwarg_name(self.model)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            res = self.model(
-                inputs_embeds=ins.inputs_embeds,
-                attention_mask=ins.attention_mask,
-                position_ids=ins.position_ids,
-                use_cache=True,
-            )
-            cache, logits, mask = res[ck], res.logits[:, -1].float(), ins.attention_mask
-            bsz = prompt_ids.shape[0]
-            done = torch.zeros(bsz, dtype=torch.bool, device=prompt_ids.device)
-            ids, lps, masks = [], [], []
-            for _ in range(params.max_new_tokens):
-                nxt, lp = sample_next(logits, params, generator)
-                active = ~done
-                nxt = torch.where(active, nxt, torch.full_like(nxt, tok.pad_token_id))
-                ids.append(nxt)
-                lps.append(torch.where(active, lp, torch.zeros_like(lp)))
-                masks.append(active.long())
-                done |= active & (nxt == tok.eos_token_id)
-                if bool(done.all()):
-                    break
-                mask = torch.cat([mask, active.to(mask.dtype)[:, None]], dim=1)
-                positions = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, -1:]
-                res = self.model(
-                    input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, use_cache=True, **{ck: cache}
-                )
-                cache, logits = res[ck], res.logits[:, -1].float()
-        finally:
-            self.model.train(was_training)
-        completion_ids = torch.stack(ids, 1)
-        result = GenerationResult(
-            prompt_ids=prompt_ids,
-            completion_ids=completion_ids,
-            completion_mask=torch.stack(masks, 1),
-            logprobs=torch.stack(lps, 1),
-            texts=[decode_completion(tok, row.tolist()) for row in completion_ids],
-            finished=done,
+        result = self.decoder(
+            self.model,
+            self.tokenizer,
+            prompt_ids,
+            ins.attention_mask,
+            inputs_embeds=ins.inputs_embeds,
+            params=params or self.sampling,
+            generator=generator,
         )
         return result, out
 
     # -- evaluation -------------------------------------------------------------------------------------------------
-    def _generate_output(self, batch: dict[str, Any]) -> GenerationOutput:
+    def generate_batch(self, batch: dict[str, Any]) -> tuple[GenerationResult, dict[str, list[Any]]]:
         s: StructureBatch = batch["structures"]
-        result, out = self.generate_with_structures(batch["prompt_ids"], batch["prompt_attention_mask"], s)
-        correct = [bool(self.verifier(t, a)) for t, a in zip(result.texts, s.answers)]
-        return GenerationOutput(
-            prompt_ids=result.prompt_ids,
-            completion_ids=result.completion_ids,
-            texts=result.texts,
-            logprobs=result.logprobs,
-            meta={
-                "prompts": s.prompts,
-                "answers": s.answers,
-                "correct": correct,
-                "kinds": s.kinds,
-                "size_bins": s.size_bins,
-                "sample_ids": s.sample_ids,
-                "num_atoms": s.num_atoms.tolist(),
-                "num_tokens": out.num_tokens.tolist(),
-            },
+        result, out = self.generate_with_structures(
+            batch["prompt_ids"], batch["prompt_attention_mask"], s, self.eval_sampling
         )
+        meta = {
+            "kinds": s.kinds,
+            "size_bins": s.size_bins,
+            "sample_ids": s.sample_ids,
+            "num_atoms": s.num_atoms.tolist(),
+            "num_tokens": out.num_tokens.tolist(),
+        }
+        return result, meta
 
-    def _eval_step(self, batch: dict[str, Any], split: str) -> GenerationOutput:
+    def prompts_and_answers(self, batch: dict[str, Any]) -> tuple[list[str], list[Any] | None]:
+        s: StructureBatch = batch["structures"]
+        return list(s.prompts), list(s.answers)
+
+    def eval_losses(self, batch: dict[str, Any], split: str) -> None:
         loss, out, _ = self.loss(batch)
         size = batch["input_ids"].shape[0]
         self.eval_loss[split].update(loss)
@@ -367,38 +342,28 @@ class StructureLMModule(ZooModule):
         if not self.generate_on_eval:
             n = batch["structures"].num_atoms.tolist()
             self._records[split].extend({"num_tokens": int(k), "num_atoms": a} for k, a in zip(out.num_tokens, n))
-            return GenerationOutput(meta={})
-        output = self._generate_output(batch)
+
+    def log_generation(self, output: GenerationOutput, result: GenerationResult, split: str) -> None:
         m = output["meta"]
-        for i in range(size):
+        for i in range(len(result.texts)):
             self._records[split].append(
                 {k: m[k][i] for k in ("correct", "kinds", "size_bins", "num_atoms", "num_tokens")}
             )
-        return output
 
     def _log_records(self, split: str) -> None:
+        """Epoch-end metrics beside ``{split}/exact_match``: structure tokens, accuracy per size bin and kind."""
         records = self._records.pop(split, [])
         if not records:
             return
         self.log(f"{split}/tokens_per_structure", sum(r["num_tokens"] for r in records) / len(records))
         if "correct" not in records[0]:
             return
-        self.log(f"{split}/exact_match", sum(r["correct"] for r in records) / len(records), prog_bar=True)
         groups: dict[str, list[bool]] = defaultdict(list)
         for r in records:
             groups[f"acc_size/{SIZE_BIN_KEYS.get(r['size_bins'], r['size_bins'])}"].append(r["correct"])
             groups[f"acc_kind/{r['kinds']}"].append(r["correct"])
         for key, values in sorted(groups.items()):
             self.log(f"{split}/{key}", sum(values) / len(values))
-
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> GenerationOutput:
-        return self._eval_step(batch, "val")
-
-    def test_step(self, batch: dict[str, Any], batch_idx: int) -> GenerationOutput:
-        return self._eval_step(batch, "test")
-
-    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> GenerationOutput:
-        return self._generate_output(batch)
 
     def on_validation_epoch_end(self) -> None:
         self._log_records("val")

@@ -8,7 +8,10 @@ latent decoding); this module wires it to a vision-language backbone and a froze
   the paper); ``align_weight=0`` with ``teacher=None`` is the "latents without alignment" ablation.
 
 The teacher is only called in :meth:`training_step`; validation, test, predict and :meth:`generate_latent`
-use the MLLM alone.
+use the MLLM alone. Generation goes through the decoder seam: the module decodes with
+:class:`~zoo.multimodal.valr.LatentDecoder` (K = ``num_latents``; 0 in the CoT stage), which carries the processors
+and forward hooks of the configured ``module/decoder`` (only ``sample`` has a latent version). Evaluation: loss,
+generation, the task's verifier -> ``{split}/exact_match`` (:class:`~zoo.modules.generating.GeneratingModule`).
 """
 
 from __future__ import annotations
@@ -22,27 +25,29 @@ from torchmetrics import MeanMetric
 
 from zoo.backbones.base import Backbone
 from zoo.backbones.vlm import LATENT_END, LATENT_SLOT, LATENT_START
-from zoo.data.tasks import extract_answer
+from zoo.data.tasks import Verifier
 from zoo.errors import ConfigError, DataError
+from zoo.generation.decoders import Decoder, SampleDecoder
+from zoo.generation.sampling import GenerationResult
 from zoo.losses import masked_nll
-from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooModule
+from zoo.modules.base import OptimizerFactory, SchedulerFactory
+from zoo.modules.generating import EVAL_SPLITS, GeneratingModule
 from zoo.multimodal.valr import (
     AlignmentProjector,
     LatentBatch,
-    LatentGeneration,
+    LatentDecoder,
+    LatentGenerationResult,
     latent_forward,
-    latent_generate,
     packed_nll,
     rewrite_with_latents,
     valr_alignment_loss,
 )
-from zoo.protocols import GenerationOutput
 from zoo.quant.base import Quantizer
 
 STAGES = ("cot", "latent")
 
 
-class VaLRModule(ZooModule):
+class VaLRModule(GeneratingModule):
     """Vision-aligned latent reasoning on a vision-language backbone.
 
     Args:
@@ -59,7 +64,10 @@ class VaLRModule(ZooModule):
         projector_lr: learning rate of psi (paper: 1e-5 vs 2e-6 for the LLM); ``None`` = the optimizer's.
         freeze_vision: keep the native vision tower frozen (paper: frozen in both stages).
         max_latent_segments: cap of latent segments per row at inference.
-        generate_on_eval: greedy generation + exact-match accuracy (overall and per number of steps) on eval.
+        generate_on_eval: generation + exact-match accuracy on eval (``meta["num_steps"]`` per row).
+        verifier: ``(completion, answer) -> bool``, the task's (``verifier: ${task}``).
+        decoder: ``module/decoder``; its processors and hooks move to the module's
+            :class:`~zoo.multimodal.valr.LatentDecoder` (``None`` or ``sample``; other decoders have no latent loop).
     """
 
     def __init__(
@@ -81,8 +89,23 @@ class VaLRModule(ZooModule):
         max_latent_segments: int = 8,
         generate_on_eval: bool = True,
         max_steps_logged: int = 8,
+        verifier: Verifier | None = None,
+        decoder: Decoder | None = None,
     ) -> None:
-        super().__init__(backbone, quantizer, optimizer, scheduler, generation)
+        super().__init__(
+            backbone,
+            quantizer,
+            optimizer,
+            scheduler,
+            generation,
+            verifier=verifier,
+            generate_on_eval=generate_on_eval,
+        )
+        if decoder is not None and type(decoder) not in (SampleDecoder, LatentDecoder):
+            raise ConfigError(
+                "VaLR decodes with its latent loop (zoo.multimodal.valr.LatentDecoder), which takes the processors and "
+                f"hooks of module.decoder; {type(decoder).__name__} has no latent version: use module/decoder=sample"
+            )
         if stage not in STAGES:
             raise ConfigError(f"module.stage must be one of {STAGES}, got {stage!r}")
         if stage == "latent" and num_latents < 1:
@@ -106,12 +129,14 @@ class VaLRModule(ZooModule):
         self.projector_lr = projector_lr
         self.freeze_vision = freeze_vision
         self.max_latent_segments = max_latent_segments
-        self.generate_on_eval = generate_on_eval
         self.max_steps_logged = max_steps_logged
-        self.save_hyperparameters(ignore=["backbone", "quantizer", "optimizer", "scheduler", "teacher"])
-        self.eval_metrics = nn.ModuleDict(
-            {f"{s}_{n}": MeanMetric() for s in ("val", "test") for n in ("loss", "exact_match")}
+        configured = decoder if decoder is not None else self.decoder
+        self.decoder = LatentDecoder(
+            self.num_latents, max_latent_segments, processors=configured.processors, hooks=configured.hooks
         )
+        ignore = ["backbone", "quantizer", "optimizer", "scheduler", "teacher", "verifier", "decoder"]
+        self.save_hyperparameters(ignore=ignore)
+        self.eval_loss = nn.ModuleDict({s: MeanMetric() for s in EVAL_SPLITS})
 
     # -- model ----------------------------------------------------------------------------------------------
     @property
@@ -234,58 +259,28 @@ class VaLRModule(ZooModule):
         return out["loss"]
 
     # -- inference (teacher never used) -----------------------------------------------------------------------
-    def generate_latent(self, batch: dict[str, Any], hidden_layer: int | None = None) -> LatentGeneration:
-        """Greedy decoding with latent segments (K = ``num_latents``; plain greedy in the CoT stage)."""
+    def generate_latent(self, batch: dict[str, Any], hidden_layer: int | None = None) -> LatentGenerationResult:
+        """Decode a batch with latent segments (K = ``num_latents``; plain decoding in the CoT stage) and the
+        evaluation sampling (greedy by default); ``hidden_layer`` also returns that layer's latent states."""
         self.configure_model()
-        return latent_generate(
+        decoder = self.decoder if hidden_layer is None else self.decoder.recording(hidden_layer)
+        return decoder(
             self.model,
             self.tokenizer,
             batch["prompt_ids"],
             batch["prompt_attention_mask"],
-            batch.get("pixel_values"),
-            self.num_latents,
-            max_new_tokens=self.sampling.max_new_tokens,
-            max_segments=self.max_latent_segments,
-            hidden_layer=hidden_layer,
-            **self.token_ids,
+            params=self.eval_sampling,
+            pixel_values=batch.get("pixel_values"),
         )
 
-    def _generate_output(self, batch: dict[str, Any]) -> GenerationOutput:
-        result = self.generate_latent(batch)
-        correct = [extract_answer(t) == a for t, a in zip(result.texts, batch["answers"])]
-        return GenerationOutput(
-            prompt_ids=batch["prompt_ids"],
-            completion_ids=result.completion_ids,
-            texts=result.texts,
-            meta={
-                "prompts": batch["prompts"],
-                "answers": batch["answers"],
-                "correct": correct,
-                "num_steps": batch["num_steps"].tolist(),
-            },
-        )
+    def generate_batch(self, batch: dict[str, Any]) -> tuple[GenerationResult, dict[str, list[Any]]]:
+        return self.generate_latent(batch), {"num_steps": batch["num_steps"].tolist()}
 
-    def _eval_step(self, batch: dict[str, Any], split: str) -> GenerationOutput:
+    def eval_losses(self, batch: dict[str, Any], split: str) -> None:
         size = batch["input_ids"].shape[0]
         loss = self.losses(batch, with_alignment=False)["lm_loss"]
-        self.eval_metrics[f"{split}_loss"].update(loss)
-        self.log(f"{split}/loss", self.eval_metrics[f"{split}_loss"], prog_bar=split == "val", batch_size=size)
-        if not self.generate_on_eval:
-            return GenerationOutput(meta={})
-        output = self._generate_output(batch)
-        correct = torch.tensor(output["meta"]["correct"], dtype=torch.float, device=self.device)
-        self.eval_metrics[f"{split}_exact_match"].update(correct)
-        self.log(f"{split}/exact_match", self.eval_metrics[f"{split}_exact_match"], prog_bar=True, batch_size=size)
-        return output
-
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> GenerationOutput:
-        return self._eval_step(batch, "val")
-
-    def test_step(self, batch: dict[str, Any], batch_idx: int) -> GenerationOutput:
-        return self._eval_step(batch, "test")
-
-    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> GenerationOutput:
-        return self._generate_output(batch)
+        self.eval_loss[split].update(loss)
+        self.log(f"{split}/loss", self.eval_loss[split], prog_bar=split == "val", batch_size=size)
 
     def export_pretrained(self, directory: Any) -> Any:
         """Model + processor (or tokenizer) with ``save_pretrained``; loads back with ``backbone=hf_vlm``."""

@@ -16,7 +16,8 @@ Equation -> function map (paper section 3; notation of the notes ``research/mult
 * psi: 2-layer MLP (SiLU) from the LLM width to the teacher width             -> :class:`AlignmentProjector`
 * L = L_CE + lambda L_REPA (lambda = 0.5); L_CE over the latent-augmented sequence, latent positions
   labelled -100                                                                -> :func:`packed_nll` (+ the module)
-* inference: latent segments decoded with hidden-state feedback, teacher unused -> :func:`latent_generate`
+* inference: latent segments decoded with hidden-state feedback, teacher unused -> :class:`LatentDecoder` (a decoder
+  of the decoder seam, :mod:`zoo.generation.decoders`)
 
 Conventions: ``hidden_states[0]`` is the embedding output and ``hidden_states[L]`` the last layer (after the
 final norm, which is what the LM head reads); the fed-back vector is ``hidden_states[-1]`` (Coconut's
@@ -26,16 +27,22 @@ convention). Rows of a batch are laid out so that latent positions share columns
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.generation.sampling import cache_kwarg_name
+from zoo.backbones.vlm import LATENT_END, LATENT_SLOT, LATENT_START
+from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill
+from zoo.generation.sampling import GenerationResult, SamplingParams, cache_kwarg_name, decode_completion
 from zoo.losses import IGNORE_INDEX, masked_nll
+
+LATENT_TOKENS = (LATENT_START, LATENT_END, LATENT_SLOT)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -332,116 +339,144 @@ def valr_alignment_loss(
 # ----------------------------------------------------------------------------------------------------------------
 # inference
 # ----------------------------------------------------------------------------------------------------------------
-@dataclass
-class LatentGeneration:
-    """Output of :func:`latent_generate`: ``completion_ids [B, L]`` (latent slots as the slot id, pad after
-    the end), ``texts`` (decoded, slots shown as the slot token), ``num_latent_segments [B]``,
-    ``latent_states`` (per row a list of ``[K, H]`` tensors of ``hidden_layer``, when asked)."""
+@dataclass(kw_only=True)
+class LatentGenerationResult(GenerationResult):
+    """Output of :class:`LatentDecoder`: the :class:`~zoo.generation.sampling.GenerationResult` fields
+    (``completion_ids`` show latent slots as the slot id; ``logprobs`` are 0 on forced tokens: slots and
+    ``</latent>``) plus:
 
-    completion_ids: torch.Tensor
-    texts: list[str]
-    num_latent_segments: torch.Tensor
-    latent_states: list[list[torch.Tensor]] | None
-
-
-@torch.no_grad()
-def latent_generate(
-    model: nn.Module,
-    tokenizer: object,
-    prompt_ids: torch.Tensor,
-    prompt_attention_mask: torch.Tensor,
-    pixel_values: torch.Tensor | None,
-    num_latents: int,
-    *,
-    latent_start_id: int,
-    latent_end_id: int,
-    latent_slot_id: int,
-    max_new_tokens: int = 128,
-    max_segments: int = 8,
-    hidden_layer: int | None = None,
-) -> LatentGeneration:
-    """Greedy decoding with latent segments: after the model emits ``<latent>``, K steps feed back the last
-    hidden state (E_{t+1} = [E_t; h_t]); then ``</latent>`` is forced and language mode resumes. One position
-    per row per step with the KV cache; the teacher is not involved. ``num_latents=0`` is plain greedy
-    decoding. ``max_segments`` caps latent segments per row (further ``<latent>`` logits are masked).
+    Attributes:
+        num_latent_segments: ``[B]`` latent segments per row.
+        latent_states: per row a list of ``[K, H]`` tensors of ``hidden_layer`` (``None`` unless asked).
     """
-    device = prompt_ids.device
-    cache_kw = cache_kwarg_name(model)
-    embed = model.get_input_embeddings()
-    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
-    pad = tokenizer.pad_token_id  # type: ignore[attr-defined]
-    b = prompt_ids.shape[0]
-    mask = prompt_attention_mask.clone()
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = _forward(
-        model,
-        cache_kw,
-        None,
-        input_ids=prompt_ids,
-        attention_mask=mask,
-        position_ids=positions,
-        pixel_values=pixel_values,
-    )
-    cache = getattr(out, cache_kw, None)
-    logits, last = out.logits[:, -1].float(), out.hidden_states[-1][:, -1]
-    remaining = torch.zeros(b, dtype=torch.long, device=device)  # latent steps left in the current segment
-    force_end = torch.zeros(b, dtype=torch.bool, device=device)
-    segments = torch.zeros(b, dtype=torch.long, device=device)
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    generated: list[torch.Tensor] = []
-    states: list[list[torch.Tensor]] | None = [[] for _ in range(b)] if hidden_layer is not None else None
-    current: list[list[torch.Tensor]] = [[] for _ in range(b)]
-    for _ in range(max_new_tokens):
-        in_latent = remaining > 0
-        if num_latents > 0:
-            logits[:, latent_end_id] = float("-inf")
-            logits[segments >= max_segments, latent_start_id] = float("-inf")
-        logits[:, latent_slot_id] = float("-inf")
-        token = logits.argmax(-1)
-        token = torch.where(force_end, torch.full_like(token, latent_end_id), token)
-        token = torch.where(in_latent, torch.full_like(token, latent_slot_id), token)
-        token = torch.where(done, torch.full_like(token, pad), token)
-        vec = embed(token)
-        vec = torch.where(in_latent[:, None], last, vec)
-        generated.append(token)
-        mask = torch.cat([mask, (~done).long()[:, None]], 1)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -1:]
-        out = _forward(model, cache_kw, cache, inputs_embeds=vec[:, None], attention_mask=mask, position_ids=pos)
-        cache = getattr(out, cache_kw, None)
-        logits, last = out.logits[:, -1].float(), out.hidden_states[-1][:, -1]
-        if states is not None:
-            layer = out.hidden_states[hidden_layer][:, -1]
-            for r in in_latent.nonzero().flatten().tolist():
-                current[r].append(layer[r])
-        # state transitions
-        was_end = force_end.clone()
-        force_end = in_latent & (remaining == 1)
-        remaining = torch.where(in_latent, remaining - 1, remaining)
-        started = (token == latent_start_id) & ~done & (num_latents > 0)
-        remaining = torch.where(started, torch.full_like(remaining, num_latents), remaining)
-        segments = segments + started.long()
-        if states is not None:
-            for r in (force_end & ~was_end).nonzero().flatten().tolist():
-                states[r].append(torch.stack(current[r]))
-                current[r] = []
-        done = done | ((token == eos) & ~in_latent)
-        if bool(done.all()):
-            break
-    completion = torch.stack(generated, 1) if generated else prompt_ids.new_zeros(b, 0)
-    texts = []
-    for row in completion.tolist():
-        cut = row.index(eos) if eos in row else len(row)
-        texts.append(tokenizer.decode(row[:cut], skip_special_tokens=False))  # type: ignore[attr-defined]
-    return LatentGeneration(completion, texts, segments, states)
+
+    num_latent_segments: torch.Tensor
+    latent_states: list[list[torch.Tensor]] | None = None
+
+
+class LatentDecoder(Decoder):
+    """Decoding with latent segments: after the model emits ``<latent>``, K steps feed back the last hidden state
+    (E_{t+1} = [E_t; h_t]); then ``</latent>`` is forced and language mode resumes. One position per row per
+    step with the KV cache; the teacher is not involved.
+
+    In language mode the next token is chosen like every decoder's (logits processors, then greedy or sampled
+    with ``params``); ``</latent>`` and the slot token are never chosen freely, and ``<latent>`` is masked once a
+    row has ``max_segments`` segments. ``num_latents=0`` is plain decoding with the latent tokens banned.
+    Extra prefill inputs (``pixel_values``) pass through the call.
+
+    Args:
+        num_latents: K latent positions per segment.
+        max_segments: cap of latent segments per row.
+        hidden_layer: ``hidden_states`` index whose latent states are returned (``None``: not recorded).
+        processors, hooks: as :class:`~zoo.generation.decoders.Decoder`.
+    """
+
+    def __init__(
+        self,
+        num_latents: int,
+        max_segments: int = 8,
+        hidden_layer: int | None = None,
+        processors: Iterable[LogitsProcessor] = (),
+        hooks: Iterable[ForwardHook] = (),
+    ) -> None:
+        super().__init__(processors, hooks)
+        if num_latents < 0 or max_segments < 0:
+            raise ValueError(f"num_latents and max_segments must be >= 0, got {num_latents}, {max_segments}")
+        self.num_latents = num_latents
+        self.max_segments = max_segments
+        self.hidden_layer = hidden_layer
+
+    def recording(self, hidden_layer: int | None) -> LatentDecoder:
+        """This decoder (same processor and hook lists) returning the latent states of ``hidden_layer``."""
+        other = copy.copy(self)
+        other.hidden_layer = hidden_layer
+        return other
+
+    def decode(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        prefill: Prefill,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> LatentGenerationResult:
+        vocab = tokenizer.get_vocab()
+        start_id, end_id, slot_id = (vocab.get(t) for t in LATENT_TOKENS)
+        k, b, device = self.num_latents, prefill.batch_size, prefill.device
+        if k > 0 and None in (start_id, end_id, slot_id):
+            raise ValueError(f"latent decoding needs the tokens {LATENT_TOKENS} in the tokenizer")
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        embed = model.get_input_embeddings()
+        state = prefill.start(model, output_hidden_states=True)
+        context = prefill.prompt_ids
+        remaining = torch.zeros(b, dtype=torch.long, device=device)  # latent steps left in the current segment
+        force_end = torch.zeros(b, dtype=torch.bool, device=device)
+        segments = torch.zeros(b, dtype=torch.long, device=device)
+        done = torch.zeros(b, dtype=torch.bool, device=device)
+        ids, lps, masks = [], [], []
+        states: list[list[torch.Tensor]] | None = [[] for _ in range(b)] if self.hidden_layer is not None else None
+        current: list[list[torch.Tensor]] = [[] for _ in range(b)]
+        for _ in range(params.max_new_tokens):
+            in_latent = remaining > 0
+            logits = state.next_logits.clone()
+            if k > 0:
+                logits[:, end_id] = float("-inf")
+                logits[segments >= self.max_segments, start_id] = float("-inf")
+            if slot_id is not None:
+                logits[:, slot_id] = float("-inf")
+            token, logprob = self.next_tokens(logits, context, params, generator)
+            forced = force_end | in_latent | done
+            if k > 0:
+                token = torch.where(force_end, torch.full_like(token, end_id), token)
+                token = torch.where(in_latent, torch.full_like(token, slot_id), token)
+            token = torch.where(done, torch.full_like(token, pad), token)
+            ids.append(token)
+            lps.append(torch.where(forced, torch.zeros_like(logprob), logprob))
+            masks.append((~done).long())
+            if self.processors:
+                context = torch.cat([context, token[:, None]], dim=1)
+            # state transitions (a segment: <latent>, K slots fed back from hidden states, forced </latent>)
+            was_end = force_end.clone()
+            if k > 0:
+                force_end = in_latent & (remaining == 1)
+                remaining = torch.where(in_latent, remaining - 1, remaining)
+                started = (token == start_id) & ~done
+                remaining = torch.where(started, torch.full_like(remaining, k), remaining)
+                segments = segments + started.long()
+            new_done = done | ((token == eos) & ~in_latent)
+            if bool(new_done.all()):
+                done = new_done
+                break
+            vec = torch.where(in_latent[:, None], state.hidden_states[-1], embed(token))
+            state.feed(embeds=vec[:, None], mask=(~done).long()[:, None])
+            if states is not None:
+                layer = state.hidden_states[self.hidden_layer]
+                for r in in_latent.nonzero().flatten().tolist():
+                    current[r].append(layer[r])
+                for r in (force_end & ~was_end).nonzero().flatten().tolist():
+                    states[r].append(torch.stack(current[r]))
+                    current[r] = []
+            done = new_done
+        completion = torch.stack(ids, 1)
+        return LatentGenerationResult(
+            prompt_ids=prefill.prompt_ids,
+            completion_ids=completion,
+            completion_mask=torch.stack(masks, 1),
+            logprobs=torch.stack(lps, 1),
+            texts=[decode_completion(tokenizer, row.tolist()) for row in completion],
+            finished=done,
+            num_latent_segments=segments,
+            latent_states=states,
+        )
 
 
 __all__ = [
     "AlignmentProjector",
     "LatentBatch",
     "LatentForwardOutput",
-    "LatentGeneration",
+    "LatentDecoder",
+    "LatentGenerationResult",
     "latent_forward",
-    "latent_generate",
     "packed_nll",
     "rewrite_with_latents",
     "upsample_latents",

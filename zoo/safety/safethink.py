@@ -18,7 +18,7 @@ or above tau, and steer only when it does not, only in the first m reasoning ste
 Equation / algorithm line -> function:
 
 * satisficing constraint ``R_safe(x, y_{1:t}) >= tau`` for ``t <= m`` -> :class:`SafeThinkHook` (``__call__``)
-* line 2 (step-wise decoding, KV cache kept across steps) -> :func:`zoo.generation.stepwise.stepwise_generate`
+* line 2 (step-wise decoding, KV cache kept across steps) -> :class:`zoo.generation.stepwise.StepwiseDecoder`
 * line 3 (``R_safe``) -> scorers in :mod:`zoo.safety.scorers`
 * lines 4a/4b (prefix injection, keep or resample the step) -> :class:`SafeThinkHook` -> ``StepAction``
 * the whole loop -> :func:`safethink_generate`
@@ -46,8 +46,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.generation.sampling import SamplingParams, generate
-from zoo.generation.stepwise import StepAction, StepEvent, StepwiseResult, stepwise_generate
+from zoo.data.encoding import encode_prompts
+from zoo.generation.decoders import ForwardHook, LogitsProcessor, SampleDecoder
+from zoo.generation.sampling import SamplingParams
+from zoo.generation.stepwise import StepAction, StepEvent, StepwiseDecoder, StepwiseResult
 from zoo.safety.scorers import as_scorer, scorer_name, validate_scores
 
 DEFAULT_PREFIX = "Wait, think safely"
@@ -165,23 +167,6 @@ class SafeThinkHook:
         return actions
 
 
-def encode_prompts(
-    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], device: torch.device | str = "cpu"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ``(prompt_ids, attention_mask)`` ``[B, P]``: BOS (when the tokenizer has one) + prompt ids,
-    as the zoo's datamodules encode prompts."""
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    encoded = [bos + list(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
-    width = max((len(e) for e in encoded), default=0)
-    ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(encoded), width), dtype=torch.long)
-    for i, e in enumerate(encoded):
-        if e:
-            ids[i, width - len(e) :] = torch.tensor(e, dtype=torch.long)
-            mask[i, width - len(e) :] = 1
-    return ids.to(device), mask.to(device)
-
-
 def prefix_token_ids(tokenizer: PreTrainedTokenizerBase, prefix: str) -> list[int]:
     """Token ids of the corrective prefix (no special tokens); an empty prefix is an error."""
     ids = list(tokenizer(prefix, add_special_tokens=False)["input_ids"])
@@ -217,6 +202,8 @@ def safethink_generate(
     step_delimiters: str | Sequence[str] = "\n",
     prompt_ids: torch.Tensor | None = None,
     prompt_attention_mask: torch.Tensor | None = None,
+    processors: Sequence[LogitsProcessor] = (),
+    hooks: Sequence[ForwardHook] = (),
 ) -> SafeThinkResult:
     """Generate with SafeThink (the algorithm of the module docstring).
 
@@ -232,9 +219,11 @@ def safethink_generate(
         discard_violating_step: resample the violating step after the prefix (4b) instead of keeping it (4a).
         params: decoding options (greedy by default).
         generator: seeded ``torch.Generator`` (with an always-safe scorer, the output is token-identical to
-            :func:`~zoo.generation.sampling.generate` with the same seed).
+            :class:`~zoo.generation.decoders.SampleDecoder` with the same seed).
         step_delimiters: where steps end.
         prompt_ids, prompt_attention_mask: pre-tokenized left-padded prompts (rows match ``prompts``).
+        processors, hooks: logits processors and forward hooks of the decoder (e.g. a module's
+            ``decoder.processors`` / ``decoder.hooks``, so that SafeThink composes with them).
 
     Returns:
         :class:`SafeThinkResult`.
@@ -248,16 +237,10 @@ def safethink_generate(
         raise ValueError(f"{len(prompts)} prompts but prompt_ids has {prompt_ids.shape[0]} rows")
     prefix_ids = prefix_token_ids(tokenizer, prefix)
     hook = SafeThinkHook(scorer, prompts, tau, max_steps_monitored, prefix_ids, discard_violating_step)
-    out = stepwise_generate(
-        model,
-        tokenizer,
-        prompt_ids,
-        prompt_attention_mask,
-        hook=None if max_steps_monitored == 0 else hook,
-        params=params,
-        step_delimiters=step_delimiters,
-        generator=generator,
+    decoder = StepwiseDecoder(
+        None if max_steps_monitored == 0 else hook, step_delimiters, processors=processors, hooks=hooks
     )
+    out = decoder(model, tokenizer, prompt_ids, prompt_attention_mask, params=params, generator=generator)
     return SafeThinkResult(
         texts=out.texts,
         interventions=hook.interventions,
@@ -289,5 +272,5 @@ def always_prefix_generate(
     forced = reasoning_open + prefix + step_delimiter
     device = next(model.parameters()).device
     ids, mask = encode_prompts(tokenizer, [p + forced for p in prompts], device)
-    result = generate(model, tokenizer, ids, mask, params, generator)
+    result = SampleDecoder()(model, tokenizer, ids, mask, params=params, generator=generator)
     return [forced + t for t in result.texts]

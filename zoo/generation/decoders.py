@@ -1,0 +1,379 @@
+"""The decoder seam: one protocol from prompt ids or ``inputs_embeds`` to a :class:`GenerationResult`.
+
+A generating module holds one :class:`Decoder` (``module/decoder=<name>``: ``sample``, ``stepwise``, ...) and
+every generation of its validation/test/predict steps goes through it. A decoder is called as::
+
+    decoder(model, tokenizer, prompt_ids, attention_mask, params=SamplingParams(...), generator=g)
+    decoder(model, tokenizer, attention_mask=mask, inputs_embeds=embeds, params=...)   # prefill from vectors
+    decoder(model, tokenizer, ids, mask, params=..., pixel_values=pixels)             # extra prefill inputs
+
+and carries two ordered lists that compose with any decoding loop (callbacks may append to / remove from them at
+run time, e.g. ``pl_module.decoder.processors.append(p)`` in ``setup``):
+
+* :attr:`Decoder.processors` -- logits processors with the transformers ``LogitsProcessor`` call convention
+  ``processor(input_ids [B, t], scores [B, V]) -> scores [B, V]``, applied in order to the next-token logits of
+  every sampled step (watermark biases, token bans, ...). ``input_ids`` are the prompt ids (when given) followed by
+  the tokens kept so far; rows of different lengths are right-padded with the pad id. Processors see every row of
+  the batch, finished ones included; the log-probabilities of the result are taken after them.
+* :attr:`Decoder.hooks` -- forward hooks: callables ``hook(model) -> context manager`` entered in order around the
+  whole decode and exited (hooks removed) when it ends, also on an exception. :class:`ModuleHook` wraps
+  ``register_forward_hook`` / ``register_forward_pre_hook`` on a named submodule this way (residual steering, head
+  scaling of an attention output projection, activation capture).
+
+Writing a decoder (DTS tree decoding, undo-aware decoding, sentence-level rejection sampling, ...): subclass
+:class:`Decoder` and implement only :meth:`Decoder.decode`, the loop. The base has already validated the inputs
+into a :class:`Prefill`, checked the context length, put the model in eval mode under ``torch.no_grad`` and
+attached the hooks. Inside the loop use :meth:`Prefill.start` for a KV-cached
+:class:`~zoo.generation.sampling.IncrementalDecoder` (token ids or ``inputs_embeds``, extra model inputs),
+:meth:`Decoder.next_tokens` to apply the processors and sample (greedy or :func:`~zoo.generation.sampling.sample_next`
+with the seeded generator), and return a :class:`~zoo.generation.sampling.GenerationResult` (or a dataclass
+subclass of it with the decoder's extra fields, like :class:`~zoo.generation.stepwise.StepwiseResult`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from zoo.data.encoding import encode_prompts
+from zoo.generation.sampling import (
+    GenerationResult,
+    IncrementalDecoder,
+    SamplingParams,
+    check_context,
+    decode_completion,
+    ends_with_stop,
+    max_token_length,
+    sample_next,
+)
+
+LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+ForwardHook = Callable[[nn.Module], AbstractContextManager[Any]]
+
+
+@dataclass
+class Prefill:
+    """What a decode starts from (validated by :meth:`Decoder.__call__`).
+
+    Attributes:
+        prompt_ids: ``[B, P]`` left-padded prompt ids (``[B, 0]`` when only embeddings were given); the context of
+            the logits processors and the ``prompt_ids`` of the result.
+        attention_mask: ``[B, P']`` mask of what is prefilled (``inputs_embeds`` when given, else ``prompt_ids``).
+        inputs_embeds: ``[B, P', H]`` prefill vectors, or ``None`` to prefill ``prompt_ids``.
+        model_inputs: extra inputs of the prefill forward (e.g. ``pixel_values``).
+    """
+
+    prompt_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    inputs_embeds: torch.Tensor | None = None
+    model_inputs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.attention_mask.shape[0])
+
+    @property
+    def length(self) -> int:
+        """Number of prefilled positions (padding included)."""
+        return int(self.attention_mask.shape[1])
+
+    @property
+    def device(self) -> torch.device:
+        return self.attention_mask.device
+
+    def start(self, model: PreTrainedModel, output_hidden_states: bool = False) -> IncrementalDecoder:
+        """Run the prefill: a KV-cached :class:`~zoo.generation.sampling.IncrementalDecoder` of the batch."""
+        if self.inputs_embeds is not None:
+            return IncrementalDecoder(
+                model,
+                attention_mask=self.attention_mask,
+                inputs_embeds=self.inputs_embeds,
+                output_hidden_states=output_hidden_states,
+                **self.model_inputs,
+            )
+        return IncrementalDecoder(
+            model,
+            self.prompt_ids,
+            self.attention_mask,
+            output_hidden_states=output_hidden_states,
+            **self.model_inputs,
+        )
+
+
+def as_prefill(
+    prompt_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    model_inputs: dict[str, Any],
+) -> Prefill:
+    """Validate the decoder inputs (see :meth:`Decoder.__call__`) into a :class:`Prefill`."""
+    if prompt_ids is None and inputs_embeds is None:
+        raise ValueError("a decoder needs prompt_ids or inputs_embeds")
+    if prompt_ids is not None and prompt_ids.dim() != 2:
+        raise ValueError(f"prompt_ids must be [batch, length], got shape {tuple(prompt_ids.shape)}")
+    if inputs_embeds is not None and inputs_embeds.dim() != 3:
+        raise ValueError(f"inputs_embeds must be [batch, length, hidden], got shape {tuple(inputs_embeds.shape)}")
+    prefilled = inputs_embeds if inputs_embeds is not None else prompt_ids
+    batch, length = prefilled.shape[:2]
+    if attention_mask is None:
+        attention_mask = torch.ones(batch, length, dtype=torch.long, device=prefilled.device)
+    if tuple(attention_mask.shape) != (batch, length):
+        what = "inputs_embeds" if inputs_embeds is not None else "prompt_ids"
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but {what} is [{batch}, {length}, ...]; "
+            "the mask describes what is prefilled"
+        )
+    if prompt_ids is None:
+        prompt_ids = torch.zeros(batch, 0, dtype=torch.long, device=prefilled.device)
+    elif prompt_ids.shape[0] != batch:
+        raise ValueError(f"prompt_ids has {prompt_ids.shape[0]} rows but inputs_embeds has {batch}")
+    return Prefill(prompt_ids, attention_mask, inputs_embeds, dict(model_inputs))
+
+
+class Decoder(ABC):
+    """Base of all decoders: the call protocol, the processor and hook lists, eval mode and the context check.
+
+    Args:
+        processors: logits processors ``(input_ids [B, t], scores [B, V]) -> scores``, applied in order.
+        hooks: forward hooks ``model -> context manager``, entered in order around each decode.
+    """
+
+    def __init__(self, processors: Iterable[LogitsProcessor] = (), hooks: Iterable[ForwardHook] = ()) -> None:
+        self.processors: list[LogitsProcessor] = list(processors)
+        self.hooks: list[ForwardHook] = list(hooks)
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        inputs_embeds: torch.Tensor | None = None,
+        params: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+        **model_inputs: Any,
+    ) -> GenerationResult:
+        """Decode a batch.
+
+        Args:
+            model: any Hugging Face causal LM (put in eval mode for the call, then restored).
+            tokenizer: its tokenizer (EOS/pad ids, decoding, stop strings).
+            prompt_ids: ``[B, P]`` left-padded prompt ids; with ``inputs_embeds`` they are only the processors'
+                context and the result's ``prompt_ids`` (their width may differ from the embeddings').
+            attention_mask: ``[B, P']`` mask of the prefill (of ``inputs_embeds`` when given; ``None``: all ones).
+            inputs_embeds: ``[B, P', H]`` left-padded prefill vectors, fed instead of the ids.
+            params: decoding options (default :class:`~zoo.generation.sampling.SamplingParams`).
+            generator: a seeded ``torch.Generator`` for reproducible sampling.
+            **model_inputs: extra inputs of the prefill forward (e.g. ``pixel_values``).
+        """
+        params = params or SamplingParams()
+        prefill = as_prefill(prompt_ids, attention_mask, inputs_embeds, model_inputs)
+        what = "prompt" if inputs_embeds is None else "prefill (inputs_embeds)"
+        check_context(model, prefill.length, params, what)
+        was_training = model.training
+        model.eval()
+        try:
+            with self.attached(model):
+                return self.decode(model, tokenizer, prefill, params, generator)
+        finally:
+            model.train(was_training)
+
+    @contextlib.contextmanager
+    def attached(self, model: nn.Module) -> Iterator[None]:
+        """Enter every forward hook in order (exited in reverse order on leaving, also on an exception)."""
+        with contextlib.ExitStack() as stack:
+            for hook in list(self.hooks):
+                stack.enter_context(hook(model))
+            yield
+
+    @abstractmethod
+    def decode(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        prefill: Prefill,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> GenerationResult:
+        """The decoding loop (model in eval mode, no grad, hooks attached, context length checked)."""
+
+    # -- helpers for the loops --------------------------------------------------------------------------------
+    def process(self, context_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Apply the logits processors in order: ``context_ids [B, t]``, ``scores [B, V]`` -> ``[B, V]``."""
+        for processor in list(self.processors):
+            scores = processor(context_ids, scores)
+        return scores
+
+    def next_tokens(
+        self,
+        logits: torch.Tensor,
+        context_ids: torch.Tensor | None,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        rows: torch.Tensor | None = None,
+        num_rows: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Processors (when any; ``context_ids`` may be ``None`` when there are none), then
+        :func:`~zoo.generation.sampling.sample_next`: ``(tokens [B], logprobs [B])``."""
+        if self.processors:
+            logits = self.process(context_ids, logits)
+        return sample_next(logits, params, generator, rows=rows, num_rows=num_rows)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(processors={len(self.processors)}, hooks={len(self.hooks)})"
+
+
+def padded_context(prompt_ids: torch.Tensor, rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """``[B, P + max len]``: the prompt ids followed by each row's kept tokens, right-padded with ``pad_id``."""
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), width), pad_id, dtype=torch.long, device=prompt_ids.device)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(list(r), dtype=torch.long, device=prompt_ids.device)
+    return torch.cat([prompt_ids, out], dim=1)
+
+
+class SampleDecoder(Decoder):
+    """The standard loop (``module/decoder=sample``): one token per row per step until EOS, a stop string or
+    ``max_new_tokens``; greedy or sampled (temperature / top-k / top-p, Gumbel-max with per-row noise).
+
+    Rows that finished leave the KV-cached batch once a quarter of them are done (the sampling noise is drawn per
+    batch row, so seeded outputs do not depend on it); with logits processors the batch is kept whole, so that
+    processors always see every row.
+    """
+
+    def decode(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        prefill: Prefill,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> GenerationResult:
+        device, batch = prefill.device, prefill.batch_size
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        window = max_token_length(tokenizer, params.stop_strings)
+        state = prefill.start(model)
+        compact = not self.processors
+        context = prefill.prompt_ids
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        out_ids, out_lp, out_mask = [], [], []
+        rows: list[list[int]] = [[] for _ in range(batch)]
+        # ``live`` maps the state's (possibly compacted) rows to rows of the batch.
+        live = torch.arange(batch, device=device)
+        for _ in range(params.max_new_tokens):
+            sampled, sampled_lp = self.next_tokens(state.next_logits, context, params, generator, live, batch)
+            tokens = torch.full((batch,), pad, dtype=torch.long, device=device)
+            logprobs = torch.zeros(batch, dtype=sampled_lp.dtype, device=device)
+            tokens[live] = sampled
+            logprobs[live] = sampled_lp
+            active = ~done
+            tokens = torch.where(active, tokens, torch.full_like(tokens, pad))
+            out_ids.append(tokens)
+            out_lp.append(torch.where(active, logprobs, torch.zeros_like(logprobs)))
+            out_mask.append(active.long())
+            if self.processors:
+                context = torch.cat([context, tokens[:, None]], dim=1)
+            hit_eos = active & (tokens == eos)
+            if params.stop_strings:
+                for i in torch.nonzero(active & ~hit_eos).flatten().tolist():
+                    rows[i].append(int(tokens[i]))
+                    if ends_with_stop(tokenizer, rows[i], params.stop_strings, window + 2):
+                        hit_eos[i] = True
+            finished |= hit_eos
+            done |= hit_eos
+            if bool(done.all()):
+                break
+            still = ~done[live]
+            if compact and int(still.sum()) <= 0.75 * len(live) and state.select_rows(torch.nonzero(still).flatten()):
+                live = live[still]
+            state.feed(tokens[live][:, None], (~done[live]).long()[:, None])
+        completion_ids = torch.stack(out_ids, dim=1)
+        return GenerationResult(
+            prompt_ids=prefill.prompt_ids,
+            completion_ids=completion_ids,
+            completion_mask=torch.stack(out_mask, dim=1),
+            logprobs=torch.stack(out_lp, dim=1),
+            texts=[decode_completion(tokenizer, row.tolist()) for row in completion_ids],
+            finished=finished,
+        )
+
+
+@dataclass
+class ModuleHook:
+    """A forward hook on a named submodule, as a decoder hook: ``ModuleHook("model.layers.1.self_attn.o_proj",
+    fn, pre=True)``; calling it with a model returns a context manager that registers ``fn`` and removes it on exit.
+
+    Args:
+        submodule: dotted path for ``model.get_submodule`` (``""`` = the model itself).
+        fn: the hook, with PyTorch's signature (``fn(module, args[, kwargs])`` for pre-hooks,
+            ``fn(module, args[, kwargs], output)`` for forward hooks).
+        pre: a forward pre-hook (sees and may replace the inputs) instead of a forward hook.
+        with_kwargs: pass keyword arguments to ``fn`` too.
+    """
+
+    submodule: str
+    fn: Callable[..., Any]
+    pre: bool = False
+    with_kwargs: bool = False
+
+    @contextlib.contextmanager
+    def __call__(self, model: nn.Module) -> Iterator[torch.utils.hooks.RemovableHandle]:
+        target = model.get_submodule(self.submodule)
+        register = target.register_forward_pre_hook if self.pre else target.register_forward_hook
+        handle = register(self.fn, with_kwargs=self.with_kwargs)
+        try:
+            yield handle
+        finally:
+            handle.remove()
+
+
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: torch.Tensor,
+    prompt_attention_mask: torch.Tensor,
+    params: SamplingParams | None = None,
+    generator: torch.Generator | None = None,
+) -> GenerationResult:
+    """:class:`SampleDecoder` without processors or hooks on left-padded prompts (the plain sampler)."""
+    return SampleDecoder()(model, tokenizer, prompt_ids, prompt_attention_mask, params=params, generator=generator)
+
+
+def generate_text(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    params: SamplingParams | None = None,
+    generator: torch.Generator | None = None,
+    decoder: Decoder | None = None,
+) -> GenerationResult:
+    """Tokenize ``prompts`` as the datamodules do (BOS first when the tokenizer has one), left-pad, and decode
+    (with ``decoder``; default: a plain :class:`SampleDecoder`)."""
+    ids, mask = encode_prompts(tokenizer, prompts, next(model.parameters()).device)
+    return (decoder or SampleDecoder())(model, tokenizer, ids, mask, params=params, generator=generator)
+
+
+__all__ = [
+    "Decoder",
+    "ForwardHook",
+    "LogitsProcessor",
+    "ModuleHook",
+    "Prefill",
+    "SampleDecoder",
+    "as_prefill",
+    "generate",
+    "generate_text",
+    "padded_context",
+]

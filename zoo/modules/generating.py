@@ -1,0 +1,153 @@
+"""The generating family base: what every module that writes text in validation/test/predict shares.
+
+One constructor piece and one evaluation step instead of a copy per family (SFT, GRPO, structure LM, VaLR, ...):
+
+* the **decoder seam** (``module/decoder=sample|stepwise|...``; :mod:`zoo.generation.decoders`) through which
+  :meth:`GeneratingModule.generate` and every evaluation generation run;
+* the **verifier** (the task's, ``verifier: ${task}`` in the configs; :class:`zoo.data.tasks.AnswerVerifier`);
+* the **evaluation sampling** (``eval_generation``; the ``generation`` settings when not given);
+* the evaluation step: family losses -> generate -> verify -> ``{split}/exact_match`` -> a
+  :class:`~zoo.protocols.GenerationOutput` (the dict callbacks rely on); ``predict_step`` generates and verifies.
+
+A family customises it through four small hooks: :meth:`~GeneratingModule.eval_losses` (its evaluation losses),
+:meth:`~GeneratingModule.generate_batch` (how a batch is decoded, plus per-row meta),
+:meth:`~GeneratingModule.prompts_and_answers` (where the batch keeps them) and
+:meth:`~GeneratingModule.log_generation` (extra per-batch metrics).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torchmetrics import MeanMetric
+
+from zoo.backbones.base import Backbone
+from zoo.data.tasks import EXACT_ANSWER, Verifier
+from zoo.generation.decoders import Decoder, SampleDecoder
+from zoo.generation.sampling import GenerationResult, SamplingParams
+from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooModule
+from zoo.protocols import GenerationOutput
+from zoo.quant.base import Quantizer
+
+EVAL_SPLITS = ("val", "test")
+
+
+class GeneratingModule(ZooModule):
+    """Base of the generating family modules (not a method by itself).
+
+    Args:
+        backbone, quantizer, optimizer, scheduler: as :class:`~zoo.modules.base.ZooModule`.
+        generation: default :class:`~zoo.generation.SamplingParams` fields of :meth:`generate`.
+        decoder: the decoder (``module/decoder=<name>``); ``None`` = :class:`~zoo.generation.SampleDecoder`.
+        verifier: ``(completion, answer) -> bool``, normally the task (``verifier: ${task}``); ``None`` = the
+            shared completion format's exact verifier (:data:`zoo.data.tasks.EXACT_ANSWER`).
+        eval_generation: :class:`~zoo.generation.SamplingParams` fields of evaluation generation; ``None`` = the
+            ``generation`` settings.
+        generate_on_eval: generate and verify in validation/test (``predict`` always generates).
+    """
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        quantizer: Quantizer | None = None,
+        optimizer: OptimizerFactory | None = None,
+        scheduler: SchedulerFactory | None = None,
+        generation: dict[str, Any] | None = None,
+        *,
+        decoder: Decoder | None = None,
+        verifier: Verifier | None = None,
+        eval_generation: dict[str, Any] | None = None,
+        generate_on_eval: bool = True,
+    ) -> None:
+        super().__init__(backbone, quantizer, optimizer, scheduler, generation)
+        self.decoder: Decoder = decoder if decoder is not None else SampleDecoder()
+        self.verifier: Verifier = verifier if verifier is not None else EXACT_ANSWER
+        self.eval_sampling = SamplingParams(**eval_generation) if eval_generation is not None else self.sampling
+        self.generate_on_eval = generate_on_eval
+        self.exact_match = nn.ModuleDict({split: MeanMetric() for split in EVAL_SPLITS})
+
+    # -- generation protocol ----------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_ids: torch.Tensor | None,
+        prompt_attention_mask: torch.Tensor | None = None,
+        params: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        inputs_embeds: torch.Tensor | None = None,
+        **model_inputs: Any,
+    ) -> GenerationResult:
+        """Generation protocol: decode left-padded prompts (or ``inputs_embeds``) with :attr:`decoder`."""
+        self.configure_model()
+        return self.decoder(
+            self.model,
+            self.tokenizer,
+            prompt_ids,
+            prompt_attention_mask,
+            inputs_embeds=inputs_embeds,
+            params=params or self.sampling,
+            generator=generator,
+            **model_inputs,
+        )
+
+    # -- family hooks -----------------------------------------------------------------------------------------
+    def eval_losses(self, batch: dict[str, Any], split: str) -> None:
+        """Compute and log the family's evaluation losses of a batch (default: none)."""
+
+    def generate_batch(self, batch: dict[str, Any]) -> tuple[GenerationResult, dict[str, list[Any]]]:
+        """Decode an evaluation batch with :attr:`eval_sampling`; returns the result and extra per-row meta."""
+        return self.generate(batch["prompt_ids"], batch["prompt_attention_mask"], self.eval_sampling), {}
+
+    def prompts_and_answers(self, batch: dict[str, Any]) -> tuple[list[str], list[Any] | None]:
+        """Prompt texts and reference answers (``None`` when the batch has none) of a batch."""
+        answers = batch.get("answers")
+        if answers is None:
+            answers = batch.get("columns", {}).get("answer")
+        return list(batch["prompts"]), (list(answers) if answers is not None else None)
+
+    def log_generation(self, output: GenerationOutput, result: GenerationResult, split: str) -> None:
+        """Log extra metrics of an evaluated batch's generations (default: none)."""
+
+    # -- steps ------------------------------------------------------------------------------------------------
+    def generate_output(self, batch: dict[str, Any]) -> tuple[GenerationOutput, GenerationResult]:
+        """Generate, verify against the answers, and pack the generation protocol dict."""
+        result, extra = self.generate_batch(batch)
+        prompts, answers = self.prompts_and_answers(batch)
+        correct = [bool(self.verifier(t, a)) for t, a in zip(result.texts, answers)] if answers is not None else []
+        output = GenerationOutput(
+            prompt_ids=result.prompt_ids,
+            completion_ids=result.completion_ids,
+            texts=result.texts,
+            logprobs=result.logprobs,
+            meta={"prompts": prompts, "answers": answers or [], "correct": correct, **extra},
+        )
+        return output, result
+
+    def eval_step(self, batch: dict[str, Any], split: str) -> GenerationOutput:
+        """Validation/test: family losses, then (``generate_on_eval``) generation, verification and
+        ``{split}/exact_match``."""
+        self.eval_losses(batch, split)
+        if not self.generate_on_eval:
+            return GenerationOutput(meta={})
+        output, result = self.generate_output(batch)
+        correct = output["meta"]["correct"]
+        if correct:
+            metric = self.exact_match[split]
+            metric.update(torch.tensor(correct, dtype=torch.float, device=self.device))
+            self.log(f"{split}/exact_match", metric, prog_bar=True, batch_size=len(correct))
+        self.log_generation(output, result, split)
+        return output
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> GenerationOutput:
+        return self.eval_step(batch, "val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> GenerationOutput:
+        return self.eval_step(batch, "test")
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> GenerationOutput:
+        return self.generate_output(batch)[0]
+
+
+__all__ = ["EVAL_SPLITS", "GeneratingModule"]
