@@ -2,6 +2,7 @@
 
 from zoo.modules.base import ZooModule
 from zoo.modules.causal_lm import CausalLMModule, exact_answer_match
+from zoo.modules.episodes import EpisodeModule
 from zoo.modules.grpo import GRPOModule
 from zoo.modules.sequence_classifier import SequenceClassifierModule
 from zoo.modules.structure_lm import StructureLMModule
@@ -9,6 +10,7 @@ from zoo.modules.valr import VaLRModule
 
 __all__ = [
     "CausalLMModule",
+    "EpisodeModule",
     "GRPOModule",
     "SequenceClassifierModule",
     "StructureLMModule",
