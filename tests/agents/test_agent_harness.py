@@ -4,6 +4,8 @@ LLM-judge path (local test server) and the sandboxed code tool."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from fake_openai import serve
@@ -180,3 +182,20 @@ def test_windowed_entropy_falls_when_actions_lock_in():
     varied = [step(i, "move", d) for i, d in enumerate(["up", "down", "left", "right"] * 5)]
     locked = [step(i, "move", "up") for i in range(20)]
     assert windowed_entropy(varied + locked, window=20) == [2.0, 0.0]
+
+
+def test_the_agent_substrate_imports_neither_lightning_nor_hydra():
+    code = (
+        "import importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('lightning', 'pytorch_lightning', 'hydra'):\n"
+        "            raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from zoo.agents import evaluate\n"
+        "result = evaluate('ultrahorizon/sequence', 'hypothesis_elimination', episodes=1, seed=0, required_steps=3)\n"
+        "print(result['score'])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 0.0 <= float(proc.stdout.strip()) <= 1.0

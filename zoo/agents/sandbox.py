@@ -3,9 +3,9 @@
 UltraHorizon's agent (OpenManus) carries a ``PythonExecute`` tool. Executing model-written code must be opt-in, so
 the harness adds :class:`PythonSandbox` only with ``code_tool=True``. Each call runs ``python -I`` (isolated:
 no user site, no ``PYTHON*`` variables) in a fresh temporary directory with an empty environment, a wall-clock
-timeout, CPU-time, memory, file-size and process limits (``resource``, POSIX), and sockets disabled inside the
-child. This is a best-effort sandbox for honest mistakes of a model, not a security boundary against hostile
-code: run untrusted models in a container.
+timeout, CPU-time, memory, file-size and process limits (``resource``, set inside the child), and sockets
+disabled inside the child. This is a best-effort sandbox for honest mistakes of a model, not a security boundary
+against hostile code: run untrusted models in a container.
 """
 
 from __future__ import annotations
@@ -21,7 +21,15 @@ from zoo.errors import ConfigError
 
 _PRELUDE = textwrap.dedent(
     """
+    import resource as _resource
     import socket as _socket
+
+    for _limit, _value in ((_resource.RLIMIT_CPU, {cpu}), (_resource.RLIMIT_AS, {memory}),
+                           (_resource.RLIMIT_FSIZE, 10 * 1024 * 1024), (_resource.RLIMIT_NPROC, 64)):
+        try:
+            _resource.setrlimit(_limit, (_value, _value))
+        except (ValueError, OSError):
+            pass
 
     def _no_network(*args, **kwargs):
         raise PermissionError("network access is disabled in the sandbox")
@@ -29,22 +37,9 @@ _PRELUDE = textwrap.dedent(
     _socket.socket = _no_network
     _socket.create_connection = _no_network
     _socket.getaddrinfo = _no_network
-    del _socket, _no_network
+    del _resource, _socket, _no_network, _limit, _value
     """
 )
-
-
-def _limits(cpu_seconds: int, memory_mb: int) -> Any:
-    def apply() -> None:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-        memory = memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (10 * 1024 * 1024, 10 * 1024 * 1024))
-        resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
-
-    return apply if sys.platform != "win32" else None
 
 
 class PythonSandbox:
@@ -62,6 +57,7 @@ class PythonSandbox:
         self.timeout = timeout
         self.memory_mb = memory_mb
         self.max_output = max_output
+        self.prelude = _PRELUDE.format(cpu=int(timeout) + 1, memory=memory_mb * 1024 * 1024)
 
     @agent_tool
     def python_execute(self, code: str) -> dict[str, Any]:
@@ -73,13 +69,12 @@ class PythonSandbox:
         with tempfile.TemporaryDirectory(prefix="zoo_sandbox_") as workdir:
             try:
                 done = subprocess.run(
-                    [sys.executable, "-I", "-c", _PRELUDE + "\n" + code],
+                    [sys.executable, "-I", "-c", self.prelude + "\n" + code],
                     cwd=workdir,
                     env={"PATH": "/usr/bin:/bin"},
                     capture_output=True,
                     text=True,
                     timeout=self.timeout,
-                    preexec_fn=_limits(int(self.timeout) + 1, self.memory_mb),
                 )
             except subprocess.TimeoutExpired:
                 return {"success": False, "message": f"the code ran longer than {self.timeout} s and was stopped"}

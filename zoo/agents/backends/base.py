@@ -126,6 +126,9 @@ class Backend(ABC):
         self.cache = ReplayCache(**cache) if isinstance(cache, dict) else (cache or ReplayCache(mode="off"))
         self.usage = Usage()
 
+    def reset_episode(self) -> None:  # noqa: B027 (an optional hook)
+        """Called at the start of every episode (stateless backends: nothing to do)."""
+
     @abstractmethod
     def identity(self) -> dict[str, Any]:
         """What distinguishes this backend's replies (model name, endpoint): part of the cache key."""

@@ -4,8 +4,9 @@ The chat is rendered with the tokenizer's chat template (tools passed to the tem
 a tokenizer without a template (the zoo's character-level tokenizer) gets a plain role-tagged transcript with
 the tools listed in the system prompt. Tool calls are recovered from the generated text. Weights load from
 local files only (``local_files_only=True``). Decoding is :func:`zoo.generation.sampling.generate` (greedy at
-temperature 0, else seeded sampling), and a prompt longer than the model's context keeps its most recent
-tokens (the system prompt is then cut first: small models see the latest observations).
+temperature 0, else seeded sampling); the reply budget is capped at half the model's context, and a prompt
+longer than the rest keeps its most recent tokens (the system prompt is then cut first: small models see the
+latest observations).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ Policy = Callable[[list[Message], list[dict[str, Any]]], Reply]
 
 
 class ScriptedBackend(Backend):
-    """Replies taken in order from ``responses`` (or computed by ``policy``).
+    """Replies taken in order from ``responses`` (or computed by ``policy``), from the first one in every episode.
 
     A reply is a string (the reply text, from which tool calls are parsed like any model's text) or a dict
     ``{"content": str, "tool_calls": [{"name": ..., "arguments": {...}} | OpenAI tool_call dict, ...]}`` (native
@@ -54,6 +54,10 @@ class ScriptedBackend(Backend):
 
     def identity(self) -> dict[str, Any]:
         return {"kind": "scripted", "name": self.name}
+
+    def reset_episode(self) -> None:
+        """Every episode replays the script from its first reply (episodes do not depend on each other)."""
+        self.position = 0
 
     def _next_reply(self, request: dict[str, Any]) -> Reply:
         if self.policy is not None:

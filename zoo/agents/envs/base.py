@@ -21,6 +21,7 @@ import json
 import random
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -232,3 +233,59 @@ class Environment(ABC):
         self.report = report
         self.commit_content = content
         return {"success": True, "message": "Final result committed; the episode is over.", "points": report.total}
+
+
+class RuleMappingEnvironment(Environment):
+    """An environment whose structured commit maps each unknown (a letter, a stage) to one id of a rule library.
+
+    Subclasses set :attr:`keys`, :attr:`key_name` and :attr:`rule_library` (id -> an object with a
+    ``description``) and implement :meth:`truth`; each key is worth 20 points unless :meth:`score_key` says
+    otherwise.
+    """
+
+    keys: ClassVar[tuple[str, ...]] = ()
+    key_name: ClassVar[str] = "key"
+    rule_library: ClassVar[Mapping[str, Any]] = {}
+    judge_help: ClassVar[str] = ""
+
+    @abstractmethod
+    def truth(self) -> dict[str, str]:
+        """The true rule id of every key."""
+
+    def library(self) -> dict[str, Any]:
+        return {"keys": list(self.keys), "rules": {k: r.description for k, r in self.rule_library.items()}}
+
+    def commit_help(self) -> str:
+        if self.judge is not None:
+            return self.judge_help
+        example = ", ".join(f'"{k}": <rule id>' for k in self.keys)
+        rules = "; ".join(f"{k}: {r.description}" for k, r in self.rule_library.items())
+        return f"Format: a JSON object giving one rule id per {self.key_name}, {{{example}}}. Rule ids: {rules}."
+
+    def parse_commit(self, data: Any) -> dict[str, str]:
+        if not isinstance(data, dict):
+            raise CommitError(
+                f"the commit must be a JSON object mapping each {self.key_name} {list(self.keys)} to a rule id"
+            )
+        missing = [k for k in self.keys if k not in data]
+        extra = sorted(set(data) - set(self.keys))
+        if missing or extra:
+            raise CommitError(f"missing {missing}, unexpected keys {extra}; give exactly {list(self.keys)}")
+        for key in self.keys:
+            if data[key] not in self.rule_library:
+                raise CommitError(f"{key}: unknown rule id {data[key]!r}; valid ids: {list(self.rule_library)}")
+        return {k: data[k] for k in self.keys}
+
+    def score_key(self, key: str, given: str, truth: str) -> list[RubricItem]:
+        """The rubric items of one key (default: 20 points, all or nothing)."""
+        return [RubricItem(key, 20, 20 if given == truth else 0, f"committed {given}")]
+
+    def score_commit(self, commit: dict[str, str]) -> ScoreReport:
+        truth = self.truth()
+        return ScoreReport.from_items([item for k in self.keys for item in self.score_key(k, commit[k], truth[k])])
+
+    def ground_truth(self) -> dict[str, str]:
+        return {k: self.rule_library[rule].description for k, rule in self.truth().items()}
+
+    def rubric(self) -> list[tuple[str, int, str]]:
+        return [(k, 20, f"the mechanism of {k} and the condition that triggers it") for k in self.keys]

@@ -115,7 +115,11 @@ class Solver(ABC):
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a snapshot; the environment's current state must then be re-observed."""
+        """Restore a snapshot (beliefs and counters as they were when the note was written)."""
+
+    @abstractmethod
+    def mark_unsynced(self) -> None:
+        """Forget the environment's current state (after a refresh): it is re-observed before it is relied on."""
 
     def should_commit(self) -> bool:
         """Commit when the budget is spent, or (``free``) as soon as everything is resolved."""
@@ -151,17 +155,20 @@ class SolverAgent(Agent):
         self.recalling = False
 
     def on_context_refresh(self) -> None:
-        """Forget everything but the notes: a fresh solver, then read the notes back."""
+        """Forget everything but the notes: a fresh solver that knows nothing of the current state, then recall."""
         self.solver = make_solver(self.info, self.rng, self.lock_first)
+        self.solver.mark_unsynced()
         self.queue = [ToolCall("note_tool", {"action": "check_notes"})]
         self.recalling = True
+        self.last_note_at = 0
 
     def observe(self, observation: ToolResult) -> None:
         if observation.name == "note_tool":
             if self.recalling and observation.ok and "notes" in (observation.content or {}):
                 self._recall(observation.content["notes"])
             return
-        if observation.name != "commit_final_result":
+        # the result of a call made before the refresh is meaningless to the fresh solver until it has recalled
+        if observation.name != "commit_final_result" and not self.recalling:
             self.solver.observe(observation)
 
     def _recall(self, notes: list[str]) -> None:
@@ -169,6 +176,7 @@ class SolverAgent(Agent):
         snapshots = [n for n in notes if isinstance(n, str) and n.startswith(NOTE_PREFIX)]
         if snapshots:
             self.solver.load_state_dict(json.loads(snapshots[-1][len(NOTE_PREFIX) :]))
+            self.solver.mark_unsynced()
             self.last_note_at = self.solver.experiments
 
     def decide(self) -> Action:

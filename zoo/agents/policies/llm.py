@@ -55,6 +55,7 @@ class LLMToolAgent(Agent):
 
     def begin(self, info: EpisodeInfo) -> None:
         super().begin(info)
+        self.backend.reset_episode()
         self.context.add({"role": "user", "content": self.next_step_prompt})
 
     def decide(self) -> Action:

@@ -93,10 +93,8 @@ class RandomAgent(Agent):
 def random_commit(info: EpisodeInfo, rng) -> dict[str, Any]:
     """A uniformly random structured commit from the environment's commit vocabulary."""
     library = info.library
-    if "letters" in library:
-        return {letter: rng.choice(sorted(library["rules"])) for letter in library["letters"]}
-    if "stages" in library:
-        return {stage: rng.choice(sorted(library["rules"])) for stage in library["stages"]}
+    if "keys" in library:
+        return {key: rng.choice(sorted(library["rules"])) for key in library["keys"]}
     fields = library["fields"]
     size_alleles = rng.randint(1, 4)
     return {

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from zoo.agents.envs.base import CommitError, Environment, RubricItem, ScoreReport
+from zoo.agents.envs.base import RuleMappingEnvironment
 from zoo.agents.tools import agent_tool
 from zoo.errors import ConfigError
 
@@ -191,7 +191,7 @@ class RoundState:
     letter_visits: dict[str, int] = field(default_factory=dict)
 
 
-class MysteryGrid(Environment):
+class MysteryGrid(RuleMappingEnvironment):
     """Mystery Grid with per-instance RNG.
 
     Args:
@@ -201,6 +201,10 @@ class MysteryGrid(Environment):
     """
 
     name: ClassVar[str] = "ultrahorizon/grid"
+    keys: ClassVar[tuple[str, ...]] = LETTERS
+    key_name: ClassVar[str] = "letter"
+    rule_library: ClassVar[dict[str, GridRule]] = GRID_RULES
+    judge_help: ClassVar[str] = "Describe, for each of A-E, its exact effect and the condition that triggers it."
 
     def __init__(
         self,
@@ -250,18 +254,6 @@ class MysteryGrid(Environment):
             "- Positions are written (x,y,letter): x is the column, y the row, y grows upward.\n"
             "- Test each letter under different conditions before concluding; take notes of what you observe and "
             "review them. You can commit only once, then the run ends."
-        )
-
-    def library(self) -> dict[str, Any]:
-        return {"letters": list(LETTERS), "rules": {r.id: r.description for r in GRID_RULES.values()}}
-
-    def commit_help(self) -> str:
-        if self.judge is not None:
-            return "Describe, for each of A-E, its exact effect and the condition that triggers it."
-        rules = "; ".join(f"{r.id}: {r.description}" for r in GRID_RULES.values())
-        return (
-            'Format: a JSON object mapping each letter to one rule id, e.g. {"A": "score_plus_1", "B": ..., "C": ..., '
-            f'"D": ..., "E": ...}}. Rule ids: {rules}.'
         )
 
     # -- tools ------------------------------------------------------------------------------------------------
@@ -361,27 +353,5 @@ class MysteryGrid(Environment):
             )
         return None
 
-    def parse_commit(self, data: Any) -> dict[str, str]:
-        if not isinstance(data, dict):
-            raise CommitError("the commit must be a JSON object mapping letters A-E to rule ids")
-        missing = [k for k in LETTERS if k not in data]
-        extra = sorted(set(data) - set(LETTERS))
-        if missing or extra:
-            raise CommitError(f"letters missing {missing}, unexpected keys {extra}; give exactly A, B, C, D, E")
-        for letter in LETTERS:
-            if data[letter] not in GRID_RULES:
-                raise CommitError(f"{letter}: unknown rule id {data[letter]!r}; valid ids: {list(GRID_RULES)}")
-        return {k: data[k] for k in LETTERS}
-
-    def score_commit(self, commit: dict[str, str]) -> ScoreReport:
-        items = [
-            RubricItem(letter, 20, 20 if commit[letter] == self.rules[letter] else 0, f"committed {commit[letter]}")
-            for letter in LETTERS
-        ]
-        return ScoreReport.from_items(items)
-
-    def ground_truth(self) -> dict[str, str]:
-        return {letter: GRID_RULES[rule].description for letter, rule in self.rules.items()}
-
-    def rubric(self) -> list[tuple[str, int, str]]:
-        return [(letter, 20, f"the effect of {letter} and its trigger condition") for letter in LETTERS]
+    def truth(self) -> dict[str, str]:
+        return dict(self.rules)

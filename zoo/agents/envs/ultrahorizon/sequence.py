@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from zoo.agents.envs.base import CommitError, Environment, RubricItem, ScoreReport
+from zoo.agents.envs.base import RubricItem, RuleMappingEnvironment
 from zoo.agents.tools import agent_tool
 
 ALPHABET = ("A", "B", "C", "D", "E")
@@ -269,7 +269,7 @@ def run_chain(
     return out
 
 
-class SequenceExploration(Environment):
+class SequenceExploration(RuleMappingEnvironment):
     """Sequence Exploration.
 
     Args:
@@ -280,6 +280,12 @@ class SequenceExploration(Environment):
     """
 
     name: ClassVar[str] = "ultrahorizon/sequence"
+    keys: ClassVar[tuple[str, ...]] = STAGES
+    key_name: ClassVar[str] = "stage"
+    rule_library: ClassVar[dict[str, SeqRule]] = SEQ_RULES
+    judge_help: ClassVar[str] = (
+        "Describe the mechanism of each of rule_1 ... rule_5, including when and how it applies."
+    )
 
     def __init__(
         self,
@@ -310,18 +316,6 @@ class SequenceExploration(Environment):
             "deterministic and the same for the whole run; they may depend on the inputs, the running string, the "
             "step number or earlier inputs.\n"
             "- Record observations and hypotheses in your notes. You can commit only once, then the run ends."
-        )
-
-    def library(self) -> dict[str, Any]:
-        return {"stages": list(STAGES), "rules": {r.id: r.description for r in SEQ_RULES.values()}}
-
-    def commit_help(self) -> str:
-        if self.judge is not None:
-            return "Describe the mechanism of each of rule_1 ... rule_5, including when and how it applies."
-        rules = "; ".join(f"{r.id}: {r.description}" for r in SEQ_RULES.values())
-        return (
-            'Format: a JSON object giving one rule id per stage, e.g. {"rule_1": "interleave_main_first", "rule_2": '
-            f'..., "rule_3": ..., "rule_4": ..., "rule_5": ...}}. Rule ids: {rules}.'
         )
 
     # -- tools ------------------------------------------------------------------------------------------------
@@ -392,38 +386,25 @@ class SequenceExploration(Environment):
             return f"Cannot commit yet: {self.required_steps} inputs are required, {self.total_steps} made so far."
         return None
 
-    def parse_commit(self, data: Any) -> dict[str, str]:
-        if not isinstance(data, dict):
-            raise CommitError("the commit must be a JSON object mapping rule_1 ... rule_5 to rule ids")
-        missing = [k for k in STAGES if k not in data]
-        extra = sorted(set(data) - set(STAGES))
-        if missing or extra:
-            raise CommitError(f"stages missing {missing}, unexpected keys {extra}; give exactly {list(STAGES)}")
-        for stage in STAGES:
-            if data[stage] not in SEQ_RULES:
-                raise CommitError(f"{stage}: unknown rule id {data[stage]!r}; valid ids: {list(SEQ_RULES)}")
-        return {k: data[k] for k in STAGES}
+    def truth(self) -> dict[str, str]:
+        return dict(zip(STAGES, self.rules))
 
-    def score_commit(self, commit: dict[str, str]) -> ScoreReport:
-        items = []
-        for stage, truth in zip(STAGES, self.rules):
-            given = commit[stage]
-            if stage == "rule_1" and self.difficulty != "easy" and self.rule1_split:
-                items.append(RubricItem("rule_1 interleaving", 5, 5 if given in INTERLEAVE_FAMILY else 0, given))
-                items.append(RubricItem("rule_1 step-parity lead", 15, 15 if given == truth else 0, given))
-            else:
-                items.append(RubricItem(stage, 20, 20 if given == truth else 0, given))
-        return ScoreReport.from_items(items)
+    def _split_rule_1(self, key: str) -> bool:
+        return key == "rule_1" and self.difficulty != "easy" and self.rule1_split
 
-    def ground_truth(self) -> dict[str, str]:
-        return {stage: SEQ_RULES[rule].description for stage, rule in zip(STAGES, self.rules)}
+    def score_key(self, key: str, given: str, truth: str) -> list[RubricItem]:
+        if not self._split_rule_1(key):
+            return super().score_key(key, given, truth)
+        return [
+            RubricItem("rule_1 interleaving", 5, 5 if given in INTERLEAVE_FAMILY else 0, f"committed {given}"),
+            RubricItem("rule_1 step-parity lead", 15, 15 if given == truth else 0, f"committed {given}"),
+        ]
 
     def rubric(self) -> list[tuple[str, int, str]]:
-        items = []
-        for stage in STAGES:
-            if stage == "rule_1" and self.difficulty != "easy" and self.rule1_split:
-                items.append(("rule_1 interleaving", 5, "states that main and vice are interleaved"))
-                items.append(("rule_1 step-parity lead", 15, "states which string leads by the parity of the step"))
-            else:
-                items.append((stage, 20, f"the mechanism of {stage}"))
+        items = super().rubric()
+        if self._split_rule_1("rule_1"):
+            items[0:1] = [
+                ("rule_1 interleaving", 5, "states that main and vice are interleaved"),
+                ("rule_1 step-parity lead", 15, "states which string leads by the parity of the step number"),
+            ]
         return items

@@ -127,6 +127,8 @@ class BioSolver(Solver):
         self.crossed = [list(c) for c in state["crossed"]]
         self.shell_alleles = {int(k): list(v) for k, v in state["shell_alleles"].items()}
         self.experiments, self.exhausted = int(state["experiments"]), bool(state["exhausted"])
+
+    def mark_unsynced(self) -> None:
         self.need_query = True  # the lab's organisms are re-read
 
     # -- beliefs ----------------------------------------------------------------------------------------------

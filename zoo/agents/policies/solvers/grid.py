@@ -65,7 +65,9 @@ class GridSolver(Solver):
             self.sets[letter].load(s)
         self.experiments = int(state["experiments"])
         self.exhausted = bool(state["exhausted"])
-        self.visits = None  # this round's visits since the note are unknown until the next reset
+
+    def mark_unsynced(self) -> None:
+        self.visits = None  # this round's visits are unknown until the next reset
         self.total = None
         self.need_state = self.need_map = True
 

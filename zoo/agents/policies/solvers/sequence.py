@@ -58,7 +58,9 @@ class SequenceSolver(Solver):
         self.experiments = int(state["experiments"])
         self.exhausted = bool(state["exhausted"])
         self.n = int(state["n"])
-        self.last = None  # the previous input since the note is unknown
+
+    def mark_unsynced(self) -> None:
+        self.last = None  # the previous input is unknown until the next one
 
     def resolved(self) -> bool:
         return all(s.resolved or s.locked for s in self.sets.values())
