@@ -182,6 +182,17 @@ def test_hf_local_backend_uses_the_chat_template_and_loads_saved_directories(tin
     assert greedy.content == again.content  # same weights, same greedy reply
 
 
+def test_hf_local_backend_drives_a_zoo_generating_module():
+    from zoo.modules import CausalLMModule
+
+    module = CausalLMModule(backbone=TinyBackbone(seed=1))
+    assert module.model is None
+    backend = HFLocalBackend.from_module(module, max_tokens=3)
+    assert module.model is not None  # built on demand (configure_model)
+    reply = backend.complete(CHAT, [MOVE], seed=0)
+    assert 0 < reply.usage.completion_tokens <= 3 and backend.identity()["kind"] == "hf_local"
+
+
 def test_hf_local_backend_refuses_missing_directories(tmp_path):
     with pytest.raises(CheckpointNotFoundError, match="no such directory"):
         HFLocalBackend(path=str(tmp_path / "nowhere"))

@@ -14,6 +14,7 @@ import yaml
 from hydra.errors import InstantiationException
 
 from zoo.cli.train import build, run, user_message
+from zoo.errors import ConfigError
 
 from conftest import REPO_ROOT
 
@@ -100,3 +101,8 @@ def test_hydra_multirun_over_seeds_agents_and_difficulties(tmp_path):
     assert settings == {
         (a, d, s) for a in ("random", "hypothesis_elimination") for d in ("easy", "hard") for s in (0, 1)
     }
+
+
+def test_backbone_none_with_a_model_method_is_one_clear_error(train_cfg):
+    with pytest.raises(ConfigError, match=r"backbone=none builds no model.*CausalLMModule"):
+        build(train_cfg(["backbone=none"]))

@@ -153,8 +153,17 @@ def build(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningDataModule, 
 
 def build_without_backbone(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningDataModule, pl.Trainer]:
     """``backbone: none`` (episode methods: agents, environments): no model, no tokenizer, no quantizer."""
-    datamodule = instantiate(cfg.datamodule, _convert_="all")
-    module = instantiate(cfg.module, _convert_="all")
+    try:
+        datamodule = instantiate(cfg.datamodule, _convert_="all")
+        module = instantiate(cfg.module, _convert_="all")
+    except InstantiationException as err:
+        if "'backbone'" in str(err) or "'tokenizer'" in str(err):
+            raise ConfigError(
+                f"backbone=none builds no model and no tokenizer, but datamodule={cfg.datamodule.get('_target_')} / "
+                f"module={cfg.module.get('_target_')} need them; choose a backbone (backbone=tiny or hf) or an "
+                "episode method (+method=ultrahorizon)"
+            ) from err
+        raise
     module.run_config = resolved(cfg)
     return module, datamodule, build_trainer(cfg)
 
