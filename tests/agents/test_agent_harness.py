@@ -199,3 +199,23 @@ def test_the_agent_substrate_imports_neither_lightning_nor_hydra():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert 0.0 <= float(proc.stdout.strip()) <= 1.0
+
+
+def test_after_a_refresh_no_request_holds_an_orphaned_tool_message():
+    call = '<tool_call>{"name": "input_sequences", "arguments": {"main_sequence": "ABCDE", "vice_sequence": "EDCBA"}}'
+    requests = []
+
+    def policy(messages, tools):
+        requests.append(messages)
+        return call
+
+    agent = CRNR(LLMToolAgent(ScriptedBackend(policy=policy), seed=0), window=3)
+    run_episode(SequenceExploration(seed=0, required_steps=8), agent, max_steps=8)
+    assert agent.context.refreshes >= 2
+    assert any(
+        m["content"].startswith("[input_sequences returned]") for r in requests for m in r if m["role"] == "user"
+    )
+    for messages in requests:
+        for previous, message in zip(messages, messages[1:]):
+            if message["role"] == "tool":
+                assert previous.get("tool_calls"), [m["role"] for m in messages]

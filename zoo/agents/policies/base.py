@@ -94,7 +94,10 @@ class Agent(ABC):
         """
         if observation is not None:
             refreshes = self.context.refreshes
-            self.context.add(tool_message(observation))
+            message = tool_message(observation)
+            if self.context.refreshed:  # the call that produced it was wiped: a tool message would be orphaned
+                message = {"role": "user", "content": f"[{observation.name} returned]\n{observation.as_text()}"}
+            self.context.add(message)
             if self.context.refreshes == refreshes:
                 self.observe(observation)
         action = self.decide()
