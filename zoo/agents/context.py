@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from zoo.agents.tools import agent_tool
 from zoo.agents.types import Message
+from zoo.errors import ConfigError
 
 REFRESH_MESSAGE = (
     "The context has been cleared. Read your notes (note_tool with action check_notes) to recover what you "
@@ -33,7 +34,7 @@ class Context:
 
     def __init__(self, window: int | None = None, on_refresh: Callable[[], None] | None = None) -> None:
         if window is not None and window < 1:
-            raise ValueError(f"context window must be >= 1 message, got {window}")
+            raise ConfigError(f"the context window must be >= 1 message, got {window}")
         self.window = window
         self.on_refresh = on_refresh
         self.messages: list[Message] = []

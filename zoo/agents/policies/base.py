@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from zoo.agents.context import Context
 from zoo.agents.types import ToolCall, ToolResult, Usage
+from zoo.errors import ConfigError
 
 
 @dataclass
@@ -132,7 +133,7 @@ class CRNR(Agent):
     def __init__(self, agent: Agent, window: int = 200) -> None:
         super().__init__(agent.seed)
         if window < 1:
-            raise ValueError(f"CRNR window must be >= 1 message, got {window}")
+            raise ConfigError(f"the CRNR window (module.crnr_window) must be >= 1 message, got {window}")
         self.agent = agent
         self.window = window
         self.agent.context_window = window

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 from zoo.agents.policies.base import Action, Agent, EpisodeInfo, commit_call
 from zoo.agents.types import ToolCall, ToolResult
+from zoo.errors import ConfigError
 
 NOTE_PREFIX = "solver-state:"
 
@@ -140,7 +141,7 @@ class SolverAgent(Agent):
     def __init__(self, seed: int = 0, note_every: int = 5) -> None:
         super().__init__(seed)
         if note_every < 0:
-            raise ValueError(f"note_every must be >= 0, got {note_every}")
+            raise ConfigError(f"agent.note_every must be >= 0, got {note_every}")
         self.note_every = note_every
         self.solver: Solver | None = None
         self.queue: list[ToolCall] = []
@@ -216,7 +217,6 @@ def register_solver(cls: type[Solver]) -> type[Solver]:
 
 def make_solver(info: EpisodeInfo, rng: random.Random, lock_first: bool) -> Solver:
     from zoo.agents.policies import solvers  # noqa: F401  (registers the solvers)
-    from zoo.errors import ConfigError
 
     if info.env_name not in SOLVERS:
         raise ConfigError(f"no hypothesis solver for environment '{info.env_name}'; available: {sorted(SOLVERS)}")
