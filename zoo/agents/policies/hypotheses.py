@@ -132,8 +132,10 @@ class SolverAgent(Agent):
     """Drives a :class:`Solver`: experiments, periodic notes, commit, and notes recall after a CRNR refresh.
 
     Args:
+        seed: seed of the agent's random generator (experiment choice, ties).
         note_every: write a note with the solver state every this many experiments (``0``: never).
-        lock_first: see :class:`Solver`.
+
+    Subclasses set the class attribute ``lock_first`` (see :class:`Solver`).
     """
 
     lock_first: ClassVar[bool] = False
