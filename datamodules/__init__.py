@@ -7,12 +7,14 @@ if __name__ != "zoo.datamodules":
     )
 
 from zoo.datamodules.base import ResumableSampler, RowDataModule
+from zoo.datamodules.episodes import EpisodeDataModule
 from zoo.datamodules.preferences import PreferenceDataModule
 from zoo.datamodules.prompts import PromptDataModule
 from zoo.datamodules.sft import SFTDataModule
 from zoo.datamodules.structures import StructureDataModule
 
 __all__ = [
+    "EpisodeDataModule",
     "PreferenceDataModule",
     "PromptDataModule",
     "ResumableSampler",

@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from zoo.errors import CheckpointNotFoundError, ConfigError, ZooError
 
 log = logging.getLogger("zoo")
-METHOD_KINDS = ("module", "callback", "component")
+METHOD_KINDS = ("module", "callback", "component", "benchmark")
 STAGES = ("fit", "validate", "test", "predict")
 
 
@@ -134,6 +134,8 @@ def check_slurm(cfg: DictConfig) -> None:
 
 def build(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningDataModule, pl.Trainer]:
     """Instantiate backbone, quantizer, datamodule, module, callbacks, loggers and trainer from ``cfg``."""
+    if cfg.get("backbone") is None:
+        return build_without_backbone(cfg)
     from zoo.backbones.base import BASE_POLICY
     from zoo.cli.bootstrap import ensure_base_policy
 
@@ -146,10 +148,31 @@ def build(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningDataModule, 
     datamodule = instantiate(cfg.datamodule, tokenizer=backbone.tokenizer, _convert_="all")
     module = instantiate(cfg.module, backbone=backbone, quantizer=quantizer, _convert_="all")
     module.run_config = resolved(cfg)
+    return module, datamodule, build_trainer(cfg)
+
+
+def build_without_backbone(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningDataModule, pl.Trainer]:
+    """``backbone: none`` (episode methods: agents, environments): no model, no tokenizer, no quantizer."""
+    try:
+        datamodule = instantiate(cfg.datamodule, _convert_="all")
+        module = instantiate(cfg.module, _convert_="all")
+    except InstantiationException as err:
+        if "'backbone'" in str(err) or "'tokenizer'" in str(err):
+            raise ConfigError(
+                f"backbone=none builds no model and no tokenizer, but datamodule={cfg.datamodule.get('_target_')} / "
+                f"module={cfg.module.get('_target_')} need them; choose a backbone (backbone=tiny or hf) or an "
+                "episode method (+method=ultrahorizon)"
+            ) from err
+        raise
+    module.run_config = resolved(cfg)
+    return module, datamodule, build_trainer(cfg)
+
+
+def build_trainer(cfg: DictConfig) -> pl.Trainer:
+    """The trainer with the named callbacks and loggers of ``cfg``."""
     callbacks = instantiate_named(cfg.get("callbacks"))
     loggers = instantiate_named(cfg.get("logger"))
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
-    return module, datamodule, trainer
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
 
 def run(cfg: DictConfig) -> dict[str, float]:

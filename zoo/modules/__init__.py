@@ -2,6 +2,7 @@
 
 from zoo.modules.base import ZooModule
 from zoo.modules.causal_lm import CausalLMModule, exact_answer_match
+from zoo.modules.episodes import EpisodeModule
 from zoo.modules.generating import GeneratingModule
 from zoo.modules.grpo import GRPOModule
 from zoo.modules.sequence_classifier import SequenceClassifierModule
@@ -11,6 +12,7 @@ from zoo.modules.vocab_extend import VocabExtendModule
 
 __all__ = [
     "CausalLMModule",
+    "EpisodeModule",
     "GRPOModule",
     "GeneratingModule",
     "SequenceClassifierModule",

@@ -1,0 +1,37 @@
+"""Episode indices for the episode runner (agents, environments): no tokenizer, no data files."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader
+
+from zoo.errors import ConfigError
+
+
+def _as_list(batch: list[int]) -> list[int]:
+    return list(batch)
+
+
+class EpisodeDataModule(pl.LightningDataModule):
+    """Yields episode indices ``0 .. episodes-1`` in batches for ``test``/``predict``.
+
+    Args:
+        episodes: number of episodes (UltraHorizon recommends 32 repeats per setting).
+        batch_size: episodes per ``test_step``/``predict_step``.
+    """
+
+    def __init__(self, episodes: int = 8, batch_size: int = 1) -> None:
+        super().__init__()
+        if episodes < 1 or batch_size < 1:
+            raise ConfigError(f"datamodule.episodes ({episodes}) and datamodule.batch_size ({batch_size}) must be >= 1")
+        self.episodes = episodes
+        self.batch_size = batch_size
+
+    def _loader(self) -> DataLoader:
+        return DataLoader(list(range(self.episodes)), batch_size=self.batch_size, shuffle=False, collate_fn=_as_list)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader()

@@ -1,0 +1,211 @@
+"""Backends: scripted determinism, the record/replay cache, the OpenAI-compatible backend against a local test
+server (native calls, text fallback, seeds, retries, unreachable endpoint), and a real local HF causal LM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fake_openai import closed_port_url, serve
+
+from zoo.agents import HFLocalBackend, OpenAICompatBackend, ReplayCache, ScriptedBackend
+from zoo.agents.errors import BackendError, ReplayMissError, UnreachableEndpointError
+from zoo.backbones import TinyBackbone
+from zoo.errors import CheckpointNotFoundError, ConfigError
+
+MOVE = {
+    "type": "function",
+    "function": {
+        "name": "move",
+        "description": "Move.",
+        "parameters": {"type": "object", "properties": {"direction": {"type": "string"}}, "required": ["direction"]},
+    },
+}
+CHAT = [{"role": "system", "content": "Explore."}, {"role": "user", "content": "Next step."}]
+
+
+def no_sleep(seconds: float) -> None:
+    pass
+
+
+def test_scripted_backend_replies_in_order_and_parses_text_and_native_calls():
+    backend = ScriptedBackend(
+        [
+            '<tool_call>{"name": "move", "arguments": {"direction": "up"}}</tool_call>',
+            {"content": "", "tool_calls": [{"name": "move", "arguments": {"direction": "left"}}]},
+            "no call at all",
+        ]
+    )
+    first, second, third = (backend.complete(CHAT, [MOVE]) for _ in range(3))
+    assert first.tool_calls[0].arguments == {"direction": "up"}
+    assert second.tool_calls[0].arguments == {"direction": "left"}
+    assert third.tool_calls == [] and third.parse_errors == []
+    assert backend.usage.calls == 3 and backend.usage.prompt_tokens > 0
+    with pytest.raises(BackendError, match="ran out"):
+        backend.complete(CHAT, [MOVE])
+
+
+def test_record_then_replay_gives_identical_completions(tmp_path):
+    path = tmp_path / "cache.jsonl"
+    recorder = ScriptedBackend(
+        ["a", '{"name": "move", "arguments": {"direction": "up"}}'], cache={"path": path, "mode": "record"}
+    )
+    recorded = [recorder.complete(CHAT + [{"role": "user", "content": str(i)}], [MOVE], seed=3) for i in range(2)]
+    assert len(path.read_text().splitlines()) == 2
+    replayer = ScriptedBackend(["something else"], cache=ReplayCache(path, "replay"))
+    replayed = [replayer.complete(CHAT + [{"role": "user", "content": str(i)}], [MOVE], seed=3) for i in range(2)]
+    assert [r.to_dict() for r in replayed] == [r.to_dict() for r in recorded]
+    assert replayer.usage == recorder.usage
+    with pytest.raises(ReplayMissError, match="no recorded reply"):
+        replayer.complete(CHAT, [MOVE], seed=4)  # another seed is another request
+
+
+def test_cache_rejects_bad_settings(tmp_path):
+    with pytest.raises(ConfigError, match="mode"):
+        ReplayCache(tmp_path / "c.jsonl", "sometimes")
+    with pytest.raises(ConfigError, match="does not exist"):
+        ReplayCache(tmp_path / "missing.jsonl", "replay")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"key": "k", "response": {}}\nnot json\n')
+    with pytest.raises(ConfigError, match="bad.jsonl:2"):
+        ReplayCache(bad, "auto")
+
+
+def test_openai_compatible_native_tool_calls_seed_and_usage():
+    with serve() as server:
+        call = {"id": "call_9", "type": "function", "function": {"name": "move", "arguments": '{"direction": "down"}'}}
+        server.replies.append((200, server.reply("", [call])))
+        backend = OpenAICompatBackend(server.base_url, "tiny-model", api_key="sk-test", max_tokens=33)
+        completion = backend.complete(CHAT, [MOVE], seed=7, temperature=0.5)
+    body = server.requests[0]
+    assert body["model"] == "tiny-model" and body["seed"] == 7 and body["temperature"] == 0.5
+    assert body["max_tokens"] == 33 and body["tools"] == [MOVE] and body["messages"] == CHAT
+    assert server.headers[0]["Authorization"] == "Bearer sk-test"
+    assert [(c.id, c.name, c.arguments) for c in completion.tool_calls] == [("call_9", "move", {"direction": "down"})]
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (11, 7)
+
+
+def test_openai_compatible_falls_back_to_calls_written_in_text():
+    with serve() as server:
+        server.replies.append((200, server.reply('Going up.\n{"name": "move", "arguments": {"direction": "up"}}')))
+        server.replies.append((200, server.reply('{"name": "move", "arguments": {"direction": ', usage=False)))
+        backend = OpenAICompatBackend(server.base_url, "m")
+        parsed = backend.complete(CHAT, [MOVE])
+        broken = backend.complete(CHAT + [{"role": "user", "content": "again"}], [MOVE])
+    assert parsed.tool_calls[0].arguments == {"direction": "up"}
+    assert broken.tool_calls == [] and broken.parse_errors
+    assert broken.usage.prompt_tokens > 0  # estimated when the server reports no usage
+
+
+def test_flattened_messages_for_servers_without_tool_roles():
+    history = [
+        *CHAT,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "move", "arguments": '{"direction": "up"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c", "name": "move", "content": '{"success": true}'},
+    ]
+    with serve() as server:
+        OpenAICompatBackend(server.base_url, "m", native_tools=False).complete(history, [MOVE])
+    body = server.requests[0]
+    assert "tools" not in body
+    assert {m["role"] for m in body["messages"]} == {"system", "user", "assistant"}
+    assert "move" in body["messages"][0]["content"]  # the tools are described in the system prompt
+    assert "<tool_call>" in body["messages"][2]["content"]
+
+
+def test_retries_with_backoff_then_succeeds():
+    waits = []
+    with serve() as server:
+        server.replies += [(503, {"error": "busy"}), (429, {"error": "slow down"}), (200, server.reply("fine"))]
+        backend = OpenAICompatBackend(server.base_url, "m", max_retries=3, backoff=0.5, sleep=waits.append)
+        assert backend.complete(CHAT).content == "fine"
+    assert len(server.requests) == 3
+    assert waits == [0.5, 1.0]
+
+
+def test_client_errors_are_not_retried():
+    with serve() as server:
+        server.replies.append((400, {"error": {"message": "unknown model"}}))
+        backend = OpenAICompatBackend(server.base_url, "m", max_retries=3, sleep=no_sleep)
+        with pytest.raises(BackendError, match="HTTP 400.*unknown model"):
+            backend.complete(CHAT)
+    assert len(server.requests) == 1
+
+
+def test_unreachable_endpoint_is_one_clear_error():
+    url = closed_port_url()
+    backend = OpenAICompatBackend(url, "m", max_retries=2, backoff=0.0, sleep=no_sleep, timeout=5)
+    with pytest.raises(UnreachableEndpointError, match=r"could not reach .* after 3 attempts.*base_url"):
+        backend.complete(CHAT)
+
+
+def test_bad_backend_settings():
+    with pytest.raises(ConfigError, match="base_url"):
+        OpenAICompatBackend("localhost:8000", "m")
+    with pytest.raises(ConfigError, match="model"):
+        OpenAICompatBackend("http://localhost:8000/v1", "")
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    backbone = TinyBackbone(seed=0)
+    return backbone.build_model(), backbone.tokenizer
+
+
+def test_hf_local_backend_generates_deterministically_with_a_seed(tiny_lm):
+    model, tokenizer = tiny_lm
+    backend = HFLocalBackend(model=model, tokenizer=tokenizer, temperature=1.0, max_tokens=12)
+    a = backend.complete(CHAT, [MOVE], seed=5)
+    b = backend.complete(CHAT, [MOVE], seed=5)
+    c = backend.complete(CHAT, [MOVE], seed=6)
+    assert a.content == b.content and a.content != c.content
+    assert 0 < a.usage.completion_tokens <= 12 and a.usage.prompt_tokens > 50
+    text, templated = backend.render(CHAT, [MOVE])
+    assert not templated and "<|system|>" in text and '"name": "move"' in text  # no chat template: plain transcript
+
+
+def test_hf_local_backend_uses_the_chat_template_and_loads_saved_directories(tiny_lm, tmp_path):
+    model, tokenizer = tiny_lm
+    tokenizer = type(tokenizer).from_pretrained(_save(model, tokenizer, tmp_path / "lm"))
+    tokenizer.chat_template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}[assistant]"
+    backend = HFLocalBackend(model=model, tokenizer=tokenizer, max_tokens=4)
+    text, templated = backend.render(CHAT, [MOVE])
+    assert templated and text == "[system]Explore.[user]Next step.[assistant]"
+    loaded = HFLocalBackend(path=str(tmp_path / "lm"), max_tokens=4)
+    greedy = loaded.complete(CHAT, [MOVE], seed=0)
+    again = HFLocalBackend(model=model, tokenizer=tiny_lm[1], max_tokens=4).complete(CHAT, [MOVE], seed=0)
+    assert greedy.content == again.content  # same weights, same greedy reply
+
+
+def test_hf_local_backend_drives_a_zoo_generating_module():
+    from zoo.modules import CausalLMModule
+
+    module = CausalLMModule(backbone=TinyBackbone(seed=1))
+    assert module.model is None
+    backend = HFLocalBackend.from_module(module, max_tokens=3)
+    assert module.model is not None  # built on demand (configure_model)
+    reply = backend.complete(CHAT, [MOVE], seed=0)
+    assert 0 < reply.usage.completion_tokens <= 3 and backend.identity()["kind"] == "hf_local"
+
+
+def test_hf_local_backend_refuses_missing_directories(tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match="no such directory"):
+        HFLocalBackend(path=str(tmp_path / "nowhere"))
+
+
+def _save(model, tokenizer, path):
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_record_replay_cache_file_holds_the_request(tmp_path):
+    path = tmp_path / "c.jsonl"
+    ScriptedBackend(["x"], cache={"path": path, "mode": "auto"}).complete(CHAT, [MOVE], seed=1)
+    row = json.loads(path.read_text())
+    assert row["request"]["seed"] == 1 and row["request"]["messages"] == CHAT

@@ -1,0 +1,132 @@
+"""A local Hugging Face causal LM (or any zoo generating module) as a chat backend.
+
+The chat is rendered with the tokenizer's chat template (tools passed to the template when it accepts them);
+a tokenizer without a template (the zoo's character-level tokenizer) gets a plain role-tagged transcript with
+the tools listed in the system prompt. Tool calls are recovered from the generated text. Weights load from
+local files only (``local_files_only=True``). Decoding is :func:`zoo.generation.sampling.generate` (greedy at
+temperature 0, else seeded sampling); the reply budget is capped at half the model's context, and a prompt
+longer than the rest keeps its most recent tokens (the system prompt is then cut first: small models see the
+latest observations).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zoo.agents.backends.base import Backend, ReplayCache, flatten_messages
+from zoo.agents.types import Completion, Message, Usage
+from zoo.errors import CheckpointNotFoundError
+
+
+def plain_transcript(messages: list[Message]) -> str:
+    """``<|role|>\\ncontent`` blocks followed by the assistant tag (for tokenizers without a chat template)."""
+    blocks = [f"<|{m['role']}|>\n{m.get('content') or ''}" for m in messages]
+    return "\n".join(blocks) + "\n<|assistant|>\n"
+
+
+class HFLocalBackend(Backend):
+    """Generate replies with a local causal LM.
+
+    Args:
+        path: a directory written by ``save_pretrained`` (model + tokenizer). Loaded on first use.
+        model, tokenizer: an already built model and tokenizer instead of ``path`` (see :meth:`from_module`).
+        device: where the model runs when loaded from ``path``.
+        top_p: nucleus sampling when ``temperature > 0``.
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        model: Any = None,
+        tokenizer: Any = None,
+        device: str = "cpu",
+        top_p: float = 1.0,
+        temperature: float = 0.0,
+        max_tokens: int = 256,
+        cache: ReplayCache | dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(temperature, max_tokens, cache)
+        if path is None and (model is None or tokenizer is None):
+            raise CheckpointNotFoundError("HFLocalBackend needs path=<save_pretrained dir> or both model and tokenizer")
+        if path is not None and not Path(path).expanduser().is_dir():
+            raise CheckpointNotFoundError(
+                f"backend.path={path}: no such directory (a local save_pretrained directory is required; nothing "
+                "is downloaded)"
+            )
+        self.path = None if path is None else str(Path(path).expanduser())
+        self.device = device
+        self.top_p = top_p
+        self._model = model
+        self._tokenizer = tokenizer
+
+    @classmethod
+    def from_module(cls, module: Any, **kwargs: Any) -> HFLocalBackend:
+        """Use a zoo generating module (anything with ``model`` and ``tokenizer``; ``configure_model`` is called)."""
+        if getattr(module, "model", None) is None and hasattr(module, "configure_model"):
+            module.configure_model()
+        return cls(model=module.model, tokenizer=module.tokenizer, **kwargs)
+
+    def identity(self) -> dict[str, Any]:
+        name = self.path or getattr(getattr(self._model, "config", None), "_name_or_path", "") or "in-memory"
+        return {"kind": "hf_local", "model": name}
+
+    def _load(self) -> None:
+        if self._model is not None:
+            return
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            self._tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+            self._model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True).to(self.device)
+        except OSError as err:
+            raise CheckpointNotFoundError(
+                f"backend.path={self.path}: cannot load a causal LM from it ({err})"
+            ) from None
+        if self._tokenizer.pad_token is None:
+            self._tokenizer.pad_token = self._tokenizer.eos_token
+
+    def render(self, messages: list[Message], tools: list[dict[str, Any]]) -> tuple[str, bool]:
+        """The prompt text and whether it came from a chat template (which then carries BOS itself)."""
+        tokenizer = self._tokenizer
+        if getattr(tokenizer, "chat_template", None):
+            try:
+                text = tokenizer.apply_chat_template(
+                    messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+                )
+                return str(text), True
+            except Exception:  # templates that reject tool messages or tools: flatten and retry without tools
+                flat = flatten_messages(messages, tools)
+                return str(tokenizer.apply_chat_template(flat, add_generation_prompt=True, tokenize=False)), True
+        return plain_transcript(flatten_messages(messages, tools)), False
+
+    def _complete(self, request: dict[str, Any]) -> Completion:
+        from zoo.generation.sampling import SamplingParams, generate
+
+        self._load()
+        model, tokenizer = self._model, self._tokenizer
+        text, templated = self.render(request["messages"], request["tools"])
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not templated and tokenizer.bos_token_id is not None:
+            ids = [tokenizer.bos_token_id, *ids]
+        max_new = int(request["max_tokens"])
+        limit = getattr(model.config, "max_position_embeddings", None)
+        if limit is not None:
+            max_new = min(max_new, max(1, limit // 2))
+            ids = ids[-(limit - max_new) :]
+        device = next(model.parameters()).device
+        prompt = torch.tensor([ids], dtype=torch.long, device=device)
+        temperature = float(request["temperature"])
+        params = SamplingParams(
+            max_new_tokens=max_new, do_sample=temperature > 0, temperature=temperature or 1.0, top_p=self.top_p
+        )
+        generator = None
+        if request["seed"] is not None:
+            generator = torch.Generator(device=device).manual_seed(int(request["seed"]))
+        result = generate(model, tokenizer, prompt, torch.ones_like(prompt), params, generator)
+        content = result.texts[0]
+        parsed = self.parse_reply(content, None, request["tools"])
+        usage = Usage(len(ids), int(result.lengths[0]), 1)
+        return Completion(content, parsed.calls, parsed.errors, usage)

@@ -1,0 +1,22 @@
+"""Exploration environments and their registry (``name -> class``)."""
+
+from __future__ import annotations
+
+from zoo.agents.envs.base import CommitError, Environment, RubricItem, ScoreReport, judge_commit
+from zoo.agents.envs.ultrahorizon import AlienGeneticsLab, MysteryGrid, SequenceExploration
+
+ENVIRONMENTS: dict[str, type[Environment]] = {
+    cls.name: cls for cls in (MysteryGrid, SequenceExploration, AlienGeneticsLab)
+}
+
+__all__ = [
+    "ENVIRONMENTS",
+    "AlienGeneticsLab",
+    "CommitError",
+    "Environment",
+    "MysteryGrid",
+    "RubricItem",
+    "ScoreReport",
+    "SequenceExploration",
+    "judge_commit",
+]

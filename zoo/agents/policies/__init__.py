@@ -1,0 +1,32 @@
+"""Agents: random, early-commit, hypothesis-elimination, the LLM tool-calling agent, and the CRNR wrapper."""
+
+from zoo.agents.policies.base import CRNR, Action, Agent, EpisodeInfo, commit_call
+from zoo.agents.policies.hypotheses import (
+    EarlyCommitAgent,
+    HypothesisEliminationAgent,
+    HypothesisSet,
+    Solver,
+    SolverAgent,
+)
+from zoo.agents.policies.llm import LLMToolAgent
+from zoo.agents.policies.random import RandomAgent
+
+AGENTS: dict[str, type[Agent]] = {
+    cls.name: cls for cls in (RandomAgent, EarlyCommitAgent, HypothesisEliminationAgent, LLMToolAgent)
+}
+
+__all__ = [
+    "AGENTS",
+    "CRNR",
+    "Action",
+    "Agent",
+    "EarlyCommitAgent",
+    "EpisodeInfo",
+    "HypothesisEliminationAgent",
+    "HypothesisSet",
+    "LLMToolAgent",
+    "RandomAgent",
+    "Solver",
+    "SolverAgent",
+    "commit_call",
+]

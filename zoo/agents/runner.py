@@ -1,0 +1,147 @@
+"""The episode harness: one environment, one agent, the tool registry, a step cap, a recorded trajectory.
+
+The registry holds the environment's tools, the note tool and (only with ``code_tool=True``) the sandboxed
+Python tool. Each step the agent acts on the last observation; a step without a usable tool call (an unparsable
+reply, no call) is recorded as a failed step, never raised; a call is run through the registry, where an unknown
+tool or bad arguments come back as a failed observation. The episode ends when the environment accepts the
+commit or at ``max_steps`` (default: the environment's ``required_steps x 4``, ``x 8`` for bio, as UltraHorizon).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from zoo.agents.context import NoteBook
+from zoo.agents.envs.base import Environment
+from zoo.agents.metrics import error_tags, windowed_entropy
+from zoo.agents.policies.base import Agent, EpisodeInfo
+from zoo.agents.sandbox import PythonSandbox
+from zoo.agents.tools import ToolRegistry
+from zoo.agents.types import ToolResult, Usage
+
+
+@dataclass
+class StepRecord:
+    """One agent step. ``tool`` is ``None`` when the agent produced no usable call (``error`` says why)."""
+
+    index: int
+    tool: str | None
+    arguments: dict[str, Any]
+    ok: bool
+    observation: Any = None
+    error: str | None = None
+    text: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    context_messages: int = 0
+
+
+@dataclass
+class Trajectory:
+    """An episode: settings, steps, the commit and its grade, and summary numbers."""
+
+    env: str
+    agent: str
+    episode: int
+    seed: int
+    difficulty: str
+    required_steps: int
+    steps: list[StepRecord] = field(default_factory=list)
+    committed: bool = False
+    commit: str | None = None
+    report: dict[str, Any] | None = None
+    usage: Usage = field(default_factory=Usage)
+    refreshes: int = 0
+    entropy: list[float] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+
+    @property
+    def score(self) -> float:
+        """The commit's score in ``[0, 1]`` (0 without a commit)."""
+        return float(self.report["score"]) if self.report else 0.0
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(step.tool is not None for step in self.steps)
+
+    @property
+    def failed_steps(self) -> int:
+        return sum(not step.ok for step in self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(
+            score=self.score,
+            tool_calls=self.tool_calls,
+            failed_steps=self.failed_steps,
+            tokens=self.usage.total_tokens,
+            usage=self.usage.to_dict(),
+        )
+        return data
+
+
+def build_registry(env: Environment, notes: NoteBook, code_tool: bool = False) -> ToolRegistry:
+    registry = env.tools().extend(ToolRegistry.from_object(notes))
+    if code_tool:
+        registry.extend(ToolRegistry.from_object(PythonSandbox()))
+    return registry
+
+
+def run_episode(
+    env: Environment,
+    agent: Agent,
+    *,
+    max_steps: int | None = None,
+    code_tool: bool = False,
+    episode: int = 0,
+    seed: int = 0,
+    entropy_window: int = 10,
+) -> Trajectory:
+    """Run one episode and return its trajectory (the environment and agent are used up)."""
+    notes = NoteBook()
+    registry = build_registry(env, notes, code_tool)
+    limit = int(max_steps or env.max_agent_steps)
+    info = EpisodeInfo(
+        env_name=env.name,
+        prompt=env.prompt,
+        tools=registry.specs(),
+        difficulty=env.difficulty,
+        required_steps=env.required_steps,
+        free=env.free,
+        library=env.library(),
+        max_steps=limit,
+    )
+    agent.begin(info)
+    trajectory = Trajectory(env.name, agent.name, episode, seed, env.difficulty, env.required_steps)
+    observation: ToolResult | None = None
+    for index in range(limit):
+        action = agent.act(observation)
+        trajectory.usage.add(action.usage)
+        usage = action.usage
+        if action.call is None:
+            observation = None
+            record = StepRecord(index, None, {}, False, error=action.error or "no tool call", text=action.text)
+        else:
+            observation = registry.call(action.call.name, action.call.arguments, action.call.id)
+            record = StepRecord(
+                index,
+                observation.name,
+                observation.arguments,
+                observation.ok,
+                observation.content,
+                observation.error,
+                action.text,
+            )
+        record.prompt_tokens, record.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        record.context_messages = len(agent.context)
+        trajectory.steps.append(record)
+        if env.committed:
+            break
+    trajectory.committed = env.committed
+    trajectory.commit = env.commit_content
+    trajectory.report = env.report.to_dict() if env.report is not None else None
+    trajectory.refreshes = agent.context.refreshes
+    trajectory.entropy = windowed_entropy(trajectory.steps, entropy_window)
+    trajectory.tags = error_tags(trajectory)
+    return trajectory
