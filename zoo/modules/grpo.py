@@ -277,7 +277,8 @@ class GRPOModule(ZooModule):
         return total, {k: torch.stack(v).mean() for k, v in metrics.items()}
 
     def log_rollout(self, rollout: dict[str, Any], loss: torch.Tensor, loss_metrics: dict[str, torch.Tensor]) -> None:
-        """Diagnostics every step: lengths, truncation, zero-std groups, rewards before/after shaping, ..."""
+        """Diagnostics every step: lengths, truncation, zero-std groups, rewards before/after shaping, the loss
+        metrics, and the ``metrics()`` of the shaper and advantage seams."""
         result: GenerationResult = rollout["result"]
         lengths = result.lengths.float()
         finished = result.finished
@@ -300,9 +301,8 @@ class GRPOModule(ZooModule):
         }
         if rollout["correct"] is not None:
             values["accuracy"] = torch.tensor(rollout["correct"], dtype=torch.float).mean()
-        alpha = getattr(self.shaper, "alpha", None)
-        if alpha is not None:
-            values["gr3_alpha"] = torch.tensor(float(alpha))
+        for seam in (self.shaper, self.advantage):  # each seam reports its own state (e.g. GR3: gr3_alpha)
+            values.update({k: torch.as_tensor(v, dtype=torch.float) for k, v in seam.metrics().items()})
         size = len(rollout["texts"])
         for key, value in values.items():
             prog = key in ("reward", "completion_length", "accuracy")
