@@ -66,6 +66,17 @@ def masked_token_logprobs(
     return logp.masked_fill(~mask, 0.0), mask
 
 
+def masked_sequence_logprobs(
+    logits: Tensor, labels: Tensor, *, shift: bool = True, ignore_index: int = IGNORE_INDEX
+) -> Tensor:
+    """``log p(sequence)`` over its labelled positions: ``sum_t m_t log p_t``, ``[B]`` (0 for a row with no label).
+
+    The per-side term of DPO-style pair losses (span masks are just other labels). Same alignment as
+    :func:`masked_token_logprobs`.
+    """
+    return masked_token_logprobs(logits, labels, shift=shift, ignore_index=ignore_index)[0].sum(dim=-1)
+
+
 def masked_token_entropy(
     logits: Tensor, labels: Tensor, *, shift: bool = True, ignore_index: int = IGNORE_INDEX
 ) -> tuple[Tensor, Tensor]:

@@ -8,6 +8,7 @@ and dtype/attention options apply the same way.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -80,6 +81,14 @@ class Backbone(ABC):
                 tok.pad_token = tok.eos_token
             self._tokenizer = tok
         return self._tokenizer
+
+    def with_init_from(self, init_from: str) -> Backbone:
+        """This backbone with its weights from ``init_from`` (an export directory or a zoo ``.ckpt``) and the same
+        tokenizer, e.g. for a frozen reference model that is not the initial policy."""
+        other = copy.copy(self)
+        other.init_from = str(init_from)
+        other._tokenizer = self.tokenizer
+        return other
 
     # -- model ------------------------------------------------------------------------------------------------
     def build_model(self, quantizer: Quantizer | None = None) -> PreTrainedModel:

@@ -3,6 +3,7 @@
 from zoo.modules.base import ZooModule
 from zoo.modules.causal_lm import CausalLMModule, exact_answer_match
 from zoo.modules.grpo import GRPOModule
+from zoo.modules.preference import PreferenceModule
 from zoo.modules.sequence_classifier import SequenceClassifierModule
 from zoo.modules.structure_lm import StructureLMModule
 from zoo.modules.valr import VaLRModule
@@ -10,6 +11,7 @@ from zoo.modules.valr import VaLRModule
 __all__ = [
     "CausalLMModule",
     "GRPOModule",
+    "PreferenceModule",
     "SequenceClassifierModule",
     "StructureLMModule",
     "VaLRModule",

@@ -120,10 +120,8 @@ class GRPOModule(ZooModule):
     def configure_model(self) -> None:
         super().configure_model()
         if self.policy_loss.needs_reference and self.ref_model is None:
-            reference = self.backbone.build_model(self.quantizer)
-            reference.load_state_dict(self.model.state_dict())
-            reference.requires_grad_(False).eval()
-            object.__setattr__(self, "ref_model", reference)  # not a submodule: never saved, never optimized
+            # not a submodule: never saved, never optimized
+            object.__setattr__(self, "ref_model", self.frozen_reference())
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
