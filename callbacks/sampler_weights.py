@@ -12,6 +12,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
+from zoo.errors import ConfigError
+
 
 class LogSamplerWeights(Callback):
     """Log ``trainer.datamodule.sampler.metrics()`` under ``train/sampler/`` after every training batch.
@@ -22,7 +24,7 @@ class LogSamplerWeights(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         sampler = getattr(trainer.datamodule, "sampler", None)
         if stage == "fit" and not callable(getattr(sampler, "metrics", None)):
-            raise ValueError(
+            raise ConfigError(
                 "LogSamplerWeights needs a datamodule whose `sampler` has metrics() (a zoo RowDataModule, "
                 f"datamodule/sampler=...); got datamodule {type(trainer.datamodule).__name__}"
             )

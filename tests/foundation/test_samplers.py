@@ -124,6 +124,11 @@ def test_set_weights_applies_from_the_next_batch_drawn():
     assert {labels[i] for i in rest} == {"sum"}
     assert sampler.weights(1) == pytest.approx({"add": 1 / 3, "rev": 1 / 3, "sum": 1 / 3})
     assert sampler.weights(2) == {"add": 0.0, "rev": 0.0, "sum": 1.0}
+    # a callback's tensor of weights (e.g. DoReMi's alpha), in sorted-name order or by name
+    sampler.set_weights(torch.tensor([1.0, 1.0, 2.0]))
+    assert sampler.weights() == {"add": 0.25, "rev": 0.25, "sum": 0.5}
+    sampler.set_weights({"add": torch.tensor(3.0), "rev": np.float32(1.0), "sum": 0})
+    assert sampler.weights() == {"add": 0.75, "rev": 0.25, "sum": 0.0}
 
 
 # -- errors ---------------------------------------------------------------------------------------------------------
@@ -133,6 +138,7 @@ def test_set_weights_applies_from_the_next_batch_drawn():
         ({"weights": {"add": -1.0, "rev": 1.0}}, "weight of domain 'add' is negative"),
         ({"weights": {"add": 0.0, "rev": 0.0}}, "sum to 0.0"),
         ({"weights": {"add": float("inf")}}, "must be a finite number"),
+        ({"weights": {"add": "1"}}, "weight of domain 'add' must be a finite number, got '1'"),
         ({"weights": {"add": 1.0}, "weights_file": "w.json"}, "either weights or weights_file"),
         ({"weights_file": "/nonexistent/w.json"}, r"w\.json: weights file not found"),
     ],
@@ -308,3 +314,38 @@ def test_weighted_sampler_from_the_command_line_with_a_weights_file(train_cfg, r
     cfg = weighted_run_cfg(train_cfg, rows_file, tmp_path / "run", ["datamodule.sampler.weights={add: 1, rev: 3}"])
     with pytest.raises(ConfigError, match=r"missing \['sum'\]"):
         run(cfg)
+
+
+def test_sampler_weights_logger_in_a_plain_lightning_script(tokenizer, rows_file):
+    """No Hydra: the sampler and the logging callback used directly with a Trainer."""
+    from zoo.backbones import TinyBackbone
+    from zoo.callbacks import LogSamplerWeights
+    from zoo.data.sources import JsonlSource
+    from zoo.modules import CausalLMModule
+
+    sampler = WeightedDomainSampler(weights={"add": 1.0, "rev": 1.0, "sum": 2.0})
+    datamodule = SFTDataModule(tokenizer, JsonlSource(str(rows_file), str(rows_file)), batch_size=8, sampler=sampler)
+    backbone = TinyBackbone(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2
+    )
+    trainer = pl.Trainer(
+        max_steps=2,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[LogSamplerWeights()],
+    )
+    trainer.fit(CausalLMModule(backbone, generate_on_eval=False), datamodule)
+    assert trainer.callback_metrics["train/sampler/weight/sum"] == 0.5
+    assert trainer.callback_metrics["train/sampler/weight/add"] == 0.25
+
+    class NoSampler(pl.LightningDataModule):
+        def train_dataloader(self):
+            return datamodule.train_dataloader()
+
+    with pytest.raises(ConfigError, match="LogSamplerWeights needs a datamodule whose `sampler` has metrics"):
+        pl.Trainer(max_steps=1, logger=False, callbacks=[LogSamplerWeights()], enable_progress_bar=False).fit(
+            CausalLMModule(backbone, generate_on_eval=False), NoSampler()
+        )

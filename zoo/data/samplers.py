@@ -117,12 +117,16 @@ def check_weights(weights: Mapping[str, float], where: str) -> dict[str, float]:
     if not weights:
         raise ConfigError(f"{where}: no domain weights given")
     values = {}
-    for name, value in weights.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"{where}: weight of domain '{name}' must be a finite number, got {value!r}")
+    for name, given in weights.items():
+        try:
+            value = float(given) if not isinstance(given, (bool, str)) else math.nan
+        except (TypeError, ValueError):
+            value = math.nan
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: weight of domain '{name}' must be a finite number, got {given!r}")
         if value < 0:
             raise ConfigError(f"{where}: weight of domain '{name}' is negative ({value}); weights must be >= 0")
-        values[str(name)] = float(value)
+        values[str(name)] = value
     total = sum(values.values())
     if total <= 0:
         raise ConfigError(f"{where}: the weights sum to {total}; at least one domain needs a positive weight")
