@@ -82,14 +82,6 @@ class Backbone(ABC):
             self._tokenizer = tok
         return self._tokenizer
 
-    def with_init_from(self, init_from: str) -> Backbone:
-        """This backbone with its weights from ``init_from`` (an export directory or a zoo ``.ckpt``) and the same
-        tokenizer, e.g. for a frozen reference model that is not the initial policy."""
-        other = copy.copy(self)
-        other.init_from = str(init_from)
-        other._tokenizer = self.tokenizer
-        return other
-
     # -- model ------------------------------------------------------------------------------------------------
     def build_model(self, quantizer: Quantizer | None = None) -> PreTrainedModel:
         """Build the model: from ``init_from``/a checkpoint if set, else from the fresh source."""
@@ -172,6 +164,14 @@ class Backbone(ABC):
         """Short hash of :meth:`describe` (plus the extra tokens)."""
         blob = json.dumps({**self.describe(), "extra_tokens": list(self.extra_tokens)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def with_init_from(self, init_from: str) -> Backbone:
+        """This backbone with its weights from ``init_from`` (an export directory or a zoo ``.ckpt``) and the same
+        tokenizer, e.g. for a frozen reference model that is not the initial policy."""
+        self.tokenizer  # noqa: B018 - built first, so that the copy shares it
+        other = copy.copy(self)
+        other.init_from = str(init_from)
+        return other
 
 
 def load_module_checkpoint_weights(model: torch.nn.Module, ckpt_path: str, prefix: str = "model.") -> None:
