@@ -12,12 +12,14 @@ from zoo.callbacks.log_generations import LogGenerations
 from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.safethink import SafeThinkMonitor
+from zoo.callbacks.sampler_weights import LogSamplerWeights
 
 __all__ = [
     "ForgettingMonitor",
     "GR3AlphaCalibration",
     "LogGenerations",
     "LogLineProgress",
+    "LogSamplerWeights",
     "NanoQuantExport",
     "SafeThinkMonitor",
     "auto_progress",

@@ -1,56 +1,31 @@
-"""Shared pieces of the zoo's datamodules: tokenized rows, padding and mid-epoch resume."""
+"""Shared pieces of the zoo's datamodules: tokenized rows, padding, the training sampler seam and mid-epoch resume."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 
-from zoo.data.encoding import encode_prompt, pad_sequences  # noqa: F401  (re-exported: datamodules import them here)
+from zoo.data.encoding import encode_prompt, pad_sequences
+from zoo.data.samplers import ResumableSampler, TrainSampler
 from zoo.data.sources import Row, RowSource
 
+__all__ = [
+    "IGNORE_INDEX",
+    "ListDataset",
+    "ResumableSampler",
+    "RowDataModule",
+    "TrainSampler",
+    "encode_completion",
+    "encode_prompt",
+    "pad_sequences",
+]
+
 IGNORE_INDEX = -100
-
-
-class ResumableSampler(Sampler[int]):
-    """A per-epoch permutation (seeded by ``seed + epoch``) that can start part-way through an epoch.
-
-    Lightning calls :meth:`set_epoch` at every epoch start; the datamodule restores ``(epoch, skip)`` from
-    a checkpoint so that a resumed run sees exactly the batches an uninterrupted run would.
-    """
-
-    def __init__(self, num_items: int, seed: int = 0, shuffle: bool = True) -> None:
-        self.num_items = num_items
-        self.seed = seed
-        self.shuffle = shuffle
-        self.epoch = 0
-        self._resume: tuple[int, int] | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def resume_at(self, epoch: int, items_done: int) -> None:
-        """Skip the first ``items_done`` items the next time epoch ``epoch`` is iterated."""
-        self._resume = (epoch, items_done)
-
-    def __iter__(self) -> Iterator[int]:
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.num_items, generator=generator).tolist()
-        else:
-            order = list(range(self.num_items))
-        if self._resume is not None and self._resume[0] == self.epoch:
-            order = order[self._resume[1] :]
-            self._resume = None
-        return iter(order)
-
-    def __len__(self) -> int:
-        return self.num_items
 
 
 class ListDataset(Dataset):
@@ -74,9 +49,12 @@ def encode_completion(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int
 class RowDataModule(pl.LightningDataModule, ABC):
     """Base of the zoo's datamodules: rows from a :class:`~zoo.data.sources.RowSource`, tokenized once.
 
-    Subclasses set ``required_fields`` and implement :meth:`encode` and :meth:`collate`. The training
-    loader uses a :class:`ResumableSampler`; the datamodule's ``state_dict`` records the position inside
-    the epoch so that ``ckpt_path=last`` resumes mid-epoch on the exact next batch.
+    Subclasses set ``required_fields`` and implement :meth:`encode` and :meth:`collate`. The training loader
+    draws its rows with ``sampler`` (the ``datamodule/sampler=`` seam, :mod:`zoo.data.samplers`; default
+    :class:`~zoo.data.samplers.ResumableSampler`), bound to the encoded training rows. The datamodule's
+    ``state_dict`` records the position inside the epoch and the sampler's state (e.g. the domain weights in
+    force), so that ``ckpt_path=last`` resumes mid-epoch on the exact next batch. A callback reaches the sampler
+    as ``trainer.datamodule.sampler``.
     """
 
     required_fields: tuple[str, ...] = ("prompt",)
@@ -91,6 +69,7 @@ class RowDataModule(pl.LightningDataModule, ABC):
         num_workers: int = 0,
         seed: int = 0,
         shuffle: bool = True,
+        sampler: TrainSampler | None = None,
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
@@ -101,9 +80,10 @@ class RowDataModule(pl.LightningDataModule, ABC):
         self.num_workers = num_workers
         self.seed = seed
         self.shuffle = shuffle
+        self.sampler = sampler if sampler is not None else ResumableSampler()
         self.datasets: dict[str, ListDataset] = {}
-        self._train_sampler: ResumableSampler | None = None
-        self._pending_resume: tuple[int, int] | None = None
+        self.dataset_rows: dict[str, Sequence[Row]] = {}
+        self._pending_resume: tuple[int, int, dict[str, Any]] | None = None
 
     # -- subclass API -------------------------------------------------------------------------------------------
     @abstractmethod
@@ -118,8 +98,13 @@ class RowDataModule(pl.LightningDataModule, ABC):
     def dataset(self, split: str) -> ListDataset:
         """The encoded dataset of a split (built on first use)."""
         if split not in self.datasets:
-            rows = self.source.rows(split, self.required_fields)
-            self.datasets[split] = ListDataset([self.encode(r, i, split) for i, r in enumerate(rows)])
+            self.build_dataset(split, self.source.rows(split, self.required_fields))
+        return self.datasets[split]
+
+    def build_dataset(self, split: str, rows: Sequence[Row]) -> ListDataset:
+        """Encode ``rows`` as the split's dataset; item ``i`` comes from ``rows[i]`` (the sampler reads its columns)."""
+        self.datasets[split] = ListDataset([self.encode(r, i, split) for i, r in enumerate(rows)])
+        self.dataset_rows[split] = rows
         return self.datasets[split]
 
     def setup(self, stage: str | None = None) -> None:
@@ -133,14 +118,16 @@ class RowDataModule(pl.LightningDataModule, ABC):
 
     def train_dataloader(self) -> DataLoader:
         data = self.dataset("train")
-        self._train_sampler = ResumableSampler(len(data), seed=self.seed, shuffle=self.shuffle)
+        self.sampler.bind(self.dataset_rows["train"], self.batch_size, self.seed, self.shuffle)
         if self._pending_resume is not None:
-            self._train_sampler.resume_at(*self._pending_resume)
+            epoch, items_done, sampler_state = self._pending_resume
+            self.sampler.load_state_dict(sampler_state)
+            self.sampler.resume_at(epoch, items_done)
             self._pending_resume = None
         return DataLoader(
             data,
             batch_size=self.batch_size,
-            sampler=self._train_sampler,
+            sampler=self.sampler,
             collate_fn=self.collate,
             num_workers=self.num_workers,
             drop_last=True,
@@ -166,8 +153,15 @@ class RowDataModule(pl.LightningDataModule, ABC):
         if trainer is None:
             return {}
         batches_done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        return {"epoch": trainer.current_epoch, "items_done": batches_done * self.batch_size, "seed": self.seed}
+        epoch, items_done = trainer.current_epoch, batches_done * self.batch_size
+        return {
+            "epoch": epoch,
+            "items_done": items_done,
+            "seed": self.seed,
+            "sampler": self.sampler.state_dict(epoch, items_done),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if "epoch" in state_dict:
-            self._pending_resume = (int(state_dict["epoch"]), int(state_dict["items_done"]))
+            epoch, items_done = int(state_dict["epoch"]), int(state_dict["items_done"])
+            self._pending_resume = (epoch, items_done, dict(state_dict.get("sampler") or {}))

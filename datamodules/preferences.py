@@ -13,7 +13,9 @@ class PreferenceDataModule(RowDataModule):
     """Pairwise preference rows.
 
     Batch: ``chosen_input_ids``/``chosen_attention_mask``/``chosen_labels`` and the same for ``rejected``
-    (``[B, T]`` right-padded, labels ``-100`` on the prompt and padding), plus ``prompts``.
+    (``[B, T]`` right-padded, labels ``-100`` on the prompt and padding), plus ``prompts``. Consumed by
+    :class:`zoo.modules.PreferenceModule` (``+method=dpo``); rows from JSONL (``datamodule=prefs_jsonl``) or a
+    synthetic task (``datamodule=prefs``, :class:`zoo.data.sources.TaskPreferenceSource`).
     """
 
     required_fields = ("prompt", "chosen", "rejected")

@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from zoo.data.sources import Row
-from zoo.datamodules.base import IGNORE_INDEX, RowDataModule, encode_completion, encode_prompt, pad_sequences
+from zoo.datamodules.base import (
+    IGNORE_INDEX,
+    ListDataset,
+    RowDataModule,
+    encode_completion,
+    encode_prompt,
+    pad_sequences,
+)
 from zoo.errors import DataError
 
 
 class SFTDataModule(RowDataModule):
-    """Supervised fine-tuning rows (``prompt``, ``completion``; optional ``answer`` and ``loss_weight``).
+    """Supervised fine-tuning rows (``prompt``, ``completion``; optional ``answer`` and a per-sample weight).
+
+    Args:
+        weight_column: the row column holding the per-sample loss weight (a finite number ``>= 0``; rows without
+            it weigh 1). A column name other than the default that no training row carries is an error (a
+            misspelt name would otherwise train unweighted).
+        (other arguments: see :class:`~zoo.datamodules.base.RowDataModule`).
 
     Batch (documented contract, see ``docs/contracts.md``):
 
@@ -20,10 +35,34 @@ class SFTDataModule(RowDataModule):
       prompt and padding, so the loss covers the completion (and its EOS) only;
     - ``prompt_ids``, ``prompt_attention_mask``: ``[B, P]`` left-padded prompts (for generation);
     - ``prompts``, ``answers``: lists of strings (``answer`` falls back to the completion);
-    - ``loss_weight``: ``[B]`` per-sequence weights (1 unless the row has ``loss_weight``).
+    - ``loss_weight``: ``[B]`` float per-sequence weights (from ``weight_column``; 1 where a row has none).
     """
 
     required_fields = ("prompt", "completion")
+    default_weight_column = "loss_weight"
+
+    def __init__(self, *args: Any, weight_column: str = default_weight_column, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.weight_column = weight_column
+
+    def sample_weight(self, row: Row, index: int, split: str) -> float:
+        """The row's loss weight (1 when it has no ``weight_column``); a clear error for a bad value."""
+        value = row.get(self.weight_column, 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise DataError(
+                f"{split} row {index}: column '{self.weight_column}' (datamodule.weight_column) must be a finite "
+                f"number >= 0, got {value!r}"
+            )
+        return float(value)
+
+    def build_dataset(self, split: str, rows: Sequence[Row]) -> ListDataset:
+        custom_column = split == "train" and self.weight_column != self.default_weight_column
+        if custom_column and rows and not any(self.weight_column in row for row in rows):
+            raise DataError(
+                f"datamodule.weight_column='{self.weight_column}': no training row has this column "
+                f"(columns of row 0: {sorted(rows[0])})"
+            )
+        return super().build_dataset(split, rows)
 
     def encode(self, row: Row, index: int, split: str) -> dict[str, Any]:
         prompt_ids = encode_prompt(self.tokenizer, row["prompt"])
@@ -39,7 +78,7 @@ class SFTDataModule(RowDataModule):
             "completion_ids": completion_ids,
             "prompt": row["prompt"],
             "answer": str(row.get("answer", row["completion"])),
-            "loss_weight": float(row.get("loss_weight", 1.0)),
+            "loss_weight": self.sample_weight(row, index, split),
         }
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from zoo.datamodules.base import (
     IGNORE_INDEX,
     ListDataset,
     RowDataModule,
+    TrainSampler,
     encode_completion,
     encode_prompt,
     pad_sequences,
@@ -103,8 +104,11 @@ class StructureDataModule(RowDataModule):
         shuffle: bool = True,
         max_atoms: int | None = 30_000,
         placeholder: str = STRUCTURE_TOKEN,
+        sampler: TrainSampler | None = None,
     ) -> None:
-        super().__init__(tokenizer, source, batch_size, eval_batch_size, max_length, num_workers, seed, shuffle)
+        super().__init__(
+            tokenizer, source, batch_size, eval_batch_size, max_length, num_workers, seed, shuffle, sampler
+        )
         vocab = tokenizer.get_vocab()
         if placeholder not in vocab:
             raise ConfigError(
@@ -137,7 +141,7 @@ class StructureDataModule(RowDataModule):
                 )
             if not kept:
                 raise DataError(f"{split}: every structure exceeds datamodule.max_atoms={self.max_atoms}")
-            self.datasets[split] = ListDataset([self.encode(r, i, split) for i, r in enumerate(kept)])
+            self.build_dataset(split, kept)
         return self.datasets[split]
 
     def encode(self, row: Row, index: int, split: str) -> dict[str, Any]:

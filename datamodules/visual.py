@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from zoo.backbones.tokenizer import EOS, THINK_CLOSE, THINK_OPEN
 from zoo.data.sources import Row, RowSource
 from zoo.data.tasks import STEP_DELIMITER, split_steps
-from zoo.datamodules.base import IGNORE_INDEX, RowDataModule, encode_prompt, pad_sequences
+from zoo.datamodules.base import IGNORE_INDEX, RowDataModule, TrainSampler, encode_prompt, pad_sequences
 from zoo.errors import DataError
 
 
@@ -77,8 +77,11 @@ class VisualReasoningDataModule(RowDataModule):
         num_workers: int = 0,
         seed: int = 0,
         shuffle: bool = True,
+        sampler: TrainSampler | None = None,
     ) -> None:
-        super().__init__(tokenizer, source, batch_size, eval_batch_size, max_length, num_workers, seed, shuffle)
+        super().__init__(
+            tokenizer, source, batch_size, eval_batch_size, max_length, num_workers, seed, shuffle, sampler
+        )
         # None (e.g. backbone=hf_vlm reading the checkpoint) falls back to the tiny geometry; the module checks
         # the pixel size against the vision tower on the first batch
         self.image_size = int(image_size or 32)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from zoo.errors import ConfigError
+
 IGNORE_INDEX = -100
 
 
@@ -64,6 +66,17 @@ def masked_token_logprobs(
     return logp.masked_fill(~mask, 0.0), mask
 
 
+def masked_sequence_logprobs(
+    logits: Tensor, labels: Tensor, *, shift: bool = True, ignore_index: int = IGNORE_INDEX
+) -> Tensor:
+    """``log p(sequence)`` over its labelled positions: ``sum_t m_t log p_t``, ``[B]`` (0 for a row with no label).
+
+    The per-side term of DPO-style pair losses (span masks are just other labels). Same alignment as
+    :func:`masked_token_logprobs`.
+    """
+    return masked_token_logprobs(logits, labels, shift=shift, ignore_index=ignore_index)[0].sum(dim=-1)
+
+
 def masked_token_entropy(
     logits: Tensor, labels: Tensor, *, shift: bool = True, ignore_index: int = IGNORE_INDEX
 ) -> tuple[Tensor, Tensor]:
@@ -87,27 +100,71 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return (values * m).sum(dim) / m.sum(dim).clamp(min=1.0)
 
 
+#: Per-sequence reductions of the token NLL (``module.sample_reduction`` of the SFT family).
+SAMPLE_REDUCTIONS: tuple[str, ...] = ("token_sum", "token_mean")
+
+#: Batch normalizations of the weighted per-sequence losses (``module.normalizer`` of the SFT family).
+NLL_NORMALIZERS: tuple[str, ...] = ("tokens", "sequences", "self_normalised")
+
+
 def masked_nll(
     logits: torch.Tensor,
     labels: torch.Tensor,
     sequence_weights: torch.Tensor | None = None,
     normalizer: float | torch.Tensor | None = None,
+    *,
+    sample_reduction: str = "token_sum",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted masked negative log-likelihood: ``sum_i w_i sum_t m_it (-log p_it) / normalizer``.
+    """Weighted masked negative log-likelihood ``sum_i w_i l_i / normalizer``.
+
+    ``l_i`` is the loss of sequence ``i`` over its labelled positions ``m_it`` (labels ``!= -100``):
+
+    - ``token_sum``: ``l_i = sum_t m_it (-log p_it)``;
+    - ``token_mean``: ``l_i = sum_t m_it (-log p_it) / n_i`` with ``n_i = sum_t m_it`` (DRIFT's per-sample mean
+      token CE; a sequence with no labelled token contributes 0).
 
     Args:
         logits: ``[B, T, V]``; labels: ``[B, T]`` (``-100`` = no loss).
-        sequence_weights: ``[B]`` per-sequence weights (weighted SFT); ``None`` = 1.
-        normalizer: divisor fixed by the caller (e.g. the token count of the whole optimizer step);
-            ``None`` = number of loss tokens in this batch.
+        sequence_weights: ``[B]`` per-sequence weights (weighted SFT); ``None`` = 1. Weights of exactly 1 give
+            bit-identical results to ``None``.
+        normalizer: divisor fixed by the caller (e.g. the token count of the whole optimizer step, or see
+            :func:`nll_normalizer`); ``None`` = number of loss tokens in this batch.
+        sample_reduction: ``token_sum`` | ``token_mean`` (see above).
 
     Returns:
         ``(loss, num_tokens)``.
     """
+    if sample_reduction not in SAMPLE_REDUCTIONS:
+        raise ConfigError(f"sample_reduction must be one of {SAMPLE_REDUCTIONS}, got {sample_reduction!r}")
     logprobs, mask = masked_token_logprobs(logits, labels)
     per_token = -logprobs
+    if sample_reduction == "token_mean":
+        per_token = per_token / mask.sum(dim=-1, keepdim=True).clamp(min=1).to(per_token.dtype)
     if sequence_weights is not None:
         per_token = per_token * sequence_weights.to(per_token.dtype)[:, None]
     num_tokens = mask.sum()
     denominator = num_tokens.clamp(min=1) if normalizer is None else normalizer
     return per_token.sum() / denominator, num_tokens
+
+
+def nll_normalizer(
+    mode: str, batch_size: int, sequence_weights: torch.Tensor | None = None
+) -> float | torch.Tensor | None:
+    """The divisor ``N`` of :func:`masked_nll` for a batch normalization mode:
+
+    - ``tokens``: ``None``, i.e. the number of labelled tokens in the batch, ``N = sum_i n_i``;
+    - ``sequences``: ``N = B`` (the batch size), so the loss is ``sum_i w_i l_i / B``;
+    - ``self_normalised``: ``N = sum_i w_i`` (``B`` without weights; 1 when every weight is 0, so such a batch
+      has loss 0), so the loss is the weighted mean ``sum_i w_i l_i / sum_i w_i``.
+
+    Raises:
+        ConfigError: an unknown mode.
+    """
+    if mode == "tokens":
+        return None
+    if mode == "sequences" or (mode == "self_normalised" and sequence_weights is None):
+        return float(batch_size)
+    if mode == "self_normalised":
+        total = sequence_weights.sum()
+        return torch.where(total > 0, total, torch.ones_like(total))
+    raise ConfigError(f"the NLL normalizer must be one of {NLL_NORMALIZERS}, got {mode!r}")

@@ -36,3 +36,9 @@ def warmup_cosine(
 def constant(optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:
     """Constant learning rate."""
     return LambdaLR(optimizer, lambda _: 1.0)
+
+
+def linear_warmup(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 150) -> LRScheduler:
+    """Linear warm-up from 0 to the optimizer's learning rate over ``warmup_steps``, then constant (DPO, App. B)."""
+    warmup = max(int(warmup_steps), 1)
+    return LambdaLR(optimizer, lambda step: min((step + 1) / warmup, 1.0))

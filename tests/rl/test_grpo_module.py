@@ -14,7 +14,16 @@ from zoo.data.tasks import MultiSum
 from zoo.datamodules import PromptDataModule
 from zoo.errors import ConfigError
 from zoo.modules import CausalLMModule, GRPOModule
-from zoo.rl import ClippedPolicyLoss, ExactMatchReward, GR3Shaper, LossAggregator, RewardFunctionError
+from zoo.rl import (
+    ClippedPolicyLoss,
+    ExactMatchReward,
+    GR3Shaper,
+    GRPOAdvantage,
+    LossAggregator,
+    NoShaping,
+    RewardFunctionError,
+    RewardShaper,
+)
 
 from conftest import SMALL_BASE_POLICY
 
@@ -266,3 +275,59 @@ def test_log_generations_writes_a_table_to_tensorboard(tmp_path):
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
     events.Reload()
     assert "val/generations/text_summary" in events.Tags()["tensors"]
+
+
+class DoublingShaper(RewardShaper):
+    """A shaper whose state is visible only through metrics(); its `alpha` attribute must not be logged."""
+
+    def __init__(self):
+        self.scale = 2.0
+        self.alpha = 0.7
+
+    def __call__(self, rewards, lengths, max_length=None):
+        return rewards * self.scale
+
+    def metrics(self):
+        return {"shaper_scale": self.scale}
+
+
+@pytest.mark.parametrize(
+    ("shaper", "logged", "absent"),
+    [
+        (GR3Shaper(alpha=0.25), {"gr3_alpha": 0.25}, "shaper_scale"),
+        (DoublingShaper(), {"shaper_scale": 2.0}, "gr3_alpha"),
+    ],
+)
+def test_the_family_logs_the_seams_metrics_and_reads_no_attribute(shaper, logged, absent):
+    backbone = TinyBackbone(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2
+    )
+    module = GRPOModule(
+        backbone,
+        rewards={"accuracy": ExactMatchReward()},
+        shaper=shaper,
+        group_size=2,
+        generation={"max_new_tokens": 6},
+    )
+    datamodule = PromptDataModule(module.tokenizer, TaskSource(MultiSum(), num_train=8, num_val=2), batch_size=2)
+    trainer = pl.Trainer(
+        max_steps=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule)
+    for key, value in logged.items():
+        assert trainer.callback_metrics[f"train/{key}"] == pytest.approx(value)
+    assert f"train/{absent}" not in trainer.callback_metrics
+    assert "train/alpha" not in trainer.callback_metrics
+
+
+def test_gr3_metrics_follow_alpha_updates():
+    shaper = GR3Shaper(alpha=0.3)
+    assert shaper.metrics() == {"gr3_alpha": 0.3}
+    shaper.alpha = 0.5  # what GR3AlphaCalibration(adapt=True) does
+    assert shaper.metrics() == {"gr3_alpha": 0.5}
+    assert NoShaping().metrics() == {} and GRPOAdvantage().metrics() == {}

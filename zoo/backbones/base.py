@@ -8,6 +8,7 @@ and dtype/attention options apply the same way.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -189,6 +190,14 @@ class Backbone(ABC):
         """Short hash of :meth:`describe` (plus the extra tokens)."""
         blob = json.dumps({**self.describe(), "extra_tokens": list(self.extra_tokens)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def with_init_from(self, init_from: str) -> Backbone:
+        """This backbone with its weights from ``init_from`` (an export directory or a zoo ``.ckpt``) and the same
+        tokenizer, e.g. for a frozen reference model that is not the initial policy."""
+        self.tokenizer  # noqa: B018 - built first, so that the copy shares it
+        other = copy.copy(self)
+        other.init_from = str(init_from)
+        return other
 
 
 def load_module_checkpoint_weights(model: torch.nn.Module, ckpt_path: str, prefix: str = "model.") -> None:

@@ -1,18 +1,21 @@
 """Row sources: where a datamodule's rows come from (a synthetic task, or the user's JSONL files).
 
 A row is a ``dict`` with at least the fields a datamodule needs (``prompt``/``completion`` for SFT,
-``prompt`` for RL prompts, ``prompt``/``chosen``/``rejected`` for preferences); every other field is
-carried along as a column (RL reward functions receive them as keyword arguments).
+``prompt`` for RL prompts, ``prompt``/``chosen``/``rejected`` for preferences, e.g. from
+:class:`TaskPreferenceSource`); every other field is carried along as a column (RL reward functions receive them
+as keyword arguments; the weighted sampler reads a domain column, the SFT datamodule a loss-weight column).
 """
 
 from __future__ import annotations
 
 import json
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from zoo.backbones.tokenizer import THINK_CLOSE
 from zoo.data.tasks import Task
 from zoo.errors import DataError
 
@@ -122,6 +125,45 @@ class TaskSource(GeneratedSource):
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "task", "task": self.task.describe(), "sizes": self.sizes, "seed": self.seed}
+
+
+class TaskPreferenceSource(TaskSource):
+    """Preference pairs drawn from a synthetic task: ``chosen`` is the reference completion, ``rejected`` the same
+    reasoning ending in a wrong answer (the answer of another example of the split, drawn with the split's seed).
+
+    Rows: ``prompt``, ``chosen``, ``rejected``, ``answer`` (the correct one). The pair differs only after
+    ``</think>``, so a preference learner must learn which answer the reasoning supports.
+
+    Args: as :class:`TaskSource`.
+
+    Raises:
+        DataError: the task's completions have no ``</think>``, or every example of a split has the same answer.
+    """
+
+    def generate(self, split: str, size: int) -> list[Row]:
+        rows = super().generate(split, size)
+        if len({r["answer"] for r in rows}) < 2:
+            raise DataError(f"task {self.task.name}: every {split} example has the same answer; no wrong answer to use")
+        rng = random.Random(f"rejected-{self.split_seed(split)}")
+        pairs = []
+        for row in rows:
+            completion = row["completion"]
+            if THINK_CLOSE not in completion:
+                raise DataError(
+                    f"task {self.task.name}: completion {completion[:40]!r} has no {THINK_CLOSE!r}; "
+                    "TaskPreferenceSource needs the <think>...</think>ANSWER format"
+                )
+            wrong = row["answer"]
+            while wrong == row["answer"]:
+                wrong = rows[rng.randrange(len(rows))]["answer"]
+            reasoning = completion[: completion.rindex(THINK_CLOSE) + len(THINK_CLOSE)]
+            pairs.append(
+                {"prompt": row["prompt"], "chosen": completion, "rejected": reasoning + wrong, "answer": row["answer"]}
+            )
+        return pairs
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "kind": "task_preferences"}
 
 
 class JsonlSource(RowSource):

@@ -5,6 +5,7 @@ from zoo.modules.causal_lm import CausalLMModule, exact_answer_match
 from zoo.modules.episodes import EpisodeModule
 from zoo.modules.generating import GeneratingModule
 from zoo.modules.grpo import GRPOModule
+from zoo.modules.preference import PreferenceModule
 from zoo.modules.sequence_classifier import SequenceClassifierModule
 from zoo.modules.structure_lm import StructureLMModule
 from zoo.modules.valr import VaLRModule
@@ -15,6 +16,7 @@ __all__ = [
     "EpisodeModule",
     "GRPOModule",
     "GeneratingModule",
+    "PreferenceModule",
     "SequenceClassifierModule",
     "StructureLMModule",
     "VaLRModule",

@@ -68,6 +68,22 @@ class ZooModule(pl.LightningModule):
         self.tokenizer.save_pretrained(directory)
         return directory
 
+    def frozen_reference(self, init_from: str | None = None) -> PreTrainedModel:
+        """A frozen copy of the policy for KL/DPO terms: the policy's current (initial) weights, or the weights at
+        ``init_from`` (an export directory or a zoo ``.ckpt``), built with this module's backbone and quantizer.
+
+        Keep it out of the module's children (``object.__setattr__``) so it is never saved nor optimized. Call it
+        from ``configure_model`` after the policy is built.
+        """
+        if init_from is None:
+            if self.model is None:
+                raise RuntimeError("frozen_reference(): build the policy first (call it after configure_model)")
+            reference = self.backbone.build_model(self.quantizer)
+            reference.load_state_dict(self.model.state_dict())
+        else:
+            reference = self.backbone.with_init_from(init_from).build_model(self.quantizer)
+        return reference.requires_grad_(False).eval()
+
     # -- optimization ---------------------------------------------------------------------------------------
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]

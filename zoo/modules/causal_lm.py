@@ -11,8 +11,9 @@ from torchmetrics.text import Perplexity
 
 from zoo.backbones.base import Backbone
 from zoo.data.tasks import EXACT_ANSWER, Verifier
+from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder
-from zoo.losses import IGNORE_INDEX, masked_nll
+from zoo.losses import IGNORE_INDEX, NLL_NORMALIZERS, SAMPLE_REDUCTIONS, masked_nll, nll_normalizer
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
 from zoo.modules.generating import EVAL_SPLITS, GeneratingModule
 from zoo.quant.base import Quantizer
@@ -22,11 +23,23 @@ exact_answer_match = EXACT_ANSWER
 
 
 class CausalLMModule(GeneratingModule):
-    """Supervised fine-tuning of a causal LM.
+    """Supervised fine-tuning of a causal LM, plain, weighted (per-sample ``loss_weight``) or masked.
 
-    Loss: ``sum_i w_i sum_t m_it (-log p_it) / N`` where ``m`` masks prompt and padding (labels ``-100``),
-    ``w_i`` are per-sequence weights (``loss_weight`` in the batch; 1 by default) and ``N`` is the
-    normalizer: ``tokens`` (loss tokens in the batch) or ``sequences`` (batch size).
+    Loss of a batch: ``L = sum_i w_i l_i / N``, computed by :func:`zoo.losses.masked_nll`, where
+
+    - ``m_it`` marks the positions that carry loss: every label that is not ``-100``. Label masks are the *only*
+      way to choose which tokens are trained: plain SFT masks prompt and padding, DRIFT keeps only the last
+      assistant turn, N-MARS masked SFT masks the spans it does not train; the datamodule writes the labels;
+    - ``w_i`` is the per-sample weight, the batch's ``loss_weight`` column (``[B]``; the datamodule reads it from
+      the rows, see ``datamodule.weight_column``; absent = 1);
+    - ``l_i`` depends on ``sample_reduction``: ``token_sum`` gives ``sum_t m_it (-log p_it)``, ``token_mean``
+      gives ``sum_t m_it (-log p_it) / n_i`` with ``n_i = sum_t m_it`` (DRIFT: mean token CE of each sample);
+    - ``N`` depends on ``normalizer``: ``tokens`` gives ``sum_i n_i`` (labelled tokens in the batch; the
+      default, with ``token_sum`` the usual token-mean SFT loss), ``sequences`` gives ``B`` (the batch size:
+      ``sum_i w_i l_i / B``, DRIFT's default ``mean(w * l)`` with ``token_mean``), ``self_normalised`` gives
+      ``sum_i w_i`` (the weighted mean ``sum_i w_i l_i / sum_i w_i``, DRIFT's ``BATCH_WEIGHT_NORMAL``).
+
+    With every ``w_i = 1`` the loss is bit-identical to the unweighted loss of the same modes.
 
     Validation/test: loss, perplexity (torchmetrics) and, with ``generate_on_eval``, generation through the
     decoder scored by ``verifier(completion, answer)`` into ``{split}/exact_match``
@@ -42,6 +55,7 @@ class CausalLMModule(GeneratingModule):
         scheduler: SchedulerFactory | None = None,
         generation: dict[str, Any] | None = None,
         normalizer: str = "tokens",
+        sample_reduction: str = "token_sum",
         generate_on_eval: bool = True,
         verifier: Verifier | None = None,
         decoder: Decoder | None = None,
@@ -56,9 +70,12 @@ class CausalLMModule(GeneratingModule):
             verifier=verifier,
             generate_on_eval=generate_on_eval,
         )
-        if normalizer not in ("tokens", "sequences"):
-            raise ValueError(f"module.normalizer must be 'tokens' or 'sequences', got {normalizer!r}")
+        if normalizer not in NLL_NORMALIZERS:
+            raise ConfigError(f"module.normalizer must be one of {NLL_NORMALIZERS}, got {normalizer!r}")
+        if sample_reduction not in SAMPLE_REDUCTIONS:
+            raise ConfigError(f"module.sample_reduction must be one of {SAMPLE_REDUCTIONS}, got {sample_reduction!r}")
         self.normalizer = normalizer
+        self.sample_reduction = sample_reduction
         self.save_hyperparameters(ignore=["backbone", "quantizer", "optimizer", "scheduler", "verifier", "decoder"])
         self.metrics = torch.nn.ModuleDict(
             {
@@ -69,10 +86,13 @@ class CausalLMModule(GeneratingModule):
         )
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(loss, logits, num_tokens)`` of a batch."""
+        """``(loss, logits, num_tokens)`` of a batch (the loss of the class docstring)."""
         logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        normalizer = None if self.normalizer == "tokens" else float(batch["input_ids"].shape[0])
-        loss, num_tokens = masked_nll(logits, batch["labels"], batch.get("loss_weight"), normalizer)
+        weights = batch.get("loss_weight")
+        normalizer = nll_normalizer(self.normalizer, batch["input_ids"].shape[0], weights)
+        loss, num_tokens = masked_nll(
+            logits, batch["labels"], weights, normalizer, sample_reduction=self.sample_reduction
+        )
         return loss, logits, num_tokens
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:

@@ -135,10 +135,8 @@ class GRPOModule(GeneratingModule):
     def configure_model(self) -> None:
         super().configure_model()
         if self.policy_loss.needs_reference and self.ref_model is None:
-            reference = self.backbone.build_model(self.quantizer)
-            reference.load_state_dict(self.model.state_dict())
-            reference.requires_grad_(False).eval()
-            object.__setattr__(self, "ref_model", reference)  # not a submodule: never saved, never optimized
+            # not a submodule: never saved, never optimized
+            object.__setattr__(self, "ref_model", self.frozen_reference())
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -292,7 +290,8 @@ class GRPOModule(GeneratingModule):
         return total, {k: torch.stack(v).mean() for k, v in metrics.items()}
 
     def log_rollout(self, rollout: dict[str, Any], loss: torch.Tensor, loss_metrics: dict[str, torch.Tensor]) -> None:
-        """Diagnostics every step: lengths, truncation, zero-std groups, rewards before/after shaping, ..."""
+        """Diagnostics every step: lengths, truncation, zero-std groups, rewards before/after shaping, the loss
+        metrics, and the ``metrics()`` of the shaper and advantage seams."""
         result: GenerationResult = rollout["result"]
         lengths = result.lengths.float()
         finished = result.finished
@@ -315,9 +314,8 @@ class GRPOModule(GeneratingModule):
         }
         if rollout["correct"] is not None:
             values["accuracy"] = torch.tensor(rollout["correct"], dtype=torch.float).mean()
-        alpha = getattr(self.shaper, "alpha", None)
-        if alpha is not None:
-            values["gr3_alpha"] = torch.tensor(float(alpha))
+        for seam in (self.shaper, self.advantage):  # each seam reports its own state (e.g. GR3: gr3_alpha)
+            values.update({k: torch.as_tensor(v, dtype=torch.float) for k, v in seam.metrics().items()})
         size = len(rollout["texts"])
         for key, value in values.items():
             prog = key in ("reward", "completion_length", "accuracy")

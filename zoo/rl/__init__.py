@@ -4,6 +4,7 @@ Pure torch (no Lightning, no Hydra). The pipeline of one GRPO step, with the sea
 
 ``rewards (zoo.rl.rewards) -> shaper (zoo.rl.shapers, GR3 in zoo.rl.gr3) -> advantage (zoo.rl.advantages)
 -> per-token clipped loss (zoo.rl.losses) -> aggregation with a per-step normalizer (zoo.rl.losses)``.
+Pairwise preference learning uses :func:`masked_dpo_loss` (``zoo.rl.losses``).
 """
 
 from zoo.losses import IGNORE_INDEX, masked_mean, masked_token_entropy, masked_token_logprobs
@@ -34,6 +35,7 @@ from zoo.rl.losses import (
     clipped_policy_loss,
     compute_normalizer,
     k3_kl,
+    masked_dpo_loss,
     resolve_aggregation_mode,
 )
 from zoo.rl.rewards import (
@@ -83,6 +85,7 @@ __all__ = [
     "gr3_rescale",
     "grpo_advantages",
     "k3_kl",
+    "masked_dpo_loss",
     "masked_mean",
     "masked_token_entropy",
     "masked_token_logprobs",

@@ -93,13 +93,21 @@ def rloo_advantages(rewards: Tensor) -> Tensor:
 
 
 class AdvantageEstimator(ABC):
-    """Base class: ``estimator(rewards [num_groups, G]) -> advantages [num_groups, G]``."""
+    """Base class: ``estimator(rewards [num_groups, G]) -> advantages [num_groups, G]``.
+
+    :meth:`metrics` reports the estimator's own state for the GRPO family to log under ``train/`` (none for the
+    stateless estimators here).
+    """
 
     name: str = "base"
 
     @abstractmethod
     def __call__(self, rewards: Tensor) -> Tensor:
         """Apply the transform (see the class docstring)."""
+
+    def metrics(self) -> dict[str, float | Tensor]:
+        """Scalars to log every training step, by name (none by default)."""
+        return {}
 
 
 class GRPOAdvantage(AdvantageEstimator):

@@ -1,4 +1,5 @@
-"""Clipped policy-gradient loss and micro-batch-invariant loss aggregation (notes ``rl.md`` §1(a), §0.2).
+"""Clipped policy-gradient loss, micro-batch-invariant loss aggregation (notes ``rl.md`` §1(a), §0.2) and the
+masked DPO loss (``rl.md`` §4: ThoughtFold's span-masked pairs; the ``PreferenceModule`` family).
 
 Per-token loss (GRPO/PPO with DAPO clip-higher; verl dual clip optional):
 
@@ -16,6 +17,12 @@ mode                                   TRL name     loss                        
 ``token_mean`` (DAPO)                  ``dapo``     ``sum_{i,t} l_it / sum_i n_i``                   ``sum_i n_i``
 ``seq_mean_token_sum_norm`` (Dr.GRPO)  ``dr_grpo``  ``sum_{i,t} l_it / (N * L_max)``                 ``N * L_max``
 ====================================  ===========  ===============================================  ============
+
+Masked DPO (Rafailov et al., arXiv 2305.18290, eq. 7), per pair ``i`` with each side's log-probability summed over
+that side's label mask (``-100`` = not scored; :func:`zoo.losses.masked_sequence_logprobs`):
+
+- (DPO-1) ``z_i = beta * ((c_i - rc_i) - (r_i - rr_i))`` (``c``/``r``: policy chosen/rejected; ``rc``/``rr``: reference)
+- (DPO-2) ``L = sum_i -log sigmoid(z_i) / N``, ``N`` = number of pairs       -> :func:`masked_dpo_loss`
 
 Call :func:`compute_normalizer` once per optimizer step on the masks of *all* its micro-batches, then
 :func:`aggregate` each micro-batch with that normalizer and ``backward`` without further scaling: the sum of
@@ -288,3 +295,40 @@ class LossAggregator:
 
     def __repr__(self) -> str:
         return f"LossAggregator(mode={self.mode!r}, max_length={self.max_length})"
+
+
+def masked_dpo_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    beta: float,
+    *,
+    normalizer: float | Tensor | None = None,
+) -> Tensor:
+    """(DPO-1, DPO-2) Mean over pairs of ``-log sigmoid(beta * ((c - rc) - (r - rr)))``.
+
+    Each input is ``[B]``: the per-pair sum of token log-probs over that side's mask (policy chosen ``c``, policy
+    rejected ``r``, frozen-reference chosen ``rc`` and rejected ``rr``; the reference terms are detached). Span
+    masks (ThoughtFold) enter only through which tokens those sums cover.
+
+    Identical sides (``c == r`` and ``rc == rr``) give ``log 2`` and zero gradient. ``normalizer`` (keyword only)
+    replaces the divisor ``B``: pass the number of pairs of the whole optimizer step to every micro-batch and the
+    summed micro-batch losses (and gradients) equal the full batch's.
+
+    Raises:
+        ConfigError: ``beta <= 0``. ValueError: inputs that are not four ``[B]`` tensors of one shape.
+    """
+    if not beta > 0:
+        raise ConfigError(f"DPO beta must be > 0, got {beta}")
+    shapes = {tuple(t.shape) for t in (chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)}
+    if len(shapes) != 1 or chosen_logps.dim() != 1:
+        raise ValueError(
+            "masked_dpo_loss: chosen_logps, rejected_logps, ref_chosen_logps and ref_rejected_logps must be [B] "
+            f"tensors of one shape, got {sorted(shapes)}"
+        )
+    chosen_ratio = chosen_logps - ref_chosen_logps.detach()
+    rejected_ratio = rejected_logps - ref_rejected_logps.detach()
+    losses = -torch.nn.functional.logsigmoid(beta * (chosen_ratio - rejected_ratio))
+    denominator = chosen_logps.shape[0] if normalizer is None else normalizer
+    return losses.sum() / denominator

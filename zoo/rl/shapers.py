@@ -34,13 +34,21 @@ def _check(rewards: Tensor, lengths: Tensor, who: str) -> tuple[Tensor, Tensor]:
 
 
 class RewardShaper(ABC):
-    """Base class: ``shaper(rewards, lengths, max_length=None) -> shaped rewards`` (all ``[num_groups, G]``)."""
+    """Base class: ``shaper(rewards, lengths, max_length=None) -> shaped rewards`` (all ``[num_groups, G]``).
+
+    :meth:`metrics` reports the shaper's own state (e.g. GR3's current alpha); the GRPO family logs it every step
+    under ``train/`` (the family never reads a shaper's attributes by name).
+    """
 
     name: str = "base"
 
     @abstractmethod
     def __call__(self, rewards: Tensor, lengths: Tensor, max_length: int | None = None) -> Tensor:
         """Apply the transform (see the class docstring)."""
+
+    def metrics(self) -> dict[str, float | Tensor]:
+        """Scalars to log every training step, by name (none by default)."""
+        return {}
 
 
 class NoShaping(RewardShaper):
@@ -95,6 +103,10 @@ class GR3Shaper(RewardShaper):
     def __call__(self, rewards: Tensor, lengths: Tensor, max_length: int | None = None) -> Tensor:
         r, length = _check(rewards, lengths, "GR3Shaper")
         return gr3_rescale(self.base_rewards(r), length, self.alpha)
+
+    def metrics(self) -> dict[str, float | Tensor]:
+        """``gr3_alpha``: the alpha in force (a calibration callback may change it during training)."""
+        return {"gr3_alpha": self.alpha}
 
     def satisfaction_rate(self, rewards: Tensor, lengths: Tensor, alpha: float | None = None) -> float:
         """Calibration constraint (GR3-4) satisfaction rate at ``alpha`` (default: the current alpha)."""
