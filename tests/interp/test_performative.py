@@ -25,9 +25,10 @@ from zoo.data.alignment_faking import (
     SycophancyFinetuneSource,
     SycophancyTask,
 )
+from zoo.data.encoding import encode_prompts
 from zoo.errors import ConfigError, DataError
 from zoo.generation import SamplingParams
-from zoo.interp import collect_activations, encode_prompts
+from zoo.interp import collect_activations
 from zoo.interp.hooks import forward_left_padded
 from zoo.interp.performative import (
     CellCounts,

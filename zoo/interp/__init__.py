@@ -20,7 +20,6 @@ from zoo.interp.hooks import (
     ResidualSteerer,
     activations_at,
     collect_activations,
-    encode_prompts,
 )
 from zoo.interp.probes import LinearProbe, auroc, cosine, diff_of_means
 
@@ -38,7 +37,6 @@ __all__ = [
     "collect_activations",
     "cosine",
     "diff_of_means",
-    "encode_prompts",
     "model_layout",
     "register_architecture",
     "supported_architectures",

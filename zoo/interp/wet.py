@@ -54,6 +54,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from zoo.data.encoding import encode_prompts
 from zoo.errors import ConfigError, DataError
 from zoo.interp.architectures import model_layout
 from zoo.interp.hooks import (
@@ -62,7 +63,6 @@ from zoo.interp.hooks import (
     HeadScaler,
     ModelHook,
     activations_at,
-    encode_prompts,
     forward_left_padded,
     hidden_of,
 )
