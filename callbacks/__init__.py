@@ -6,6 +6,7 @@ if __name__ != "zoo.callbacks":
         "(after 'pip install -e .' in the repository root)."
     )
 
+from zoo.callbacks.af_eval import AlignmentFakingEval
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
@@ -13,8 +14,10 @@ from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
+from zoo.callbacks.wet import WETCallback
 
 __all__ = [
+    "AlignmentFakingEval",
     "ForgettingMonitor",
     "GR3AlphaCalibration",
     "LogGenerations",
@@ -22,5 +25,6 @@ __all__ = [
     "LogSamplerWeights",
     "NanoQuantExport",
     "SafeThinkMonitor",
+    "WETCallback",
     "auto_progress",
 ]

@@ -25,8 +25,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_only
 
+from zoo.callbacks.epoch_metrics import log_stage_metrics, summed_over_ranks
 from zoo.data.jailbreak import TRIGGER
 from zoo.data.jailbreak import is_harmful as jailbreak_is_harmful
 from zoo.data.tasks import EXACT_ANSWER, Verifier
@@ -268,12 +268,6 @@ class SafeThinkMonitor(pl.Callback):
     def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
 
-    def _reduced(self, trainer: pl.Trainer) -> dict[str, float]:
-        values = torch.tensor([self._epoch[k] for k in _COUNTERS], dtype=torch.float64)
-        if trainer.world_size > 1:
-            values = trainer.strategy.reduce(values.to(trainer.strategy.root_device), reduce_op="sum").cpu()
-        return dict(zip(_COUNTERS, values.tolist()))
-
     @staticmethod
     def compute_metrics(c: dict[str, float]) -> dict[str, float]:
         """Rates from counters (metrics whose denominator is 0 are left out)."""
@@ -299,24 +293,14 @@ class SafeThinkMonitor(pl.Callback):
     def _epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage not in self.stages or trainer.sanity_checking:
             return
-        counters = self._reduced(trainer)
+        counters = summed_over_ranks(trainer, self._epoch)
         if not counters["rows"]:
             return
         for k in _COUNTERS:
             self.totals[k] += counters[k]
         self.runs += 1
         self.last_metrics = self.compute_metrics(counters)
-        if stage == "predict":
-            self._log_to_loggers(trainer)
-        else:
-            for name, value in self.last_metrics.items():
-                pl_module.log(f"{self.log_prefix}/{name}", value, rank_zero_only=True)
-
-    @rank_zero_only
-    def _log_to_loggers(self, trainer: pl.Trainer) -> None:
-        metrics = {f"{self.log_prefix}/{k}": v for k, v in self.last_metrics.items()}
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+        log_stage_metrics(trainer, pl_module, self.last_metrics, self.log_prefix, stage)
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_end(trainer, pl_module, "validate")

@@ -21,7 +21,7 @@ from zoo.interp.hooks import (
     activations_at,
     collect_activations,
 )
-from zoo.interp.probes import LinearProbe, auroc, cosine, diff_of_means
+from zoo.interp.probes import LinearProbe, auroc, cosine, diff_of_means, load_vector, save_vectors
 
 __all__ = [
     "ActivationCache",
@@ -37,7 +37,9 @@ __all__ = [
     "collect_activations",
     "cosine",
     "diff_of_means",
+    "load_vector",
     "model_layout",
     "register_architecture",
+    "save_vectors",
     "supported_architectures",
 ]

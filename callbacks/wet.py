@@ -1,0 +1,409 @@
+"""``WETCallback``: WET (World Entropy Tethering) on any generating module, through the decoder hook seam.
+
+A thin Lightning adapter over :mod:`zoo.interp.wet` (a reconstruction; see ``docs/methods/wet.md``). At the start
+of validation/test/predict it gets the world-entropy probe and the head ranking of the module's model -- loaded
+from ``artifact_dir`` when that holds them, otherwise fitted on labelled prompts from ``source`` (and written to
+``artifact_dir`` when set) -- and appends a :class:`~zoo.interp.wet.WETHook` to ``pl_module.decoder.hooks``, so the
+entropy-gated head rescaling acts at every decode step of whatever decoder the module uses; the hook is removed
+when the loop ends (it never touches training steps, and teacher-forced evaluation losses are not rescaled).
+
+Logged at the end of each validation/test epoch (``predict``: written to the loggers and kept in
+:attr:`WETCallback.last_metrics`), under ``<log_prefix>/``:
+
+* ``prompt_entropy`` -- mean world entropy ``H`` at the answer position (the last prompt token);
+* ``gate_mean`` / ``gate_open_rate`` -- mean gate ``g`` there and the fraction of rows with ``g > 0`` (on
+  in-distribution prompts: the false-gate rate);
+* ``step_gate_mean`` / ``step_gate_open_rate`` -- the same over the later decode steps (when any);
+* with ``task`` (a :class:`~zoo.data.multiworld.MultiWorldRecallTask`): ``accuracy``, ``misattribution_rate``
+  (answers that are the entity's value in another world) and ``entropy_auroc`` (AUROC of ``H`` at the answer
+  position for predicting a misattribution, when both outcomes occur);
+* ``fit/probe_accuracy``, ``fit/probe_entropy`` -- in-sample diagnostics of the probe, when it was fitted.
+
+Under DDP the counters are summed over ranks; ``entropy_auroc`` uses the rows of each rank separately (rank 0's
+value is logged).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from zoo.callbacks.epoch_metrics import log_stage_metrics, summed_over_ranks
+from zoo.data.multiworld import MultiWorldRecallTask
+from zoo.data.sources import RowSource
+from zoo.errors import ConfigError
+from zoo.interp.probes import LinearProbe, auroc
+from zoo.interp.wet import (
+    HeadRanker,
+    ScoreMatchingRanker,
+    WETArtifact,
+    WETHook,
+    WorldBatch,
+    WorldEntropyProbe,
+    check_gate_threshold,
+    fit_wet,
+)
+from zoo.protocols import missing_generation_protocol
+
+STAGES = ("validate", "test", "predict")
+SPLITS = ("train", "val", "test")
+_COUNTERS = (
+    "rows",
+    "entropy_sum",
+    "gate_sum",
+    "gate_open",
+    "step_positions",
+    "step_gate_sum",
+    "step_gate_open",
+    "judged_rows",
+    "correct",
+    "misattributed",
+)
+
+
+class WETCallback(pl.Callback):
+    """Entropy-gated rescaling of world-tethering heads during a generating module's decoding, with gate statistics.
+
+    Args:
+        probe_layer: decoder layer whose residual the world probe reads; the gated heads lie above it
+            [reconstruction].
+        num_worlds: ``K``.
+        source: rows with a prompt and a world label (``world_field``) to fit the probe and rank the heads on (e.g.
+            a :class:`~zoo.data.sources.TaskSource` of the multi-world task; also ``answer`` and
+            ``counterfactual_prompt`` for the patching ranker). May be ``None`` when ``artifact_dir`` holds a fit.
+        ranker: head ranker (default :class:`~zoo.interp.wet.ScoreMatchingRanker`) [reconstruction].
+        num_heads: tethering heads (the top ranked above the probe layer) [reconstruction].
+        alpha: amplification ``1 + alpha g`` of tethering heads [reconstruction]; 0 disables WET (the logits are
+            then bit-identical to the unhooked model, and the statistics are still logged: the baseline arm).
+        eta: gate threshold, ``< log K`` [reconstruction].
+        beta: suppression ``1 - beta g`` of the other heads above the probe layer (0 = off) [reconstruction].
+        split: split of ``source`` the fit reads (``train``: prompts the model was trained on, disjoint from the
+            evaluation splits of the same task source).
+        max_rows: at most this many rows (the first ones) of that split.
+        world_field: the row field holding the world label.
+        probe_l2: L2 penalty of the probe.
+        artifact_dir: load the probe and ranking from here when it holds them; otherwise fit them and write them
+            here (``None``: fit in memory).
+        refit: fit again at the start of every evaluation loop (the model may have trained since); with ``False``
+            a fit (or a loaded artifact) is reused for the callback's life. A loaded artifact is never refitted.
+        task: the multi-world task, to score answers (accuracy, misattribution, entropy AUROC); ``None`` skips.
+        stages: among ``validate`` (also validation during fit), ``test``, ``predict``.
+        batch_size: rows per forward when fitting.
+        log_prefix: metric name prefix.
+    """
+
+    def __init__(
+        self,
+        probe_layer: int,
+        num_worlds: int,
+        source: RowSource | None = None,
+        ranker: HeadRanker | None = None,
+        num_heads: int = 2,
+        alpha: float = 1.0,
+        eta: float = 0.5,
+        beta: float = 0.0,
+        split: str = "train",
+        max_rows: int | None = 1024,
+        world_field: str = "world",
+        probe_l2: float = 1e-3,
+        artifact_dir: str | None = None,
+        refit: bool = True,
+        task: MultiWorldRecallTask | None = None,
+        stages: Sequence[str] = STAGES,
+        batch_size: int = 64,
+        log_prefix: str = "wet",
+    ) -> None:
+        super().__init__()
+        if isinstance(probe_layer, bool) or not isinstance(probe_layer, int) or probe_layer < 0:
+            raise ConfigError(f"WETCallback: probe_layer must be a layer index >= 0, got {probe_layer!r}")
+        check_gate_threshold(eta, num_worlds)
+        if not 0.0 <= beta <= 1.0:
+            raise ConfigError(f"WETCallback: beta={beta} must be in [0, 1] (other heads are scaled by 1 - beta g)")
+        if not math.isfinite(alpha):
+            raise ConfigError(f"WETCallback: alpha={alpha!r} must be finite")
+        if num_heads < 1:
+            raise ConfigError(f"WETCallback: num_heads={num_heads} must be >= 1")
+        if split not in SPLITS:
+            raise ConfigError(f"WETCallback: split={split!r}; use one of {SPLITS}")
+        if max_rows is not None and max_rows < 2:
+            raise ConfigError(f"WETCallback: max_rows={max_rows} must be >= 2 (or null for all rows)")
+        unknown = [s for s in stages if s not in STAGES]
+        if unknown or not stages:
+            raise ConfigError(f"WETCallback: stages must be a non-empty subset of {STAGES}, got {list(stages)}")
+        if source is None and artifact_dir is None:
+            raise ConfigError(
+                "WETCallback: give source (rows with prompts and world labels to fit the probe on) or artifact_dir "
+                "(a directory holding a fitted probe and head ranking)"
+            )
+        if task is not None and not isinstance(task, MultiWorldRecallTask):
+            raise ConfigError(
+                f"WETCallback: task must be a zoo.data.multiworld.MultiWorldRecallTask (to score answers) or null, got "
+                f"{type(task).__name__}"
+            )
+        self.probe_layer = probe_layer
+        self.num_worlds = num_worlds
+        self.source = source
+        self.ranker = ranker if ranker is not None else ScoreMatchingRanker()
+        self.num_heads = num_heads
+        self.alpha, self.eta, self.beta = float(alpha), float(eta), float(beta)
+        self.split = split
+        self.max_rows = max_rows
+        self.world_field = world_field
+        self.probe_l2 = probe_l2
+        self.artifact_dir = artifact_dir
+        self.refit = refit
+        self.task = task
+        self.stages = tuple(stages)
+        self.batch_size = batch_size
+        self.log_prefix = log_prefix
+        self.artifact: WETArtifact | None = None
+        self.hook: WETHook | None = None
+        self.fitted_here = False
+        self._epoch = dict.fromkeys(_COUNTERS, 0.0)
+        self._entropies: list[float] = []
+        self._misattributed: list[bool] = []
+        self._fit_metrics: dict[str, float] = {}
+        self.last_metrics: dict[str, float] = {}
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(
+            probe_layer=self.probe_layer, alpha=self.alpha, eta=self.eta, beta=self.beta, heads=self.num_heads
+        )
+
+    @property
+    def heads(self) -> list[tuple[int, int]]:
+        """The tethering heads in use (empty before the first fit/load)."""
+        return list(self.hook.heads) if self.hook is not None else []
+
+    # -- setup ------------------------------------------------------------------------------------------------
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # ``model`` may still be None here: zoo modules build it in configure_model, which runs after setup.
+        missing = [
+            name
+            for name in missing_generation_protocol(pl_module)
+            if not (name == "model" and callable(getattr(pl_module, "configure_model", None)))
+        ]
+        hooks = getattr(getattr(pl_module, "decoder", None), "hooks", None)
+        if missing or not isinstance(hooks, list):
+            lacks = ", ".join(missing + ([] if isinstance(hooks, list) else ["decoder.hooks"]))
+            raise ConfigError(
+                f"WETCallback needs a generating module whose decoding goes through a zoo decoder (the decoder seam, "
+                f"module/decoder=...; e.g. zoo.modules.CausalLMModule); {type(pl_module).__name__} lacks {lacks}"
+            )
+
+    # -- fitting ----------------------------------------------------------------------------------------------
+    def fit(self, pl_module: Any) -> WETArtifact:
+        """Fit the probe and the head ranking on ``source`` with the module's current model (pure in the model)."""
+        if self.source is None:
+            raise ConfigError(f"WETCallback: {self.artifact_dir} holds no WET artifact and no source is configured")
+        rows = list(self.source.rows(self.split, ("prompt",)))
+        if self.max_rows is not None:
+            rows = rows[: self.max_rows]
+        device = next(pl_module.model.parameters()).device
+        batch = WorldBatch.from_rows(
+            pl_module.tokenizer,
+            rows,
+            world_field=self.world_field,
+            answer_field="answer" if self.ranker.needs_counterfactuals else None,
+            counterfactual_field="counterfactual_prompt" if self.ranker.needs_counterfactuals else None,
+            device=device,
+        )
+        return fit_wet(
+            pl_module.model,
+            batch,
+            self.probe_layer,
+            self.num_worlds,
+            self.ranker,
+            l2=self.probe_l2,
+            batch_size=self.batch_size,
+        )
+
+    def _artifact(self, trainer: pl.Trainer, pl_module: Any) -> WETArtifact:
+        """The artifact in use: kept, loaded from ``artifact_dir``, or fitted now (then written to ``artifact_dir``)."""
+        if self.artifact is not None and not (self.fitted_here and self.refit):
+            return self.artifact
+        if self.artifact is None and self.artifact_dir is not None and WETArtifact.exists(self.artifact_dir):
+            artifact = WETArtifact.load(self.artifact_dir)
+            if artifact.probe.layer != self.probe_layer or artifact.probe.num_worlds != self.num_worlds:
+                raise ConfigError(
+                    f"WETCallback: the artifact at {self.artifact_dir} has probe_layer={artifact.probe.layer}, "
+                    f"num_worlds={artifact.probe.num_worlds}; the callback is set to {self.probe_layer}, "
+                    f"{self.num_worlds} (point artifact_dir elsewhere to fit anew)"
+                )
+            self.fitted_here = False
+            return artifact
+        artifact = self.fit(pl_module)
+        self.fitted_here = True
+        self._fit_metrics = {f"fit/{k}": v for k, v in artifact.metrics.items() if k != "rows"}
+        if self.artifact_dir is not None and trainer.is_global_zero:
+            artifact.save(Path(self.artifact_dir))
+        return artifact
+
+    # -- attach / detach ----------------------------------------------------------------------------------------
+    def _active(self, trainer: pl.Trainer, stage: str) -> bool:
+        return stage in self.stages and not trainer.sanity_checking
+
+    def _attach(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
+        if not self._active(trainer, stage):
+            return
+        if pl_module.model is None:
+            pl_module.configure_model()
+        self._reset()
+        self.artifact = self._artifact(trainer, pl_module)
+        hook = WETHook(self.artifact.probe, self.artifact.heads(self.num_heads), self.alpha, self.eta, self.beta)
+        hook.controller(pl_module.model)  # every setting checked against the model before any decode
+        self.hook = hook
+        pl_module.decoder.hooks.append(hook)
+
+    def _detach(self, pl_module: Any) -> None:
+        hooks = getattr(getattr(pl_module, "decoder", None), "hooks", None)
+        if self.hook is not None and isinstance(hooks, list):
+            while self.hook in hooks:
+                hooks.remove(self.hook)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._attach(trainer, pl_module, "validate")
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._attach(trainer, pl_module, "test")
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._attach(trainer, pl_module, "predict")
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._detach(pl_module)
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._detach(pl_module)
+
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._detach(pl_module)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._detach(pl_module)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._detach(pl_module)
+
+    # -- per batch --------------------------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._epoch = dict.fromkeys(_COUNTERS, 0.0)
+        self._entropies, self._misattributed = [], []
+        self._fit_metrics = {}
+
+    def _batch_end(self, trainer: pl.Trainer, outputs: Any, stage: str) -> None:
+        if not self._active(trainer, stage) or self.hook is None:
+            return
+        records = self.hook.take()
+        if not records:
+            return
+        entropy = torch.cat([r.prompt_entropy for r in records])
+        gate = torch.cat([r.prompt_gate for r in records])
+        steps = torch.cat([r.step_gates for r in records])
+        c = self._epoch
+        c["rows"] += entropy.numel()
+        c["entropy_sum"] += float(entropy.sum())
+        c["gate_sum"] += float(gate.sum())
+        c["gate_open"] += float((gate > 0).sum())
+        c["step_positions"] += steps.numel()
+        c["step_gate_sum"] += float(steps.sum())
+        c["step_gate_open"] += float((steps > 0).sum())
+        if self.task is not None:
+            self._score_answers(outputs, entropy)
+
+    def _score_answers(self, outputs: Any, entropy: torch.Tensor) -> None:
+        meta = outputs.get("meta", {}) if isinstance(outputs, dict) else {}
+        prompts, texts = meta.get("prompts"), outputs.get("texts") if isinstance(outputs, dict) else None
+        if prompts is None or texts is None or len(prompts) != len(texts):
+            return
+        per_row = len(prompts) == entropy.numel()
+        for i, (prompt, text) in enumerate(zip(prompts, texts)):
+            parsed = self.task.parse_prompt(prompt)
+            if parsed is None:
+                continue
+            world, entity = parsed
+            answer = self.task.extract_answer(text) or ""
+            correct = answer == self.task.value_text(self.task.value(world, entity))
+            wrong_world = self.task.misattributed(world, entity, answer)
+            self._epoch["judged_rows"] += 1
+            self._epoch["correct"] += correct
+            self._epoch["misattributed"] += wrong_world
+            if per_row:
+                self._entropies.append(float(entropy[i]))
+                self._misattributed.append(wrong_world)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._batch_end(trainer, outputs, "validate")
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._batch_end(trainer, outputs, "test")
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._batch_end(trainer, outputs, "predict")
+
+    # -- per epoch --------------------------------------------------------------------------------------------
+    def compute_metrics(self, c: dict[str, float]) -> dict[str, float]:
+        """Rates from the epoch's counters (and the per-row entropy AUROC); metrics without data are left out."""
+
+        def ratio(num: str, den: str) -> float | None:
+            return c[num] / c[den] if c[den] else None
+
+        metrics = {
+            "prompt_entropy": ratio("entropy_sum", "rows"),
+            "gate_mean": ratio("gate_sum", "rows"),
+            "gate_open_rate": ratio("gate_open", "rows"),
+            "step_gate_mean": ratio("step_gate_sum", "step_positions"),
+            "step_gate_open_rate": ratio("step_gate_open", "step_positions"),
+            "accuracy": ratio("correct", "judged_rows"),
+            "misattribution_rate": ratio("misattributed", "judged_rows"),
+        }
+        if len(set(self._misattributed)) == 2:
+            metrics["entropy_auroc"] = auroc(torch.tensor(self._entropies), torch.tensor(self._misattributed))
+        return {k: float(v) for k, v in metrics.items() if v is not None}
+
+    def _epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if not self._active(trainer, stage):
+            return
+        counters = summed_over_ranks(trainer, self._epoch)
+        if not counters["rows"]:
+            return
+        self.last_metrics = {**self.compute_metrics(counters), **self._fit_metrics}
+        log_stage_metrics(trainer, pl_module, self.last_metrics, self.log_prefix, stage)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end(trainer, pl_module, "validate")
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end(trainer, pl_module, "test")
+
+    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end(trainer, pl_module, "predict")
+
+    # -- state ------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"last_metrics": dict(self.last_metrics), "heads": self.heads}
+        if self.artifact is not None and self.artifact.probe.probe.weight is not None:
+            state["artifact"] = {
+                "probe_weight": self.artifact.probe.probe.weight.cpu(),
+                "probe_bias": self.artifact.probe.probe.bias.cpu(),
+                "head_scores": self.artifact.head_scores.cpu(),
+                "ranker": self.artifact.ranker,
+                "metrics": dict(self.artifact.metrics),
+            }
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.last_metrics = {k: float(v) for k, v in state_dict.get("last_metrics", {}).items()}
+        saved = state_dict.get("artifact")
+        if saved is not None:
+            probe = WorldEntropyProbe(
+                self.probe_layer, self.num_worlds, LinearProbe.from_weights(saved["probe_weight"], saved["probe_bias"])
+            )
+            self.artifact = WETArtifact(probe, saved["head_scores"], saved["ranker"], dict(saved["metrics"]))
+            self.fitted_here = True
