@@ -311,7 +311,7 @@ def test_bad_settings_are_named(tmp_path, source):
 
 
 @pytest.mark.parametrize(
-    "ranker, cls",
+    ("ranker", "cls"),
     [
         ("score_matching", ScoreMatchingRanker),
         ("probe_accuracy", ProbeAccuracyRanker),

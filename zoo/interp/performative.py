@@ -22,6 +22,9 @@ Equation -> function:
   :func:`projection_auroc`, :func:`cross_probe_auroc`; direction similarity -> :func:`zoo.interp.probes.cosine`.
 * steering ``h_L <- h_L + alpha v`` in both directions, ``alpha in {-s, 0, +s}`` (the symmetric design) ->
   :func:`symmetric_steering`; on the compliance grid -> :func:`steered_compliance`.
+* all of it on one model (grid, eval-cue / monitoring / sycophancy directions from :func:`contrast_prompts`, their
+  cosines and cross-probe AUROCs, symmetric steering) -> :func:`performative_report` -> :class:`PerformativeReport`;
+  the Lightning adapter is :class:`zoo.callbacks.AlignmentFakingEval`.
 
 Conventions fixed here:
 

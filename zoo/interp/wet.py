@@ -28,6 +28,11 @@ Equation -> function:
 * rescaling ``o^{l,h} <- (1 + alpha g_t) o^{l,h}`` for tethering heads and, optionally,
   ``o^{l,h} <- (1 - beta g_t) o^{l,h}`` for the other heads -> :class:`WETController` (a
   :class:`~zoo.interp.hooks.HeadScaler` whose gate is read from the probe at the same step).
+* the rescaling at every decode step of a generating module -> :class:`WETHook` (a decoder hook,
+  ``module.decoder.hooks``; per-decode :class:`GateRecord`); the Lightning adapter is
+  :class:`zoo.callbacks.WETCallback`.
+* the probe and the ranking, fitted once per model -> :func:`fit_wet` -> :class:`WETArtifact` (``save``/``load``);
+  the random-head baseline -> :class:`RandomRanker`.
 
 Conventions fixed here [reconstruction]:
 
