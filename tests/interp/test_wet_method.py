@@ -344,3 +344,13 @@ def test_sft_trains_on_the_multiworld_task(train_cfg):
     row = TaskSource(task, num_train=4, num_val=4, num_test=4).rows("val")[0]
     assert task.parse_prompt(row["prompt"]) == (row["world"], row["entity"])
     assert task.verify(row["answer"] + "<eos>", row["answer"])
+
+
+def test_method_wet_on_a_hugging_face_model_saved_locally(train_cfg, tmp_path):
+    saved = tmp_path / "hf"
+    build_model("gpt2", seed=2).save_pretrained(saved)
+    build_char_tokenizer().save_pretrained(saved)
+    smoke = ["callbacks.wet.ranker.steps=5", "callbacks.wet.max_rows=64", "debug=fdr"]
+    cfg = train_cfg(["+method=wet", "backbone=hf", f"backbone.name_or_path={saved}", "backbone.init_from=null", *smoke])
+    metrics = run(cfg)
+    assert {"wet/gate_mean", "wet/prompt_entropy", "wet/fit/probe_accuracy", "test/exact_match"} <= set(metrics)
