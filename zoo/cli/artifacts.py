@@ -97,7 +97,8 @@ def compose_config(
     :func:`zoo.artifacts.default_cache_dir`); the output directory is ``<root_dir>/logs/artifacts`` until
     :class:`ArtifactBuild` points it at a build directory.
     """
-    with hydra_isolated(), initialize_config_module(config_module="zoo.conf", version_base="1.3"):
+    # Hydra's first composition imports its plugins, which may draw random numbers: keep the caller's state
+    with hydra_isolated(), rng_isolated(), initialize_config_module(config_module="zoo.conf", version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(overrides))
     root = Path(root_dir).expanduser().resolve() if root_dir is not None else Path.cwd()
     with open_dict(cfg):
@@ -158,14 +159,14 @@ class ArtifactBuild:
 
     def __call__(self, directory: Path) -> dict[str, Any]:
         """Run the build with ``directory`` as the run's output directory (the builder of :func:`ensure`)."""
-        from zoo.cli.train import run
-
         cfg = copy.deepcopy(self.config)
         with open_dict(cfg):
             cfg.paths.output_dir = str(directory)
             cfg.paths.log_dir = str(directory / "logs")
             cfg.run_id = "artifact"
         with hydra_isolated(), rng_isolated():
+            from zoo.cli.train import run  # its first import (Lightning) may draw random numbers too
+
             metrics = run(cfg)
         shutil.rmtree(directory / "checkpoints", ignore_errors=True)
         if not (directory / "export").is_dir():
