@@ -10,8 +10,8 @@
 * **atomic**: the builder writes into a temporary sibling directory (``<name>-<key>.tmp-<pid>-<random>``) that is
   renamed onto the final path with :func:`os.replace` only when the build succeeded, so a half-written artifact is
   never visible. A build that raises removes its temporary directory; one that was killed (``SIGKILL``, power loss)
-  leaves it behind, and the next call for the same kind removes it (a temporary directory whose key lock is free
-  belongs to a dead build);
+  leaves it behind, and the next call for the same kind (cached or not) removes it: a temporary directory whose key
+  lock is free belongs to a dead build;
 * **logged**: one line says what is built, why and where; one says which cached artifact is used.
 
 A finished artifact holds ``artifact.json`` (kind, name, key, reason, build time, the spec and what the builder
@@ -138,10 +138,11 @@ def ensure(
         reason: why the artifact is needed (logged when it is built).
     """
     target = artifact_path(kind, spec, cache_dir, name)
+    kind_dir = target.parent
     if is_complete(target):
+        remove_stale_temporaries(kind_dir)
         log.info("using the cached %s artifact at %s", kind, target)
         return target
-    kind_dir = target.parent
     kind_dir.mkdir(parents=True, exist_ok=True)
     with _lock(kind_dir, target.name):
         remove_stale_temporaries(kind_dir, held_stem=target.name)

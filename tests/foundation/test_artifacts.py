@@ -133,7 +133,10 @@ def test_a_killed_build_leaves_no_artifact_and_the_next_call_builds_it_anew(tmp_
     assert read_meta(path)["builder"] == "test"
 
 
-def test_a_dead_builds_temporary_is_removed_by_a_call_for_another_key(tmp_path):
+@pytest.mark.parametrize("other_cached", [False, True])
+def test_a_dead_builds_temporary_is_removed_by_a_call_for_another_key(tmp_path, other_cached):
+    if other_cached:
+        ensure("toy", {"other": 1}, _write_payload, tmp_path / "cache", name="other")
     proc = _child(tmp_path, SPEC, sleep=600)
     _wait_for(tmp_path / "started0", proc)
     proc.send_signal(signal.SIGKILL)

@@ -1,6 +1,6 @@
 """Family LightningModules: methods are configs over these plus a core."""
 
-from zoo.modules.base import ZooModule
+from zoo.modules.base import ZooBaseModule, ZooModule
 from zoo.modules.causal_lm import CausalLMModule, exact_answer_match
 from zoo.modules.grpo import GRPOModule
 from zoo.modules.sequence_classifier import SequenceClassifierModule
@@ -13,6 +13,7 @@ __all__ = [
     "SequenceClassifierModule",
     "StructureLMModule",
     "VaLRModule",
+    "ZooBaseModule",
     "ZooModule",
     "exact_answer_match",
 ]
