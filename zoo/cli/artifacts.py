@@ -66,7 +66,11 @@ def rng_isolated() -> Iterator[None]:
     variables) or torch's determinism flags."""
     py_state, np_state = random.getstate(), np.random.get_state()
     env = {k: os.environ.get(k) for k in SEED_ENV}
-    flags = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+    flags = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.benchmark,
+    )
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     try:
         with torch.random.fork_rng(devices=devices):
@@ -79,8 +83,8 @@ def rng_isolated() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        torch.use_deterministic_algorithms(flags[0])
-        torch.backends.cudnn.benchmark = flags[1]
+        torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
+        torch.backends.cudnn.benchmark = flags[2]
 
 
 def compose_config(
