@@ -143,7 +143,13 @@ def ensure(
         remove_stale_temporaries(kind_dir)
         log.info("using the cached %s artifact at %s", kind, target)
         return target
-    kind_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        kind_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"cannot write the artifact cache at {kind_dir} ({err.strerror}); set paths.cache_dir (or ZOO_CACHE_DIR) "
+            "to a writable directory"
+        ) from None
     with _lock(kind_dir, target.name):
         remove_stale_temporaries(kind_dir, held_stem=target.name)
         if is_complete(target):  # another process built it while this one waited for the lock

@@ -23,6 +23,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 
 from zoo.artifacts import ARTIFACT_META, artifact_path, ensure, is_complete, read_meta, spec_key, temporaries
+from zoo.errors import ConfigError
 
 from conftest import REPO_ROOT, SMALL_BASE_POLICY
 
@@ -157,6 +158,13 @@ def test_a_failing_build_raises_and_leaves_nothing(tmp_path):
     target = artifact_path("toy", SPEC, tmp_path, "shared")
     assert not target.exists() and list(temporaries(target.parent)) == []
     assert ensure("toy", SPEC, _write_payload, tmp_path, name="shared") == target
+
+
+def test_an_unwritable_cache_is_one_clear_error(tmp_path):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the cache should be")
+    with pytest.raises(ConfigError, match=r"cannot write the artifact cache .*paths.cache_dir"):
+        ensure("toy", SPEC, _write_payload, blocker / "cache")
 
 
 def test_the_key_is_the_spec_and_the_log_says_what_is_built_why_and_where(tmp_path, caplog):
