@@ -94,7 +94,7 @@ def compose_config(
     root_dir: str | Path | None = None,
     cache_dir: str | Path | None = None,
 ) -> DictConfig:
-    """``train.yaml`` composed with ``overrides`` as ``python train.py <overrides>`` would, outside any Hydra app.
+    """``train.yaml`` composed with ``overrides`` as ``python train.py <overrides>`` would (in or outside a Hydra app).
 
     ``values`` (dotted key -> value) are then set on the composed config, replacing whole nodes (``{"task": {...}}``
     swaps the task); the paths are set to ``root_dir`` (default: the current directory) and ``cache_dir`` (default:
