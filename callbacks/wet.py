@@ -1,11 +1,13 @@
 """``WETCallback``: WET (World Entropy Tethering) on any generating module, through the decoder hook seam.
 
 A thin Lightning adapter over :mod:`zoo.interp.wet` (a reconstruction; see ``docs/methods/wet.md``). At the start
-of validation/test/predict it gets the world-entropy probe and the head ranking of the module's model -- loaded
-from ``artifact_dir`` when that holds them, otherwise fitted on labelled prompts from ``source`` (and written to
-``artifact_dir`` when set) -- and appends a :class:`~zoo.interp.wet.WETHook` to ``pl_module.decoder.hooks``, so the
-entropy-gated head rescaling acts at every decode step of whatever decoder the module uses; the hook is removed
-when the loop ends (it never touches training steps, and teacher-forced evaluation losses are not rescaled).
+of validation/test/predict it gets the world-entropy probe and the head ranking of the module's model -- read from
+``artifact_dir`` when given, else fitted on labelled prompts from ``source`` (through the artifact cache
+:func:`zoo.artifacts.ensure` when ``cache_dir`` is set, keyed by the model's weights and the fit settings; in memory
+otherwise), and fitted again only when the model's weights changed since -- and appends a
+:class:`~zoo.interp.wet.WETHook` to ``pl_module.decoder.hooks``, so the entropy-gated head rescaling acts at every
+decode step of whatever decoder the module uses; the hook is removed when the loop ends (it never touches training
+steps, and teacher-forced evaluation losses are not rescaled).
 
 Logged at the end of each validation/test epoch (``predict``: written to the loggers and kept in
 :attr:`WETCallback.last_metrics`), under ``<log_prefix>/``:
@@ -17,7 +19,7 @@ Logged at the end of each validation/test epoch (``predict``: written to the log
 * with ``task`` (a :class:`~zoo.data.multiworld.MultiWorldRecallTask`): ``accuracy``, ``misattribution_rate``
   (answers that are the entity's value in another world) and ``entropy_auroc`` (AUROC of ``H`` at the answer
   position for predicting a misattribution, when both outcomes occur);
-* ``fit/probe_accuracy``, ``fit/probe_entropy`` -- in-sample diagnostics of the probe, when it was fitted.
+* ``fit/probe_accuracy``, ``fit/probe_entropy`` -- in-sample diagnostics of the probe in use.
 
 Under DDP the counters are summed over ranks; ``entropy_auroc`` uses the rows of each rank separately (rank 0's
 value is logged).
@@ -27,12 +29,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
+from zoo.artifacts import ensure, model_fingerprint
 from zoo.callbacks.epoch_metrics import log_stage_metrics, summed_over_ranks
 from zoo.data.multiworld import MultiWorldRecallTask
 from zoo.data.sources import RowSource
@@ -75,7 +77,7 @@ class WETCallback(pl.Callback):
         num_worlds: ``K``.
         source: rows with a prompt and a world label (``world_field``) to fit the probe and rank the heads on (e.g.
             a :class:`~zoo.data.sources.TaskSource` of the multi-world task; also ``answer`` and
-            ``counterfactual_prompt`` for the patching ranker). May be ``None`` when ``artifact_dir`` holds a fit.
+            ``counterfactual_prompt`` for the patching ranker). May be ``None`` with ``artifact_dir``.
         ranker: head ranker (default :class:`~zoo.interp.wet.ScoreMatchingRanker`) [reconstruction].
         num_heads: tethering heads (the top ranked above the probe layer) [reconstruction].
         alpha: amplification ``1 + alpha g`` of tethering heads [reconstruction]; 0 disables WET (the logits are
@@ -87,10 +89,10 @@ class WETCallback(pl.Callback):
         max_rows: at most this many rows (the first ones) of that split.
         world_field: the row field holding the world label.
         probe_l2: L2 penalty of the probe.
-        artifact_dir: load the probe and ranking from here when it holds them; otherwise fit them and write them
-            here (``None``: fit in memory).
-        refit: fit again at the start of every evaluation loop (the model may have trained since); with ``False``
-            a fit (or a loaded artifact) is reused for the callback's life. A loaded artifact is never refitted.
+        artifact_dir: a directory holding a fit (:meth:`~zoo.interp.wet.WETArtifact.save`) to use as it is.
+        cache_dir: fit through the artifact cache under this root (kind ``wet_fit``, keyed by
+            :func:`~zoo.artifacts.model_fingerprint` of the model and every fit setting), so runs with the same model
+            and settings share one fit; ``None``: fit in memory.
         task: the multi-world task, to score answers (accuracy, misattribution, entropy AUROC); ``None`` skips.
         stages: among ``validate`` (also validation during fit), ``test``, ``predict``.
         batch_size: rows per forward when fitting.
@@ -112,7 +114,7 @@ class WETCallback(pl.Callback):
         world_field: str = "world",
         probe_l2: float = 1e-3,
         artifact_dir: str | None = None,
-        refit: bool = True,
+        cache_dir: str | None = None,
         task: MultiWorldRecallTask | None = None,
         stages: Sequence[str] = STAGES,
         batch_size: int = 64,
@@ -156,18 +158,17 @@ class WETCallback(pl.Callback):
         self.world_field = world_field
         self.probe_l2 = probe_l2
         self.artifact_dir = artifact_dir
-        self.refit = refit
+        self.cache_dir = cache_dir
         self.task = task
         self.stages = tuple(stages)
         self.batch_size = batch_size
         self.log_prefix = log_prefix
         self.artifact: WETArtifact | None = None
         self.hook: WETHook | None = None
-        self.fitted_here = False
+        self.fingerprint: str | None = None  # of the weights the artifact in use was fitted on
         self._epoch = dict.fromkeys(_COUNTERS, 0.0)
         self._entropies: list[float] = []
         self._misattributed: list[bool] = []
-        self._fit_metrics: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
 
     @property
@@ -201,7 +202,7 @@ class WETCallback(pl.Callback):
     def fit(self, pl_module: Any) -> WETArtifact:
         """Fit the probe and the head ranking on ``source`` with the module's current model (pure in the model)."""
         if self.source is None:
-            raise ConfigError(f"WETCallback: {self.artifact_dir} holds no WET artifact and no source is configured")
+            raise ConfigError("WETCallback: no source of labelled prompts is configured to fit the probe on")
         rows = list(self.source.rows(self.split, ("prompt",)))
         if self.max_rows is not None:
             rows = rows[: self.max_rows]
@@ -224,25 +225,54 @@ class WETCallback(pl.Callback):
             batch_size=self.batch_size,
         )
 
-    def _artifact(self, trainer: pl.Trainer, pl_module: Any) -> WETArtifact:
-        """The artifact in use: kept, loaded from ``artifact_dir``, or fitted now (then written to ``artifact_dir``)."""
-        if self.artifact is not None and not (self.fitted_here and self.refit):
+    def fit_spec(self, fingerprint: str) -> dict[str, Any]:
+        """What determines a fit: the model's weights and every fit setting (the artifact cache's key)."""
+        if self.source is None:
+            raise ConfigError("WETCallback: no source of labelled prompts is configured to fit the probe on")
+        ranker = {k: v for k, v in vars(self.ranker).items() if not k.startswith("_")}
+        return {
+            "model": fingerprint,
+            "source": self.source.describe(),
+            "split": self.split,
+            "max_rows": self.max_rows,
+            "world_field": self.world_field,
+            "probe_layer": self.probe_layer,
+            "num_worlds": self.num_worlds,
+            "probe_l2": self.probe_l2,
+            "ranker": {"type": f"{type(self.ranker).__module__}.{type(self.ranker).__qualname__}", **ranker},
+        }
+
+    def _artifact(self, pl_module: Any) -> WETArtifact:
+        """The fit to use: ``artifact_dir``'s, the cached/kept one of these weights, or a new one."""
+        if self.artifact_dir is not None:
+            if self.artifact is None:
+                self.artifact = self._checked(WETArtifact.load(self.artifact_dir), self.artifact_dir)
             return self.artifact
-        if self.artifact is None and self.artifact_dir is not None and WETArtifact.exists(self.artifact_dir):
-            artifact = WETArtifact.load(self.artifact_dir)
-            if artifact.probe.layer != self.probe_layer or artifact.probe.num_worlds != self.num_worlds:
-                raise ConfigError(
-                    f"WETCallback: the artifact at {self.artifact_dir} has probe_layer={artifact.probe.layer}, "
-                    f"num_worlds={artifact.probe.num_worlds}; the callback is set to {self.probe_layer}, "
-                    f"{self.num_worlds} (point artifact_dir elsewhere to fit anew)"
-                )
-            self.fitted_here = False
-            return artifact
-        artifact = self.fit(pl_module)
-        self.fitted_here = True
-        self._fit_metrics = {f"fit/{k}": v for k, v in artifact.metrics.items() if k != "rows"}
-        if self.artifact_dir is not None and trainer.is_global_zero:
-            artifact.save(Path(self.artifact_dir))
+        fingerprint = model_fingerprint(pl_module.model)
+        if self.artifact is not None and fingerprint == self.fingerprint:
+            return self.artifact
+        if self.cache_dir is None:
+            artifact = self.fit(pl_module)
+        else:
+            path = ensure(
+                "wet_fit",
+                self.fit_spec(fingerprint),
+                lambda directory: self.fit(pl_module).save(directory),
+                self.cache_dir,
+                name=f"layer{self.probe_layer}-{type(self.ranker).__name__}",
+                reason="WETCallback: the world probe and head ranking of this model",
+            )
+            artifact = self._checked(WETArtifact.load(path), path)
+        self.fingerprint = fingerprint
+        return artifact
+
+    def _checked(self, artifact: WETArtifact, where: Any) -> WETArtifact:
+        if artifact.probe.layer != self.probe_layer or artifact.probe.num_worlds != self.num_worlds:
+            raise ConfigError(
+                f"WETCallback: the fit at {where} has probe_layer={artifact.probe.layer}, "
+                f"num_worlds={artifact.probe.num_worlds}; the callback is set to probe_layer={self.probe_layer}, "
+                f"num_worlds={self.num_worlds}"
+            )
         return artifact
 
     # -- attach / detach ----------------------------------------------------------------------------------------
@@ -255,7 +285,7 @@ class WETCallback(pl.Callback):
         if pl_module.model is None:
             pl_module.configure_model()
         self._reset()
-        self.artifact = self._artifact(trainer, pl_module)
+        self.artifact = self._artifact(pl_module)
         hook = WETHook(self.artifact.probe, self.artifact.heads(self.num_heads), self.alpha, self.eta, self.beta)
         hook.controller(pl_module.model)  # every setting checked against the model before any decode
         self.hook = hook
@@ -295,7 +325,6 @@ class WETCallback(pl.Callback):
     def _reset(self) -> None:
         self._epoch = dict.fromkeys(_COUNTERS, 0.0)
         self._entropies, self._misattributed = [], []
-        self._fit_metrics = {}
 
     def _batch_end(self, trainer: pl.Trainer, outputs: Any, stage: str) -> None:
         if not self._active(trainer, stage) or self.hook is None:
@@ -373,7 +402,8 @@ class WETCallback(pl.Callback):
         counters = summed_over_ranks(trainer, self._epoch)
         if not counters["rows"]:
             return
-        self.last_metrics = {**self.compute_metrics(counters), **self._fit_metrics}
+        fit = {f"fit/{k}": v for k, v in self.artifact.metrics.items() if k != "rows"} if self.artifact else {}
+        self.last_metrics = {**self.compute_metrics(counters), **fit}
         log_stage_metrics(trainer, pl_module, self.last_metrics, self.log_prefix, stage)
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -395,6 +425,7 @@ class WETCallback(pl.Callback):
                 "head_scores": self.artifact.head_scores.cpu(),
                 "ranker": self.artifact.ranker,
                 "metrics": dict(self.artifact.metrics),
+                "fingerprint": self.fingerprint,
             }
         return state
 
@@ -406,4 +437,4 @@ class WETCallback(pl.Callback):
                 self.probe_layer, self.num_worlds, LinearProbe.from_weights(saved["probe_weight"], saved["probe_bias"])
             )
             self.artifact = WETArtifact(probe, saved["head_scores"], saved["ranker"], dict(saved["metrics"]))
-            self.fitted_here = True
+            self.fingerprint = saved.get("fingerprint")

@@ -11,6 +11,7 @@ fits are reused or redone as configured; nothing stays attached after a run; bad
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import lightning.pytorch as pl
 import pytest
@@ -18,6 +19,7 @@ import torch
 from hydra.utils import instantiate
 from interp_models import build_model, liven, single_thread  # noqa: F401  (autouse fixture)
 
+from zoo.artifacts import model_fingerprint
 from zoo.backbones import TinyBackbone, build_char_tokenizer
 from zoo.callbacks import WETCallback
 from zoo.cli.train import run
@@ -181,49 +183,61 @@ def test_wet_hook_acts_in_module_validation_like_a_controller(tmp_path, task, so
     assert metrics["misattribution_rate"] == pytest.approx(sum(wrong_world) / len(rows))
 
 
-def test_alpha_zero_is_the_model_and_fits_are_reused_or_redone(tmp_path, task, source):
+def test_alpha_zero_is_the_model_and_fits_follow_the_weights(tmp_path, task, source):
     module = small_module()
     dm = SFTDataModule(module.tokenizer, source, batch_size=8, eval_batch_size=8)
     plain = validate(module, dm)
 
-    callback = WETCallback(
-        probe_layer=1,
-        num_worlds=K,
-        source=source,
-        ranker=ScoreMatchingRanker(steps=20, batch_size=64),
-        alpha=0.0,
-        eta=0.2,
-        beta=0.0,
-        refit=False,
-        artifact_dir=str(tmp_path / "fit"),
-        task=task,
-    )
-    fits = []
-    fit = callback.fit
-    callback.fit = lambda pl_module: fits.append(1) or fit(pl_module)
+    def counting(callback: WETCallback) -> list[int]:
+        fits, fit = [], callback.fit
+        callback.fit = lambda pl_module: fits.append(1) or fit(pl_module)
+        return fits
+
+    settings = {"probe_layer": 1, "num_worlds": K, "source": source, "alpha": 0.0, "eta": 0.2, "task": task}
+    ranker = partial(ScoreMatchingRanker, steps=20, batch_size=64)
+    callback = WETCallback(**settings, ranker=ranker())
+    fits = counting(callback)
     first = validate(module, dm, callback)
-    assert torch.equal(torch.cat(first.completions), torch.cat(plain.completions))
+    assert torch.equal(torch.cat(first.completions), torch.cat(plain.completions)), "alpha = 0 is the model"
     assert len(fits) == 1 and all(layer >= 2 for layer, _ in callback.heads)
     assert "fit/probe_accuracy" in callback.last_metrics and 0 <= callback.last_metrics["gate_open_rate"] <= 1
     validate(module, dm, callback)
-    assert len(fits) == 1, "refit=False reuses the fit"
-    callback.refit = True
+    assert len(fits) == 1, "the same weights reuse the fit"
+    with torch.no_grad():
+        module.model.model.layers[0].mlp.down_proj.weight.mul_(1.01)  # as if the model trained in between
     validate(module, dm, callback)
-    assert len(fits) == 2, "refit=True fits again at every evaluation loop"
+    assert len(fits) == 2, "changed weights are fitted again"
 
-    # The fit was written to artifact_dir: a new callback loads it instead of fitting.
-    again = WETCallback(probe_layer=1, num_worlds=K, source=source, artifact_dir=str(tmp_path / "fit"), alpha=0.0)
-    again.fit = lambda pl_module: pytest.fail("must load the artifact, not fit")
+    # Through the artifact cache: a second callback with the same settings and weights reads the first one's fit.
+    cached = WETCallback(**settings, ranker=ranker(), cache_dir=str(tmp_path / "cache"))
+    cached_fits = counting(cached)
+    validate(module, dm, cached)
+    assert len(cached_fits) == 1 and len(list((tmp_path / "cache" / "wet_fit").glob("*/wet.json"))) == 1
+    again = WETCallback(**settings, ranker=ranker(), cache_dir=str(tmp_path / "cache"))
+    again.fit = lambda pl_module: pytest.fail("must read the cached fit")
     validate(module, dm, again)
-    assert again.heads == callback.heads
+    assert again.heads == cached.heads
+    assert torch.equal(again.artifact.probe.probe.weight, cached.artifact.probe.probe.weight)
+    other = WETCallback(**{**settings, "probe_l2": 0.5}, ranker=ranker(), cache_dir=str(tmp_path / "cache"))
+    validate(module, dm, other)
+    assert len(list((tmp_path / "cache" / "wet_fit").glob("*/wet.json"))) == 2, "other settings, another fit"
 
-    # state round trip: a restored callback reuses the restored fit
-    restored = WETCallback(probe_layer=1, num_worlds=K, source=source, refit=False, alpha=0.0)
+    # state round trip: a restored callback reuses the restored fit while the weights are the same
+    restored = WETCallback(**settings)
     restored.load_state_dict(callback.state_dict())
     restored.fit = lambda pl_module: pytest.fail("must reuse the restored fit")
     validate(module, dm, restored)
     assert torch.equal(restored.artifact.probe.probe.weight, callback.artifact.probe.probe.weight)
     assert restored.heads == callback.heads
+
+
+def test_model_fingerprint_follows_the_weights():
+    first, same = build_model("llama", seed=1), build_model("llama", seed=1)
+    assert model_fingerprint(first) == model_fingerprint(same)
+    assert model_fingerprint(first) != model_fingerprint(build_model("llama", seed=2))
+    with torch.no_grad():
+        same.lm_head.weight[3, 5] += 1e-3  # one value, possibly outside the strided sample
+    assert model_fingerprint(first) != model_fingerprint(same)
 
 
 def test_entropy_auroc_and_rates_from_counters(task, source):
