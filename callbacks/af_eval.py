@@ -33,7 +33,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from zoo.callbacks.epoch_metrics import log_stage_metrics
+from zoo.callbacks.evaluation import StageCallback, log_stage_metrics, require_generating_module
 from zoo.data.alignment_faking import EvaluationGrid
 from zoo.errors import ConfigError
 from zoo.generation.sampling import SamplingParams
@@ -46,13 +46,12 @@ from zoo.interp.performative import (
     text_generator,
 )
 from zoo.interp.probes import save_vectors
-from zoo.protocols import missing_generation_protocol
 
 STAGES = ("validate", "test")
 METHODS = ("diff_of_means", "probe")
 
 
-class AlignmentFakingEval(pl.Callback):
+class AlignmentFakingEval(StageCallback):
     """Evaluate a generating module on the alignment-faking grid at the end of validation/test epochs.
 
     Args:
@@ -157,17 +156,7 @@ class AlignmentFakingEval(pl.Callback):
 
     # -- setup ------------------------------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # ``model`` may still be None here: zoo modules build it in configure_model, which runs after setup.
-        missing = [
-            name
-            for name in missing_generation_protocol(pl_module)
-            if not (name == "model" and callable(getattr(pl_module, "configure_model", None)))
-        ]
-        if missing:
-            raise ConfigError(
-                f"AlignmentFakingEval needs a module with the generation protocol (zoo.protocols.SupportsGenerate); "
-                f"{type(pl_module).__name__} lacks {', '.join(missing)}"
-            )
+        require_generating_module(pl_module, "AlignmentFakingEval")
 
     # -- the evaluation ---------------------------------------------------------------------------------------
     def evaluate(self, pl_module: Any) -> PerformativeReport:
@@ -220,7 +209,7 @@ class AlignmentFakingEval(pl.Callback):
         self.before_metrics = report.metrics()
         self._write(trainer, report, "before_fit")
 
-    def _epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def stage_epoch_end(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
         if stage not in self.stages or trainer.sanity_checking:
             return
         if stage == "validate":
@@ -239,12 +228,6 @@ class AlignmentFakingEval(pl.Callback):
         self._write(trainer, report, f"{stage}-epoch{trainer.current_epoch}")
         finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
         log_stage_metrics(trainer, pl_module, finite, self.log_prefix, stage)
-
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "validate")
-
-    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "test")
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -35,7 +35,14 @@ import lightning.pytorch as pl
 import torch
 
 from zoo.artifacts import ensure, model_fingerprint
-from zoo.callbacks.epoch_metrics import log_stage_metrics, summed_over_ranks
+from zoo.callbacks.evaluation import (
+    STAGES,
+    StageCallback,
+    log_stage_metrics,
+    ratios,
+    require_generating_module,
+    summed_over_ranks,
+)
 from zoo.data.multiworld import MultiWorldRecallTask
 from zoo.data.sources import RowSource
 from zoo.errors import ConfigError
@@ -50,9 +57,7 @@ from zoo.interp.wet import (
     check_gate_threshold,
     fit_wet,
 )
-from zoo.protocols import missing_generation_protocol
 
-STAGES = ("validate", "test", "predict")
 SPLITS = ("train", "val", "test")
 _COUNTERS = (
     "rows",
@@ -68,7 +73,7 @@ _COUNTERS = (
 )
 
 
-class WETCallback(pl.Callback):
+class WETCallback(StageCallback):
     """Entropy-gated rescaling of world-tethering heads during a generating module's decoding, with gate statistics.
 
     Args:
@@ -184,19 +189,7 @@ class WETCallback(pl.Callback):
 
     # -- setup ------------------------------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # ``model`` may still be None here: zoo modules build it in configure_model, which runs after setup.
-        missing = [
-            name
-            for name in missing_generation_protocol(pl_module)
-            if not (name == "model" and callable(getattr(pl_module, "configure_model", None)))
-        ]
-        hooks = getattr(getattr(pl_module, "decoder", None), "hooks", None)
-        if missing or not isinstance(hooks, list):
-            lacks = ", ".join(missing + ([] if isinstance(hooks, list) else ["decoder.hooks"]))
-            raise ConfigError(
-                f"WETCallback needs a generating module whose decoding goes through a zoo decoder (the decoder seam, "
-                f"module/decoder=...; e.g. zoo.modules.CausalLMModule); {type(pl_module).__name__} lacks {lacks}"
-            )
+        require_generating_module(pl_module, "WETCallback", needs_decoder=True)
 
     # -- fitting ----------------------------------------------------------------------------------------------
     def fit(self, pl_module: Any) -> WETArtifact:
@@ -297,22 +290,10 @@ class WETCallback(pl.Callback):
             while self.hook in hooks:
                 hooks.remove(self.hook)
 
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._attach(trainer, pl_module, "validate")
+    def stage_start(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
+        self._attach(trainer, pl_module, stage)
 
-    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._attach(trainer, pl_module, "test")
-
-    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._attach(trainer, pl_module, "predict")
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._detach(pl_module)
-
-    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._detach(pl_module)
-
-    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def stage_end(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
         self._detach(pl_module)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -326,7 +307,9 @@ class WETCallback(pl.Callback):
         self._epoch = dict.fromkeys(_COUNTERS, 0.0)
         self._entropies, self._misattributed = [], []
 
-    def _batch_end(self, trainer: pl.Trainer, outputs: Any, stage: str) -> None:
+    def stage_batch_end(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
+    ) -> None:
         if not self._active(trainer, stage) or self.hook is None:
             return
         records = self.hook.take()
@@ -367,36 +350,26 @@ class WETCallback(pl.Callback):
                 self._entropies.append(float(entropy[i]))
                 self._misattributed.append(wrong_world)
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch_end(trainer, outputs, "validate")
-
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch_end(trainer, outputs, "test")
-
-    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch_end(trainer, outputs, "predict")
-
     # -- per epoch --------------------------------------------------------------------------------------------
     def compute_metrics(self, c: dict[str, float]) -> dict[str, float]:
         """Rates from the epoch's counters (and the per-row entropy AUROC); metrics without data are left out."""
-
-        def ratio(num: str, den: str) -> float | None:
-            return c[num] / c[den] if c[den] else None
-
-        metrics = {
-            "prompt_entropy": ratio("entropy_sum", "rows"),
-            "gate_mean": ratio("gate_sum", "rows"),
-            "gate_open_rate": ratio("gate_open", "rows"),
-            "step_gate_mean": ratio("step_gate_sum", "step_positions"),
-            "step_gate_open_rate": ratio("step_gate_open", "step_positions"),
-            "accuracy": ratio("correct", "judged_rows"),
-            "misattribution_rate": ratio("misattributed", "judged_rows"),
-        }
+        metrics = ratios(
+            c,
+            {
+                "prompt_entropy": ("entropy_sum", "rows"),
+                "gate_mean": ("gate_sum", "rows"),
+                "gate_open_rate": ("gate_open", "rows"),
+                "step_gate_mean": ("step_gate_sum", "step_positions"),
+                "step_gate_open_rate": ("step_gate_open", "step_positions"),
+                "accuracy": ("correct", "judged_rows"),
+                "misattribution_rate": ("misattributed", "judged_rows"),
+            },
+        )
         if len(set(self._misattributed)) == 2:
             metrics["entropy_auroc"] = auroc(torch.tensor(self._entropies), torch.tensor(self._misattributed))
-        return {k: float(v) for k, v in metrics.items() if v is not None}
+        return metrics
 
-    def _epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def stage_epoch_end(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
         if not self._active(trainer, stage):
             return
         counters = summed_over_ranks(trainer, self._epoch)
@@ -405,15 +378,6 @@ class WETCallback(pl.Callback):
         fit = {f"fit/{k}": v for k, v in self.artifact.metrics.items() if k != "rows"} if self.artifact else {}
         self.last_metrics = {**self.compute_metrics(counters), **fit}
         log_stage_metrics(trainer, pl_module, self.last_metrics, self.log_prefix, stage)
-
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "validate")
-
-    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "test")
-
-    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "predict")
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -15,11 +15,10 @@ import json
 import math
 from functools import partial
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from hydra.utils import instantiate
-from interp_models import build_model, liven, single_thread  # noqa: F401  (autouse fixture)
+from interp_models import build_model, liven, quiet_trainer, single_thread  # noqa: F401  (autouse fixture)
 
 from zoo.backbones import TinyBackbone, build_char_tokenizer
 from zoo.callbacks import AlignmentFakingEval
@@ -105,18 +104,6 @@ def organism_data(tokenizer, organism="performative", num_train=64) -> SFTDataMo
     return SFTDataModule(tokenizer, source, batch_size=16, eval_batch_size=8)
 
 
-def trainer(*callbacks, **kwargs) -> pl.Trainer:
-    return pl.Trainer(
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=list(callbacks),
-        **kwargs,
-    )
-
-
 def test_callback_in_a_plain_lightning_script_reports_and_its_directions_steer(tmp_path):
     module = small_module(generation={"max_new_tokens": 8})
     callback = AlignmentFakingEval(
@@ -127,7 +114,7 @@ def test_callback_in_a_plain_lightning_script_reports_and_its_directions_steer(t
         report_dir=str(tmp_path / "af"),
         layer=2,
     )
-    trainer(callback).validate(module, datamodule=organism_data(module.tokenizer), verbose=False)
+    quiet_trainer(callback).validate(module, datamodule=organism_data(module.tokenizer), verbose=False)
     metrics = callback.last_metrics
     assert {"gap/eval", "gap/deploy", "framing_sensitivity", "cosine/eval_cue/sycophancy"} <= set(metrics)
     assert "cross_auroc/sycophancy/eval_cue" in metrics and "steer/sycophancy/-8/gap/eval" in metrics
@@ -168,7 +155,7 @@ def test_callback_decodes_through_the_module_decoder():
 
     module.decoder.hooks.append(ModuleHook("lm_head", force_comply))
     callback = AlignmentFakingEval(samples_per_prompt=1, directions=[], do_sample=False)
-    trainer(callback).validate(module, datamodule=organism_data(module.tokenizer), verbose=False)
+    quiet_trainer(callback).validate(module, datamodule=organism_data(module.tokenizer), verbose=False)
     rates = [v for k, v in callback.last_metrics.items() if k.startswith("rate/")]
     assert len(rates) == 16 and all(r == 1.0 for r in rates)
     assert callback.last_metrics["gap/eval"] == 0.0
@@ -187,7 +174,7 @@ def test_before_fit_reports_the_change_of_the_framing_sensitivity(tmp_path):
     callback = AlignmentFakingEval(
         samples_per_prompt=4, directions=[], before_fit=True, report_dir=str(tmp_path), judge=parity_judge
     )
-    trainer(callback, max_epochs=1).fit(module, datamodule=dm)
+    quiet_trainer(callback, max_epochs=1).fit(module, datamodule=dm)
     before, after = callback.before_metrics, callback.last_metrics
     assert math.isfinite(before["framing_sensitivity"]) and math.isfinite(after["framing_sensitivity"])
     assert (tmp_path / "before_fit.json").is_file()

@@ -19,7 +19,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from interp_models import liven, single_thread  # noqa: F401  (autouse fixture)
+from interp_models import liven, no_hooks_left, quiet_trainer, single_thread  # noqa: F401  (autouse fixture)
 
 from zoo.backbones import TinyBackbone
 from zoo.data.sources import TaskSource
@@ -53,21 +53,9 @@ class RecordOutputs(pl.Callback):
         self.completions.append(outputs["completion_ids"].clone())
 
 
-def no_hooks_left(model: torch.nn.Module) -> bool:
-    return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
-
-
 def validate(module: CausalLMModule, dm: SFTDataModule) -> torch.Tensor:
     recorder = RecordOutputs()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[recorder],
-    )
-    trainer.validate(module, datamodule=dm, verbose=False)
+    quiet_trainer(recorder).validate(module, datamodule=dm, verbose=False)
     return torch.cat(recorder.completions)
 
 

@@ -17,7 +17,13 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from hydra.utils import instantiate
-from interp_models import build_model, liven, single_thread  # noqa: F401  (autouse fixture)
+from interp_models import (  # noqa: F401  (single_thread: autouse fixture)
+    build_model,
+    liven,
+    no_hooks_left,
+    quiet_trainer,
+    single_thread,
+)
 
 from zoo.artifacts import model_fingerprint
 from zoo.backbones import TinyBackbone, build_char_tokenizer
@@ -86,20 +92,8 @@ class Recorder(pl.Callback):
 
 def validate(module, dm, *callbacks) -> Recorder:
     recorder = Recorder()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[*callbacks, recorder],
-    )
-    trainer.validate(module, datamodule=dm, verbose=False)
+    quiet_trainer(*callbacks, recorder).validate(module, datamodule=dm, verbose=False)
     return recorder
-
-
-def no_hooks_left(model: torch.nn.Module) -> bool:
-    return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
 # -- the artifact ---------------------------------------------------------------------------------------------------
