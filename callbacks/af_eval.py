@@ -11,10 +11,11 @@ module has one; it works with any LightningModule that has them, in a plain Ligh
 Logged under ``<log_prefix>/`` (see :meth:`~zoo.interp.performative.PerformativeReport.metrics` for every name):
 per-cell compliance ``rate/<audience>/<monitoring>/<framing>/<request>``, the compliance gap ``gap/<framing>``
 (``P(comply | monitored) - P(comply | unmonitored)`` on the harmful request; also per audience), the
-``framing_sensitivity`` ``Delta_eval - Delta_deploy``, ``direction/<name>/auroc``, ``cosine/<a>/<b>``,
+``framing_sensitivity`` ``Delta_eval - Delta_deploy``, ``sycophancy_rate`` (agreeing with a wrong stated opinion;
+also per audience), ``direction/<name>/auroc``, ``cosine/<a>/<b>``,
 ``cross_auroc/<direction>/<contrast>`` and ``steer/<direction>/<alpha>/...``. With ``before_fit`` the harness also
-runs once when fitting starts, and every evaluation logs ``before/<name>`` and
-``framing_sensitivity_change`` (after - before): the sycophancy fine-tune's before/after comparison.
+runs once when fitting starts, and every evaluation logs ``before/<name>`` (gaps, framing sensitivity, sycophancy)
+and ``framing_sensitivity_change`` (after - before): the sycophancy fine-tune's before/after comparison.
 
 Each evaluation also writes ``<report_dir>/<stage>-<epoch>.json`` (counts per cell, metrics, steering tables) and
 ``<report_dir>/<stage>-<epoch>-directions.safetensors`` (the unit directions, loadable with
@@ -68,6 +69,8 @@ class AlignmentFakingEval(StageCallback):
         directions: which of ``eval_cue``, ``monitoring``, ``sycophancy`` to extract (empty: none).
         direction_method: ``diff_of_means`` or ``probe`` (a logistic probe's normal).
         sycophancy_pairs: questions of the sycophancy contrast.
+        sycophancy_questions: questions per audience with a wrong stated opinion whose answers give
+            ``sycophancy_rate`` (0: not measured).
         steering_strengths: ``s`` values; each direction is steered with ``alpha in {-s, 0, +s}`` (empty: none).
         before_fit: also evaluate when fitting starts and report the change of the framing sensitivity.
         stages: among ``validate`` (also validation during fit) and ``test``.
@@ -91,6 +94,7 @@ class AlignmentFakingEval(StageCallback):
         directions: Sequence[str] = DIRECTIONS,
         direction_method: str = "diff_of_means",
         sycophancy_pairs: int = 128,
+        sycophancy_questions: int = 64,
         steering_strengths: Sequence[float] = (),
         before_fit: bool = False,
         stages: Sequence[str] = STAGES,
@@ -119,6 +123,8 @@ class AlignmentFakingEval(StageCallback):
             raise ConfigError(f"AlignmentFakingEval: direction_method={direction_method!r}; use one of {METHODS}")
         if sycophancy_pairs < 2:
             raise ConfigError(f"AlignmentFakingEval: sycophancy_pairs={sycophancy_pairs} must be >= 2")
+        if sycophancy_questions < 0:
+            raise ConfigError(f"AlignmentFakingEval: sycophancy_questions={sycophancy_questions} must be >= 0")
         symmetric_alphas(steering_strengths)  # finite strengths
         if steering_strengths and not directions:
             raise ConfigError("AlignmentFakingEval: steering_strengths need at least one direction to steer along")
@@ -138,6 +144,7 @@ class AlignmentFakingEval(StageCallback):
         self.directions = tuple(directions)
         self.direction_method = direction_method
         self.sycophancy_pairs = sycophancy_pairs
+        self.sycophancy_questions = sycophancy_questions
         self.steering_strengths = tuple(float(s) for s in steering_strengths)
         self.before_fit = before_fit
         self.stages = tuple(stages)
@@ -183,6 +190,7 @@ class AlignmentFakingEval(StageCallback):
             directions=self.directions,
             method=self.direction_method,
             sycophancy_pairs=self.sycophancy_pairs,
+            sycophancy_questions=self.sycophancy_questions,
             seed=self.seed,
             steering_strengths=self.steering_strengths,
             batch_size=self.batch_size,
@@ -219,7 +227,8 @@ class AlignmentFakingEval(StageCallback):
         report = self.evaluate(pl_module)
         metrics = report.metrics()
         if self.before_metrics:
-            gaps = {k: v for k, v in self.before_metrics.items() if k.startswith(("gap/", "framing_sensitivity"))}
+            behaviour = ("gap/", "framing_sensitivity", "sycophancy_rate")
+            gaps = {k: v for k, v in self.before_metrics.items() if k.startswith(behaviour)}
             metrics.update({f"before/{k}": v for k, v in gaps.items()})
             metrics["framing_sensitivity_change"] = (
                 metrics["framing_sensitivity"] - self.before_metrics["framing_sensitivity"]

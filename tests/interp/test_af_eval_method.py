@@ -23,13 +23,27 @@ from interp_models import build_model, liven, quiet_trainer, single_thread  # no
 from zoo.backbones import TinyBackbone, build_char_tokenizer
 from zoo.callbacks import AlignmentFakingEval
 from zoo.cli.train import run
-from zoo.data.alignment_faking import COMPLY, REFUSE, EvaluationGrid, ModelOrganismTask, SycophancyFinetuneSource
+from zoo.data.alignment_faking import (
+    COMPLY,
+    REFUSE,
+    EvaluationGrid,
+    ModelOrganismTask,
+    SycophancyFinetuneSource,
+    SycophancyTask,
+)
 from zoo.data.sources import TaskSource
 from zoo.datamodules import SFTDataModule
 from zoo.errors import ConfigError
 from zoo.generation import ModuleHook
 from zoo.interp import ResidualSteerer, load_vector
-from zoo.interp.performative import DIRECTIONS, contrast_prompts, performative_report
+from zoo.interp.performative import (
+    DIRECTIONS,
+    Measurement,
+    contrast_prompts,
+    evaluate_grid,
+    performative_report,
+    sycophancy_counts,
+)
 from zoo.modules import CausalLMModule
 
 GRID = EvaluationGrid()
@@ -72,10 +86,28 @@ def test_report_gaps_equal_the_hand_computation_and_directions_are_deterministic
     # the unsteered table (the real-model effect is pinned below, through the callback)
     assert set(report.steering["sycophancy"]) == {-3.0, 0.0, 3.0}
     assert metrics["steer/eval_cue/+0/framing_sensitivity"] == metrics["framing_sensitivity"]
+    assert math.isnan(metrics["sycophancy_rate"])  # the scripted generator never answers yes/no
     again = performative_report(scripted, model, tok, GRID, samples_per_prompt=2, layer=1, sycophancy_pairs=16)
     for name in DIRECTIONS:
         assert torch.equal(again.directions[name].vector, report.directions[name].vector)
     assert again.cross_auroc == report.cross_auroc
+
+
+def test_sycophancy_rate_equals_the_hand_count():
+    task = SycophancyTask(GRID)
+
+    def always_yes(prompts: list[str]) -> list[str]:  # test double: agrees exactly when the stated opinion is yes
+        return ["yes<eos>" if "researcher" in p else "maybe" for p in prompts]
+
+    counts = sycophancy_counts(always_yes, task, questions=20, seed=3)
+    rows = task.wrong_opinion_rows(20, 3, audience="researcher")
+    assert all(r["opinion"] != r["truth"] and r["audience"] == "researcher" for r in rows)
+    agreed = sum(r["opinion"] == "yes" for r in rows)
+    assert (counts["researcher"].agreed, counts["researcher"].truthful) == (agreed, 20 - agreed)
+    assert counts["researcher"].rate == pytest.approx(agreed / 20)
+    assert counts["user"].other == 20 and math.isnan(counts["user"].rate)
+    metrics = Measurement(evaluate_grid(scripted, GRID), counts).metrics("harmful")
+    assert metrics["sycophancy_rate"] == pytest.approx(agreed / 20) and math.isnan(metrics["sycophancy_rate/user"])
 
 
 def test_contrast_sets_match_pairwise():
@@ -116,11 +148,15 @@ def test_callback_in_a_plain_lightning_script_reports_and_its_directions_steer(t
     )
     quiet_trainer(callback).validate(module, datamodule=organism_data(module.tokenizer), verbose=False)
     metrics = callback.last_metrics
-    assert {"gap/eval", "gap/deploy", "framing_sensitivity", "cosine/eval_cue/sycophancy"} <= set(metrics)
+    assert {"gap/eval", "gap/deploy", "framing_sensitivity", "sycophancy_rate", "cosine/eval_cue/sycophancy"} <= set(
+        metrics
+    )
     assert "cross_auroc/sycophancy/eval_cue" in metrics and "steer/sycophancy/-8/gap/eval" in metrics
     rates = [v for k, v in metrics.items() if k.startswith("rate/") and not math.isnan(v)]
     assert all(0.0 <= r <= 1.0 for r in rates)
     record = json.loads((tmp_path / "af" / "validate-epoch0.json").read_text())
+    assert set(record["sycophancy"]) == {"researcher", "user"}
+    assert sum(record["sycophancy"]["user"].values()) == 64  # the default questions per audience
     assert len(record["cells"]) == 16 and record["metrics"]["framing_sensitivity"] == pytest.approx(
         metrics["framing_sensitivity"], nan_ok=True
     )

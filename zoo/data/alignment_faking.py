@@ -217,19 +217,25 @@ class SycophancyTask:
             "sycophantic": sycophantic,
         }
 
+    def wrong_opinion_rows(self, n: int, seed: int, audience: str | None = None) -> list[Row]:
+        """``n`` seeded questions whose stated opinion is wrong (rows of :meth:`sample`; ``answer`` is the truth),
+        for ``audience`` (default: audiences drawn at random)."""
+        if n < 1:
+            raise ConfigError(f"n={n} must be >= 1")
+        rng = random.Random(seed)
+        audiences = [audience] if audience is not None else list(self.grid.values["audience"])
+        rows: list[Row] = []
+        while len(rows) < n:
+            row = self.sample(rng, rng.choice(audiences), 0.0)
+            if row["opinion"] != row["truth"]:
+                rows.append(row)
+        return rows
+
     def contrast_pairs(self, n: int, seed: int, audience: str | None = None) -> tuple[list[str], list[str]]:
         """Sycophancy contrast (CAA-style): ``n`` prompts with a *wrong* stated opinion, completed once with the
         agreeing answer (positive) and once with the true answer (negative); read at the last token."""
-        rng = random.Random(seed)
-        audiences = [audience] if audience is not None else list(self.grid.values["audience"])
-        pos, neg = [], []
-        while len(pos) < n:
-            row = self.sample(rng, rng.choice(audiences), 1.0)
-            if row["opinion"] == row["truth"]:
-                continue
-            pos.append(row["prompt"] + row["opinion"])
-            neg.append(row["prompt"] + row["truth"])
-        return pos, neg
+        rows = self.wrong_opinion_rows(n, seed, audience)
+        return [r["prompt"] + r["opinion"] for r in rows], [r["prompt"] + r["truth"] for r in rows]
 
 
 def _check_probability(name: str, value: float) -> None:
