@@ -29,6 +29,13 @@ from conftest import REPO_ROOT, SMALL_BASE_POLICY
 METHODS = sorted(p.stem for p in (REPO_ROOT / "conf" / "method").glob("*.yaml"))
 PAPERS, CATALOGUE = load_catalogue()
 COMBINATIONS = [(m.name, b, q) for m in CATALOGUE.values() for b, q in m.combinations]
+# small data sets for every smoke run (fast_dev_run uses one batch, but data sets are built whole)
+SMALL_DATA = [
+    "datamodule.source.num_train=256",
+    "datamodule.source.num_val=16",
+    "datamodule.source.num_test=16",
+    "datamodule.eval_batch_size=16",
+]
 
 
 def test_catalogue_is_not_empty():
@@ -188,8 +195,8 @@ def combination_overrides(backbone: str, quant: str, saved: dict[str, Path]) -> 
 
 @pytest.mark.parametrize(("method", "backbone", "quant"), COMBINATIONS, ids=["-".join(c) for c in COMBINATIONS])
 def test_declared_combination_runs_fast_dev_run(method, backbone, quant, train_cfg, base_policy_cache, saved_backbones):
-    """``methods.<name>.smoke`` may list cheap settings for this run (fewer ADMM steps, fewer rows); a setting of a
-    group the combination does not use (e.g. NanoQuant's under ``quant=sign``) is skipped."""
+    """``methods.<name>.smoke`` may list cheap settings for this run (fewer ADMM steps, ...); these and
+    :data:`SMALL_DATA` are skipped where the composed config has no such key (e.g. NanoQuant's under ``quant=sign``)."""
     overrides = [
         f"+method={method}",
         "debug=fdr",
@@ -201,7 +208,7 @@ def test_declared_combination_runs_fast_dev_run(method, backbone, quant, train_c
     absent = object()
     smoke = [
         s
-        for s in CATALOGUE[method].smoke
+        for s in [*SMALL_DATA, *CATALOGUE[method].smoke]
         if OmegaConf.select(composed, s.split("=", 1)[0], default=absent, throw_on_resolution_failure=False)
         is not absent
     ]

@@ -368,6 +368,10 @@ def compatibility_matrix(methods: Mapping[str, Method], conf: Path | None = None
             "✓" if q in m.quantizers else "" for q in quants
         ]
         lines.append(f"| `{m.name}` | " + " | ".join(cells) + " |")
+    unused = [f"`backbone={b}`" for b in backbones if not any(b in m.backbones for m in methods.values())]
+    unused += [f"`quant={q}`" for q in quants if not any(q in m.quantizers for m in methods.values())]
+    if unused:
+        lines += ["", f"Declared by no method, so no method is smoke-tested with them: {', '.join(unused)}."]
     return lines
 
 
