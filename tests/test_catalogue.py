@@ -89,6 +89,7 @@ def test_a_bad_entry_gets_one_message_per_problem():
         "quantizers": [],
         "summary": "two\nlines",
         "colour": "blue",
+        "smoke": "quant.bits=1",
     }
     del bad["title"]
     with pytest.raises(ConfigError) as err:
@@ -102,6 +103,7 @@ def test_a_bad_entry_gets_one_message_per_problem():
         "methods.broken.quantizers must be a non-empty list": 1,
         "methods.broken.summary must be one line": 1,
         "methods.broken has unknown fields ['colour']": 1,
+        "methods.broken.smoke must be a list of key=value overrides": 1,
     }
     for start, count in expected.items():
         assert sum(start in line for line in lines) == count, (start, lines)

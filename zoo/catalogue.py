@@ -149,6 +149,9 @@ def method_entries(conf: Path | None = None) -> dict[str, dict[str, Any]]:
         declared = (yaml.safe_load(path.read_text()) or {}).get("methods") or {}
         if path.stem not in declared:
             problems.append(f"conf/method/{path.name}: declares no methods.{path.stem} (it has {sorted(declared)})")
+        others = sorted(set(declared) - {path.stem})
+        if others:
+            problems.append(f"conf/method/{path.name}: declares {others} too; one method per file (+method=<file>)")
         entries.update(declared)
     if problems:
         raise ConfigError("\n".join(problems))
@@ -189,6 +192,11 @@ def entry_problems(
             problems.append(f"{where}.{key} must be a non-empty string")
     if isinstance(info.get("summary"), str) and "\n" in info["summary"].strip():
         problems.append(f"{where}.summary must be one line")
+    if "benchmark" in info and not (isinstance(info["benchmark"], str) and info["benchmark"].strip()):
+        problems.append(f"{where}.benchmark must be a section heading of docs/benchmarks.md")
+    smoke = info.get("smoke", [])
+    if not (isinstance(smoke, list) and all(isinstance(x, str) and "=" in x for x in smoke)):
+        problems.append(f"{where}.smoke must be a list of key=value overrides")
     if "demo" in info and info["demo"] is not None and not str(info["demo"]).endswith(".md"):
         problems.append(f"{where}.demo={info['demo']!r}: a results page under docs/ (results/<paper>.md) or null")
     for key, allowed in (("backbones", [*backbones, NO_BACKBONE]), ("quantizers", list(quants))):
