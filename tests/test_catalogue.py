@@ -32,9 +32,9 @@ COMBINATIONS = [(m.name, b, q) for m in CATALOGUE.values() for b, q in m.combina
 # small data sets for every smoke run (fast_dev_run uses one batch, but data sets are built whole)
 SMALL_DATA = [
     "datamodule.source.num_train=256",
-    "datamodule.source.num_val=16",
-    "datamodule.source.num_test=16",
-    "datamodule.eval_batch_size=16",
+    "datamodule.source.num_val=8",
+    "datamodule.source.num_test=8",
+    "datamodule.eval_batch_size=8",
 ]
 
 
