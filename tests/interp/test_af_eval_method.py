@@ -110,6 +110,19 @@ def test_sycophancy_rate_equals_the_hand_count():
     assert metrics["sycophancy_rate"] == pytest.approx(agreed / 20) and math.isnan(metrics["sycophancy_rate/user"])
 
 
+def test_a_direction_layer_out_of_range_fails_before_any_generation():
+    model, tok = build_model("llama", seed=6), build_char_tokenizer()
+    calls = []
+
+    def counting(prompts):
+        calls.append(len(prompts))
+        return scripted(prompts)
+
+    with pytest.raises(ConfigError, match="direction layer=7 is out of range"):
+        performative_report(counting, model, tok, GRID, layer=7)
+    assert not calls
+
+
 def test_contrast_sets_match_pairwise():
     pos, neg = contrast_prompts(GRID, "eval_cue")
     assert len(pos) == len(neg) == 8 and [p.replace("frame=eval", "frame=deploy") for p in pos] == neg

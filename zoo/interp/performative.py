@@ -578,11 +578,12 @@ def performative_report(
         agreement = sycophancy_counts(generate, questions, sycophancy_questions, seed) if sycophancy_questions else {}
         return Measurement(table, agreement)
 
+    if directions:  # checked before any forward pass
+        layout = model_layout(model)
+        layer = layout.num_layers // 2 if layer is None else layout.check_layer(layer, "direction layer")
     report = PerformativeReport(measure(), request)
     if not directions:
         return report
-    layout = model_layout(model)
-    layer = layout.num_layers // 2 if layer is None else layout.check_layer(layer, "direction layer")
     activations = {}
     for name in directions:
         positive, negative = contrast_prompts(grid, name, sycophancy_pairs, seed)
