@@ -254,15 +254,21 @@ def test_bad_settings_are_named():
 
 # -- method configs ---------------------------------------------------------------------------------------------------
 
-AF_SMOKE = ["callbacks.af_eval.samples_per_prompt=1", "callbacks.af_eval.sycophancy_pairs=8", "debug=fdr"]
+AF_SMOKE = [
+    "callbacks.af_eval.samples_per_prompt=1",
+    "callbacks.af_eval.sycophancy_pairs=8",
+    "callbacks.af_eval.sycophancy_questions=8",
+    "datamodule.source.num_train=128",
+    "debug=fdr",
+]
 
 
 def test_method_af_eval_trains_an_organism_and_evaluates_it(train_cfg):
-    cfg = train_cfg(["+method=af_eval", *AF_SMOKE])
+    cfg = train_cfg(["+method=af_eval"])
     assert isinstance(instantiate(cfg.task), ModelOrganismTask) and cfg.task.organism == "performative"
     callback = instantiate(cfg.callbacks.af_eval, _convert_="all")
     assert callback.grid.values == GRID.values and callback.steering_strengths == (4.0,)
-    metrics = run(cfg)
+    metrics = run(train_cfg(["+method=af_eval", *AF_SMOKE, "callbacks.af_eval.steering_strengths=[1.0]"]))
     # one training batch: the model does not write COMPLY/REFUSE yet, so the rates are undefined (not logged)
     assert {"af/unparsed_rate", "af/cosine/eval_cue/sycophancy", "af/direction/monitoring/auroc"} <= set(metrics)
     assert "val/exact_match" in metrics and all(math.isfinite(v) for v in metrics.values())

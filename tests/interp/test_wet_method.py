@@ -344,7 +344,7 @@ def test_method_wet_runs_fast_dev_run(train_cfg):
 
 
 def test_sft_trains_on_the_multiworld_task(train_cfg):
-    cfg = train_cfg(["+method=sft", "task=multiworld", "debug=fdr"])
+    cfg = train_cfg(["+method=sft", "task=multiworld", "debug=fdr", "datamodule.source.num_train=128"])
     task = instantiate(cfg.task)
     assert isinstance(task, MultiWorldRecallTask)
     metrics = run(cfg)
