@@ -189,7 +189,7 @@ def test_callback_in_a_plain_lightning_script_reports_and_its_directions_steer(t
     assert not torch.equal(module.generate(ids, torch.ones_like(ids)).completion_ids, plain)
 
 
-def test_callback_decodes_through_the_module_decoder():
+def test_callback_decodes_through_the_module_decoder(tmp_path):
     module = small_module(generation={"max_new_tokens": 8})
     comply = module.tokenizer.convert_tokens_to_ids(list(COMPLY))
     produced: list[int] = []
@@ -204,10 +204,11 @@ def test_callback_decodes_through_the_module_decoder():
 
     module.decoder.hooks.append(ModuleHook("lm_head", force_comply))
     callback = AlignmentFakingEval(samples_per_prompt=1, directions=[], do_sample=False)
-    quiet_trainer(callback).validate(module, datamodule=organism_data(module.tokenizer), verbose=False)
+    quiet_trainer(callback, default_root_dir=tmp_path).validate(module, datamodule=organism_data(module.tokenizer), verbose=False)
     rates = [v for k, v in callback.last_metrics.items() if k.startswith("rate/")]
     assert len(rates) == 16 and all(r == 1.0 for r in rates)
     assert callback.last_metrics["gap/eval"] == 0.0
+    assert (tmp_path / "af_eval" / "validate-epoch0.json").is_file()  # report_dir defaults to the trainer's root
 
 
 def parity_judge(text: str) -> bool | None:
