@@ -204,7 +204,9 @@ def test_callback_decodes_through_the_module_decoder(tmp_path):
 
     module.decoder.hooks.append(ModuleHook("lm_head", force_comply))
     callback = AlignmentFakingEval(samples_per_prompt=1, directions=[], do_sample=False)
-    quiet_trainer(callback, default_root_dir=tmp_path).validate(module, datamodule=organism_data(module.tokenizer), verbose=False)
+    quiet_trainer(callback, default_root_dir=tmp_path).validate(
+        module, datamodule=organism_data(module.tokenizer), verbose=False
+    )
     rates = [v for k, v in callback.last_metrics.items() if k.startswith("rate/")]
     assert len(rates) == 16 and all(r == 1.0 for r in rates)
     assert callback.last_metrics["gap/eval"] == 0.0
