@@ -26,6 +26,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from zoo.artifacts import artifacts_mark, artifacts_used
 from zoo.errors import CheckpointNotFoundError, ConfigError, ZooError
 
 log = logging.getLogger("zoo")
@@ -160,13 +161,18 @@ def save_run_info(cfg: DictConfig) -> None:
     (out / "run_info.json").write_text(json.dumps(info, indent=2))
 
 
-def finish_run_info(cfg: DictConfig, start: float) -> None:
-    """Add the finish time and the wall time of the run to ``run_info.json``."""
+def finish_run_info(cfg: DictConfig, start: float, artifacts_mark: int) -> None:
+    """Add the finish time, the wall time and the artifacts the run used (:func:`zoo.artifacts.artifacts_used`) to
+    ``run_info.json``."""
     path = Path(cfg.paths.output_dir) / "run_info.json"
     if not _is_rank_zero() or not path.is_file():
         return
     info = json.loads(path.read_text())
-    info.update(finished_at=_now(), wall_seconds=round(time.monotonic() - start, 1))
+    info.update(
+        finished_at=_now(),
+        wall_seconds=round(time.monotonic() - start, 1),
+        artifacts=artifacts_used(artifacts_mark),
+    )
     path.write_text(json.dumps(info, indent=2))
 
 
@@ -227,7 +233,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         raise ConfigError(f"stage={cfg.stage!r}; use one of {STAGES}")
     check_methods(cfg)
     check_slurm(cfg)
-    start = time.monotonic()
+    start, mark = time.monotonic(), artifacts_mark()
     pl.seed_everything(cfg.seed, workers=True)
     save_run_info(cfg)
     ckpt_path = resolve_ckpt_path(cfg)
@@ -245,7 +251,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         predictions = trainer.predict(module, datamodule, ckpt_path=ckpt_path)
         write_predictions(predictions or [], Path(cfg.paths.output_dir) / "predictions.jsonl")
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
-    finish_run_info(cfg, start)
+    finish_run_info(cfg, start, mark)
     if trainer.is_global_zero:
         summary = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if not k.startswith(("train/", "lr-")))
         print(f"[zoo] {cfg.stage} done in {cfg.paths.output_dir}: {summary}")
