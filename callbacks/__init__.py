@@ -12,6 +12,7 @@ from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
 from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.progress import LogLineProgress, auto_progress
+from zoo.callbacks.quant_report import QuantizationReport
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
 
@@ -23,6 +24,7 @@ __all__ = [
     "LogLineProgress",
     "LogSamplerWeights",
     "NanoQuantExport",
+    "QuantizationReport",
     "SafeThinkMonitor",
     "auto_progress",
 ]
