@@ -15,8 +15,10 @@ from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.quant_report import QuantizationReport
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
+from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
 
 __all__ = [
+    "EncoderMotifProbe",
     "EvalRecords",
     "ForgettingMonitor",
     "GR3AlphaCalibration",
@@ -25,6 +27,7 @@ __all__ = [
     "LogSamplerWeights",
     "NanoQuantExport",
     "QuantizationReport",
+    "RotationInvariance",
     "SafeThinkMonitor",
     "auto_progress",
 ]
