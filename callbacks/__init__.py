@@ -16,6 +16,7 @@ from zoo.callbacks.quant_report import QuantizationReport
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
 from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
+from zoo.callbacks.valr_probe import StepStateProbe
 
 __all__ = [
     "EncoderMotifProbe",
@@ -29,5 +30,6 @@ __all__ = [
     "QuantizationReport",
     "RotationInvariance",
     "SafeThinkMonitor",
+    "StepStateProbe",
     "auto_progress",
 ]

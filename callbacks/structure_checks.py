@@ -194,20 +194,25 @@ class EncoderMotifProbe(pl.Callback):
     def measure(self) -> dict[str, float]:
         """Probe accuracy and majority rate per kind from what was collected (kinds with < 4 rows are skipped)."""
         out: dict[str, float] = {}
-        for kind, rows in self._data.items():
-            if len(rows) < 4:
-                continue
-            x = torch.stack([f for f, _ in rows])
-            y = torch.tensor([label for _, label in rows])
-            half = len(rows) // 2
-            test_y = y[half:].double()
-            out[f"{kind}_majority"] = float(max(test_y.mean(), 1 - test_y.mean()))
-            if len(set(y[:half].tolist())) < 2:  # one class only in the fitting half: the probe is that constant
-                out[f"{kind}_accuracy"] = float((y[half:] == y[0]).double().mean())
-                continue
-            probe = LinearProbe(num_classes=2, l2=self.l2).fit(x[:half], y[:half])
-            out[f"{kind}_accuracy"] = probe.accuracy(x[half:], y[half:])
+        # the features were collected under the evaluation loop's inference mode: fit on plain copies
+        with torch.inference_mode(False), torch.enable_grad():
+            for kind, rows in self._data.items():
+                self._measure_kind(kind, rows, out)
         return out
+
+    def _measure_kind(self, kind: str, rows: list[tuple[torch.Tensor, int]], out: dict[str, float]) -> None:
+        if len(rows) < 4:
+            return
+        x = torch.stack([f for f, _ in rows]).clone()
+        y = torch.tensor([label for _, label in rows])
+        half = len(rows) // 2
+        test_y = y[half:].double()
+        out[f"{kind}_majority"] = float(max(test_y.mean(), 1 - test_y.mean()))
+        if len(set(y[:half].tolist())) < 2:  # one class only in the fitting half: the probe is that constant
+            out[f"{kind}_accuracy"] = float((y[half:] == y[0]).double().mean())
+            return
+        probe = LinearProbe(num_classes=2, l2=self.l2).fit(x[:half], y[:half])
+        out[f"{kind}_accuracy"] = probe.accuracy(x[half:], y[half:])
 
     def _epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage not in self.stages or trainer.sanity_checking:
