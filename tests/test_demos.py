@@ -56,31 +56,6 @@ def test_demo_config_follows_the_contract(paper):
     assert cfg["task_name"] == "demo"
 
 
-def test_multirun_directories_resolve_without_explicit_paths(tmp_path):
-    """``python train.py -m ...`` in a fresh directory: sweep.dir derives from paths.log_dir (${hydra:runtime.cwd})."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "train.py"),
-            "-m",
-            "seed=0,1",
-            "debug=fdr",
-            "trainer.accelerator=cpu",
-            "datamodule.source.num_train=64",
-            "datamodule.source.num_val=8",
-            "module.generation.max_new_tokens=4",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = sorted(tmp_path.glob("logs/train/multiruns/*/*/run_info.json"))
-    assert [p.parent.name for p in runs] == ["0", "1"]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("paper", PAPERS)
 def test_demo_quick_multirun_builds_its_page(paper, tmp_path):
