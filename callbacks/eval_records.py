@@ -21,9 +21,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from zoo.callbacks.evaluation import EVAL_STAGES, EvaluationCallback, append_jsonl
 from zoo.errors import ConfigError
 
-STAGES = ("validate", "test", "predict")
 SINGULAR = {"prompts": "prompt", "answers": "answer"}
 
 
@@ -40,7 +40,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class EvalRecords(pl.Callback):
+class EvalRecords(EvaluationCallback):
     """Write the per-row results of every evaluated batch to a JSONL file at the end of each epoch.
 
     Args:
@@ -55,22 +55,15 @@ class EvalRecords(pl.Callback):
     def __init__(
         self,
         path: str,
-        stages: Sequence[str] = STAGES,
+        stages: Sequence[str] = EVAL_STAGES,
         batch_fields: Sequence[str] = (),
         max_batches: int | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(stages, max_batches)
         if not path:
             raise ConfigError("EvalRecords needs a path (e.g. ${paths.output_dir}/eval_records.jsonl)")
-        unknown = [s for s in stages if s not in STAGES]
-        if unknown or not stages:
-            raise ConfigError(f"EvalRecords: stages must be a non-empty subset of {STAGES}, got {list(stages)}")
-        if max_batches is not None and max_batches < 1:
-            raise ConfigError(f"EvalRecords: max_batches must be >= 1 or None, got {max_batches}")
         self.path = Path(path)
-        self.stages = tuple(stages)
         self.batch_fields = tuple(batch_fields)
-        self.max_batches = max_batches
         self._rows: list[dict[str, Any]] = []
         self.written = 0
 
@@ -88,11 +81,12 @@ class EvalRecords(pl.Callback):
             f"(keys: {sorted(batch) if isinstance(batch, dict) else type(batch).__name__})"
         )
 
-    def _record(self, trainer: pl.Trainer, outputs: Any, batch: Any, batch_idx: int, stage: str) -> None:
-        if stage not in self.stages or trainer.sanity_checking:
-            return
-        if self.max_batches is not None and batch_idx >= self.max_batches:
-            return
+    def eval_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._rows = []
+
+    def eval_batch(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
+    ) -> None:
         if not isinstance(outputs, dict) or "texts" not in outputs:
             raise ConfigError(
                 "EvalRecords needs the generation-protocol dict (texts, meta) from the module's evaluation steps "
@@ -115,37 +109,11 @@ class EvalRecords(pl.Callback):
             row.update({key: value[i] for key, value in columns.items()})
             self._rows.append(row)
 
-    def _flush(self, trainer: pl.Trainer, stage: str) -> None:
-        if stage not in self.stages or trainer.sanity_checking or not self._rows:
-            self._rows = []
-            return
-        path = self.path
-        if trainer.global_rank:
-            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as handle:
-            for row in self._rows:
-                handle.write(json.dumps(row, default=str) + "\n")
-        self.written += len(self._rows)
+    def eval_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._rows:
+            append_jsonl(self.path, self._rows, trainer.global_rank)
+            self.written += len(self._rows)
         self._rows = []
-
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._record(trainer, outputs, batch, batch_idx, "validate")
-
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._record(trainer, outputs, batch, batch_idx, "test")
-
-    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._record(trainer, outputs, batch, batch_idx, "predict")
-
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._flush(trainer, "validate")
-
-    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._flush(trainer, "test")
-
-    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._flush(trainer, "predict")
 
 
 def read_records(path: str | Path, stage: str | None = None) -> list[dict[str, Any]]:

@@ -20,13 +20,14 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from zoo.callbacks.evaluation import EvaluationCallback
 from zoo.errors import ConfigError
 from zoo.quant.base import measured_bits_per_weight
 
 STAGES = ("validate", "test")
 
 
-class QuantizationReport(pl.Callback):
+class QuantizationReport(EvaluationCallback):
     """Log the measured bits per weight (and NanoQuant's distillation KL) at the end of validation/test epochs.
 
     Args:
@@ -35,11 +36,7 @@ class QuantizationReport(pl.Callback):
     """
 
     def __init__(self, stages: Sequence[str] = STAGES, prefix: str = "quant") -> None:
-        super().__init__()
-        unknown = [s for s in stages if s not in STAGES]
-        if unknown or not stages:
-            raise ConfigError(f"QuantizationReport: stages must be a non-empty subset of {STAGES}, got {list(stages)}")
-        self.stages = tuple(stages)
+        super().__init__(stages, allowed=STAGES)
         self.prefix = prefix
         self.last: dict[str, float] = {}
 
@@ -59,18 +56,10 @@ class QuantizationReport(pl.Callback):
                 values[name] = float(value)
         return values
 
-    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage not in self.stages or trainer.sanity_checking:
-            return
+    def eval_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.last = self.measure(pl_module)
         for name, value in self.last.items():
             pl_module.log(f"{self.prefix}/{name}", value, batch_size=1)
-
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._log(trainer, pl_module, "validate")
-
-    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._log(trainer, pl_module, "test")
 
 
 __all__ = ["QuantizationReport"]

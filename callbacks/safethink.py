@@ -25,7 +25,6 @@ identical across two runs) read the run directory.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
+from zoo.callbacks.evaluation import append_jsonl
 from zoo.data.jailbreak import TRIGGER
 from zoo.data.jailbreak import is_harmful as jailbreak_is_harmful
 from zoo.data.tasks import EXACT_ANSWER, Verifier
@@ -371,15 +371,9 @@ class SafeThinkMonitor(pl.Callback):
                 pl_module.log(f"{self.log_prefix}/{name}", value, rank_zero_only=True)
 
     def _write_records(self, trainer: pl.Trainer, stage: str) -> None:
-        if self.records_file is None or not self._records:
-            return
-        path = self.records_file
-        if trainer.global_rank:
-            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as handle:
-            for record in self._records:
-                handle.write(json.dumps({"stage": stage, "step": trainer.global_step, **record}) + "\n")
+        if self.records_file is not None and self._records:
+            rows = ({"stage": stage, "step": trainer.global_step, **record} for record in self._records)
+            append_jsonl(self.records_file, rows, trainer.global_rank)
         self._records = []
 
     @rank_zero_only

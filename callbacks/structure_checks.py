@@ -21,6 +21,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from zoo.callbacks.evaluation import EvaluationCallback
 from zoo.errors import ConfigError
 from zoo.interp.probes import LinearProbe
 
@@ -44,13 +45,6 @@ def moved(structures: Any, generator: torch.Generator) -> Any:
     return dataclasses.replace(structures, pos=new.to(structures.pos.dtype).to(structures.pos.device))
 
 
-def _check_stages(name: str, stages: Sequence[str]) -> tuple[str, ...]:
-    unknown = [s for s in stages if s not in STAGES]
-    if unknown or not stages:
-        raise ConfigError(f"{name}: stages must be a non-empty subset of {STAGES}, got {list(stages)}")
-    return tuple(stages)
-
-
 def _needs_structures(name: str, batch: Any) -> Any:
     structures = batch.get("structures") if isinstance(batch, dict) else None
     if structures is None:
@@ -58,7 +52,7 @@ def _needs_structures(name: str, batch: Any) -> Any:
     return structures
 
 
-class RotationInvariance(pl.Callback):
+class RotationInvariance(EvaluationCallback):
     """Decode each evaluated batch again with rigidly moved structures; log ``<prefix>/accuracy`` (rotated copies)
     and ``<prefix>/agreement`` (same answer text as the unmoved batch).
 
@@ -69,9 +63,8 @@ class RotationInvariance(pl.Callback):
     """
 
     def __init__(self, seed: int = 0, stages: Sequence[str] = ("test",), prefix: str = "rotation") -> None:
-        super().__init__()
+        super().__init__(stages, allowed=STAGES)
         self.seed = int(seed)
-        self.stages = _check_stages("RotationInvariance", stages)
         self.prefix = prefix
         self._counts = {"rows": 0, "correct": 0, "agree": 0}
 
@@ -79,14 +72,14 @@ class RotationInvariance(pl.Callback):
         if not callable(getattr(pl_module, "generate_output", None)):
             raise ConfigError(f"RotationInvariance needs a module with generate_output ({type(pl_module).__name__})")
 
-    def _reset(self) -> None:
+    def eval_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._counts = {"rows": 0, "correct": 0, "agree": 0}
 
     @torch.no_grad()
-    def _batch(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str):
-        if stage not in self.stages or trainer.sanity_checking or not isinstance(outputs, dict):
-            return
-        if "texts" not in outputs:
+    def eval_batch(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
+    ) -> None:
+        if not isinstance(outputs, dict) or "texts" not in outputs:
             raise ConfigError("RotationInvariance needs the generation-protocol dict (generate_on_eval: true)")
         structures = _needs_structures("RotationInvariance", batch)
         generator = torch.Generator().manual_seed(self.seed + batch_idx)
@@ -95,30 +88,11 @@ class RotationInvariance(pl.Callback):
         self._counts["correct"] += sum(bool(c) for c in rotated["meta"]["correct"])
         self._counts["agree"] += sum(a.strip() == b.strip() for a, b in zip(rotated["texts"], outputs["texts"]))
 
-    def _epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage not in self.stages or trainer.sanity_checking or not self._counts["rows"]:
-            return
+    def eval_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         rows = self._counts["rows"]
-        pl_module.log(f"{self.prefix}/accuracy", self._counts["correct"] / rows, batch_size=rows)
-        pl_module.log(f"{self.prefix}/agreement", self._counts["agree"] / rows, batch_size=rows)
-
-    def on_validation_epoch_start(self, trainer, pl_module) -> None:
-        self._reset()
-
-    def on_test_epoch_start(self, trainer, pl_module) -> None:
-        self._reset()
-
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch(trainer, pl_module, outputs, batch, batch_idx, "validate")
-
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch(trainer, pl_module, outputs, batch, batch_idx, "test")
-
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        self._epoch_end(trainer, pl_module, "validate")
-
-    def on_test_epoch_end(self, trainer, pl_module) -> None:
-        self._epoch_end(trainer, pl_module, "test")
+        if rows:
+            pl_module.log(f"{self.prefix}/accuracy", self._counts["correct"] / rows, batch_size=rows)
+            pl_module.log(f"{self.prefix}/agreement", self._counts["agree"] / rows, batch_size=rows)
 
 
 @torch.no_grad()
@@ -141,7 +115,7 @@ def pooled_atom_features(encoder: torch.nn.Module, structures: Any) -> torch.Ten
     return torch.cat([mean, top], -1).double().cpu()
 
 
-class EncoderMotifProbe(pl.Callback):
+class EncoderMotifProbe(EvaluationCallback):
     """Linear probe of yes/no answers from the frozen encoder's pooled atom embeddings, per question kind.
 
     Collects ``(features, answer == "yes")`` of every evaluated structure whose question kind is in ``kinds``; at
@@ -163,11 +137,10 @@ class EncoderMotifProbe(pl.Callback):
         prefix: str = "encoder_probe",
         l2: float = 1e-2,
     ) -> None:
-        super().__init__()
+        super().__init__(stages, allowed=STAGES)
         if not kinds:
             raise ConfigError("EncoderMotifProbe needs at least one question kind")
         self.kinds = tuple(kinds)
-        self.stages = _check_stages("EncoderMotifProbe", stages)
         self.prefix = prefix
         self.l2 = float(l2)
         self._data: dict[str, list[tuple[torch.Tensor, int]]] = {}
@@ -177,12 +150,12 @@ class EncoderMotifProbe(pl.Callback):
         if not hasattr(pl_module, "structure_encoder"):
             raise ConfigError(f"EncoderMotifProbe needs a module with structure_encoder ({type(pl_module).__name__})")
 
-    def _reset(self) -> None:
+    def eval_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._data = {k: [] for k in self.kinds}
 
-    def _batch(self, trainer: pl.Trainer, pl_module: Any, batch: Any, stage: str) -> None:
-        if stage not in self.stages or trainer.sanity_checking:
-            return
+    def eval_batch(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
+    ) -> None:
         s = _needs_structures("EncoderMotifProbe", batch)
         wanted = [i for i, k in enumerate(s.kinds) if k in self._data]
         if not wanted:
@@ -214,30 +187,10 @@ class EncoderMotifProbe(pl.Callback):
         probe = LinearProbe(num_classes=2, l2=self.l2).fit(x[:half], y[:half])
         out[f"{kind}_accuracy"] = probe.accuracy(x[half:], y[half:])
 
-    def _epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage not in self.stages or trainer.sanity_checking:
-            return
+    def eval_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.last = self.measure()
         for name, value in self.last.items():
             pl_module.log(f"{self.prefix}/{name}", value, batch_size=1)
-
-    def on_validation_epoch_start(self, trainer, pl_module) -> None:
-        self._reset()
-
-    def on_test_epoch_start(self, trainer, pl_module) -> None:
-        self._reset()
-
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch(trainer, pl_module, batch, "validate")
-
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch(trainer, pl_module, batch, "test")
-
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        self._epoch_end(trainer, pl_module, "validate")
-
-    def on_test_epoch_end(self, trainer, pl_module) -> None:
-        self._epoch_end(trainer, pl_module, "test")
 
 
 __all__ = ["EncoderMotifProbe", "RotationInvariance", "moved", "pooled_atom_features", "random_rigid_motion"]

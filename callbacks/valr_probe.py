@@ -21,6 +21,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from zoo.callbacks.evaluation import EvaluationCallback
 from zoo.errors import ConfigError
 from zoo.interp.probes import LinearProbe
 
@@ -37,7 +38,7 @@ def row_colour_counts(batch: dict[str, Any], row: int) -> list[int]:
     return [int((cells[r * grid : (r + 1) * grid, 0] == colour).sum()) for r in meta["query_rows"][row]]
 
 
-class StepStateProbe(pl.Callback):
+class StepStateProbe(EvaluationCallback):
     """Linear probe of a per-step target from the states just before each reasoning step.
 
     Args:
@@ -56,17 +57,12 @@ class StepStateProbe(pl.Callback):
         prefix: str = "probe",
         max_batches: int | None = None,
     ) -> None:
-        super().__init__()
-        unknown = [s for s in stages if s not in STAGES]
-        if unknown or not stages:
-            raise ConfigError(f"StepStateProbe: stages must be a non-empty subset of {STAGES}, got {list(stages)}")
+        super().__init__(stages, max_batches, allowed=STAGES)
         if layer != "align" and (not isinstance(layer, int) or layer < 0):
             raise ConfigError(f"StepStateProbe: layer must be 'align' or an int >= 0, got {layer!r}")
         self.layer = layer
         self.targets = targets
-        self.stages = tuple(stages)
         self.prefix = prefix
-        self.max_batches = max_batches
         self._x: list[torch.Tensor] = []
         self._y: list[int] = []
         self.last: dict[str, float] = {}
@@ -104,11 +100,12 @@ class StepStateProbe(pl.Callback):
             rows.append(hidden[r, positions].float().cpu())
         return rows
 
-    def _batch(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, stage: str) -> None:
-        if stage not in self.stages or trainer.sanity_checking:
-            return
-        if self.max_batches is not None and batch_idx >= self.max_batches:
-            return
+    def eval_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._x, self._y = [], []
+
+    def eval_batch(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
+    ) -> None:
         for r, states in enumerate(self.step_states(pl_module, batch)):
             targets = self.targets(batch, r)
             if len(targets) != states.shape[0]:
@@ -129,25 +126,11 @@ class StepStateProbe(pl.Callback):
             probe = LinearProbe(num_classes=int(y.max()) + 1, l2=1e-2).fit(x[:half], y[:half])
             return {"step_accuracy": probe.accuracy(x[half:], held), "step_majority": majority}
 
-    def _epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage not in self.stages or trainer.sanity_checking:
-            return
+    def eval_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.last = self.measure()
         for name, value in self.last.items():
             pl_module.log(f"{self.prefix}/{name}", value, batch_size=1)
         self._x, self._y = [], []
-
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch(trainer, pl_module, batch, batch_idx, "validate")
-
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch(trainer, pl_module, batch, batch_idx, "test")
-
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        self._epoch_end(trainer, pl_module, "validate")
-
-    def on_test_epoch_end(self, trainer, pl_module) -> None:
-        self._epoch_end(trainer, pl_module, "test")
 
 
 __all__ = ["StepStateProbe", "row_colour_counts"]

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from zoo.report import Run, Sweep, contrast, fmt_stat, provenance, pyplot, save_figure, stat, table
+from zoo.report import Run, Sweep, artifact_values, contrast, fmt_stat, provenance, pyplot, save_figure, stat, table
 
 PAPER = "nanoquant"
 BUDGETS = ("1.0", "0.8", "0.55")
@@ -65,14 +65,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     nq = first.get("demo.nq", {}) or {}
     backbone = first.get("backbone", {}) or {}
     n_val = first.get("datamodule.source.num_val")
-    fp_em = stat(
-        [
-            (u.get("metrics") or {}).get("val/exact_match")
-            for r in arms.get("fp", [])
-            for u in r.info.get("artifacts", [])
-            if u["kind"] == "demo_policy"
-        ]
-    )
+    fp_em = stat(artifact_values(arms.get("fp", []), "demo_policy", "val/exact_match"))
     seeds = len(sweep.seeds) or 1
     text = [
         "# NanoQuant demo — held-out perplexity vs measured bits per weight",

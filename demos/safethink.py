@@ -15,7 +15,19 @@ from typing import Any
 from zoo.backbones.tokenizer import THINK_OPEN
 from zoo.data.jailbreak import step_is_unsafe
 from zoo.data.tasks import split_steps
-from zoo.report import Run, Stat, Sweep, contrast, fmt_stat, provenance, pyplot, save_figure, stat, table
+from zoo.report import (
+    Run,
+    Stat,
+    Sweep,
+    artifact_values,
+    contrast,
+    fmt_stat,
+    provenance,
+    pyplot,
+    save_figure,
+    stat,
+    table,
+)
 
 PAPER = "safethink"
 RECORDS = "safethink_records.jsonl"
@@ -67,16 +79,6 @@ def mean(xs: Any) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
-def artifact_metric(runs: list[Run], kind: str, metric: str) -> Stat:
-    """A build metric of the artifact of ``kind`` each run used (one value per distinct artifact)."""
-    seen: dict[str, float] = {}
-    for run in runs:
-        for used in run.info.get("artifacts", []):
-            if used["kind"] == kind and (used.get("metrics") or {}).get(metric) is not None:
-                seen[used["path"]] = used["metrics"][metric]
-    return stat(seen.values())
-
-
 def build(sweep: Sweep, out: Path) -> list[Path]:
     arms = sweep.arms()
     first = sweep.runs[0]
@@ -114,9 +116,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     st = cfg.get("callbacks", {}).get("safethink", {})
     recipe = cfg.get("base_policy", {})
     n_attack, n_benign = stat(values("base", "n_attack")), stat(values("base", "n_benign"))
-    policy_em = artifact_metric(sweep.runs, "base_policy", "val/exact_match")
-    rm_acc = artifact_metric(sweep.runs, "safety_rm", "val/accuracy")
-    rm_auroc = artifact_metric(sweep.runs, "safety_rm", "val/auroc")
+    policy_em = stat(artifact_values(sweep.runs, "base_policy", "val/exact_match"))
+    rm_acc = stat(artifact_values(sweep.runs, "safety_rm", "val/accuracy"))
+    rm_auroc = stat(artifact_values(sweep.runs, "safety_rm", "val/auroc"))
     rm = cfg.get("demo", {}).get("rm", {})
     seeds = len(sweep.seeds) or 1
 

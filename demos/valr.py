@@ -13,7 +13,20 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from zoo.report import Run, Sweep, contrast, curve, fmt_stat, plot_curves, provenance, pyplot, save_figure, stat, table
+from zoo.report import (
+    Run,
+    Sweep,
+    artifact_values,
+    contrast,
+    curve,
+    fmt_stat,
+    plot_curves,
+    provenance,
+    pyplot,
+    save_figure,
+    stat,
+    table,
+)
 
 PAPER = "valr"
 RECORDS = "eval_records.jsonl"
@@ -32,16 +45,6 @@ def accuracy_by_steps(run: Run) -> tuple[float, dict[int, float]]:
         by[int(r["num_steps"])].append(bool(r["correct"]))
     overall = sum(bool(r["correct"]) for r in rows) / len(rows) if rows else float("nan")
     return overall, {n: sum(v) / len(v) for n, v in sorted(by.items())}
-
-
-def artifact_metric(runs: list[Run], kind: str, metric: str) -> list[float]:
-    """One value per distinct artifact of ``kind`` the runs used."""
-    seen: dict[str, float] = {}
-    for run in runs:
-        for used in run.info.get("artifacts", []):
-            if used["kind"] == kind and (used.get("metrics") or {}).get(metric) is not None:
-                seen[used["path"]] = used["metrics"][metric]
-    return list(seen.values())
 
 
 def build(sweep: Sweep, out: Path) -> list[Path]:
@@ -70,7 +73,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         )
     png = plot(arms, acc, steps, labels, out / f"{PAPER}.png")
     stage1 = first.get("demo.stage1", {}) or {}
-    teacher = artifact_metric(sweep.runs, "valr_teacher", "val/cell_accuracy")
+    teacher = artifact_values(sweep.runs, "valr_teacher", "val/cell_accuracy")
     seeds = len(sweep.seeds) or 1
     text = [
         "# VaLR demo: CoT SFT vs latents vs vision-aligned latents",

@@ -12,6 +12,7 @@ sweep under ``<log dir>/demos/<paper>/``) by calling ``build(sweep, out)`` of th
 
 * loading a sweep -> :class:`Sweep` of :class:`Run` (each run's overrides -> arm + seed, metric series from the CSV
   logger, JSON/JSONL files a callback wrote, the resolved config and ``run_info.json``);
+* the prerequisites the runs used -> :func:`artifact_values` (their build metrics, from ``run_info.json``);
 * aggregating over seeds -> :func:`stat` (mean, sd and a Student-t 95% confidence interval of the mean),
   :func:`compare` (Welch interval of a difference of means) and :func:`contrast` (a templated sentence that says
   "not shown" when the interval of the difference contains 0);
@@ -535,6 +536,18 @@ def contrast(name_a: str, a: Iterable[float], name_b: str, b: Iterable[float], w
         direction = "higher" if d.delta > 0 else "lower"
         return f"{what} is {direction} with {name_a} than with {name_b} ({numbers}; {interval})"
     return f"{what}: {name_a} vs {name_b} not shown, within noise ({numbers}; {interval} contains 0)"
+
+
+def artifact_values(runs: Iterable[Run], kind: str, metric: str) -> list[float]:
+    """A build metric of the prerequisites of ``kind`` the runs used (``run_info.json`` -> ``artifacts``), one value
+    per distinct artifact (several runs of a seed share one)."""
+    seen: dict[str, float] = {}
+    for run in runs:
+        for used in run.info.get("artifacts", []):
+            value = (used.get("metrics") or {}).get(metric)
+            if used.get("kind") == kind and value is not None:
+                seen[used["path"]] = float(value)
+    return list(seen.values())
 
 
 def values(runs: Iterable[Run], fn: str | Callable[[Run], float]) -> list[float]:

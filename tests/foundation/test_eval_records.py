@@ -16,6 +16,8 @@ from zoo.cli.train import run
 from zoo.data.tasks import Addition
 from zoo.errors import ConfigError
 
+from conftest import plain_trainer
+
 
 def test_records_of_the_app_agree_with_the_logged_exact_match(train_cfg, tmp_path):
     path = tmp_path / "run" / "eval_records.jsonl"
@@ -77,20 +79,9 @@ def loader():
     )
 
 
-def trainer(callbacks):
-    return pl.Trainer(
-        accelerator="cpu",
-        callbacks=callbacks,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
-
-
 def test_plain_lightning_records_every_row_with_batch_fields(tmp_path):
     cb = EvalRecords(str(tmp_path / "r.jsonl"), batch_fields=["size"])
-    tr = trainer([cb])
+    tr = plain_trainer([cb])
     tr.validate(Echo(), loader(), verbose=False)
     tr.predict(Echo(), loader())
     rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
@@ -105,9 +96,20 @@ def test_plain_lightning_records_every_row_with_batch_fields(tmp_path):
     assert cb.written == 8
 
 
+def test_other_ranks_write_their_own_file(tmp_path):
+    from zoo.callbacks.evaluation import append_jsonl
+
+    assert append_jsonl(tmp_path / "r.jsonl", [{"a": 1}], rank=0) == tmp_path / "r.jsonl"
+    other = append_jsonl(tmp_path / "r.jsonl", [{"a": 2}, {"a": 3}], rank=2)
+    assert other == tmp_path / "r.rank2.jsonl"
+    assert [r["a"] for r in read_records(other)] == [2, 3] and [r["a"] for r in read_records(tmp_path / "r.jsonl")] == [
+        1
+    ]
+
+
 def test_stages_and_max_batches_limit_what_is_written(tmp_path):
     cb = EvalRecords(str(tmp_path / "r.jsonl"), stages=["test"], max_batches=1)
-    tr = trainer([cb])
+    tr = plain_trainer([cb])
     tr.validate(Echo(), loader(), verbose=False)
     assert not (tmp_path / "r.jsonl").exists()
     tr.test(Echo(), loader(), verbose=False)
@@ -120,6 +122,6 @@ def test_bad_settings_and_missing_fields_are_one_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="path"):
         EvalRecords("")
     with pytest.raises(ConfigError, match="batch_fields asks for 'nope'"):
-        trainer([EvalRecords(str(tmp_path / "r.jsonl"), batch_fields=["nope"])]).validate(
+        plain_trainer([EvalRecords(str(tmp_path / "r.jsonl"), batch_fields=["nope"])]).validate(
             Echo(), loader(), verbose=False
         )

@@ -3,11 +3,9 @@ StepStateProbe (VaLR), on real tiny modules in plain Lightning scripts; the stru
 
 from __future__ import annotations
 
-import functools
-
-import lightning.pytorch as pl
 import pytest
 import torch
+from test_cuttlefish_module import _module
 from torch.utils.data import DataLoader
 
 from zoo.backbones import TinyBackbone
@@ -22,7 +20,8 @@ from zoo.datamodules.visual import VisualReasoningDataModule
 from zoo.errors import ConfigError
 from zoo.modules.structure_lm import StructureLMModule
 from zoo.modules.valr import VaLRModule
-from zoo.multimodal.cuttlefish import MeanPoolConnector
+
+from conftest import plain_trainer
 
 torch.set_num_threads(1)
 
@@ -32,37 +31,12 @@ def loader(batches):
     return DataLoader(batches, batch_size=None, collate_fn=lambda b: b)
 
 
-def trainer(callbacks):
-    return pl.Trainer(
-        accelerator="cpu",
-        callbacks=callbacks,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
-
-
 # -- structures -----------------------------------------------------------------------------------------------------
-
-
-def structure_module(stage: str = "alignment") -> StructureLMModule:
-    torch.manual_seed(0)
-    module = StructureLMModule(
-        TinyBackbone(hidden_size=64, intermediate_size=128, num_hidden_layers=2, extra_tokens=[STRUCTURE_TOKEN]),
-        connector=functools.partial(MeanPoolConnector),
-        encoder={"hidden": 32, "num_layers": 2, "num_rbf": 16, "rbf_cutoff": 8.0},
-        encoder_init="random",
-        stage=stage,
-        generation={"max_new_tokens": 3},
-    )
-    module.configure_model()
-    return module
 
 
 @pytest.fixture(scope="module")
 def structure_batches():
-    module = structure_module()
+    module = _module()
     samples = make_structure_samples(8, seed=5)
     return [structure_batch_from_samples(samples[i : i + 4], module.tokenizer) for i in (0, 4)]
 
@@ -78,9 +52,9 @@ def test_moved_structures_keep_their_distances_but_not_their_coordinates(structu
 
 
 def test_rotation_invariance_of_the_structure_lm_in_a_plain_lightning_script(structure_batches):
-    module = structure_module()
+    module = _module()
     cb = RotationInvariance(seed=3, stages=["validate"])
-    metrics = trainer([cb]).validate(module, loader(structure_batches), verbose=False)[0]
+    metrics = plain_trainer([cb]).validate(module, loader(structure_batches), verbose=False)[0]
     # E(3)-invariant features: the rotated copies get the same answers, hence the same accuracy
     assert metrics["rotation/agreement"] == 1.0
     assert metrics["rotation/accuracy"] == pytest.approx(metrics["val/exact_match"])
@@ -102,14 +76,14 @@ def test_encoder_probe_scores_separable_and_constant_labels():
 
 def test_encoder_probe_runs_on_the_structure_lm(structure_batches):
     cb = EncoderMotifProbe(kinds=["ring", "triad", "count"], stages=["validate"])
-    trainer([cb]).validate(structure_module(), loader(structure_batches), verbose=False)
+    plain_trainer([cb]).validate(_module(), loader(structure_batches), verbose=False)
     kinds = [k for b in structure_batches for k in b["structures"].kinds]
     for kind in ("ring", "triad", "count"):
         assert (f"{kind}_accuracy" in cb.last) == (kinds.count(kind) >= 4)
 
 
 def test_full_finetune_stage_trains_llm_and_connector_not_the_encoder(structure_batches):
-    module = structure_module("full_finetune")
+    module = _module("full_finetune")
     trainable = {n.split(".", 1)[0] for n, p in module.named_parameters() if p.requires_grad}
     assert trainable == {"model", "connector"}
     with pytest.raises(ConfigError, match="module.stage"):
@@ -160,7 +134,7 @@ def test_step_state_probe_takes_one_state_per_step(visual, stage):
         ).hidden_states[1]
         first = len(seg["prompt"]) + len(seg["head"]) - 1
         assert torch.allclose(states[0][0], hidden[0, first].float())
-    trainer([cb]).validate(module, loader(batches), verbose=False)
+    plain_trainer([cb]).validate(module, loader(batches), verbose=False)
     assert set(cb.last) == {"step_accuracy", "step_majority"}
     assert 0.0 <= cb.last["step_accuracy"] <= 1.0
 
