@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.data.structures import SIZE_BIN_LABELS, normalize_answer
-from zoo.report import Run, Sweep, contrast, fmt_stat, provenance, pyplot, save_figure, stat, table
+from zoo.report import Run, Sweep, contrast, fmt_stat, provenance, pyplot, save_figure, stat, table, write_page
 
 PAPER = "cuttlefish"
 RECORDS = "eval_records.jsonl"
@@ -163,13 +163,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         *reading(arms, sums, labels, maj, probe),
         "",
-        "Regenerate: `OMP_NUM_THREADS=1 python train.py -m +demo=cuttlefish`, then "
-        "`python -m zoo.report demo cuttlefish`.",
-        "",
     ]
-    page = out / f"{PAPER}.md"
-    page.write_text("\n".join(text))
-    return [page, png]
+    return [write_page(out, PAPER, text), png]
 
 
 def reading(

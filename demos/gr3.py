@@ -10,7 +10,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zoo.report import Run, Sweep, contrast, curve, fmt_stat, plot_curves, provenance, pyplot, save_figure, stat, table
+from zoo.report import (
+    Run,
+    Sweep,
+    contrast,
+    curve,
+    fmt_stat,
+    plot_curves,
+    provenance,
+    pyplot,
+    save_figure,
+    stat,
+    table,
+    write_page,
+)
 
 PAPER = "gr3"
 LENGTH = "train/completion_length"
@@ -91,12 +104,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     text += [
         f"![curves]({png.name})",
         "",
-        "Regenerate: `OMP_NUM_THREADS=1 python train.py -m +demo=gr3`, then `python -m zoo.report demo gr3`.",
-        "",
     ]
-    page = out / f"{PAPER}.md"
-    page.write_text("\n".join(text))
-    return [page, png]
+    return [write_page(out, PAPER, text), png]
 
 
 def reading(setting: str | None, runs_of: Any, labels: dict[str, str]) -> list[str]:

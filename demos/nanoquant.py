@@ -12,7 +12,19 @@ import math
 from pathlib import Path
 from typing import Any
 
-from zoo.report import Run, Sweep, artifact_values, contrast, fmt_stat, provenance, pyplot, save_figure, stat, table
+from zoo.report import (
+    Run,
+    Sweep,
+    artifact_values,
+    contrast,
+    fmt_stat,
+    provenance,
+    pyplot,
+    save_figure,
+    stat,
+    table,
+    write_page,
+)
 
 PAPER = "nanoquant"
 BUDGETS = ("1.0", "0.8", "0.55")
@@ -117,13 +129,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         *reading(values, labels),
         "",
-        "Regenerate: `OMP_NUM_THREADS=1 python train.py -m +demo=nanoquant`, then "
-        "`python -m zoo.report demo nanoquant`.",
-        "",
     ]
-    page = out / f"{PAPER}.md"
-    page.write_text("\n".join(text))
-    return [page, png]
+    return [write_page(out, PAPER, text), png]
 
 
 def reading(values: Any, labels: dict[str, str]) -> list[str]:

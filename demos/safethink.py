@@ -27,6 +27,7 @@ from zoo.report import (
     save_figure,
     stat,
     table,
+    write_page,
 )
 
 PAPER = "safethink"
@@ -174,13 +175,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         *reading(values, labels),
         "",
-        "Regenerate: `OMP_NUM_THREADS=1 python train.py -m +demo=safethink`, then "
-        "`python -m zoo.report demo safethink`.",
-        "",
     ]
-    page = out / f"{PAPER}.md"
-    page.write_text("\n".join(text))
-    return [page, png]
+    return [write_page(out, PAPER, text), png]
 
 
 def reading(values: Any, labels: dict[str, str]) -> list[str]:

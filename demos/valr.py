@@ -26,6 +26,7 @@ from zoo.report import (
     save_figure,
     stat,
     table,
+    write_page,
 )
 
 PAPER = "valr"
@@ -116,12 +117,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         *reading(acc, labels),
         "",
-        "Regenerate: `OMP_NUM_THREADS=1 python train.py -m +demo=valr`, then `python -m zoo.report demo valr`.",
-        "",
     ]
-    page = out / f"{PAPER}.md"
-    page.write_text("\n".join(text))
-    return [page, png]
+    return [write_page(out, PAPER, text), png]
 
 
 def reading(acc: dict[str, list[tuple[float, dict[int, float]]]], labels: dict[str, str]) -> list[str]:

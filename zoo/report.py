@@ -18,7 +18,8 @@ sweep under ``<log dir>/demos/<paper>/``) by calling ``build(sweep, out)`` of th
   "not shown" when the interval of the difference contains 0);
 * curves with confidence bands -> :func:`curve`, :func:`plot_curves`;
 * markdown -> :func:`table`, :func:`fmt`, :func:`fmt_stat`;
-* the page header -> :func:`provenance` (the exact command, date, machine and wall time, read from the runs).
+* the page header -> :func:`provenance` (the exact command, date, machine and wall time, read from the runs);
+  the page itself -> :func:`write_page` (adds the footer with the commands that regenerate it).
 """
 
 from __future__ import annotations
@@ -667,6 +668,17 @@ def provenance(sweep: Sweep, paper: str) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # demo pages
 # ----------------------------------------------------------------------------------------------------------------
+
+
+def write_page(out: Path, paper: str, lines: Sequence[str]) -> Path:
+    """Write ``<out>/<paper>.md`` from ``lines`` and the footer with the two commands that regenerate it."""
+    footer = [
+        f"Regenerate: `OMP_NUM_THREADS=1 python train.py -m +demo={paper}`, then `python -m zoo.report demo {paper}`.",
+        "",
+    ]
+    page = Path(out) / f"{paper}.md"
+    page.write_text("\n".join([*lines, *footer]))
+    return page
 
 
 def load_page_builder(paper: str, demos_dir: str | Path = "demos") -> ModuleType:

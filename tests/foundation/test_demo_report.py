@@ -216,13 +216,11 @@ def test_provenance_reads_command_dates_machine_and_commit(sweep_dir):
 # -- pages ------------------------------------------------------------------------------------------------------
 
 BUILDER = """
-from zoo.report import Sweep, stat, table, fmt_stat, provenance
+from zoo.report import Sweep, stat, table, fmt_stat, provenance, write_page
 
 def build(sweep: Sweep, out):
     rows = [[name, fmt_stat(stat(r.last("m") for r in runs))] for name, runs in sweep.arms().items()]
-    page = out / "toy.md"
-    page.write_text(provenance(sweep, "toy") + "\\n\\n" + table(["arm", "m"], rows))
-    return [page]
+    return [write_page(out, "toy", [provenance(sweep, "toy"), "", table(["arm", "m"], rows)])]
 """
 
 
@@ -241,6 +239,7 @@ def test_demo_page_is_built_by_the_papers_builder_from_the_newest_sweep(sweep_di
     assert paths == [tmp_path / "out" / "toy.md"]
     assert f"| a/0.1 | {fmt_stat(stat([3.1, 4.1]))} |" in page
     assert "99" not in page
+    assert page.endswith("`python -m zoo.report demo toy`.\n")  # the footer of write_page
     main(["demo", "toy", "--sweep", str(older), "--out", str(tmp_path / "old"), "--demos", str(demos)])
     assert "| all | 99.000 |" in (tmp_path / "old" / "toy.md").read_text()
     assert "wrote" in capsys.readouterr().out
