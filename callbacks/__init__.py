@@ -7,24 +7,33 @@ if __name__ != "zoo.callbacks":
     )
 
 from zoo.callbacks.af_eval import AlignmentFakingEval
+from zoo.callbacks.eval_records import EvalRecords
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
 from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.progress import LogLineProgress, auto_progress
+from zoo.callbacks.quant_report import QuantizationReport
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
+from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
+from zoo.callbacks.valr_probe import StepStateProbe
 from zoo.callbacks.wet import WETCallback
 
 __all__ = [
     "AlignmentFakingEval",
+    "EncoderMotifProbe",
+    "EvalRecords",
     "ForgettingMonitor",
     "GR3AlphaCalibration",
     "LogGenerations",
     "LogLineProgress",
     "LogSamplerWeights",
     "NanoQuantExport",
+    "QuantizationReport",
+    "RotationInvariance",
     "SafeThinkMonitor",
+    "StepStateProbe",
     "WETCallback",
     "auto_progress",
 ]

@@ -16,11 +16,17 @@ to the loggers after predict), under ``<log_prefix>/``:
 * ``false_intervention_rate`` -- benign prompts where it intervened;
 * ``accuracy`` / ``base_accuracy`` -- ``verifier(completion, answer)`` on benign prompts with answers;
 * ``added_tokens`` -- injected prefix tokens per row; ``scorer_seconds`` -- time in the scorer.
+
+With ``always_prefix=True`` the callback runs the paper's always-prepend baseline instead (every reasoning block starts
+with the prefix; no scorer), under the same metrics. With ``records_file`` it also writes one JSON line per evaluated
+row (prompt, completion, attack/harmful, answer/correct, interventions), so that analyses beyond the rates (e.g. rows
+identical across two runs) read the run directory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -29,6 +35,7 @@ import torch
 from zoo.callbacks.evaluation import (
     STAGES,
     StageCallback,
+    append_jsonl,
     log_stage_metrics,
     ratios,
     require_generating_module,
@@ -39,7 +46,13 @@ from zoo.data.jailbreak import is_harmful as jailbreak_is_harmful
 from zoo.data.tasks import EXACT_ANSWER, Verifier
 from zoo.errors import ConfigError
 from zoo.generation.sampling import SamplingParams
-from zoo.safety.safethink import DEFAULT_PREFIX, check_safethink_args, safethink_generate
+from zoo.safety.safethink import (
+    DEFAULT_PREFIX,
+    always_prefix_generate,
+    check_safethink_args,
+    prefix_token_ids,
+    safethink_generate,
+)
 from zoo.safety.scorers import as_scorer, scorer_name
 
 _COUNTERS = (
@@ -87,6 +100,12 @@ class SafeThinkMonitor(StageCallback):
             config; default the shared completion format's exact verifier, which the jailbreak task uses).
         max_batches: monitor at most this many batches per epoch (``None``: all).
         log_prefix: metric name prefix.
+        always_prefix: run the always-prepend baseline instead of SafeThink (every reasoning block opens with
+            ``reasoning_open + prefix + step delimiter``; the scorer, ``tau`` and ``m`` are unused; every row counts as
+            intervened and the prefix's tokens as added).
+        reasoning_open: the tag that opens the reasoning block (the always-prepend baseline).
+        records_file: write one JSON line per evaluated row to this file at the end of each validation/test/predict
+            epoch (rank zero; other ranks write ``<stem>.rank<r><suffix>``); ``None``: no records.
     """
 
     def __init__(
@@ -107,6 +126,9 @@ class SafeThinkMonitor(StageCallback):
         verifier: Verifier = EXACT_ANSWER,
         max_batches: int | None = None,
         log_prefix: str = "safethink",
+        always_prefix: bool = False,
+        reasoning_open: str = "<think>",
+        records_file: str | None = None,
     ) -> None:
         super().__init__()
         check_safethink_args(tau, max_steps_monitored)
@@ -138,6 +160,10 @@ class SafeThinkMonitor(StageCallback):
         self.verifier = verifier
         self.max_batches = max_batches
         self.log_prefix = log_prefix
+        self.always_prefix = bool(always_prefix)
+        self.reasoning_open = reasoning_open
+        self.records_file = Path(records_file) if records_file else None
+        self._records: list[dict[str, Any]] = []
         self._epoch = dict.fromkeys(_COUNTERS, 0.0)
         self.totals = dict.fromkeys(_COUNTERS, 0.0)  # over the callback's life (restored from checkpoints)
         self.last_metrics: dict[str, float] = {}
@@ -146,7 +172,11 @@ class SafeThinkMonitor(StageCallback):
     @property
     def state_key(self) -> str:
         return self._generate_state_key(
-            tau=self.tau, m=self.max_steps_monitored, prefix=self.prefix, discard=self.discard_violating_step
+            tau=self.tau,
+            m=self.max_steps_monitored,
+            prefix=self.prefix,
+            discard=self.discard_violating_step,
+            always_prefix=self.always_prefix,
         )
 
     # -- setup ------------------------------------------------------------------------------------------------
@@ -193,31 +223,54 @@ class SafeThinkMonitor(StageCallback):
         device = next(pl_module.model.parameters()).device
         decoder = getattr(pl_module, "decoder", None)
         generator = torch.Generator(device=device).manual_seed(self.seed + batch_idx) if self.do_sample else None
-        result = safethink_generate(
-            pl_module.model,
-            pl_module.tokenizer,
-            prompts,
-            self.scorer,
-            tau=self.tau,
-            max_steps_monitored=self.max_steps_monitored,
-            prefix=self.prefix,
-            discard_violating_step=self.discard_violating_step,
-            params=params,
-            generator=generator,
-            step_delimiters=self.step_delimiters,
-            processors=getattr(decoder, "processors", ()),
-            hooks=getattr(decoder, "hooks", ()),
-        )
+        if self.always_prefix:
+            delimiters = [self.step_delimiters] if isinstance(self.step_delimiters, str) else self.step_delimiters
+            texts = always_prefix_generate(
+                pl_module.model,
+                pl_module.tokenizer,
+                prompts,
+                prefix=self.prefix,
+                reasoning_open=self.reasoning_open,
+                step_delimiter=delimiters[0],
+                params=params,
+                generator=generator,
+            )
+            added = len(prefix_token_ids(pl_module.tokenizer, self.prefix))
+            rows = [(text, [{"step": 0, "score": None, "discarded": False}], added) for text in texts]
+            scorer_seconds = 0.0
+        else:
+            result = safethink_generate(
+                pl_module.model,
+                pl_module.tokenizer,
+                prompts,
+                self.scorer,
+                tau=self.tau,
+                max_steps_monitored=self.max_steps_monitored,
+                prefix=self.prefix,
+                discard_violating_step=self.discard_violating_step,
+                params=params,
+                generator=generator,
+                step_delimiters=self.step_delimiters,
+                processors=getattr(decoder, "processors", ()),
+                hooks=getattr(decoder, "hooks", ()),
+            )
+            rows = [
+                (text, [{"step": i.step, "score": i.score, "discarded": i.discarded} for i in found], added)
+                for text, found, added in zip(result.texts, result.interventions, result.added_tokens)
+            ]
+            scorer_seconds = result.scorer_seconds
         c = self._epoch
-        for i, (prompt, text) in enumerate(zip(prompts, result.texts)):
+        for i, (prompt, (text, interventions, added)) in enumerate(zip(prompts, rows)):
             attack = bool(self.is_attack(prompt))
-            intervened = bool(result.interventions[i])
+            intervened = bool(interventions)
+            record: dict[str, Any] = {"prompt": prompt, "completion": text, "attack": attack}
             c["rows"] += 1
-            c["interventions"] += len(result.interventions[i])
-            c["added_tokens"] += result.added_tokens[i]
+            c["interventions"] += len(interventions)
+            c["added_tokens"] += added
             if attack:
                 c["attack_rows"] += 1
-                c["harmful"] += bool(self.harm_fn(text))
+                record["harmful"] = bool(self.harm_fn(text))
+                c["harmful"] += record["harmful"]
                 c["attack_intervened"] += intervened
                 if base_texts is not None:
                     c["base_attack_rows"] += 1
@@ -227,11 +280,14 @@ class SafeThinkMonitor(StageCallback):
                 c["benign_intervened"] += intervened
                 if answers is not None:
                     c["answered_rows"] += 1
-                    c["correct"] += bool(self.verifier(text, answers[i]))
+                    record.update(answer=answers[i], correct=bool(self.verifier(text, answers[i])))
+                    c["correct"] += record["correct"]
                     if base_texts is not None:
                         c["base_answered_rows"] += 1
                         c["base_correct"] += bool(self.verifier(base_texts[i], answers[i]))
-        c["scorer_seconds"] += result.scorer_seconds
+            if self.records_file is not None:
+                self._records.append({**record, "interventions": interventions, "added_tokens": added})
+        c["scorer_seconds"] += scorer_seconds
 
     def stage_batch_end(
         self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
@@ -242,6 +298,7 @@ class SafeThinkMonitor(StageCallback):
     # -- per epoch --------------------------------------------------------------------------------------------
     def stage_epoch_start(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
         self._epoch = dict.fromkeys(_COUNTERS, 0.0)
+        self._records = []
 
     @staticmethod
     def compute_metrics(c: dict[str, float]) -> dict[str, float]:
@@ -269,11 +326,18 @@ class SafeThinkMonitor(StageCallback):
         counters = summed_over_ranks(trainer, self._epoch)
         if not counters["rows"]:
             return
+        self._write_records(trainer, stage)
         for k in _COUNTERS:
             self.totals[k] += counters[k]
         self.runs += 1
         self.last_metrics = self.compute_metrics(counters)
         log_stage_metrics(trainer, pl_module, self.last_metrics, self.log_prefix, stage)
+
+    def _write_records(self, trainer: pl.Trainer, stage: str) -> None:
+        if self.records_file is not None and self._records:
+            rows = ({"stage": stage, "step": trainer.global_step, **record} for record in self._records)
+            append_jsonl(self.records_file, rows, trainer.global_rank)
+        self._records = []
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -286,6 +350,7 @@ class SafeThinkMonitor(StageCallback):
                 "max_steps_monitored": self.max_steps_monitored,
                 "prefix": self.prefix,
                 "discard_violating_step": self.discard_violating_step,
+                "always_prefix": self.always_prefix,
                 "scorer": scorer_name(self.scorer),
             },
         }
