@@ -150,8 +150,9 @@ def test_method_runs_from_the_cached_base_policy_and_logs_diagnostics(method, tr
     generations = [json.loads(x) for x in (tmp_path / "run" / "generations.jsonl").read_text().splitlines()]
     assert {"train", "val"} <= {g["split"] for g in generations}
     if method == "gr3":
-        assert metrics["train/gr3_alpha"] == pytest.approx(0.3)
-        assert 0.0 <= metrics["train/gr3_satisfaction"] <= 1.0
+        assert metrics["train/gr3_alpha"] == pytest.approx(0.3)  # calibration first runs at step 10
+        if metrics["train/gr3_calibration_groups"] > 0:  # the rate is taken over groups with an advantage
+            assert 0.0 <= metrics["train/gr3_satisfaction"] <= 1.0
 
 
 def test_grpo_step_on_a_saved_hf_model(train_cfg, tmp_path, base_policy_cache):

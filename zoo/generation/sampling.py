@@ -82,6 +82,46 @@ class GenerationResult:
         """``[B]`` number of generated tokens per row."""
         return self.completion_mask.sum(-1)
 
+    def select(self, rows: torch.Tensor | Sequence[int]) -> GenerationResult:
+        """The rows ``rows`` (indices, in that order) as a plain :class:`GenerationResult`."""
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.completion_ids.device)
+        return GenerationResult(
+            prompt_ids=self.prompt_ids[index],
+            completion_ids=self.completion_ids[index],
+            completion_mask=self.completion_mask[index],
+            logprobs=self.logprobs[index],
+            texts=[self.texts[i] for i in index.tolist()],
+            finished=self.finished[index],
+        )
+
+    @staticmethod
+    def concat(results: Sequence[GenerationResult], pad_id: int) -> GenerationResult:
+        """Rows of several results, one after the other: prompts left-padded and completions right-padded
+        (``pad_id``; masks and log-probs with 0) to the widest of them."""
+        if not results:
+            raise ValueError("GenerationResult.concat: no results")
+        prompt_width = max(r.prompt_ids.shape[1] for r in results)
+        width = max(r.completion_ids.shape[1] for r in results)
+        return GenerationResult(
+            prompt_ids=torch.cat([pad_width(r.prompt_ids, prompt_width, pad_id, "left") for r in results]),
+            completion_ids=torch.cat([pad_width(r.completion_ids, width, pad_id, "right") for r in results]),
+            completion_mask=torch.cat([pad_width(r.completion_mask, width, 0, "right") for r in results]),
+            logprobs=torch.cat([pad_width(r.logprobs, width, 0.0, "right") for r in results]),
+            texts=[t for r in results for t in r.texts],
+            finished=torch.cat([r.finished for r in results]),
+        )
+
+
+def pad_width(values: torch.Tensor, width: int, value: float, side: str) -> torch.Tensor:
+    """``values [B, W]`` padded with ``value`` on the ``left`` or ``right`` to ``[B, width]`` (``width >= W``)."""
+    missing = width - values.shape[1]
+    if missing < 0:
+        raise ValueError(f"pad_width: tensor is wider ({values.shape[1]}) than {width}")
+    if not missing:
+        return values
+    pad = torch.full((values.shape[0], missing), value, dtype=values.dtype, device=values.device)
+    return torch.cat([pad, values] if side == "left" else [values, pad], dim=1)
+
 
 def cache_kwarg_name(model: torch.nn.Module) -> str:
     """Name of the KV-cache argument of ``model.forward``: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
