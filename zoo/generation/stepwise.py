@@ -6,19 +6,28 @@ processors cannot see model outputs (#34265), so :class:`StepwiseDecoder` is a d
 (:mod:`zoo.generation.decoders`; logits processors and forward hooks apply as in every decoder) whose loop sits on
 :class:`~zoo.generation.sampling.IncrementalDecoder`:
 
-* one :meth:`~zoo.generation.decoders.Decoder.next_tokens` call per iteration over the whole batch, exactly as in
+* one :meth:`~zoo.generation.decoders.Decoder.next_tokens` call per iteration over the batch, exactly as in
   :class:`~zoo.generation.decoders.SampleDecoder` -- with no step hook, or one that never acts, the output is
   token-identical to plain decoding with the same seed (same RNG consumption, same shapes fed to the model);
-* a step of a row closes when its text since the last close contains a delimiter; the hook receives every
-  row that closed a step at this token (:class:`StepEvent`) and returns a :class:`StepAction` per row it acts on;
+  finished rows leave the KV-cached batch as in ``SampleDecoder`` (not with logits processors, which see every row);
+* a step of a row closes when its text since the last close contains a delimiter (``step_delimiters``), or a
+  final-step delimiter (``final_step_delimiters``, ``</think>`` by default: the last reasoning step closes at the
+  closing tag; after it the row's text -- the answer -- is not split into steps); the hook receives every row that
+  closed a step at this token (:class:`StepEvent`, with ``final`` set for a final step) and returns a
+  :class:`StepAction` per row it acts on;
+* whether a token closes a step is read from per-token tables (:class:`~zoo.generation.sampling.TokenTextMatcher`):
+  text is decoded only for tokens that could complete a delimiter, and the trace of a step only if the hook reads it;
 * appended tokens are fed together with the row's sampled token in one chunk whose width varies per row
-  (per-row padding mask), so rows diverge freely;
+  (per-row padding mask), so rows diverge freely; iterations where the hook acts on no row feed the sampled tokens
+  as one column, like plain decoding;
 * ``rollback`` discards the step just generated: its cached positions are masked out of the attention mask
   (positions come from the running mask, so the continuation is exactly a fresh forward over the kept
   tokens -- the cache is never rewritten);
 * generation ends per row at EOS (or a stop string), and for everyone at ``max_new_tokens`` sampled tokens;
   a row whose delimiter never appeared is reported (``steps_closed == 0``, ``open_step``) and a warning
-  names the delimiter.
+  names the delimiter;
+* the context check counts injected tokens: a hook that declares ``max_appended_tokens`` (per row) is checked
+  before decoding; any other injection that would run past the model's positions raises a ``ConfigError``.
 
 The step hook is an attribute (:attr:`StepwiseDecoder.step_hook`) so that a callback can set it on a module's
 decoder at run time. Used by SafeThink (:mod:`zoo.safety.safethink`); written for any step-level monitor.
@@ -30,13 +39,24 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.backbones.tokenizer import THINK_OPEN
+from zoo.backbones.tokenizer import THINK_CLOSE, THINK_OPEN
+from zoo.data.encoding import pad_token_id
+from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill, padded_context
-from zoo.generation.sampling import GenerationResult, SamplingParams, decode_completion, max_token_length
+from zoo.generation.sampling import (
+    GenerationResult,
+    IncrementalDecoder,
+    SamplingParams,
+    TokenTextMatcher,
+    check_context,
+    context_length,
+    decode_completion,
+)
 
 
 @dataclass(frozen=True)
@@ -47,16 +67,30 @@ class StepEvent:
         row: batch row.
         step_index: 1-based index of the step (steps rolled back are not counted; a resampled step keeps
             the index of the step it replaces).
-        step_text: text of the step, delimiter included.
-        trace: the completion so far (decoded, special tokens kept), this step included.
         attempt: 0 for the first sample of this step index, ``k`` for the k-th resample after a rollback.
+        final: the step closed at a final-step delimiter (the end of the reasoning, e.g. ``</think>``).
+        ids: the row's completion ids so far, this step included.
+        step_start: where the step starts in ``ids``.
+        tokenizer: decodes :attr:`step_text` and :attr:`trace` when they are read.
     """
 
     row: int
     step_index: int
-    step_text: str
-    trace: str
     attempt: int = 0
+    final: bool = False
+    ids: tuple[int, ...] = ()
+    step_start: int = 0
+    tokenizer: PreTrainedTokenizerBase | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def step_text(self) -> str:
+        """Text of the step, delimiter included."""
+        return self.tokenizer.decode(list(self.ids[self.step_start :]), skip_special_tokens=False)
+
+    @cached_property
+    def trace(self) -> str:
+        """The completion so far (decoded, special tokens kept), this step included."""
+        return decode_completion(self.tokenizer, self.ids)
 
 
 @dataclass(frozen=True)
@@ -82,7 +116,7 @@ class StepwiseResult(GenerationResult):
 
     Attributes:
         injected_mask: ``[B, L]`` 1 on tokens appended by the hook (0 on sampled tokens and padding).
-        steps_closed: per row, number of kept steps closed by a delimiter.
+        steps_closed: per row, number of kept steps closed by a delimiter (a final step included).
         open_step: per row, whether the row ended inside a step that never reached a delimiter.
         discarded: per row, texts of the steps rolled back.
         hook_seconds: wall time spent inside the hook.
@@ -117,34 +151,18 @@ class _Row:
         self.attempt = 0
         self.done = False
         self.finished = False
+        self.reasoning_done = False  # a final step was kept: the rest is not split into steps
         self.discarded: list[str] = []
         self.sampled = 0
 
 
-def _as_tuple(delimiters: str | Sequence[str]) -> tuple[str, ...]:
+def _as_tuple(
+    delimiters: str | Sequence[str], what: str = "step delimiters", empty_ok: bool = False
+) -> tuple[str, ...]:
     out = (delimiters,) if isinstance(delimiters, str) else tuple(delimiters)
-    if not out or any(not d for d in out):
-        raise ValueError(f"step delimiters must be non-empty strings, got {delimiters!r}")
+    if (not out and not empty_ok) or any(not d for d in out):
+        raise ValueError(f"{what} must be non-empty strings, got {delimiters!r}")
     return out
-
-
-_FAST_PATH_CACHE: dict[tuple[int, int, tuple[str, ...]], frozenset[int] | None] = {}
-
-
-def _single_token_delimiters(tokenizer: PreTrainedTokenizerBase, delimiters: tuple[str, ...]) -> frozenset[int] | None:
-    """Token ids that close a step, when that test is exact: every delimiter is one token and no other token's
-    text contains a delimiter (else ``None``: fall back to checking decoded text, e.g. BPE ``".\\n"`` tokens)."""
-    key = (id(tokenizer), len(tokenizer), delimiters)
-    if key not in _FAST_PATH_CACHE:
-        encoded = [tokenizer(d, add_special_tokens=False)["input_ids"] for d in delimiters]
-        ids: frozenset[int] | None = None
-        if all(len(e) == 1 for e in encoded):
-            ids = frozenset(e[0] for e in encoded)
-            texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
-            if any(i not in ids and any(d in t for d in delimiters) for i, t in enumerate(texts)):
-                ids = None
-        _FAST_PATH_CACHE[key] = ids
-    return _FAST_PATH_CACHE[key]
 
 
 class StepwiseDecoder(Decoder):
@@ -152,13 +170,17 @@ class StepwiseDecoder(Decoder):
 
     Args:
         step_hook: ``events -> {row: StepAction}``; ``None`` = plain decoding (token-identical to
-            :class:`~zoo.generation.decoders.SampleDecoder` with the same seed).
+            :class:`~zoo.generation.decoders.SampleDecoder` with the same seed). A hook may declare
+            ``max_appended_tokens`` (an int: the most tokens it appends to one row), which the context check counts.
         step_delimiters: a step closes when its text contains one of these (default: newline, the zoo's
             ``STEP_DELIMITER``).
         step_openers: tokens that open the reasoning block (``<think>``); sampled at the start of a step they are
             not part of it, so a rollback of the first step keeps the reasoning block open.
         warn_no_delimiter: warn when a row reaches ``max_new_tokens`` without ever closing a step.
         processors, hooks: as :class:`~zoo.generation.decoders.Decoder`.
+        final_step_delimiters: a step also closes at these, as the last step of the reasoning (``StepEvent.final``);
+            default the closing tag ``</think>``; ``()`` = none (the text after the last ``step_delimiters`` is then
+            never a step).
 
     ``params.max_new_tokens`` bounds the *sampled* tokens; injected tokens are extra. Returns a
     :class:`StepwiseResult`.
@@ -172,12 +194,24 @@ class StepwiseDecoder(Decoder):
         warn_no_delimiter: bool = True,
         processors: Iterable[LogitsProcessor] = (),
         hooks: Iterable[ForwardHook] = (),
+        final_step_delimiters: str | Sequence[str] = (THINK_CLOSE,),
     ) -> None:
         super().__init__(processors, hooks)
         self.step_hook = step_hook
         self.step_delimiters = _as_tuple(step_delimiters)
+        self.final_step_delimiters = _as_tuple(final_step_delimiters, "final step delimiters", empty_ok=True)
         self.step_openers = tuple(step_openers)
         self.warn_no_delimiter = warn_no_delimiter
+
+    def max_injected_tokens(self) -> int:
+        """The most tokens the step hook may append to one row (its ``max_appended_tokens``; 0 without a hook or
+        when it does not say, in which case injections are checked as they happen)."""
+        return int(getattr(self.step_hook, "max_appended_tokens", None) or 0)
+
+    def check_length(self, model: PreTrainedModel, prefill: Prefill, params: SamplingParams) -> None:
+        """The prefill + ``max_new_tokens`` + the hook's declared injections must fit the model's positions."""
+        what = "prompt" if prefill.inputs_embeds is None else "prefill (inputs_embeds)"
+        check_context(model, prefill.length, params, what, self.max_injected_tokens(), "tokens injected by the hook")
 
     def decode(
         self,
@@ -188,58 +222,52 @@ class StepwiseDecoder(Decoder):
         generator: torch.Generator | None,
     ) -> StepwiseResult:
         start = time.perf_counter()
-        hook, delimiters = self.step_hook, self.step_delimiters
+        hook = self.step_hook
         device, batch = prefill.device, prefill.batch_size
-        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        stop_window = max_token_length(tokenizer, params.stop_strings)
-        delim_window = max_token_length(tokenizer, delimiters) + 1
-        delim_ids = _single_token_delimiters(tokenizer, delimiters)
+        eos, pad = tokenizer.eos_token_id, pad_token_id(tokenizer)
+        steps = TokenTextMatcher(tokenizer, self.step_delimiters)
+        finals = TokenTextMatcher(tokenizer, self.final_step_delimiters) if self.final_step_delimiters else None
+        stops = TokenTextMatcher(tokenizer, params.stop_strings) if params.stop_strings else None
         vocab = tokenizer.get_vocab()
         opener_ids = {vocab[t] for t in self.step_openers if t in vocab}
-        decoder = prefill.start(model)
+        max_positions = context_length(model)
+        prompt_lengths = prefill.attention_mask.sum(-1).tolist()
+        state = prefill.start(model)
         rows = [_Row() for _ in range(batch)]
+        compact = not self.processors
+        # ``live[k]`` is the batch row of the state's row ``k`` (finished rows leave the state when compact)
+        live = list(range(batch))
+        live_index = torch.arange(batch, device=device)
         # next-token logits at the start of each row's current step (to resample after a bare rollback)
-        step_start_logits = decoder.next_logits.clone()
+        step_start_logits = state.next_logits.clone()
         hook_seconds = 0.0
         for _ in range(params.max_new_tokens):
             context = padded_context(prefill.prompt_ids, [r.ids for r in rows], pad) if self.processors else None
-            tokens, logprobs = self.next_tokens(decoder.next_logits, context, params, generator)
+            sampled, logprobs_t = self.next_tokens(state.next_logits, context, params, generator, live_index, batch)
+            tokens, logprobs = sampled.tolist(), logprobs_t.tolist()
             events: list[StepEvent] = []
-            closed: set[int] = set()
-            for i, row in enumerate(rows):
+            closed: dict[int, bool] = {}  # batch row -> closed a final step
+            for k, i in enumerate(live):
+                row = rows[i]
                 if row.done:
                     continue
-                tok = int(tokens[i])
+                tok = tokens[k]
                 row.ids.append(tok)
                 row.injected.append(False)
-                row.logprobs.append(float(logprobs[i]))
+                row.logprobs.append(logprobs[k])
                 row.sampled += 1
-                if tok == eos:
+                if tok == eos or (stops is not None and stops.ends_with(row.ids)):
                     row.done = row.finished = True
                     continue
-                if params.stop_strings:
-                    tail = tokenizer.decode(row.ids[-(stop_window + 2) :], skip_special_tokens=False)
-                    if any(tail.endswith(s) for s in params.stop_strings):
-                        row.done = row.finished = True
-                        continue
-                step_ids = row.ids[row.step_start :]
-                if delim_ids is not None:
-                    closes = tok in delim_ids
-                else:
-                    tail = tokenizer.decode(step_ids[-delim_window:], skip_special_tokens=False)
-                    closes = any(d in tail for d in delimiters)
-                if closes:
-                    closed.add(i)
+                if row.reasoning_done:
+                    continue
+                final = finals is not None and finals.contains(row.ids, row.step_start)
+                if final or steps.contains(row.ids, row.step_start):
+                    closed[i] = final
                     if hook is not None:
-                        events.append(
-                            StepEvent(
-                                row=i,
-                                step_index=row.steps_closed + 1,
-                                step_text=tokenizer.decode(step_ids, skip_special_tokens=False),
-                                trace=decode_completion(tokenizer, row.ids),
-                                attempt=row.attempt,
-                            )
-                        )
+                        index = row.steps_closed + 1
+                        ids = tuple(row.ids)
+                        events.append(StepEvent(i, index, row.attempt, final, ids, row.step_start, tokenizer))
             actions: dict[int, StepAction] = {}
             if events:
                 t0 = time.perf_counter()
@@ -248,94 +276,176 @@ class StepwiseDecoder(Decoder):
                 unknown = set(actions) - {e.row for e in events}
                 if unknown:
                     raise ValueError(f"step hook returned actions for rows {sorted(unknown)} that closed no step")
-            if all(r.done for r in rows):
+            if all(rows[i].done for i in live):
                 break
-            # Build the per-row chunk to feed: [sampled token] + appended ids, or appended ids after a rollback.
-            chunks: list[list[int]] = []
-            for i, row in enumerate(rows):
-                if row.done:
-                    chunks.append([])
-                    continue
-                action = actions.get(i)
-                if action is not None and action.rollback:
-                    row.discarded.append(tokenizer.decode(row.ids[row.step_start :], skip_special_tokens=False))
-                    for col in row.step_cols:
-                        decoder.attention_mask[i, col] = 0
-                    del row.ids[row.step_start :], row.injected[row.step_start :], row.logprobs[row.step_start :]
-                    row.attempt += 1
-                    decoder.next_logits[i] = step_start_logits[i]
-                    chunk = []
-                else:
-                    chunk = [int(tokens[i])]
-                    if i in closed:
-                        row.steps_closed += 1
-                        row.attempt = 0
-                if action is not None and action.append_ids:
-                    appended = [int(t) for t in action.append_ids]
-                    row.ids.extend(appended)
-                    row.injected.extend([True] * len(appended))
-                    row.logprobs.extend([0.0] * len(appended))
-                    chunk += appended
-                chunks.append(chunk)
-            width = max(len(c) for c in chunks)
-            if width:
-                chunk_ids = torch.full((batch, width), pad, dtype=torch.long, device=device)
-                chunk_mask = torch.zeros((batch, width), dtype=torch.long, device=device)
-                base_col = decoder.attention_mask.shape[1]
-                for i, chunk in enumerate(chunks):
-                    if chunk:
-                        chunk_ids[i, : len(chunk)] = torch.tensor(chunk, dtype=torch.long, device=device)
-                        chunk_mask[i, : len(chunk)] = 1
-                        rows[i].step_cols.extend(range(base_col, base_col + len(chunk)))
-                decoder.feed(chunk_ids, chunk_mask)
-            for i, row in enumerate(rows):
+            if compact:  # as SampleDecoder: finished rows leave the batch once a quarter of it is done
+                keep = [k for k, i in enumerate(live) if not rows[i].done]
+                if len(keep) <= 0.75 * len(live):
+                    index = torch.tensor(keep, dtype=torch.long, device=device)
+                    if state.select_rows(index):
+                        tokens = [tokens[k] for k in keep]
+                        live = [live[k] for k in keep]
+                        live_index = live_index[index]
+                        step_start_logits = step_start_logits[index]
+            base_col = state.attention_mask.shape[1]
+            if actions:
+                self._apply_actions(rows, live, tokens, actions, closed, state, step_start_logits, tokenizer)
+            if max_positions is not None:
+                for i in live:
+                    self._check_positions(i, prompt_lengths[i], rows[i], max_positions)
+            if actions:
+                self._feed_chunks(state, rows, live, tokens, actions, pad)
+            else:
+                # nothing injected or rolled back: one column of sampled tokens, as in plain decoding
+                feed = torch.tensor(
+                    [pad if rows[i].done else tokens[k] for k, i in enumerate(live)], dtype=torch.long, device=device
+                )
+                mask = torch.tensor([0 if rows[i].done else 1 for i in live], dtype=torch.long, device=device)
+                for i in live:
+                    if not rows[i].done:
+                        rows[i].step_cols.append(base_col)
+                for i, final in closed.items():
+                    rows[i].steps_closed += 1
+                    rows[i].attempt = 0
+                    rows[i].reasoning_done |= final
+                state.feed(feed[:, None], mask[:, None])
+            for k, i in enumerate(live):
+                row = rows[i]
                 # The next step's sampled text starts here (after a closed step, or after an opener such as
                 # <think> that began the current step); injected tokens before it are kept on a rollback.
-                opened = len(row.ids) > row.step_start and all(t in opener_ids for t in row.ids[row.step_start :])
-                if i in closed or (opened and not row.done):
+                opened = not row.done and len(row.ids) > row.step_start
+                opened = opened and all(t in opener_ids for t in row.ids[row.step_start :])
+                if i in closed or opened:
                     row.step_start = len(row.ids)
                     row.step_cols = []
-                    step_start_logits[i] = decoder.next_logits[i]
+                    step_start_logits[k] = state.next_logits[k]
+        return self._result(tokenizer, prefill, params, rows, pad, hook_seconds, time.perf_counter() - start)
+
+    @staticmethod
+    def _apply_actions(
+        rows: list[_Row],
+        live: list[int],
+        tokens: list[int],
+        actions: dict[int, StepAction],
+        closed: dict[int, bool],
+        state: IncrementalDecoder,
+        step_start_logits: torch.Tensor,
+        tokenizer: PreTrainedTokenizerBase,
+    ) -> None:
+        """Book-keeping of an iteration where the hook acted: roll steps back (their cache columns masked out, the
+        step-start logits restored), count closed steps, append injected ids."""
+        for k, i in enumerate(live):
+            row = rows[i]
+            if row.done:
+                continue
+            action = actions.get(i)
+            if action is not None and action.rollback:
+                row.discarded.append(tokenizer.decode(row.ids[row.step_start :], skip_special_tokens=False))
+                if row.step_cols:
+                    state.attention_mask[k, row.step_cols] = 0
+                del row.ids[row.step_start :], row.injected[row.step_start :], row.logprobs[row.step_start :]
+                row.attempt += 1
+                state.next_logits[k] = step_start_logits[k]
+            elif i in closed:
+                row.steps_closed += 1
+                row.attempt = 0
+                row.reasoning_done |= closed[i]
+            if action is not None and action.append_ids:
+                appended = [int(t) for t in action.append_ids]
+                row.ids.extend(appended)
+                row.injected.extend([True] * len(appended))
+                row.logprobs.extend([0.0] * len(appended))
+
+    @staticmethod
+    def _feed_chunks(
+        state: IncrementalDecoder,
+        rows: list[_Row],
+        live: list[int],
+        tokens: list[int],
+        actions: dict[int, StepAction],
+        pad: int,
+    ) -> None:
+        """Feed one chunk per live row: ``[sampled token] + appended ids``, or the appended ids after a rollback."""
+        chunks: list[list[int]] = []
+        for k, i in enumerate(live):
+            action = actions.get(i)
+            if rows[i].done:
+                chunk: list[int] = []
+            elif action is not None and action.rollback:
+                chunk = [int(t) for t in action.append_ids]
+            else:
+                chunk = [tokens[k], *(int(t) for t in (action.append_ids if action is not None else ()))]
+            chunks.append(chunk)
+        width = max(len(c) for c in chunks)
+        if not width:
+            return
+        base_col = state.attention_mask.shape[1]
+        device = state.attention_mask.device
+        chunk_ids = torch.tensor([c + [pad] * (width - len(c)) for c in chunks], dtype=torch.long, device=device)
+        chunk_mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in chunks], dtype=torch.long)
+        for k, i in enumerate(live):
+            rows[i].step_cols.extend(range(base_col, base_col + len(chunks[k])))
+        state.feed(chunk_ids, chunk_mask.to(device))
+
+    @staticmethod
+    def _check_positions(row_index: int, prompt_length: int, row: _Row, limit: int) -> None:
+        """A row's prompt + kept tokens (sampled and injected) must stay within the model's positions."""
+        if prompt_length + len(row.ids) <= limit:
+            return
+        raise ConfigError(
+            f"row {row_index}: prompt {prompt_length} + {len(row.ids)} completion tokens ({sum(row.injected)} of them "
+            f"injected by the step hook) exceed the model context ({limit} positions); lower max_new_tokens or the "
+            "injections (e.g. SafeThink's max_steps_monitored)"
+        )
+
+    def _result(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prefill: Prefill,
+        params: SamplingParams,
+        rows: list[_Row],
+        pad: int,
+        hook_seconds: float,
+        total_seconds: float,
+    ) -> StepwiseResult:
+        batch, device = len(rows), prefill.device
         width = max((len(r.ids) for r in rows), default=0)
-        completion_ids = torch.full((batch, max(width, 1)), pad, dtype=torch.long, device=device)
-        completion_mask = torch.zeros_like(completion_ids)
-        injected_mask = torch.zeros_like(completion_ids)
-        out_lp = torch.zeros(completion_ids.shape, dtype=torch.float32, device=device)
-        for i, row in enumerate(rows):
-            n = len(row.ids)
-            if n:
-                completion_ids[i, :n] = torch.tensor(row.ids, dtype=torch.long, device=device)
-                completion_mask[i, :n] = 1
-                injected_mask[i, :n] = torch.tensor(row.injected, dtype=torch.long, device=device)
-                out_lp[i, :n] = torch.tensor(row.logprobs, dtype=torch.float32, device=device)
-        if width == 0:
-            completion_ids, completion_mask, injected_mask, out_lp = (
-                t[:, :0] for t in (completion_ids, completion_mask, injected_mask, out_lp)
-            )
+        completion_ids = torch.tensor(
+            [r.ids + [pad] * (width - len(r.ids)) for r in rows], dtype=torch.long, device=device
+        ).reshape(batch, width)
+        completion_mask = torch.tensor(
+            [[1] * len(r.ids) + [0] * (width - len(r.ids)) for r in rows], dtype=torch.long, device=device
+        ).reshape(batch, width)
+        injected_mask = torch.tensor(
+            [[int(x) for x in r.injected] + [0] * (width - len(r.ids)) for r in rows], dtype=torch.long, device=device
+        ).reshape(batch, width)
+        logprobs = torch.tensor(
+            [r.logprobs + [0.0] * (width - len(r.ids)) for r in rows], dtype=torch.float32, device=device
+        ).reshape(batch, width)
         open_step = [not r.finished and len(r.ids) > r.step_start for r in rows]
         never = [i for i, r in enumerate(rows) if not r.finished and r.steps_closed == 0]
         if self.warn_no_delimiter and never:
             warnings.warn(
-                f"step delimiter {list(delimiters)!r} never appeared in {len(never)} of {batch} rows "
+                f"step delimiter {list(self.step_delimiters)!r} never appeared in {len(never)} of {batch} rows "
                 f"(rows {never[:8]}{' ...' if len(never) > 8 else ''}) before max_new_tokens="
                 f"{params.max_new_tokens}; those rows were generated as one unfinished step (see "
                 "StepwiseResult.open_step / steps_closed)",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
         return StepwiseResult(
             prompt_ids=prefill.prompt_ids,
             completion_ids=completion_ids,
             completion_mask=completion_mask,
             injected_mask=injected_mask,
-            logprobs=out_lp,
+            logprobs=logprobs,
             texts=[decode_completion(tokenizer, r.ids) for r in rows],
             finished=torch.tensor([r.finished for r in rows], dtype=torch.bool, device=device),
             steps_closed=[r.steps_closed for r in rows],
             open_step=open_step,
             discarded=[r.discarded for r in rows],
             hook_seconds=hook_seconds,
-            total_seconds=time.perf_counter() - start,
+            total_seconds=total_seconds,
             sampled_tokens=[r.sampled for r in rows],
         )
 
@@ -351,7 +461,10 @@ def stepwise_generate(
     generator: torch.Generator | None = None,
     warn_no_delimiter: bool = True,
     step_openers: Sequence[str] = (THINK_OPEN,),
+    final_step_delimiters: str | Sequence[str] = (THINK_CLOSE,),
 ) -> StepwiseResult:
     """:class:`StepwiseDecoder` with ``hook`` (no processors or hooks) on left-padded prompts."""
-    decoder = StepwiseDecoder(hook, step_delimiters, step_openers, warn_no_delimiter)
+    decoder = StepwiseDecoder(
+        hook, step_delimiters, step_openers, warn_no_delimiter, final_step_delimiters=final_step_delimiters
+    )
     return decoder(model, tokenizer, prompt_ids, prompt_attention_mask, params=params, generator=generator)

@@ -28,7 +28,6 @@ num_iterations=2`` is 6 rollouts and 12 updates, and callbacks keyed on ``global
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -38,7 +37,7 @@ from zoo.backbones.base import Backbone
 from zoo.data.tasks import Verifier
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder
-from zoo.generation.sampling import GenerationResult, pad_width
+from zoo.generation.sampling import GenerationResult, accepts_logits_to_keep, pad_width
 from zoo.losses import IGNORE_INDEX, masked_token_entropy, masked_token_logprobs
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
 from zoo.modules.generating import GeneratingModule
@@ -111,12 +110,6 @@ def completion_start(labels: torch.Tensor) -> int:
     if not bool(labelled.any()):
         return max(labels.shape[1] - 1, 1)
     return max(int(labelled.to(torch.int8).argmax()), 1)
-
-
-def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
-    """Whether ``model.forward`` (of the base model under a PEFT wrapper) takes ``logits_to_keep``."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 class GRPOModule(GeneratingModule):
