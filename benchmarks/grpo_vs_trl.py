@@ -134,7 +134,8 @@ def run_trl(model_dir: Path, steps: int) -> dict:
 
 def summary(values: list[float]) -> str:
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return f"{statistics.median(values):.2f} (min {min(values):.2f}, quartiles {q[0]:.2f}-{q[2]:.2f}, max {max(values):.2f})"
+    median = statistics.median(values)
+    return f"{median:.2f} (min {min(values):.2f}, quartiles {q[0]:.2f}-{q[2]:.2f}, max {max(values):.2f})"
 
 
 def measure(model_dir: Path, steps: int, repeats: int) -> dict:
