@@ -8,28 +8,21 @@ import logging
 
 import pytest
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from zoo.errors import ConfigError
 from zoo.generation.sampling import SamplingParams, generate_text
 from zoo.safety import safethink_generate
+
+from conftest import char_tokenizer
 
 torch.set_num_threads(1)
 PROMPTS = ["JB q1=", "a longer prompt 22=", "x="]
 EVERY_CHAR = [chr(i) for i in range(32, 127)]
 
 
-def char_tokenizer_without_pad() -> PreTrainedTokenizerFast:
-    chars = [chr(i) for i in range(32, 127)] + ["\n"]
-    vocab = {t: i for i, t in enumerate(["<|endoftext|>", "<unk>", *chars])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    # GPT-2 convention: one <|endoftext|> token for BOS and EOS, no pad token
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<unk>"
-    )
+def char_tokenizer_without_pad():
+    return char_tokenizer(pad=False)
 
 
 def gpt2(tokenizer, positions: int) -> GPT2LMHeadModel:
