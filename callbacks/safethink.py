@@ -104,6 +104,8 @@ class SafeThinkMonitor(pl.Callback):
             config; default the shared completion format's exact verifier, which the jailbreak task uses).
         final_step_delimiters: where the last reasoning step ends (scored like the others; ``</think>``); ``()``
             = the text after the last step delimiter is never scored.
+        hook_lookahead: ``0`` scores each step before the row samples on; ``L > 0`` batches the scorer calls of
+            up to ``L`` tokens (see :func:`zoo.safety.safethink_generate`; for scorers with a high cost per call).
         max_batches: monitor at most this many batches per epoch (``None``: all).
         log_prefix: metric name prefix.
     """
@@ -128,6 +130,7 @@ class SafeThinkMonitor(pl.Callback):
         max_batches: int | None = None,
         log_prefix: str = "safethink",
         final_step_delimiters: Sequence[str] | str = (THINK_CLOSE,),
+        hook_lookahead: int = 0,
     ) -> None:
         super().__init__()
         check_safethink_args(tau, max_steps_monitored)
@@ -155,6 +158,9 @@ class SafeThinkMonitor(pl.Callback):
         self.seed = seed
         self.step_delimiters = step_delimiters
         self.final_step_delimiters = final_step_delimiters
+        if hook_lookahead < 0:
+            raise ConfigError(f"SafeThinkMonitor: hook_lookahead must be >= 0, got {hook_lookahead}")
+        self.hook_lookahead = int(hook_lookahead)
         self.attack_column = attack_column
         self.is_attack = is_attack
         self.harm_fn = harm_fn
@@ -328,6 +334,7 @@ class SafeThinkMonitor(pl.Callback):
             processors=getattr(decoder, "processors", ()),
             hooks=getattr(decoder, "hooks", ()),
             final_step_delimiters=self.final_step_delimiters,
+            hook_lookahead=self.hook_lookahead,
         )
         c = self._epoch
         for i, text in enumerate(result.texts):

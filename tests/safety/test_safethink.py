@@ -32,7 +32,7 @@ def always(value):
     return lambda prompts, traces: [value] * len(traces)
 
 
-def _run(lm, scorer, m=3, tau=0.5, discard=False, seed=0, sample=True, n=48):
+def _run(lm, scorer, m=3, tau=0.5, discard=False, seed=0, sample=True, n=48, lookahead=0):
     model, tok = lm
     return safethink_generate(
         model,
@@ -45,6 +45,7 @@ def _run(lm, scorer, m=3, tau=0.5, discard=False, seed=0, sample=True, n=48):
         params=SamplingParams(max_new_tokens=n, do_sample=sample),
         generator=torch.Generator().manual_seed(seed),
         step_delimiters=DELIMS,
+        hook_lookahead=lookahead,
     )
 
 
@@ -55,10 +56,11 @@ def _plain(lm, seed=0, sample=True, n=48):
     )
 
 
+@pytest.mark.parametrize("lookahead", [0, 4])
 @pytest.mark.parametrize("sample", [False, True])
-def test_always_safe_scorer_is_token_identical_to_plain_generation(lm, sample):
+def test_always_safe_scorer_is_token_identical_to_plain_generation(lm, sample, lookahead):
     plain = _plain(lm, sample=sample)
-    out = _run(lm, always(1.0), m=None, sample=sample)
+    out = _run(lm, always(1.0), m=None, sample=sample, lookahead=lookahead)
     assert out.scorer_calls > 0
     assert torch.equal(out.generation.completion_ids, plain.completion_ids)
     assert out.texts == plain.texts
@@ -75,11 +77,12 @@ def test_m_zero_is_the_baseline_and_never_calls_the_scorer(lm):
     assert out.scorer_calls == 0
 
 
+@pytest.mark.parametrize("lookahead", [0, 4])
 @pytest.mark.parametrize("discard", [False, True])
 @pytest.mark.parametrize("m", [1, 2, 3])
-def test_interventions_only_at_steps_le_m_and_at_most_m(lm, m, discard):
+def test_interventions_only_at_steps_le_m_and_at_most_m(lm, m, discard, lookahead):
     model, tok = lm
-    out = _run(lm, always(0.0), m=m, discard=discard)
+    out = _run(lm, always(0.0), m=m, discard=discard, lookahead=lookahead)
     prefix_ids = out.prefix_ids
     assert any(out.intervened)
     for i, records in enumerate(out.interventions):
@@ -93,11 +96,12 @@ def test_interventions_only_at_steps_le_m_and_at_most_m(lm, m, discard):
         assert out.added_tokens[i] == len(prefix_ids) * len(records)
 
 
-def test_prefix_is_injected_at_step_starts(lm):
+@pytest.mark.parametrize("lookahead", [0, 4])
+def test_prefix_is_injected_at_step_starts(lm, lookahead):
     """Keep mode: the prefix follows the violating step, i.e. starts right after a delimiter; a violating final step
     (closed by </think>) is replaced: the prefix starts where that step started (a step start too)."""
     model, tok = lm
-    out = _run(lm, always(0.0), m=2, discard=False)
+    out = _run(lm, always(0.0), m=2, discard=False, lookahead=lookahead)
     assert any(r.discarded for records in out.interventions for r in records), "the test must see a final step"
     for i, records in enumerate(out.interventions):
         ids = out.generation.completion_ids[i].tolist()

@@ -22,7 +22,11 @@ processors cannot see model outputs (#34265), so :class:`StepwiseDecoder` is a d
   as one column, like plain decoding;
 * ``rollback`` discards the step just generated: its cached positions are masked out of the attention mask
   (positions come from the running mask, so the continuation is exactly a fresh forward over the kept
-  tokens -- the cache is never rewritten);
+  tokens -- the cache is never rewritten); a row left with nothing new to feed feeds its last kept token again
+  (its old column masked) to get the logits after it;
+* with ``hook_lookahead > 0`` rows keep decoding while their closed steps wait for the hook, which then sees the
+  steps of many rows in one call (fewer calls of an expensive scorer); an action discards what was sampled after
+  its step first;
 * generation ends per row at EOS (or a stop string), and for everyone at ``max_new_tokens`` sampled tokens;
   a row whose delimiter never appeared is reported (``steps_closed == 0``, ``open_step``) and a warning
   names the delimiter;
@@ -139,14 +143,15 @@ class StepwiseResult(GenerationResult):
 
 
 class _Row:
-    """Book-keeping of one row: kept tokens, where the current step starts, and its cache columns."""
+    """Book-keeping of one row: kept tokens (with the cache column each was fed at, ``-1`` while not yet fed), where
+    the current step starts, and the step event waiting for the hook."""
 
     def __init__(self) -> None:
         self.ids: list[int] = []
         self.injected: list[bool] = []
         self.logprobs: list[float] = []
+        self.cols: list[int] = []
         self.step_start = 0  # index in ``ids`` where the current step starts
-        self.step_cols: list[int] = []  # decoder columns of the current step's fed tokens
         self.steps_closed = 0
         self.attempt = 0
         self.done = False
@@ -154,6 +159,22 @@ class _Row:
         self.reasoning_done = False  # a final step was kept: the rest is not split into steps
         self.discarded: list[str] = []
         self.sampled = 0
+        self.pending: StepEvent | None = None  # a closed step the hook has not seen yet (lookahead)
+        self.pending_age = 0
+        self.stale = False  # rolled back with nothing new to feed: the logits after the last kept token are stale
+
+    def append(self, ids: Sequence[int], injected: bool, logprobs: Sequence[float] | None = None) -> None:
+        self.ids.extend(ids)
+        self.injected.extend([injected] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.cols.extend([-1] * len(ids))
+
+    def truncate(self, length: int, state: IncrementalDecoder, k: int) -> None:
+        """Drop the tokens from ``length`` on, masking the cache columns they were fed at (state row ``k``)."""
+        fed = [c for c in self.cols[length:] if c >= 0]
+        if fed:
+            state.attention_mask[k, fed] = 0
+        del self.ids[length:], self.injected[length:], self.logprobs[length:], self.cols[length:]
 
 
 def _as_tuple(
@@ -169,9 +190,10 @@ class StepwiseDecoder(Decoder):
     """Decoder with a hook called whenever rows close a reasoning step (the loop of the module docstring).
 
     Args:
-        step_hook: ``events -> {row: StepAction}``; ``None`` = plain decoding (token-identical to
-            :class:`~zoo.generation.decoders.SampleDecoder` with the same seed). A hook may declare
-            ``max_appended_tokens`` (an int: the most tokens it appends to one row), which the context check counts.
+        step_hook: ``events -> {row: StepAction}`` (at most one event per row per call); ``None`` = plain decoding
+            (token-identical to :class:`~zoo.generation.decoders.SampleDecoder` with the same seed). A hook may
+            declare ``max_appended_tokens`` (an int: the most tokens it appends to one row), which the context check
+            counts, and ``wants(row, step_index, attempt) -> bool``, the steps it looks at (others make no event).
         step_delimiters: a step closes when its text contains one of these (default: newline, the zoo's
             ``STEP_DELIMITER``).
         step_openers: tokens that open the reasoning block (``<think>``); sampled at the start of a step they are
@@ -181,6 +203,12 @@ class StepwiseDecoder(Decoder):
         final_step_delimiters: a step also closes at these, as the last step of the reasoning (``StepEvent.final``);
             default the closing tag ``</think>``; ``()`` = none (the text after the last ``step_delimiters`` is then
             never a step).
+        hook_lookahead: ``0`` (default): the hook sees each closed step before the row samples on. ``L > 0``: rows
+            keep decoding while a closed step waits, and the hook gets the waiting steps of all rows in one call
+            once the oldest is ``L`` tokens old (or its row finished, closed another step, or the budget ends); an
+            action first discards the tokens sampled after that step (their cache columns masked). Fewer, larger
+            hook calls; the kept text has the same distribution (discarded tokens never condition what is kept),
+            but seeded samples differ from ``L = 0`` after an action, and discarded tokens use up the budget.
 
     ``params.max_new_tokens`` bounds the *sampled* tokens; injected tokens are extra. Returns a
     :class:`StepwiseResult`.
@@ -195,8 +223,12 @@ class StepwiseDecoder(Decoder):
         processors: Iterable[LogitsProcessor] = (),
         hooks: Iterable[ForwardHook] = (),
         final_step_delimiters: str | Sequence[str] = (THINK_CLOSE,),
+        hook_lookahead: int = 0,
     ) -> None:
         super().__init__(processors, hooks)
+        if hook_lookahead < 0:
+            raise ConfigError(f"hook_lookahead must be >= 0, got {hook_lookahead}")
+        self.hook_lookahead = int(hook_lookahead)
         self.step_hook = step_hook
         self.step_delimiters = _as_tuple(step_delimiters)
         self.final_step_delimiters = _as_tuple(final_step_delimiters, "final step delimiters", empty_ok=True)
@@ -222,7 +254,8 @@ class StepwiseDecoder(Decoder):
         generator: torch.Generator | None,
     ) -> StepwiseResult:
         start = time.perf_counter()
-        hook = self.step_hook
+        hook, lookahead = self.step_hook, self.hook_lookahead
+        wants = getattr(hook, "wants", None)
         device, batch = prefill.device, prefill.batch_size
         eos, pad = tokenizer.eos_token_id, pad_token_id(tokenizer)
         steps = TokenTextMatcher(tokenizer, self.step_delimiters)
@@ -238,153 +271,175 @@ class StepwiseDecoder(Decoder):
         # ``live[k]`` is the batch row of the state's row ``k`` (finished rows leave the state when compact)
         live = list(range(batch))
         live_index = torch.arange(batch, device=device)
-        # next-token logits at the start of each row's current step (to resample after a bare rollback)
-        step_start_logits = state.next_logits.clone()
-        hook_seconds = 0.0
-        for _ in range(params.max_new_tokens):
+        prompt_logits = state.next_logits.clone()  # to resample a row rolled back to its first token
+        self._hook_seconds = 0.0
+        for iteration in range(params.max_new_tokens):
+            last = iteration == params.max_new_tokens - 1
             context = padded_context(prefill.prompt_ids, [r.ids for r in rows], pad) if self.processors else None
             sampled, logprobs_t = self.next_tokens(state.next_logits, context, params, generator, live_index, batch)
             tokens, logprobs = sampled.tolist(), logprobs_t.tolist()
-            events: list[StepEvent] = []
-            closed: dict[int, bool] = {}  # batch row -> closed a final step
+            fresh: dict[int, StepEvent] = {}  # rows that closed a step the hook wants, at this token
             for k, i in enumerate(live):
                 row = rows[i]
                 if row.done:
                     continue
-                tok = tokens[k]
-                row.ids.append(tok)
-                row.injected.append(False)
-                row.logprobs.append(logprobs[k])
+                row.pending_age += row.pending is not None
+                row.append((tokens[k],), False, (logprobs[k],))
                 row.sampled += 1
-                if tok == eos or (stops is not None and stops.ends_with(row.ids)):
+                if tokens[k] == eos or (stops is not None and stops.ends_with(row.ids)):
                     row.done = row.finished = True
                     continue
                 if row.reasoning_done:
                     continue
                 final = finals is not None and finals.contains(row.ids, row.step_start)
-                if final or steps.contains(row.ids, row.step_start):
-                    closed[i] = final
-                    if hook is not None:
-                        index = row.steps_closed + 1
-                        ids = tuple(row.ids)
-                        events.append(StepEvent(i, index, row.attempt, final, ids, row.step_start, tokenizer))
-            actions: dict[int, StepAction] = {}
-            if events:
-                t0 = time.perf_counter()
-                actions = hook(events) or {}
-                hook_seconds += time.perf_counter() - t0
-                unknown = set(actions) - {e.row for e in events}
-                if unknown:
-                    raise ValueError(f"step hook returned actions for rows {sorted(unknown)} that closed no step")
-            if all(rows[i].done for i in live):
+                if not (final or steps.contains(row.ids, row.step_start)):
+                    continue
+                index = row.steps_closed + 1
+                if hook is not None and (wants is None or wants(i, index, row.attempt)):
+                    fresh[i] = StepEvent(i, index, row.attempt, final, tuple(row.ids), row.step_start, tokenizer)
+                # the step is kept unless the hook acts on it (then _act restores the row as it was here)
+                row.steps_closed, row.attempt, row.reasoning_done, row.step_start = index, 0, final, len(row.ids)
+            if hook is not None:
+                self._deliver_events(rows, live, fresh, lookahead, last, state, prompt_logits, tokenizer)
+            if all(rows[i].done for i in live) or last:
                 break
             if compact:  # as SampleDecoder: finished rows leave the batch once a quarter of it is done
                 keep = [k for k, i in enumerate(live) if not rows[i].done]
                 if len(keep) <= 0.75 * len(live):
-                    index = torch.tensor(keep, dtype=torch.long, device=device)
-                    if state.select_rows(index):
-                        tokens = [tokens[k] for k in keep]
+                    index_t = torch.tensor(keep, dtype=torch.long, device=device)
+                    if state.select_rows(index_t):
                         live = [live[k] for k in keep]
-                        live_index = live_index[index]
-                        step_start_logits = step_start_logits[index]
-            base_col = state.attention_mask.shape[1]
-            if actions:
-                self._apply_actions(rows, live, tokens, actions, closed, state, step_start_logits, tokenizer)
+                        live_index = live_index[index_t]
+                        prompt_logits = prompt_logits[index_t]
             if max_positions is not None:
                 for i in live:
                     self._check_positions(i, prompt_lengths[i], rows[i], max_positions)
-            if actions:
-                self._feed_chunks(state, rows, live, tokens, actions, pad)
-            else:
-                # nothing injected or rolled back: one column of sampled tokens, as in plain decoding
-                feed = torch.tensor(
-                    [pad if rows[i].done else tokens[k] for k, i in enumerate(live)], dtype=torch.long, device=device
-                )
-                mask = torch.tensor([0 if rows[i].done else 1 for i in live], dtype=torch.long, device=device)
-                for i in live:
-                    if not rows[i].done:
-                        rows[i].step_cols.append(base_col)
-                for i, final in closed.items():
-                    rows[i].steps_closed += 1
-                    rows[i].attempt = 0
-                    rows[i].reasoning_done |= final
-                state.feed(feed[:, None], mask[:, None])
-            for k, i in enumerate(live):
+            self._feed(state, rows, live, pad, prompt_logits)
+            for i in live:
                 row = rows[i]
-                # The next step's sampled text starts here (after a closed step, or after an opener such as
-                # <think> that began the current step); injected tokens before it are kept on a rollback.
-                opened = not row.done and len(row.ids) > row.step_start
-                opened = opened and all(t in opener_ids for t in row.ids[row.step_start :])
-                if i in closed or opened:
+                # An opener such as <think> that began the current step is not part of it
+                opener = not row.done and len(row.ids) > row.step_start
+                if opener and all(t in opener_ids for t in row.ids[row.step_start :]):
                     row.step_start = len(row.ids)
-                    row.step_cols = []
-                    step_start_logits[k] = state.next_logits[k]
-        return self._result(tokenizer, prefill, params, rows, pad, hook_seconds, time.perf_counter() - start)
+        return self._result(tokenizer, prefill, params, rows, pad, self._hook_seconds, time.perf_counter() - start)
 
-    @staticmethod
-    def _apply_actions(
+    def _deliver_events(
+        self,
         rows: list[_Row],
         live: list[int],
-        tokens: list[int],
-        actions: dict[int, StepAction],
-        closed: dict[int, bool],
+        fresh: dict[int, StepEvent],
+        lookahead: int,
+        last: bool,
         state: IncrementalDecoder,
-        step_start_logits: torch.Tensor,
+        prompt_logits: torch.Tensor,
         tokenizer: PreTrainedTokenizerBase,
     ) -> None:
-        """Book-keeping of an iteration where the hook acted: roll steps back (their cache columns masked out, the
-        step-start logits restored), count closed steps, append injected ids."""
-        for k, i in enumerate(live):
-            row = rows[i]
-            if row.done:
-                continue
-            action = actions.get(i)
-            if action is not None and action.rollback:
-                row.discarded.append(tokenizer.decode(row.ids[row.step_start :], skip_special_tokens=False))
-                if row.step_cols:
-                    state.attention_mask[k, row.step_cols] = 0
-                del row.ids[row.step_start :], row.injected[row.step_start :], row.logprobs[row.step_start :]
-                row.attempt += 1
-                state.next_logits[k] = step_start_logits[k]
-            elif i in closed:
-                row.steps_closed += 1
-                row.attempt = 0
-                row.reasoning_done |= closed[i]
-            if action is not None and action.append_ids:
-                appended = [int(t) for t in action.append_ids]
-                row.ids.extend(appended)
-                row.injected.extend([True] * len(appended))
-                row.logprobs.extend([0.0] * len(appended))
+        """Hand closed steps to the hook: at once (``lookahead == 0``), or once the oldest waiting one is
+        ``lookahead`` tokens old, its row finished or closed another step, or the budget ends."""
+        position = {i: k for k, i in enumerate(live)}
+        waiting = {i: rows[i].pending for i in live if rows[i].pending is not None}
+        flush = bool(waiting) and (
+            last or any(rows[i].pending_age >= lookahead or rows[i].done or i in fresh for i in waiting)
+        )
+        now = list(waiting.values()) if flush else []
+        later: dict[int, StepEvent] = {}
+        for i, event in fresh.items():
+            if i in waiting and flush:
+                later[i] = event  # its fate depends on the earlier step's
+            elif lookahead == 0 or last or flush:
+                now.append(event)
+            else:
+                rows[i].pending, rows[i].pending_age = event, 0
+        if flush:
+            for i in waiting:
+                rows[i].pending, rows[i].pending_age = None, 0
+        acted = self._call_hook(now, rows, position, state, prompt_logits, tokenizer) if now else set()
+        survivors = [event for i, event in later.items() if i not in acted]  # else it lay in the discarded part
+        if survivors and (lookahead == 0 or last):
+            self._call_hook(survivors, rows, position, state, prompt_logits, tokenizer)
+        else:
+            for event in survivors:
+                rows[event.row].pending, rows[event.row].pending_age = event, 0
+
+    def _call_hook(
+        self,
+        events: list[StepEvent],
+        rows: list[_Row],
+        position: dict[int, int],
+        state: IncrementalDecoder,
+        prompt_logits: torch.Tensor,
+        tokenizer: PreTrainedTokenizerBase,
+    ) -> set[int]:
+        """Call the hook on ``events`` (one per row) and apply its actions; returns the rows acted on."""
+        t0 = time.perf_counter()
+        actions = self.step_hook(events) or {}
+        self._hook_seconds += time.perf_counter() - t0
+        by_row = {e.row: e for e in events}
+        unknown = set(actions) - set(by_row)
+        if unknown:
+            raise ValueError(f"step hook returned actions for rows {sorted(unknown)} that closed no step")
+        for i, action in actions.items():
+            self._act(rows[i], position[i], by_row[i], action, state, tokenizer)
+        return set(actions)
 
     @staticmethod
-    def _feed_chunks(
+    def _act(
+        row: _Row,
+        k: int,
+        event: StepEvent,
+        action: StepAction,
         state: IncrementalDecoder,
-        rows: list[_Row],
-        live: list[int],
-        tokens: list[int],
-        actions: dict[int, StepAction],
-        pad: int,
+        tokenizer: PreTrainedTokenizerBase,
     ) -> None:
-        """Feed one chunk per live row: ``[sampled token] + appended ids``, or the appended ids after a rollback."""
+        """Apply ``action`` to the step of ``event``: tokens sampled after it are discarded (lookahead), then the
+        step is kept (and counted) or rolled back, then ``append_ids`` are appended."""
+        end = len(event.ids)
+        row.truncate(end, state, k)
+        row.done = row.finished = False
+        row.step_start, row.attempt = event.step_start, event.attempt
+        if action.rollback:
+            row.discarded.append(tokenizer.decode(row.ids[event.step_start :], skip_special_tokens=False))
+            row.truncate(event.step_start, state, k)
+            row.steps_closed, row.reasoning_done = event.step_index - 1, False
+            row.attempt += 1
+        else:
+            row.steps_closed, row.reasoning_done = event.step_index, event.final
+        row.append([int(t) for t in action.append_ids], True)
+        row.step_start = len(row.ids)
+        row.stale = not row.ids or row.cols[-1] >= 0  # nothing new to feed: the last kept token is fed again
+
+    @staticmethod
+    def _feed(
+        state: IncrementalDecoder, rows: list[_Row], live: list[int], pad: int, prompt_logits: torch.Tensor
+    ) -> None:
+        """Feed every live row's tokens not yet in the cache (the sampled token, or injected ids; per-row padding);
+        a row rolled back with nothing new re-feeds its last kept token (its old column masked), or gets the logits
+        after its prompt back."""
         chunks: list[list[int]] = []
         for k, i in enumerate(live):
-            action = actions.get(i)
-            if rows[i].done:
-                chunk: list[int] = []
-            elif action is not None and action.rollback:
-                chunk = [int(t) for t in action.append_ids]
-            else:
-                chunk = [tokens[k], *(int(t) for t in (action.append_ids if action is not None else ()))]
-            chunks.append(chunk)
-        width = max(len(c) for c in chunks)
+            row = rows[i]
+            if row.stale:
+                row.stale = False
+                if not row.ids:
+                    state.next_logits[k] = prompt_logits[k]
+                else:
+                    state.attention_mask[k, row.cols[-1]] = 0
+                    row.cols[-1] = -1
+            first = len(row.cols)
+            while first and row.cols[first - 1] < 0:
+                first -= 1
+            chunks.append([] if row.done else row.ids[first:])
+        width = max((len(c) for c in chunks), default=0)
         if not width:
             return
-        base_col = state.attention_mask.shape[1]
         device = state.attention_mask.device
+        base_col = state.attention_mask.shape[1]
         chunk_ids = torch.tensor([c + [pad] * (width - len(c)) for c in chunks], dtype=torch.long, device=device)
         chunk_mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in chunks], dtype=torch.long)
         for k, i in enumerate(live):
-            rows[i].step_cols.extend(range(base_col, base_col + len(chunks[k])))
+            n = len(chunks[k])
+            if n:
+                rows[i].cols[-n:] = range(base_col, base_col + n)
         state.feed(chunk_ids, chunk_mask.to(device))
 
     @staticmethod
@@ -462,9 +517,15 @@ def stepwise_generate(
     warn_no_delimiter: bool = True,
     step_openers: Sequence[str] = (THINK_OPEN,),
     final_step_delimiters: str | Sequence[str] = (THINK_CLOSE,),
+    hook_lookahead: int = 0,
 ) -> StepwiseResult:
     """:class:`StepwiseDecoder` with ``hook`` (no processors or hooks) on left-padded prompts."""
     decoder = StepwiseDecoder(
-        hook, step_delimiters, step_openers, warn_no_delimiter, final_step_delimiters=final_step_delimiters
+        hook,
+        step_delimiters,
+        step_openers,
+        warn_no_delimiter,
+        final_step_delimiters=final_step_delimiters,
+        hook_lookahead=hook_lookahead,
     )
     return decoder(model, tokenizer, prompt_ids, prompt_attention_mask, params=params, generator=generator)
