@@ -113,6 +113,8 @@ def main() -> None:
     identical = all(s["texts"] == p["texts"] for s, p in zip(runs["safe"], runs["plain"]))
     overhead = [s["seconds"] / p["seconds"] for s, p in zip(runs["safe"], runs["plain"])]
     ahead = [s["seconds"] / p["seconds"] for s, p in zip(runs.get("lookahead", []), runs["plain"])]
+    decoding = [(s["seconds"] - s["scorer"]) / p["seconds"] for s, p in zip(runs["safe"], runs["plain"])]
+    scoring = [s["scorer"] / p["seconds"] for s, p in zip(runs["safe"], runs["plain"])]
     worst = [
         (p["sampled"] / p["seconds"]) / (w["sampled"] / w["seconds"]) for w, p in zip(runs["worst"], runs["plain"])
     ]
@@ -121,6 +123,8 @@ def main() -> None:
         "overhead": overhead,
         "worst_slowdown": worst,
         "lookahead_overhead": ahead,
+        "decoding_overhead": decoding,
+        "scorer_share": scoring,
         "identical": identical,
         "runs": {k: [{kk: vv for kk, vv in x.items() if kk != "texts"} for x in v] for k, v in runs.items()},
     }
@@ -157,6 +161,9 @@ def main() -> None:
         f"**SafeThink with no violation / plain generation, time per repeat: median {spread(overhead)}** "
         f"(goal <= 1.15; completions token-identical to plain generation: {'yes' if identical else 'NO'}).",
         f"Worst case (every monitored step flagged): plain / SafeThink sampled tokens per second {spread(worst)}.",
+        "Where the no-violation overhead goes: SafeThink's decoding without the scorer's time takes "
+        f"{spread(decoding)} times plain generation's; the scorer's calls add {spread(scoring)} of plain "
+        "generation's time (the scorer reads prompt + trace afresh at every monitored step).",
     ]
     if ahead:
         lines.append(f"With hook_lookahead={args.lookahead} (batched scorer calls), no violation: {spread(ahead)}.")
