@@ -43,15 +43,14 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.data.encoding import encode_prompts
+from zoo.data.encoding import encode_prompts, pad_token_id
 from zoo.generation.sampling import (
     GenerationResult,
     IncrementalDecoder,
     SamplingParams,
+    TokenTextMatcher,
     check_context,
     decode_completion,
-    ends_with_stop,
-    max_token_length,
     sample_next,
 )
 
@@ -178,8 +177,7 @@ class Decoder(ABC):
         """
         params = params or SamplingParams()
         prefill = as_prefill(prompt_ids, attention_mask, inputs_embeds, model_inputs)
-        what = "prompt" if inputs_embeds is None else "prefill (inputs_embeds)"
-        check_context(model, prefill.length, params, what)
+        self.check_length(model, prefill, params)
         was_training = model.training
         model.eval()
         try:
@@ -187,6 +185,13 @@ class Decoder(ABC):
                 return self.decode(model, tokenizer, prefill, params, generator)
         finally:
             model.train(was_training)
+
+    def check_length(self, model: PreTrainedModel, prefill: Prefill, params: SamplingParams) -> None:
+        """Refuse a decode the model's positions cannot hold (:class:`~zoo.errors.ConfigError`). Default: the
+        prefill plus ``params.max_new_tokens``; a decoder that adds tokens of its own (injections) or does not keep
+        the whole completion in the model's context overrides it."""
+        what = "prompt" if prefill.inputs_embeds is None else "prefill (inputs_embeds)"
+        check_context(model, prefill.length, params, what)
 
     @contextlib.contextmanager
     def attached(self, model: nn.Module) -> Iterator[None]:
@@ -261,8 +266,8 @@ class SampleDecoder(Decoder):
         generator: torch.Generator | None,
     ) -> GenerationResult:
         device, batch = prefill.device, prefill.batch_size
-        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        window = max_token_length(tokenizer, params.stop_strings)
+        eos, pad = tokenizer.eos_token_id, pad_token_id(tokenizer)
+        stops = TokenTextMatcher(tokenizer, params.stop_strings) if params.stop_strings else None
         state = prefill.start(model)
         compact = not self.processors
         context = prefill.prompt_ids
@@ -286,10 +291,11 @@ class SampleDecoder(Decoder):
             if self.processors:
                 context = torch.cat([context, tokens[:, None]], dim=1)
             hit_eos = active & (tokens == eos)
-            if params.stop_strings:
+            if stops is not None:
+                token_list = tokens.tolist()
                 for i in torch.nonzero(active & ~hit_eos).flatten().tolist():
-                    rows[i].append(int(tokens[i]))
-                    if ends_with_stop(tokenizer, rows[i], params.stop_strings, window + 2):
+                    rows[i].append(token_list[i])
+                    if stops.ends_with(rows[i]):
                         hit_eos[i] = True
             finished |= hit_eos
             done |= hit_eos
