@@ -6,6 +6,7 @@ if __name__ != "zoo.callbacks":
         "(after 'pip install -e .' in the repository root)."
     )
 
+from zoo.callbacks.decode_stats import DecodeStats
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
@@ -15,6 +16,7 @@ from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
 
 __all__ = [
+    "DecodeStats",
     "ForgettingMonitor",
     "GR3AlphaCalibration",
     "LogGenerations",

@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from zoo.errors import CheckpointNotFoundError, ConfigError, ZooError
 
 log = logging.getLogger("zoo")
-METHOD_KINDS = ("module", "callback", "component", "benchmark")
+METHOD_KINDS = ("module", "callback", "component", "decoder", "benchmark")
 STAGES = ("fit", "validate", "test", "predict")
 
 
