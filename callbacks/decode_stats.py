@@ -23,7 +23,7 @@ STAGES = ("validate", "test", "predict")
 ROW_STATS: dict[str, tuple[str, Any]] = {
     "accuracy": ("correct", float),
     "repetition_rate": ("finished", lambda finished: float(not finished)),
-    "tokens_per_problem": ("num_tokens", float),
+    "tokens_per_problem": ("completion_tokens", float),
     "decoded_tokens_per_problem": ("decoded_tokens", float),
     "branch_events": ("branch_events", float),
     "max_active": ("max_active", float),
@@ -35,13 +35,13 @@ def batch_stats(meta: dict[str, Any]) -> dict[str, tuple[float, int]]:
     """``{metric: (sum over rows, rows)}`` of the statistics a batch's ``meta`` carries.
 
     ``repetition_rate`` is the share of problems whose returned completion did not end (no EOS and no stop string)
-    within the token budget; ``decoded_tokens_per_problem`` falls back to ``num_tokens`` for one-trace decoders.
+    within the token budget; ``decoded_tokens_per_problem`` falls back to ``completion_tokens`` for one-trace decoders.
     """
     out: dict[str, tuple[float, int]] = {}
     for name, (key, convert) in ROW_STATS.items():
         values = meta.get(key)
         if key == "decoded_tokens" and not values:
-            values = meta.get("num_tokens")
+            values = meta.get("completion_tokens")
         if isinstance(values, list) and values:
             out[name] = (float(sum(convert(v) for v in values)), len(values))
     return out
@@ -74,10 +74,10 @@ class DecodeStats(Callback):
         if not isinstance(outputs, dict) or not outputs.get("texts"):
             return None  # no generation in this step (e.g. generate_on_eval=false)
         meta = outputs.get("meta") or {}
-        if "finished" not in meta or "num_tokens" not in meta:
+        if "finished" not in meta or "completion_tokens" not in meta:
             raise ConfigError(
                 f"DecodeStats: the outputs of {type(pl_module).__name__} carry no meta['finished'] / "
-                "meta['num_tokens']; zoo generating modules add them (GenerationResult.row_meta)"
+                "meta['completion_tokens']; zoo generating modules add them (GenerationResult.row_meta)"
             )
         return meta
 

@@ -58,7 +58,7 @@ def test_predict_statistics_are_the_means_of_the_per_problem_meta(tmp_path):
     assert sum(len(out["texts"]) for out in outputs) == 12
     for name, key in [
         ("repetition_rate", None),
-        ("tokens_per_problem", "num_tokens"),
+        ("tokens_per_problem", "completion_tokens"),
         ("decoded_tokens_per_problem", "decoded_tokens"),
         ("branch_events", "branch_events"),
         ("max_active", "max_active"),
@@ -84,7 +84,11 @@ def test_validation_and_test_log_epoch_means_for_any_decoder(tmp_path):
 
 
 def test_batch_stats_and_bad_input():
-    meta = {"finished": [True, False, False, True], "num_tokens": [3, 10, 10, 5], "correct": [True, False, True, True]}
+    meta = {
+        "finished": [True, False, False, True],
+        "completion_tokens": [3, 10, 10, 5],
+        "correct": [True, False, True, True],
+    }
     assert batch_stats(meta) == {
         "accuracy": (3.0, 4),
         "repetition_rate": (2.0, 4),

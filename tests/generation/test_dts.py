@@ -399,10 +399,10 @@ def test_method_dts_predicts_with_tree_statistics_per_problem(train_cfg, base_po
     assert len(rows) == 12
     mean = lambda key: sum(float(r[key]) for r in rows) / len(rows)
     assert stats["predict/decode/repetition_rate"] == pytest.approx(1 - mean("finished"))
-    assert stats["predict/decode/tokens_per_problem"] == pytest.approx(mean("num_tokens"))
+    assert stats["predict/decode/tokens_per_problem"] == pytest.approx(mean("completion_tokens"))
     assert stats["predict/decode/branch_events"] == pytest.approx(mean("branch_events"))
     assert stats["predict/decode/accuracy"] == pytest.approx(mean("correct"))
-    assert all(r["decoded_tokens"] >= r["num_tokens"] and r["max_active"] >= 1 for r in rows)
+    assert all(r["decoded_tokens"] >= r["completion_tokens"] and r["max_active"] >= 1 for r in rows)
     assert any(r["branch_events"] > 0 for r in rows), "the thresholds must let some trees branch"
 
 

@@ -96,11 +96,11 @@ class GenerationResult:
 
     def row_meta(self) -> dict[str, list[Any]]:
         """Per-row statistics for the generation protocol's ``meta`` (one list entry per row): ``finished``
-        (ended by EOS or a stop string within the budget) and ``num_tokens`` (generated tokens, EOS included).
+        (ended by EOS or a stop string within the budget) and ``completion_tokens`` (generated tokens, EOS included).
         Decoders with more to say (branch events, votes, ...) extend it in their result class."""
         return {
             "finished": [bool(x) for x in self.finished.tolist()],
-            "num_tokens": [int(x) for x in self.lengths.tolist()],
+            "completion_tokens": [int(x) for x in self.lengths.tolist()],
         }
 
 

@@ -8,7 +8,7 @@ One constructor piece and one evaluation step instead of a copy per family (SFT,
 * the **evaluation sampling** (``eval_generation``; the ``generation`` settings when not given);
 * the evaluation step: family losses -> generate -> verify -> ``{split}/exact_match`` -> a
   :class:`~zoo.protocols.GenerationOutput` (the dict callbacks rely on; its ``meta`` holds the decoder's per-row
-  statistics, :meth:`~zoo.generation.sampling.GenerationResult.row_meta`: ``finished``, ``num_tokens``, and e.g.
+  statistics, :meth:`~zoo.generation.sampling.GenerationResult.row_meta`: ``finished``, ``completion_tokens``, and e.g.
   DTS's branch events); ``predict_step`` generates and verifies.
 
 A family customises it through four small hooks: :meth:`~GeneratingModule.eval_losses` (its evaluation losses),
