@@ -58,9 +58,13 @@ class DecodeStats(Callback):
     Args:
         stages: stages to measure, among ``validate``, ``test``, ``predict``.
         filename: JSON file of the predict statistics (in ``trainer.default_root_dir``).
+
+    Under DDP, validation/test means are synchronised across ranks; the predict file holds rank zero's problems.
     """
 
-    def __init__(self, stages: tuple[str, ...] | list[str] = STAGES, filename: str = "decode_stats_predict.json"):
+    def __init__(
+        self, stages: tuple[str, ...] | list[str] = STAGES, filename: str = "decode_stats_predict.json"
+    ) -> None:
         super().__init__()
         unknown = [s for s in stages if s not in STAGES]
         if unknown:
