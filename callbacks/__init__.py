@@ -7,6 +7,7 @@ if __name__ != "zoo.callbacks":
     )
 
 from zoo.callbacks.af_eval import AlignmentFakingEval
+from zoo.callbacks.decode_stats import DecodeStats
 from zoo.callbacks.eval_records import EvalRecords
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
@@ -22,6 +23,7 @@ from zoo.callbacks.wet import WETCallback
 
 __all__ = [
     "AlignmentFakingEval",
+    "DecodeStats",
     "EncoderMotifProbe",
     "EvalRecords",
     "ForgettingMonitor",

@@ -36,7 +36,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -87,6 +87,22 @@ class Prefill:
     @property
     def device(self) -> torch.device:
         return self.attention_mask.device
+
+    def repeat_interleave(self, repeats: int) -> Prefill:
+        """Each row ``repeats`` times in a row (``[B, ...]`` -> ``[B * repeats, ...]``): several independent samples
+        of every prompt in one batch. Extra model inputs that are batch-first tensors are repeated too."""
+        batch = self.batch_size
+
+        def rep(value: Any) -> Any:
+            is_rows = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch
+            return value.repeat_interleave(repeats, dim=0) if is_rows else value
+
+        return Prefill(
+            rep(self.prompt_ids),
+            rep(self.attention_mask),
+            None if self.inputs_embeds is None else rep(self.inputs_embeds),
+            {key: rep(value) for key, value in self.model_inputs.items()},
+        )
 
     def start(self, model: PreTrainedModel, output_hidden_states: bool = False) -> IncrementalDecoder:
         """Run the prefill: a KV-cached :class:`~zoo.generation.sampling.IncrementalDecoder` of the batch."""
@@ -316,6 +332,22 @@ class SampleDecoder(Decoder):
         )
 
 
+class GreedyDecoder(SampleDecoder):
+    """``module/decoder=greedy``: the standard loop taking the most likely token at every step, whatever the
+    module's sampling settings say (``do_sample`` is ignored; budget and stop strings apply). The greedy anchor of
+    decoding comparisons."""
+
+    def decode(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        prefill: Prefill,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> GenerationResult:
+        return super().decode(model, tokenizer, prefill, replace(params, do_sample=False), generator)
+
+
 @dataclass
 class ModuleHook:
     """A forward hook on a named submodule, as a decoder hook: ``ModuleHook("model.layers.1.self_attn.o_proj",
@@ -374,6 +406,7 @@ def generate_text(
 __all__ = [
     "Decoder",
     "ForwardHook",
+    "GreedyDecoder",
     "LogitsProcessor",
     "ModuleHook",
     "Prefill",

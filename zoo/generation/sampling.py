@@ -20,7 +20,8 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -55,6 +56,17 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
+    def with_temperature(self, temperature: float | None) -> SamplingParams:
+        """These options with a decoder's own temperature: ``None`` keeps them, ``0`` decodes greedily, ``t > 0``
+        samples at ``t`` (budget, top-k/top-p and stop strings are kept)."""
+        if temperature is None:
+            return self
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy) or None, got {temperature}")
+        if temperature == 0:
+            return replace(self, do_sample=False)
+        return replace(self, do_sample=True, temperature=float(temperature))
+
 
 @dataclass
 class GenerationResult:
@@ -82,6 +94,15 @@ class GenerationResult:
     def lengths(self) -> torch.Tensor:
         """``[B]`` number of generated tokens per row."""
         return self.completion_mask.sum(-1)
+
+    def row_meta(self) -> dict[str, list[Any]]:
+        """Per-row statistics for the generation protocol's ``meta`` (one list entry per row): ``finished``
+        (ended by EOS or a stop string within the budget) and ``completion_tokens`` (generated tokens, EOS included).
+        Decoders with more to say (branch events, votes, ...) extend it in their result class."""
+        return {
+            "finished": [bool(x) for x in self.finished.tolist()],
+            "completion_tokens": [int(x) for x in self.lengths.tolist()],
+        }
 
     def select(self, rows: torch.Tensor | Sequence[int]) -> GenerationResult:
         """The rows ``rows`` (indices, in that order) as a plain :class:`GenerationResult`."""
@@ -219,6 +240,41 @@ class IncrementalDecoder:
         if self.hidden_states is not None:
             self.hidden_states = tuple(h[indices] for h in self.hidden_states)
         return True
+
+    @property
+    def reorderable(self) -> bool:
+        """Whether the cache can be reordered by row (a transformers ``Cache`` with ``reorder_cache``)."""
+        return callable(getattr(self.cache, "reorder_cache", None))
+
+    def reorder_rows(self, indices: torch.Tensor) -> None:
+        """Row ``i`` of the state becomes a copy of row ``indices[i]``: rows may repeat (a hypothesis that branches
+        into several children) or disappear (finished ones). Cache (``Cache.reorder_cache``, the public
+        transformers API that beam search uses), attention mask, next logits and hidden states follow.
+
+        Raises:
+            ConfigError: the model's cache cannot be reordered (e.g. a remote-code model returning legacy tuples).
+        """
+        self.check_reorderable()
+        try:
+            self.cache.reorder_cache(indices.to(self.attention_mask.device))
+        except (NotImplementedError, TypeError, AttributeError) as err:
+            raise ConfigError(
+                f"the KV cache of {type(self.model).__name__} ({type(self.cache).__name__}) refused to be reordered "
+                f"by row ({err}); use a model with a dynamic transformers Cache"
+            ) from err
+        self.attention_mask = self.attention_mask[indices]
+        self.next_logits = self.next_logits[indices]
+        if self.hidden_states is not None:
+            self.hidden_states = tuple(h[indices] for h in self.hidden_states)
+
+    def check_reorderable(self) -> None:
+        """Raise :class:`~zoo.errors.ConfigError` when the cache cannot be reordered by row."""
+        if not self.reorderable:
+            raise ConfigError(
+                f"the KV cache of {type(self.model).__name__} ({type(self.cache).__name__}) cannot be reordered by "
+                "row: decoders that branch or drop hypotheses need a transformers Cache object with reorder_cache "
+                "(transformers-native models return one; a remote-code model returning legacy tuples does not)"
+            )
 
     def feed(
         self,
