@@ -13,6 +13,7 @@ from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
+from zoo.callbacks.watermark import WatermarkCallback
 
 __all__ = [
     "ForgettingMonitor",
@@ -22,5 +23,6 @@ __all__ = [
     "LogSamplerWeights",
     "NanoQuantExport",
     "SafeThinkMonitor",
+    "WatermarkCallback",
     "auto_progress",
 ]
