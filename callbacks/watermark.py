@@ -26,6 +26,17 @@ the loggers after predict), under ``<log_prefix>/``:
 * ``plain_z`` / ``plain_detection_rate`` -- the same on the unwatermarked texts;
 * ``<attack>/z`` / ``<attack>/detection_rate`` -- the watermarked texts after each attack.
 
+With ``human`` (unwatermarked reference texts, :func:`zoo.watermark.evaluation.human_texts`) also:
+
+* ``occupancy_entropy`` -- entropy of the regions of the human sentences over ``log R`` (1 = equal mass);
+* ``human_green_rate`` / ``human_green_rate_sd`` -- ``P(green | human)`` averaged over ``keys`` keys and its sd
+  over keys (``gamma`` for every key only under equal mass);
+* ``human_fpr_mean`` / ``human_fpr_sd`` / ``human_fpr_max`` -- per key, the false-positive rate of a human text of
+  ``human.sentences`` sentences at the fixed threshold (the binomial tail at that key's green probability);
+* ``human_detection_rate`` -- human texts detected under the run's key;
+* ``tpr_at_fpr`` and ``<attack>/tpr_at_fpr`` -- the detection rate at the threshold that flags ``fpr`` of the
+  human texts under the run's key.
+
 In predict, each row of the step output's ``meta`` also gets ``watermarked``, ``watermark_z``,
 ``watermark_detected``, ``watermark_wsr`` (and ``plain``, ``plain_z`` with the baseline), so ``predictions.jsonl``
 holds them. At setup the partition (fit on first use when the decoder is configured with fit settings) is saved to
@@ -53,6 +64,14 @@ from zoo.protocols import missing_generation_protocol
 from zoo.watermark.attacks import Attack
 from zoo.watermark.decoder import SemanticWatermarkDecoder, WatermarkGenerationResult
 from zoo.watermark.detect import DEFAULT_Z_THRESHOLD, detect
+from zoo.watermark.evaluation import (
+    false_positive_rate,
+    green_probability_per_key,
+    human_texts,
+    occupancy_entropy,
+    tpr_at_fpr,
+    transition_counts,
+)
 
 STAGES = ("validate", "test", "predict")
 _BASE_COUNTERS = (
@@ -88,6 +107,11 @@ class WatermarkCallback(pl.Callback):
         attacks: name -> attack (``text -> text``, :mod:`zoo.watermark.attacks`) applied before detection.
         max_rows: prompts watermarked per batch (``None``: all).
         max_batches: batches per epoch (``None``: all).
+        human: keyword arguments of :func:`~zoo.watermark.evaluation.human_texts` (``corpus``, ``texts``,
+            ``sentences``, ``seed``): unwatermarked reference texts for calibration and TPR at ``fpr``; ``None``
+            skips those metrics.
+        keys: keys (``0 .. keys - 1``) of the per-key calibration.
+        fpr: the false-positive rate of ``tpr_at_fpr``.
         save_dir: where the partition and settings are saved at setup (default ``<default_root_dir>/watermark``).
         log_prefix: metric name prefix.
     """
@@ -106,6 +130,9 @@ class WatermarkCallback(pl.Callback):
         attacks: Mapping[str, Attack] | None = None,
         max_rows: int | None = 16,
         max_batches: int | None = 1,
+        human: Mapping[str, Any] | None = None,
+        keys: int = 200,
+        fpr: float = 0.01,
         save_dir: str | None = None,
         log_prefix: str = "watermark",
     ) -> None:
@@ -124,7 +151,16 @@ class WatermarkCallback(pl.Callback):
                 raise ConfigError(
                     f"WatermarkCallback: attack {name!r} must be a callable text -> text named without '/'"
                 )
+        if keys < 1 or not 0.0 <= fpr < 1.0:
+            raise ConfigError(f"WatermarkCallback: need keys >= 1 and fpr in [0, 1), got {keys} and {fpr}")
         self.decoder = decoder if isinstance(decoder, SemanticWatermarkDecoder) else SemanticWatermarkDecoder(**decoder)
+        self.human = human_texts(**human) if human else []
+        self.human_sentences = int(human.get("sentences", 20)) if human else 0
+        self.keys = int(keys)
+        self.fpr = float(fpr)
+        self._calibration: dict[str, float] | None = None
+        self._human_z: list[float | None] | None = None
+        self._z: dict[str, list[float | None]] = {}
         self.stages = tuple(stages)
         self.max_new_tokens = max_new_tokens
         self.temperature = float(temperature)
@@ -224,7 +260,31 @@ class WatermarkCallback(pl.Callback):
                 c[f"{prefix}z_sum"] += result.z
                 c[f"{prefix}z_defined"] += 1
             c[f"{prefix}detected"] += result.detected
+        self._z.setdefault(prefix, []).extend(zs)
         return zs
+
+    def calibration(self) -> dict[str, float]:
+        """Metrics of the human texts (computed once: they depend on the scheme only)."""
+        if self._calibration is None:
+            scheme = self.decoder.scheme
+            results = [detect(text, scheme, threshold=self.threshold) for text in self.human]
+            self._human_z = [r.z for r in results]
+            regions = [r.regions for r in results]
+            num_regions = scheme.partitioner.num_regions
+            p = green_probability_per_key(transition_counts(regions, num_regions), range(self.keys), scheme.gamma)
+            fpr = torch.tensor(
+                [false_positive_rate(float(x), self.human_sentences - 1, scheme.gamma, self.threshold) for x in p]
+            )
+            self._calibration = {
+                "occupancy_entropy": occupancy_entropy(torch.tensor([r for rs in regions for r in rs]), num_regions),
+                "human_green_rate": float(p.mean()),
+                "human_green_rate_sd": float(p.std()) if len(p) > 1 else 0.0,
+                "human_fpr_mean": float(fpr.mean()),
+                "human_fpr_sd": float(fpr.std()) if len(fpr) > 1 else 0.0,
+                "human_fpr_max": float(fpr.max()),
+                "human_detection_rate": sum(r.detected for r in results) / len(results),
+            }
+        return self._calibration
 
     @torch.no_grad()
     def _watermark(self, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str) -> None:
@@ -293,6 +353,7 @@ class WatermarkCallback(pl.Callback):
     # -- per epoch --------------------------------------------------------------------------------------------
     def _reset(self) -> None:
         self._epoch = dict.fromkeys(self.counters, 0.0)
+        self._z = {}
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
@@ -338,6 +399,11 @@ class WatermarkCallback(pl.Callback):
         if not counters["texts"]:
             return
         self.last_metrics = self.compute_metrics(counters)
+        if self.human:
+            self.last_metrics.update(self.calibration())
+            for prefix in ("", *(f"{name}/" for name in self.attacks)):
+                tpr, _ = tpr_at_fpr(self._z.get(prefix, []), self._human_z or [], self.fpr)
+                self.last_metrics[f"{prefix}tpr_at_fpr"] = tpr
         if stage == "predict":
             self._log_to_loggers(trainer)
         else:

@@ -186,14 +186,21 @@ def test_a_context_window_lets_long_texts_through_a_short_model_context(lm):
     long = SamplingParams(420, do_sample=True)
     with pytest.raises(ConfigError, match="exceeds the model context"):
         run(lm, SemanticWatermarkDecoder(lsh_scheme(), max_trials=4), params=long)
-    widths: list[int] = []
+    seen: list[list[int]] = []
     # max_trials = 1 (one candidate per sentence) keeps this fast; the window does not depend on it
     decoder = SemanticWatermarkDecoder(lsh_scheme(), max_trials=1, context_sentences=1, sentence_max_tokens=40)
-    decoder.processors.append(lambda ids, scores: (widths.append(ids.shape[1]), scores)[1])
-    result = run(lm, decoder, params=long, prompts=PROMPTS[:2])
-    assert result.lengths.max() > 384 - 40  # longer than the model's 384 positions minus one candidate
-    prompt_width = encode_prompts(tokenizer, PROMPTS[:2])[0].shape[1]
-    assert max(widths) <= prompt_width + 2 * 40  # the model never saw more than the prompt + 1 sentence + candidate
+    decoder.processors.append(lambda ids, scores: (seen.append(ids[0].tolist()), scores)[1])
+    result = run(lm, decoder, params=long, prompts=PROMPTS[:1])
+    assert result.lengths.max() > 384  # longer than the model's positions
+    sentences = result.watermarked[0].samples
+    assert len(sentences) > 10
+    # each round's model context: the prompt first, then BOS + the previous sentence (no leading space)
+    bos = tokenizer.bos_token_id
+    starts = [ids for ids in seen if ids[0] in (bos, tokenizer.pad_token_id)]
+    contexts = {tokenizer.decode([i for i in ids if i != tokenizer.pad_token_id]) for ids in starts}
+    assert "<bos>" + PROMPTS[0] in contexts
+    assert {"<bos>" + s.text for s in sentences[:-1]} <= contexts
+    assert max(len(ids) for ids in seen) <= max(len(tokenizer(PROMPTS[0])["input_ids"]) + 1, 1 + 40) + 40
     with pytest.raises(ConfigError, match="sentence_max_tokens"):
         run(lm, SemanticWatermarkDecoder(lsh_scheme(), context_sentences=2, sentence_max_tokens=200), params=long)
 
@@ -216,7 +223,7 @@ def test_bad_settings_and_inputs_are_one_clear_error(lm):
     for kwargs, field in (
         ({"max_sentences": 0}, "max_sentences"),
         ({"sentence_max_tokens": 0}, "sentence_max_tokens"),
-        ({"context_sentences": -1}, "context_sentences"),
+        ({"context_sentences": 0}, "context_sentences"),
         ({"margin": -0.1}, "margin"),
         ({"max_trials": 0}, "max_trials"),
         ({"candidates_per_round": 0}, "candidates_per_round"),

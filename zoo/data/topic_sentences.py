@@ -14,9 +14,8 @@ Two tasks (``task=topic_text``, ``task=topic_paraphrase``) turn the grammar into
 models, so the watermark methods run with a real LM proposing sentences and a second LM paraphrasing them:
 
 * :class:`TopicText` -- a prompt of one sentence and a completion of the next sentences on the same topic;
-* :class:`TopicParaphrase` -- a sentence and a rewrite of it (synonyms and clause order changed).
-
-Both verify that a completion stays on the prompt's topic (:meth:`TopicGrammar.topic_of`).
+* :class:`TopicParaphrase` -- a sentence and a rewrite of it (synonyms and clause order changed); a completion
+  verifies when it has the sentence's words up to synonyms and order.
 """
 
 from __future__ import annotations
@@ -177,23 +176,7 @@ class TopicGrammar:
 PARAPHRASE_PROMPT = "Paraphrase: {sentence}\n"
 
 
-class _TopicTask(Task):
-    """A task over :class:`TopicGrammar` whose answer is a topic: a completion is correct when it is on it."""
-
-    def __init__(self, shape_weights: Sequence[float] = (0.5, 0.3, 0.2)) -> None:
-        self.shape_weights = tuple(shape_weights)
-        self._grammar = TopicGrammar(shape_weights=self.shape_weights)
-
-    @property
-    def grammar(self) -> TopicGrammar:
-        return self._grammar
-
-    def extract_answer(self, completion: str) -> str | None:
-        """The topic whose words occur most in the completion (None when no topic word occurs)."""
-        return self._grammar.topic_of(completion)
-
-
-class TopicText(_TopicTask):
+class TopicText(Task):
     """Texts on one topic: ``prompt_sentences`` sentences, then the next ones as the completion.
 
     ``"The chef baked fresh bread."`` -> ``" The cook tasted the fish before dinner. ..."`` (the completion starts
@@ -214,11 +197,10 @@ class TopicText(_TopicTask):
         self,
         prompt_sentences: int = 1,
         min_sentences: int = 1,
-        max_sentences: int = 2,
+        max_sentences: int = 1,
         off_topic: float = 0.0,
         shape_weights: Sequence[float] = (0.5, 0.3, 0.2),
     ) -> None:
-        super().__init__(shape_weights)
         if prompt_sentences < 1:
             raise ConfigError(f"task.prompt_sentences must be >= 1, got {prompt_sentences}")
         if not 1 <= min_sentences <= max_sentences:
@@ -229,6 +211,12 @@ class TopicText(_TopicTask):
         self.min_sentences = min_sentences
         self.max_sentences = max_sentences
         self.off_topic = off_topic
+        self.shape_weights = tuple(shape_weights)
+        self._grammar = TopicGrammar(shape_weights=self.shape_weights)
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The topic whose words occur most in the completion (None when no topic word occurs)."""
+        return self._grammar.topic_of(completion)
 
     def sample(self, rng: random.Random) -> Example:
         grammar = self._grammar
@@ -243,13 +231,14 @@ class TopicText(_TopicTask):
         return Example(prompt, completion, topic, {"num_sentences": count - self.prompt_sentences})
 
 
-class TopicParaphrase(_TopicTask):
+class TopicParaphrase(Task):
     """Sentence -> paraphrase pairs: ``"Paraphrase: <sentence>\\n"`` -> a rewrite of it.
 
     The rewrite replaces words from :data:`zoo.watermark.attacks.DEFAULT_SYNONYMS` (each with probability
     ``synonym_rate``) and reorders the clauses of compound sentences (probability ``reorder_rate``), both from
     the zoo's rule-based attacks, so a model trained on it is a *learned* second generator for the paraphrase
-    attack (:mod:`zoo.watermark.paraphrase`). The answer is the topic.
+    attack (:mod:`zoo.watermark.paraphrase`). The answer is the source sentence; a completion verifies when it has
+    the sentence's words up to synonyms (of the table) and order.
 
     Args:
         synonym_rate: probability that a word with synonyms is replaced.
@@ -262,12 +251,14 @@ class TopicParaphrase(_TopicTask):
     def __init__(
         self, synonym_rate: float = 0.6, reorder_rate: float = 0.5, shape_weights: Sequence[float] = (0.5, 0.3, 0.2)
     ) -> None:
-        super().__init__(shape_weights)
         for field_name, value in (("synonym_rate", synonym_rate), ("reorder_rate", reorder_rate)):
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"task.{field_name} must be in [0, 1], got {value}")
         self.synonym_rate = synonym_rate
         self.reorder_rate = reorder_rate
+        self.shape_weights = tuple(shape_weights)
+        self._grammar = TopicGrammar(shape_weights=self.shape_weights)
+        self._canonical = _synonym_classes()
 
     def sample(self, rng: random.Random) -> Example:
         from zoo.watermark.attacks import ClauseReorder, SynonymSubstitution
@@ -276,4 +267,36 @@ class TopicParaphrase(_TopicTask):
         sentence = self._grammar.sentence(rng, topic)
         seed = rng.randrange(2**31)
         rewrite = ClauseReorder(self.reorder_rate, seed)(SynonymSubstitution(self.synonym_rate, seed)(sentence))
-        return Example(PARAPHRASE_PROMPT.format(sentence=sentence), rewrite, topic)
+        return Example(PARAPHRASE_PROMPT.format(sentence=sentence), rewrite, sentence, {"topic": topic})
+
+    def _words(self, text: str) -> str:
+        words = re.findall(r"[a-z]+", text.lower())
+        return " ".join(sorted(self._canonical.get(w, w) for w in words))
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The completion's words, each replaced by its synonym class, sorted (None when it has no word)."""
+        return self._words(completion) or None
+
+    def normalize_reference(self, answer: object) -> str:
+        return self._words(str(answer))
+
+
+def _synonym_classes() -> dict[str, str]:
+    """Word -> one representative of its class under the synonym table (single words; union of all pairs)."""
+    from zoo.watermark.attacks import DEFAULT_SYNONYMS
+
+    parent: dict[str, str] = {}
+
+    def find(word: str) -> str:
+        parent.setdefault(word, word)
+        while parent[word] != word:
+            word = parent[word]
+        return word
+
+    for word, synonyms in DEFAULT_SYNONYMS.items():
+        for synonym in synonyms:
+            if " " not in synonym and "-" not in word:
+                a, b = find(word), find(synonym)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    return {word: find(word) for word in parent}

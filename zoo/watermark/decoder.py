@@ -34,7 +34,7 @@ Returns a :class:`WatermarkGenerationResult`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -127,9 +127,16 @@ class _Row:
         self.done = False
         self.finished = False
 
-    def context(self, window: int | None) -> list[int]:
-        kept = self.sentence_ids if window is None else self.sentence_ids[max(0, len(self.sentence_ids) - window) :]
-        return self.prompt_ids + [t for ids in kept for t in ids]
+    def context(self, window: int | None, lead: list[int], is_space: Callable[[int], bool]) -> list[int]:
+        """What the model sees: the whole text, or its last ``window`` units (the prompt is one unit; without the
+        prompt the window starts with ``lead`` (BOS) and a sentence without the whitespace before it)."""
+        if window is None or len(self.sentence_ids) < window:
+            return self.prompt_ids + [t for ids in self.sentence_ids for t in ids]
+        first, *rest = self.sentence_ids[len(self.sentence_ids) - window :]
+        start = 0
+        while start < len(first) and is_space(first[start]):
+            start += 1
+        return lead + first[start:] + [t for ids in rest for t in ids]
 
     def append(self, candidate: _Candidate) -> None:
         self.ids += candidate.ids
@@ -149,9 +156,11 @@ class SemanticWatermarkDecoder(Decoder):
         fallback: ``last`` (SemStamp's code) or ``best`` (the green candidate with the largest margin).
         max_sentences: sentences per row (``None``: until EOS or ``max_new_tokens``).
         sentence_max_tokens: token budget of one candidate.
-        context_sentences: the model sees the prompt and all accepted sentences (``None``) or only the last
-            ``k`` of them -- a window for models with a short context (the tiny backbone); the watermark keys do
-            not depend on it.
+        context_sentences: the model sees the whole text, prompt included (``None``), or only its last ``k >= 1``
+            units, the prompt counting as one: with ``k = 1`` the first sentence follows the prompt and every later
+            one follows only the sentence before it (after BOS, without the whitespace before it). A sliding window
+            for small models trained on short texts (the tiny backbone on ``task=topic_text``); the watermark
+            keys do not depend on it.
         stop_at_mark: a candidate stops at its terminal mark (True) or at the whitespace after it (False: no stop
             inside ``3.5``; the whitespace then belongs to the sentence).
         processors, hooks: as :class:`~zoo.generation.decoders.Decoder`.
@@ -178,8 +187,8 @@ class SemanticWatermarkDecoder(Decoder):
             raise ConfigError(f"max_sentences must be >= 1 or null, got {max_sentences}")
         if sentence_max_tokens < 1:
             raise ConfigError(f"sentence_max_tokens must be >= 1, got {sentence_max_tokens}")
-        if context_sentences is not None and context_sentences < 0:
-            raise ConfigError(f"context_sentences must be >= 0 or null, got {context_sentences}")
+        if context_sentences is not None and context_sentences < 1:
+            raise ConfigError(f"context_sentences must be >= 1 or null, got {context_sentences}")
         if isinstance(scheme, WatermarkScheme):
             self._scheme: WatermarkScheme | None = scheme
             self.spec: SchemeSpec | None = None
@@ -237,14 +246,18 @@ class SemanticWatermarkDecoder(Decoder):
         if self.context_sentences is None:
             super().check_length(model, prefill, params)
             return
-        # with a window the model holds the prompt, k sentences and the candidate, never the whole text
-        span = min(params.max_new_tokens, (self.context_sentences + 1) * self.sentence_max_tokens)
+        # with a window the model holds the prompt and k - 1 sentences, or BOS and k sentences, plus a candidate
+        k, sentence = self.context_sentences, self.sentence_max_tokens
+        span = max(
+            prefill.length + min(params.max_new_tokens, k * sentence),
+            1 + min(params.max_new_tokens, (k + 1) * sentence),
+        )
         positions = context_length(model)
-        if positions is not None and prefill.length + span > positions:
+        if positions is not None and span > positions:
             raise ConfigError(
-                f"prompt length {prefill.length} + (context_sentences {self.context_sentences} + 1) x "
-                f"sentence_max_tokens {self.sentence_max_tokens} exceeds the model context ({positions} positions); "
-                "lower sentence_max_tokens or context_sentences, or shorten the prompts"
+                f"prompt length {prefill.length} with context_sentences {k} and sentence_max_tokens {sentence} "
+                f"needs {span} positions, more than the model context ({positions}); lower sentence_max_tokens or "
+                "context_sentences, or shorten the prompts"
             )
 
     def decode(
@@ -311,7 +324,8 @@ class SemanticWatermarkDecoder(Decoder):
         """One round: sample the candidates of every running row in one batch; returns them per row."""
         sizes = [sampler.round_size(row.state) for row in rows]
         budgets = [min(self.sentence_max_tokens, params.max_new_tokens - len(row.ids)) for row in rows]
-        contexts = [row.context(self.context_sentences) for row in rows]
+        lead = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+        contexts = [row.context(self.context_sentences, lead, self._is_space(tokenizer)) for row in rows]
         ids = pad_sequences(contexts, tokenizer.pad_token_id, "left").to(device)
         attention = pad_sequences([[1] * len(c) for c in contexts], 0, "left").to(device)
         repeat = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(sizes)).to(device)
@@ -346,6 +360,17 @@ class SemanticWatermarkDecoder(Decoder):
                 k += 1
             out.append(found)
         return out
+
+    @staticmethod
+    def _is_space(tokenizer: PreTrainedTokenizerBase) -> Callable[[int], bool]:
+        cache: dict[int, bool] = {}
+
+        def is_space(token: int) -> bool:
+            if token not in cache:
+                cache[token] = tokenizer.decode([token]).isspace()
+            return cache[token]
+
+        return is_space
 
     def candidate(
         self,

@@ -7,12 +7,14 @@ A partition is trained once from a *domain corpus* and then shared by generation
   JSONL file (one object per line; its ``text_field`` is split into sentences);
 * :class:`PartitionSpec` -- kind, number of regions, seed, constructor options and corpus of a partition;
   :func:`fit_partition` is the fit as a pure function: the same spec and encoder give the same partition;
+  :func:`partition_artifact` makes it a trained-once artifact of the cache (:func:`zoo.artifacts.ensure`);
 * :class:`SchemeSpec` -- encoder, partition (fit settings or a saved file), key and gamma: what a
   decoder, a callback or a benchmark is configured with; :meth:`SchemeSpec.build` returns the
   :class:`~zoo.watermark.sampler.WatermarkScheme`.
 
 Encoders and fitted partitions are kept per process (:func:`shared_encoder`, :func:`fitted_partition`), so a
-callback, its decoder and the unwatermarked baseline load MiniLM and fit a partition once.
+callback, its decoder and the unwatermarked baseline load MiniLM and fit a partition once; with a ``cache_dir``
+the fit is also kept across runs.
 
 Command line (writes ``<out>.safetensors`` + ``<out>.json``, ready for ``python -m zoo.watermark.detect``)::
 
@@ -41,6 +43,7 @@ from zoo.watermark.sampler import WatermarkScheme
 from zoo.watermark.sentences import split_sentences
 
 TOPICS_CORPUS = "topics"
+PARTITION_STEM = "partition"
 
 
 def domain_corpus(source: str = TOPICS_CORPUS, size: int = 2000, seed: int = 0, text_field: str = "text") -> list[str]:
@@ -151,11 +154,31 @@ def shared_encoder(spec: str) -> SentenceEncoder:
     return _ENCODERS[spec]
 
 
-def fitted_partition(spec: PartitionSpec, encoder: SentenceEncoder) -> Partitioner:
-    """:func:`fit_partition` once per process, spec and encoder."""
+def partition_artifact(spec: PartitionSpec, encoder: SentenceEncoder, cache_dir: str | Path | None = None) -> Path:
+    """The partition as a trained-once artifact (:func:`zoo.artifacts.ensure`, kind ``watermark_partition``): fit on
+    first use, then loaded from ``<cache_dir>/watermark_partition/<kind>-<key>/partition.safetensors``; the key is
+    the spec and the encoder's name. Returns the ``.safetensors`` path."""
+    from zoo.artifacts import ensure
+
+    def build(folder: Path) -> dict[str, Any]:
+        partition = fit_partition(spec, encoder)
+        partition.save(folder / PARTITION_STEM, encoder=encoder.name)
+        return {"num_regions": partition.num_regions, "dim": partition.dim}
+
+    artifact_spec = {"partition": spec.describe(), "encoder": encoder.name}
+    folder = ensure("watermark_partition", artifact_spec, build, cache_dir, name=spec.kind, reason="a watermark scheme")
+    return folder / f"{PARTITION_STEM}.safetensors"
+
+
+def fitted_partition(spec: PartitionSpec, encoder: SentenceEncoder, cache_dir: str | Path | None = None) -> Partitioner:
+    """:func:`fit_partition` once per process, spec and encoder (and once per cache with ``cache_dir``: through
+    :func:`partition_artifact`)."""
     key = json.dumps({"partition": spec.describe(), "encoder": encoder.name}, sort_keys=True, default=str)
     if key not in _PARTITIONS:
-        _PARTITIONS[key] = fit_partition(spec, encoder)
+        if cache_dir is None:
+            _PARTITIONS[key] = fit_partition(spec, encoder)
+        else:
+            _PARTITIONS[key] = load_partitioner(partition_artifact(spec, encoder, cache_dir))[0]
     return _PARTITIONS[key]
 
 
@@ -182,6 +205,8 @@ class SchemeSpec:
             or ``python -m zoo.watermark.fitting``); when set it is used and ``partition`` is ignored.
         key: the secret integer key.
         gamma: green fraction of regions.
+        cache_dir: artifact cache of fitted partitions (:func:`partition_artifact`; ``paths.cache_dir`` in configs);
+            ``None`` fits in the process, once.
     """
 
     encoder: str | None = "minilm"
@@ -189,6 +214,7 @@ class SchemeSpec:
     partition_file: str | None = None
     key: int = 42
     gamma: float = 0.25
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         check_gamma(self.gamma)
@@ -204,7 +230,8 @@ class SchemeSpec:
             assert self.encoder is not None
             assert isinstance(self.partition, PartitionSpec)
             encoder = shared_encoder(self.encoder)
-            return WatermarkScheme(encoder, fitted_partition(self.partition, encoder), self.key, self.gamma)
+            partition = fitted_partition(self.partition, encoder, self.cache_dir)
+            return WatermarkScheme(encoder, partition, self.key, self.gamma)
         partitioner, recorded = load_partitioner(self.partition_file)
         spec = self.encoder or recorded
         if spec is None:
