@@ -6,6 +6,7 @@ if __name__ != "zoo.callbacks":
         "(after 'pip install -e .' in the repository root)."
     )
 
+from zoo.callbacks.batch_evaluation import BatchEvaluation
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
@@ -16,6 +17,7 @@ from zoo.callbacks.sampler_weights import LogSamplerWeights
 from zoo.callbacks.watermark import WatermarkCallback
 
 __all__ = [
+    "BatchEvaluation",
     "ForgettingMonitor",
     "GR3AlphaCalibration",
     "LogGenerations",

@@ -1,6 +1,7 @@
 """``WatermarkCallback``: watermark a generating module's texts in validate/test/predict and measure detection.
 
-A thin Lightning adapter over :class:`zoo.watermark.decoder.SemanticWatermarkDecoder` and
+A thin Lightning adapter (a :class:`~zoo.callbacks.batch_evaluation.BatchEvaluation`: per-batch work, epoch counters
+summed over ranks, rates logged at epoch end) over :class:`zoo.watermark.decoder.SemanticWatermarkDecoder` and
 :func:`zoo.watermark.detect.detect` (SemStamp, k-SemStamp and X-Guard differ only in the decoder's partition). It
 needs the generation protocol only (``tokenizer``, ``model``; :mod:`zoo.protocols`) and the prompts of each
 evaluated batch (``meta["prompts"]`` of the step output or ``batch["prompts"]``), so it works with any
@@ -55,8 +56,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_only
 
+from zoo.callbacks.batch_evaluation import BatchEvaluation
 from zoo.data.encoding import encode_prompts
 from zoo.errors import ConfigError
 from zoo.generation.sampling import SamplingParams
@@ -73,7 +74,6 @@ from zoo.watermark.evaluation import (
     transition_counts,
 )
 
-STAGES = ("validate", "test", "predict")
 _BASE_COUNTERS = (
     "texts",
     "sentences",
@@ -91,7 +91,7 @@ _BASE_COUNTERS = (
 )
 
 
-class WatermarkCallback(pl.Callback):
+class WatermarkCallback(BatchEvaluation):
     """Watermark every evaluated batch's prompts and log success, trials and detection (module docstring).
 
     Args:
@@ -136,16 +136,14 @@ class WatermarkCallback(pl.Callback):
         save_dir: str | None = None,
         log_prefix: str = "watermark",
     ) -> None:
-        super().__init__()
-        unknown = [s for s in stages if s not in STAGES]
-        if unknown or not stages:
-            raise ConfigError(f"WatermarkCallback: stages must be a non-empty subset of {STAGES}, got {list(stages)}")
-        for name, value in (("max_new_tokens", max_new_tokens), ("max_rows", max_rows), ("max_batches", max_batches)):
+        attacks = dict(attacks or {})
+        counters = (*_BASE_COUNTERS, *(f"{a}/{k}" for a in attacks for k in ("z_sum", "z_defined", "detected")))
+        super().__init__(counters, "texts", stages, max_batches, log_prefix)
+        for name, value in (("max_new_tokens", max_new_tokens), ("max_rows", max_rows)):
             if value is not None and value < 1:
                 raise ConfigError(f"WatermarkCallback: {name} must be >= 1 or null, got {value}")
         if temperature <= 0:
             raise ConfigError(f"WatermarkCallback: temperature must be > 0, got {temperature}")
-        attacks = dict(attacks or {})
         for name, attack in attacks.items():
             if not callable(attack) or "/" in name:
                 raise ConfigError(
@@ -161,7 +159,6 @@ class WatermarkCallback(pl.Callback):
         self._calibration: dict[str, float] | None = None
         self._human_z: list[float | None] | None = None
         self._z: dict[str, list[float | None]] = {}
-        self.stages = tuple(stages)
         self.max_new_tokens = max_new_tokens
         self.temperature = float(temperature)
         self.top_k = int(top_k)
@@ -171,12 +168,7 @@ class WatermarkCallback(pl.Callback):
         self.plain_baseline = plain_baseline
         self.attacks = attacks
         self.max_rows = max_rows
-        self.max_batches = max_batches
         self.save_dir = save_dir
-        self.log_prefix = log_prefix
-        self.counters = (*_BASE_COUNTERS, *(f"{a}/{k}" for a in attacks for k in ("z_sum", "z_defined", "detected")))
-        self._epoch = dict.fromkeys(self.counters, 0.0)
-        self.last_metrics: dict[str, float] = {}
         self.saved_partition: Path | None = None
 
     # -- setup ------------------------------------------------------------------------------------------------
@@ -212,11 +204,6 @@ class WatermarkCallback(pl.Callback):
         return path
 
     # -- per batch --------------------------------------------------------------------------------------------
-    def _active(self, trainer: pl.Trainer, stage: str, batch_idx: int) -> bool:
-        if stage not in self.stages or trainer.sanity_checking:
-            return False
-        return self.max_batches is None or batch_idx < self.max_batches
-
     def _params(self, pl_module: Any) -> SamplingParams:
         budget = self.max_new_tokens
         if budget is None and self.decoder.max_sentences is not None:
@@ -251,7 +238,7 @@ class WatermarkCallback(pl.Callback):
             return decoder(pl_module.model, pl_module.tokenizer, ids, mask, params=params, generator=generator)
 
     def _detect(self, texts: Sequence[str], prefix: str) -> list[float | None]:
-        c = self._epoch
+        c = self.counts
         zs = []
         for text in texts:
             result = detect(text, self.decoder.scheme, threshold=self.threshold)
@@ -287,14 +274,16 @@ class WatermarkCallback(pl.Callback):
         return self._calibration
 
     @torch.no_grad()
-    def _watermark(self, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str) -> None:
+    def evaluate(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
+    ) -> None:
         prompts = _prompts(outputs, batch)[: self.max_rows]
         if not prompts:
             return
         if getattr(pl_module, "model", None) is None:
             pl_module.configure_model()
         result = self._generate(pl_module, prompts, self.seed + batch_idx)
-        c = self._epoch
+        c = self.counts
         for text, kept in zip(result.watermarked, result.completion_mask.sum(-1).tolist()):
             c["texts"] += 1
             c["sentences"] += len(text.samples)
@@ -337,38 +326,10 @@ class WatermarkCallback(pl.Callback):
             meta["plain"] = column(plain_texts)
             meta["plain_z"] = column(plain_z)
 
-    def _batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str):
-        if self._active(trainer, stage, batch_idx):
-            self._watermark(pl_module, outputs, batch, batch_idx, stage)
-
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch_end(trainer, pl_module, outputs, batch, batch_idx, "validate")
-
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch_end(trainer, pl_module, outputs, batch, batch_idx, "test")
-
-    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch_end(trainer, pl_module, outputs, batch, batch_idx, "predict")
-
     # -- per epoch --------------------------------------------------------------------------------------------
-    def _reset(self) -> None:
-        self._epoch = dict.fromkeys(self.counters, 0.0)
+    def reset(self) -> None:
+        super().reset()
         self._z = {}
-
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset()
-
-    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset()
-
-    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset()
-
-    def _reduced(self, trainer: pl.Trainer) -> dict[str, float]:
-        values = torch.tensor([self._epoch[k] for k in self.counters], dtype=torch.float64)
-        if trainer.world_size > 1:
-            values = trainer.strategy.reduce(values.to(trainer.strategy.root_device), reduce_op="sum").cpu()
-        return dict(zip(self.counters, values.tolist()))
 
     def compute_metrics(self, c: Mapping[str, float]) -> dict[str, float]:
         """Rates from counters (metrics whose denominator is 0 are left out)."""
@@ -392,38 +353,14 @@ class WatermarkCallback(pl.Callback):
             metrics[f"{name}/detection_rate"] = ratio(f"{name}/detected", "texts")
         return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
 
-    def _epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage not in self.stages or trainer.sanity_checking:
-            return
-        counters = self._reduced(trainer)
-        if not counters["texts"]:
-            return
-        self.last_metrics = self.compute_metrics(counters)
+    def epoch_metrics(self, counters: Mapping[str, float]) -> dict[str, float]:
+        metrics = self.compute_metrics(counters)
         if self.human:
-            self.last_metrics.update(self.calibration())
+            metrics.update(self.calibration())
             for prefix in ("", *(f"{name}/" for name in self.attacks)):
                 tpr, _ = tpr_at_fpr(self._z.get(prefix, []), self._human_z or [], self.fpr)
-                self.last_metrics[f"{prefix}tpr_at_fpr"] = tpr
-        if stage == "predict":
-            self._log_to_loggers(trainer)
-        else:
-            for name, value in self.last_metrics.items():
-                pl_module.log(f"{self.log_prefix}/{name}", value, rank_zero_only=True)
-
-    @rank_zero_only
-    def _log_to_loggers(self, trainer: pl.Trainer) -> None:
-        metrics = {f"{self.log_prefix}/{k}": v for k, v in self.last_metrics.items()}
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
-
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "validate")
-
-    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "test")
-
-    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "predict")
+                metrics[f"{prefix}tpr_at_fpr"] = tpr
+        return metrics
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -30,9 +30,9 @@ import json
 import random
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from zoo.errors import ConfigError, DataError, ZooError
 from zoo.watermark import xguard as _xguard  # noqa: F401  (registers the "balanced" partition kind)
@@ -42,6 +42,7 @@ from zoo.watermark.partition import Partitioner, load_partitioner, partitioner_c
 from zoo.watermark.sampler import WatermarkScheme
 from zoo.watermark.sentences import split_sentences
 
+_Spec = TypeVar("_Spec")
 TOPICS_CORPUS = "topics"
 PARTITION_STEM = "partition"
 
@@ -182,15 +183,21 @@ def fitted_partition(spec: PartitionSpec, encoder: SentenceEncoder, cache_dir: s
     return _PARTITIONS[key]
 
 
-def as_partition_spec(value: PartitionSpec | Mapping[str, Any]) -> PartitionSpec:
-    """A :class:`PartitionSpec` from itself or a mapping of its fields (unknown fields are one clear error)."""
-    if isinstance(value, PartitionSpec):
+def _from_mapping(cls: type[_Spec], value: _Spec | Mapping[str, Any], what: str) -> _Spec:
+    """``cls`` from itself or a mapping of its fields (unknown fields are one clear error naming them)."""
+    if isinstance(value, cls):
         return value
-    known = set(PartitionSpec.__dataclass_fields__)
+    known = {f.name for f in fields(cls)}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise ConfigError(f"partition settings {unknown} are unknown; a partition spec takes {sorted(known)}")
-    return PartitionSpec(**{k: dict(v) if k == "options" and v is not None else v for k, v in value.items()})
+        raise ConfigError(f"{what} settings {unknown} are unknown; {what} settings are {sorted(known)}")
+    return cls(**dict(value))
+
+
+def as_partition_spec(value: PartitionSpec | Mapping[str, Any]) -> PartitionSpec:
+    """A :class:`PartitionSpec` from itself or a mapping of its fields."""
+    spec = _from_mapping(PartitionSpec, value, "partition")
+    return replace(spec, options=dict(spec.options or {}))
 
 
 @dataclass(frozen=True)
@@ -245,14 +252,8 @@ class SchemeSpec:
 
 
 def as_scheme_spec(value: SchemeSpec | Mapping[str, Any]) -> SchemeSpec:
-    """A :class:`SchemeSpec` from itself or a mapping of its fields (unknown fields are one clear error)."""
-    if isinstance(value, SchemeSpec):
-        return value
-    known = set(SchemeSpec.__dataclass_fields__)
-    unknown = sorted(set(value) - known)
-    if unknown:
-        raise ConfigError(f"watermark scheme settings {unknown} are unknown; a scheme takes {sorted(known)}")
-    return SchemeSpec(**dict(value))
+    """A :class:`SchemeSpec` from itself or a mapping of its fields."""
+    return _from_mapping(SchemeSpec, value, "watermark scheme")
 
 
 def _option(text: str) -> tuple[str, Any]:
