@@ -71,8 +71,8 @@ class BatchEvaluation(pl.Callback):
         """Rates from the epoch's summed counters."""
         raise NotImplementedError
 
-    def epoch_metrics(self, counters: Mapping[str, float]) -> dict[str, float]:
-        """The metrics of an epoch (default :meth:`compute_metrics`)."""
+    def epoch_metrics(self, trainer: pl.Trainer, counters: Mapping[str, float]) -> dict[str, float]:
+        """The metrics of an epoch (default :meth:`compute_metrics`; a subclass may add more or write files)."""
         return self.compute_metrics(counters)
 
     # -- per batch --------------------------------------------------------------------------------------------
@@ -122,7 +122,7 @@ class BatchEvaluation(pl.Callback):
         counters = self.reduced(trainer)
         if not counters[self.rows_counter]:
             return
-        self.last_metrics = self.epoch_metrics(counters)
+        self.last_metrics = self.epoch_metrics(trainer, counters)
         if stage == "predict":
             self._log_to_loggers(trainer)
         else:

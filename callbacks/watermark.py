@@ -36,7 +36,9 @@ With ``human`` (unwatermarked reference texts, :func:`zoo.watermark.evaluation.h
   ``human.sentences`` sentences at the fixed threshold (the binomial tail at that key's green probability);
 * ``human_detection_rate`` -- human texts detected under the run's key;
 * ``tpr_at_fpr`` and ``<attack>/tpr_at_fpr`` -- the detection rate at the threshold that flags ``fpr`` of the
-  human texts under the run's key.
+  human texts under the run's key;
+
+and the per-key values are written to ``<save_dir>/calibration.json`` (``keys``, ``green_rate``, ``fpr``).
 
 In predict, each row of the step output's ``meta`` also gets ``watermarked``, ``watermark_z``,
 ``watermark_detected``, ``watermark_wsr`` (and ``plain``, ``plain_z`` with the baseline), so ``predictions.jsonl``
@@ -159,6 +161,7 @@ class WatermarkCallback(BatchEvaluation):
         self._calibration: dict[str, float] | None = None
         self._human_z: list[float | None] | None = None
         self._z: dict[str, list[float | None]] = {}
+        self.per_key: dict[str, list[float]] = {}
         self.max_new_tokens = max_new_tokens
         self.temperature = float(temperature)
         self.top_k = int(top_k)
@@ -271,7 +274,23 @@ class WatermarkCallback(BatchEvaluation):
                 "human_fpr_max": float(fpr.max()),
                 "human_detection_rate": sum(r.detected for r in results) / len(results),
             }
+            self.per_key = {"keys": list(range(self.keys)), "green_rate": p.tolist(), "fpr": fpr.tolist()}
         return self._calibration
+
+    def _write_calibration(self, trainer: pl.Trainer) -> None:
+        """``<save_dir>/calibration.json``: per-key green rates and FPRs of the human texts (rank zero)."""
+        if not trainer.is_global_zero or not self.per_key:
+            return
+        folder = Path(self.save_dir) if self.save_dir else Path(trainer.default_root_dir) / "watermark"
+        folder.mkdir(parents=True, exist_ok=True)
+        record = {
+            **self.per_key,
+            "human_texts": len(self.human),
+            "human_sentences": self.human_sentences,
+            "threshold": self.threshold,
+            **(self._calibration or {}),
+        }
+        (folder / "calibration.json").write_text(json.dumps(record, indent=2) + "\n")
 
     @torch.no_grad()
     def evaluate(
@@ -353,10 +372,11 @@ class WatermarkCallback(BatchEvaluation):
             metrics[f"{name}/detection_rate"] = ratio(f"{name}/detected", "texts")
         return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
 
-    def epoch_metrics(self, counters: Mapping[str, float]) -> dict[str, float]:
+    def epoch_metrics(self, trainer: pl.Trainer, counters: Mapping[str, float]) -> dict[str, float]:
         metrics = self.compute_metrics(counters)
         if self.human:
             metrics.update(self.calibration())
+            self._write_calibration(trainer)
             for prefix in ("", *(f"{name}/" for name in self.attacks)):
                 tpr, _ = tpr_at_fpr(self._z.get(prefix, []), self._human_z or [], self.fpr)
                 metrics[f"{prefix}tpr_at_fpr"] = tpr

@@ -88,6 +88,10 @@ def test_test_stage_logs_success_trials_and_detection_clean_attacked_and_unwater
     assert abs(m["human_green_rate"] - 0.25) < 0.1 and m["human_green_rate_sd"] > 0.0
     assert 0.0 <= m["human_fpr_mean"] <= m["human_fpr_max"] < 0.5
     assert m["tpr_at_fpr"] == 1.0 and m["synonym/tpr_at_fpr"] == 1.0 and m["merge/tpr_at_fpr"] <= 1.0
+    per_key = json.loads((tmp_path / "wm" / "calibration.json").read_text())
+    assert len(per_key["fpr"]) == len(per_key["green_rate"]) == 50
+    assert max(per_key["fpr"]) == pytest.approx(m["human_fpr_max"])
+    assert sum(per_key["green_rate"]) / 50 == pytest.approx(m["human_green_rate"])
     logged = {k: float(v) for k, v in trainer.callback_metrics.items()}
     assert logged["watermark/wsr"] == 1.0 and logged["watermark/z"] == pytest.approx(m["z"])
 
