@@ -6,7 +6,7 @@ if __name__ != "zoo.callbacks":
         "(after 'pip install -e .' in the repository root)."
     )
 
-from zoo.callbacks.batch_evaluation import BatchEvaluation
+from zoo.callbacks.af_eval import AlignmentFakingEval
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
@@ -15,9 +15,10 @@ from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
 from zoo.callbacks.watermark import WatermarkCallback
+from zoo.callbacks.wet import WETCallback
 
 __all__ = [
-    "BatchEvaluation",
+    "AlignmentFakingEval",
     "ForgettingMonitor",
     "GR3AlphaCalibration",
     "LogGenerations",
@@ -26,5 +27,6 @@ __all__ = [
     "NanoQuantExport",
     "SafeThinkMonitor",
     "WatermarkCallback",
+    "WETCallback",
     "auto_progress",
 ]

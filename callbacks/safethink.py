@@ -25,18 +25,23 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_only
 
+from zoo.callbacks.evaluation import (
+    STAGES,
+    StageCallback,
+    log_stage_metrics,
+    ratios,
+    require_generating_module,
+    summed_over_ranks,
+)
 from zoo.data.jailbreak import TRIGGER
 from zoo.data.jailbreak import is_harmful as jailbreak_is_harmful
 from zoo.data.tasks import EXACT_ANSWER, Verifier
 from zoo.errors import ConfigError
 from zoo.generation.sampling import SamplingParams
-from zoo.protocols import missing_generation_protocol
 from zoo.safety.safethink import DEFAULT_PREFIX, check_safethink_args, safethink_generate
 from zoo.safety.scorers import as_scorer, scorer_name
 
-STAGES = ("validate", "test", "predict")
 _COUNTERS = (
     "attack_rows",
     "benign_rows",
@@ -61,7 +66,7 @@ def default_is_attack(prompt: str) -> bool:
     return prompt.startswith(TRIGGER)
 
 
-class SafeThinkMonitor(pl.Callback):
+class SafeThinkMonitor(StageCallback):
     """Run SafeThink on every evaluated batch and log attack success, interventions and accuracy.
 
     Args:
@@ -146,21 +151,7 @@ class SafeThinkMonitor(pl.Callback):
 
     # -- setup ------------------------------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # ``model`` may still be None here: modules build it in configure_model, which runs after setup.
-        missing = [
-            name
-            for name in missing_generation_protocol(pl_module)
-            if not (
-                name == "model"
-                and hasattr(pl_module, "model")
-                and callable(getattr(pl_module, "configure_model", None))
-            )
-        ]
-        if missing:
-            raise ConfigError(
-                f"SafeThinkMonitor needs a module with the generation protocol (zoo.protocols.SupportsGenerate); "
-                f"{type(pl_module).__name__} lacks {', '.join(missing)}"
-            )
+        require_generating_module(pl_module, "SafeThinkMonitor")
 
     # -- per batch --------------------------------------------------------------------------------------------
     def _active(self, trainer: pl.Trainer, stage: str, batch_idx: int) -> bool:
@@ -242,90 +233,47 @@ class SafeThinkMonitor(pl.Callback):
                         c["base_correct"] += bool(self.verifier(base_texts[i], answers[i]))
         c["scorer_seconds"] += result.scorer_seconds
 
-    def _batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str):
+    def stage_batch_end(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
+    ) -> None:
         if self._active(trainer, stage, batch_idx):
             self._monitor(trainer, pl_module, outputs, batch, batch_idx)
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch_end(trainer, pl_module, outputs, batch, batch_idx, "validate")
-
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch_end(trainer, pl_module, outputs, batch, batch_idx, "test")
-
-    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch_end(trainer, pl_module, outputs, batch, batch_idx, "predict")
-
     # -- per epoch --------------------------------------------------------------------------------------------
-    def _reset(self) -> None:
+    def stage_epoch_start(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
         self._epoch = dict.fromkeys(_COUNTERS, 0.0)
-
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset()
-
-    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset()
-
-    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset()
-
-    def _reduced(self, trainer: pl.Trainer) -> dict[str, float]:
-        values = torch.tensor([self._epoch[k] for k in _COUNTERS], dtype=torch.float64)
-        if trainer.world_size > 1:
-            values = trainer.strategy.reduce(values.to(trainer.strategy.root_device), reduce_op="sum").cpu()
-        return dict(zip(_COUNTERS, values.tolist()))
 
     @staticmethod
     def compute_metrics(c: dict[str, float]) -> dict[str, float]:
         """Rates from counters (metrics whose denominator is 0 are left out)."""
-
-        def ratio(num: str, den: str) -> float | None:
-            return c[num] / c[den] if c[den] else None
-
-        metrics = {
-            "asr": ratio("harmful", "attack_rows"),
-            "base_asr": ratio("base_harmful", "base_attack_rows"),
-            "intervention_rate": ratio("attack_intervened", "attack_rows"),
-            "false_intervention_rate": ratio("benign_intervened", "benign_rows"),
-            "accuracy": ratio("correct", "answered_rows"),
-            "base_accuracy": ratio("base_correct", "base_answered_rows"),
-            "added_tokens": ratio("added_tokens", "rows"),
-            "interventions_per_row": ratio("interventions", "rows"),
-        }
-        out = {k: float(v) for k, v in metrics.items() if v is not None}
+        out = ratios(
+            c,
+            {
+                "asr": ("harmful", "attack_rows"),
+                "base_asr": ("base_harmful", "base_attack_rows"),
+                "intervention_rate": ("attack_intervened", "attack_rows"),
+                "false_intervention_rate": ("benign_intervened", "benign_rows"),
+                "accuracy": ("correct", "answered_rows"),
+                "base_accuracy": ("base_correct", "base_answered_rows"),
+                "added_tokens": ("added_tokens", "rows"),
+                "interventions_per_row": ("interventions", "rows"),
+            },
+        )
         if c["rows"]:
             out["scorer_seconds"] = float(c["scorer_seconds"])
         return out
 
-    def _epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def stage_epoch_end(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
         if stage not in self.stages or trainer.sanity_checking:
             return
-        counters = self._reduced(trainer)
+        counters = summed_over_ranks(trainer, self._epoch)
         if not counters["rows"]:
             return
         for k in _COUNTERS:
             self.totals[k] += counters[k]
         self.runs += 1
         self.last_metrics = self.compute_metrics(counters)
-        if stage == "predict":
-            self._log_to_loggers(trainer)
-        else:
-            for name, value in self.last_metrics.items():
-                pl_module.log(f"{self.log_prefix}/{name}", value, rank_zero_only=True)
-
-    @rank_zero_only
-    def _log_to_loggers(self, trainer: pl.Trainer) -> None:
-        metrics = {f"{self.log_prefix}/{k}": v for k, v in self.last_metrics.items()}
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
-
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "validate")
-
-    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "test")
-
-    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "predict")
+        log_stage_metrics(trainer, pl_module, self.last_metrics, self.log_prefix, stage)
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

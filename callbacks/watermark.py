@@ -1,12 +1,13 @@
 """``WatermarkCallback``: watermark a generating module's texts in validate/test/predict and measure detection.
 
-A thin Lightning adapter (a :class:`~zoo.callbacks.batch_evaluation.BatchEvaluation`: per-batch work, epoch counters
-summed over ranks, rates logged at epoch end) over :class:`zoo.watermark.decoder.SemanticWatermarkDecoder` and
-:func:`zoo.watermark.detect.detect` (SemStamp, k-SemStamp and X-Guard differ only in the decoder's partition). It
-needs the generation protocol only (``tokenizer``, ``model``; :mod:`zoo.protocols`) and the prompts of each
-evaluated batch (``meta["prompts"]`` of the step output or ``batch["prompts"]``), so it works with any
-LightningModule that has them, in a plain Lightning script. When the module has a decoder (the decoder seam), its
-logits processors and forward hooks apply to the watermarked generation too.
+A thin Lightning adapter (a :class:`~zoo.callbacks.evaluation.StageCallback`; epoch counters summed over ranks and
+rates logged with the shared helpers of :mod:`zoo.callbacks.evaluation`) over
+:class:`zoo.watermark.decoder.SemanticWatermarkDecoder` and :func:`zoo.watermark.detect.detect` (SemStamp, k-SemStamp
+and X-Guard differ only in the decoder's partition). It needs the generation protocol only (``tokenizer``,
+``model``; :mod:`zoo.protocols`) and the prompts of each evaluated batch (``meta["prompts"]`` of the step output or
+``batch["prompts"]``), so it works with any LightningModule that has them, in a plain Lightning script. When the
+module has a decoder (the decoder seam), its logits processors and forward hooks apply to the watermarked generation
+too.
 
 For every evaluated batch (at most ``max_rows`` prompts of at most ``max_batches`` batches per epoch) it writes one
 watermarked text per prompt (sampled with ``temperature`` / ``top_k`` / ``top_p``; batch ``i`` seeded with
@@ -50,7 +51,6 @@ holds them. At setup the partition (fit on first use when the decoder is configu
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,11 +59,17 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from zoo.callbacks.batch_evaluation import BatchEvaluation
+from zoo.callbacks.evaluation import (
+    STAGES,
+    StageCallback,
+    log_stage_metrics,
+    ratios,
+    require_generating_module,
+    summed_over_ranks,
+)
 from zoo.data.encoding import encode_prompts
 from zoo.errors import ConfigError
 from zoo.generation.sampling import SamplingParams
-from zoo.protocols import missing_generation_protocol
 from zoo.watermark.attacks import Attack
 from zoo.watermark.decoder import SemanticWatermarkDecoder, WatermarkGenerationResult
 from zoo.watermark.detect import DEFAULT_Z_THRESHOLD, detect
@@ -93,7 +99,7 @@ _BASE_COUNTERS = (
 )
 
 
-class WatermarkCallback(BatchEvaluation):
+class WatermarkCallback(StageCallback):
     """Watermark every evaluated batch's prompts and log success, trials and detection (module docstring).
 
     Args:
@@ -138,10 +144,12 @@ class WatermarkCallback(BatchEvaluation):
         save_dir: str | None = None,
         log_prefix: str = "watermark",
     ) -> None:
+        super().__init__()
+        unknown = [s for s in stages if s not in STAGES]
+        if unknown or not stages:
+            raise ConfigError(f"WatermarkCallback: stages must be a non-empty subset of {STAGES}, got {list(stages)}")
         attacks = dict(attacks or {})
-        counters = (*_BASE_COUNTERS, *(f"{a}/{k}" for a in attacks for k in ("z_sum", "z_defined", "detected")))
-        super().__init__(counters, "texts", stages, max_batches, log_prefix)
-        for name, value in (("max_new_tokens", max_new_tokens), ("max_rows", max_rows)):
+        for name, value in (("max_new_tokens", max_new_tokens), ("max_rows", max_rows), ("max_batches", max_batches)):
             if value is not None and value < 1:
                 raise ConfigError(f"WatermarkCallback: {name} must be >= 1 or null, got {value}")
         if temperature <= 0:
@@ -171,22 +179,18 @@ class WatermarkCallback(BatchEvaluation):
         self.plain_baseline = plain_baseline
         self.attacks = attacks
         self.max_rows = max_rows
+        self.stages = tuple(stages)
+        self.max_batches = max_batches
+        self.log_prefix = log_prefix
         self.save_dir = save_dir
         self.saved_partition: Path | None = None
+        self.counters = (*_BASE_COUNTERS, *(f"{a}/{k}" for a in attacks for k in ("z_sum", "z_defined", "detected")))
+        self.counts = dict.fromkeys(self.counters, 0.0)
+        self.last_metrics: dict[str, float] = {}
 
     # -- setup ------------------------------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # ``model`` may still be None here: modules build it in configure_model, which runs after setup.
-        missing = [
-            name
-            for name in missing_generation_protocol(pl_module)
-            if not (name == "model" and callable(getattr(pl_module, "configure_model", None)))
-        ]
-        if missing:
-            raise ConfigError(
-                "WatermarkCallback needs a module with the generation protocol (zoo.protocols.SupportsGenerate); "
-                f"{type(pl_module).__name__} lacks {', '.join(missing)}"
-            )
+        require_generating_module(pl_module, "WatermarkCallback")
         scheme = self.decoder.scheme  # load the encoder, load or fit the partition now (errors before any step)
         if trainer.is_global_zero:
             self.saved_partition = self._save(trainer, scheme)
@@ -292,10 +296,16 @@ class WatermarkCallback(BatchEvaluation):
         }
         (folder / "calibration.json").write_text(json.dumps(record, indent=2) + "\n")
 
-    @torch.no_grad()
-    def evaluate(
+    def stage_batch_end(
         self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
     ) -> None:
+        if stage not in self.stages or trainer.sanity_checking:
+            return
+        if self.max_batches is None or batch_idx < self.max_batches:
+            self._watermark(pl_module, outputs, batch, batch_idx, stage)
+
+    @torch.no_grad()
+    def _watermark(self, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str) -> None:
         prompts = _prompts(outputs, batch)[: self.max_rows]
         if not prompts:
             return
@@ -346,33 +356,36 @@ class WatermarkCallback(BatchEvaluation):
             meta["plain_z"] = column(plain_z)
 
     # -- per epoch --------------------------------------------------------------------------------------------
-    def reset(self) -> None:
-        super().reset()
+    def stage_epoch_start(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
+        self.counts = dict.fromkeys(self.counters, 0.0)
         self._z = {}
 
     def compute_metrics(self, c: Mapping[str, float]) -> dict[str, float]:
         """Rates from counters (metrics whose denominator is 0 are left out)."""
-
-        def ratio(num: str, den: str) -> float | None:
-            return c[num] / c[den] if c[den] else None
-
-        metrics = {
-            "wsr": ratio("passed", "sentences"),
-            "mean_trials": ratio("trials", "sentences"),
-            "sentences": ratio("sentences", "texts"),
-            "sampled_per_kept_token": ratio("sampled_tokens", "kept_tokens"),
-            "z": ratio("z_sum", "z_defined"),
-            "detection_rate": ratio("detected", "texts"),
-            "undefined_rate": 1.0 - c["z_defined"] / c["texts"] if c["texts"] else None,
-            "plain_z": ratio("plain_z_sum", "plain_z_defined"),
-            "plain_detection_rate": ratio("plain_detected", "plain_texts"),
+        spec = {
+            "wsr": ("passed", "sentences"),
+            "mean_trials": ("trials", "sentences"),
+            "sentences": ("sentences", "texts"),
+            "sampled_per_kept_token": ("sampled_tokens", "kept_tokens"),
+            "z": ("z_sum", "z_defined"),
+            "detection_rate": ("detected", "texts"),
+            "plain_z": ("plain_z_sum", "plain_z_defined"),
+            "plain_detection_rate": ("plain_detected", "plain_texts"),
         }
         for name in self.attacks:
-            metrics[f"{name}/z"] = ratio(f"{name}/z_sum", f"{name}/z_defined")
-            metrics[f"{name}/detection_rate"] = ratio(f"{name}/detected", "texts")
-        return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
+            spec[f"{name}/z"] = (f"{name}/z_sum", f"{name}/z_defined")
+            spec[f"{name}/detection_rate"] = (f"{name}/detected", "texts")
+        metrics = ratios(c, spec)
+        if c["texts"]:
+            metrics["undefined_rate"] = 1.0 - c["z_defined"] / c["texts"]
+        return metrics
 
-    def epoch_metrics(self, trainer: pl.Trainer, counters: Mapping[str, float]) -> dict[str, float]:
+    def stage_epoch_end(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
+        if stage not in self.stages or trainer.sanity_checking:
+            return
+        counters = summed_over_ranks(trainer, self.counts)
+        if not counters["texts"]:
+            return
         metrics = self.compute_metrics(counters)
         if self.human:
             metrics.update(self.calibration())
@@ -380,7 +393,8 @@ class WatermarkCallback(BatchEvaluation):
             for prefix in ("", *(f"{name}/" for name in self.attacks)):
                 tpr, _ = tpr_at_fpr(self._z.get(prefix, []), self._human_z or [], self.fpr)
                 metrics[f"{prefix}tpr_at_fpr"] = tpr
-        return metrics
+        self.last_metrics = metrics
+        log_stage_metrics(trainer, pl_module, metrics, self.log_prefix, stage)
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from filelock import FileLock, Timeout
 
 from zoo.errors import ConfigError
@@ -191,12 +192,32 @@ def ensure(
     return target
 
 
+def model_fingerprint(model: torch.nn.Module, sample: int = 4096) -> str:
+    """A content key of a model's weights, for specs of artifacts fitted on a model (probes, head rankings, ...).
+
+    SHA-256 (first 16 hex digits) over every parameter and buffer, sorted by name: its name, shape and dtype, the
+    float64 sum and sum of squares of its values, and up to ``sample`` evenly strided values. Any training step or
+    reload of other weights changes it; it reads each tensor once (cheap next to a forward pass over a data set).
+    """
+    digest = hashlib.sha256()
+    tensors = sorted({**dict(model.named_parameters()), **dict(model.named_buffers())}.items())
+    for name, tensor in tensors:
+        flat = tensor.detach().reshape(-1)
+        step = max(1, flat.numel() // sample)
+        picked = flat[::step][:sample].float().cpu()
+        moments = (float(flat.double().sum()), float(flat.double().pow(2).sum())) if flat.numel() else (0.0, 0.0)
+        digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|{moments[0]!r}|{moments[1]!r}|".encode())
+        digest.update(picked.numpy().tobytes())
+    return digest.hexdigest()[:KEY_LENGTH]
+
+
 __all__ = [
     "ARTIFACT_META",
     "artifact_path",
     "default_cache_dir",
     "ensure",
     "is_complete",
+    "model_fingerprint",
     "read_meta",
     "remove_stale_temporaries",
     "spec_key",

@@ -139,5 +139,5 @@ def test_bad_callback_settings_and_modules(tmp_path):
         pass
 
     callback = WatermarkCallback(decoder)
-    with pytest.raises(ConfigError, match="lacks tokenizer, generate"):
+    with pytest.raises(ConfigError, match=r"NoGeneration lacks tokenizer, model, generate\(\)"):
         callback.setup(pl.Trainer(logger=False), NoGeneration(), "test")
