@@ -19,6 +19,7 @@ from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
 from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
 from zoo.callbacks.valr_probe import StepStateProbe
+from zoo.callbacks.watermark import WatermarkCallback
 from zoo.callbacks.wet import WETCallback
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "RotationInvariance",
     "SafeThinkMonitor",
     "StepStateProbe",
+    "WatermarkCallback",
     "WETCallback",
     "auto_progress",
 ]

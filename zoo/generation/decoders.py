@@ -26,8 +26,10 @@ into a :class:`Prefill`, checked the context length, put the model in eval mode 
 attached the hooks. Inside the loop use :meth:`Prefill.start` for a KV-cached
 :class:`~zoo.generation.sampling.IncrementalDecoder` (token ids or ``inputs_embeds``, extra model inputs),
 :meth:`Decoder.next_tokens` to apply the processors and sample (greedy or :func:`~zoo.generation.sampling.sample_next`
-with the seeded generator), and return a :class:`~zoo.generation.sampling.GenerationResult` (or a dataclass
-subclass of it with the decoder's extra fields, like :class:`~zoo.generation.stepwise.StepwiseResult`).
+with the seeded generator), or :meth:`Decoder.sample_loop` for the whole standard token loop with an extra per-row
+stop test, and return a :class:`~zoo.generation.sampling.GenerationResult` (or a dataclass subclass of it with the
+decoder's extra fields, like :class:`~zoo.generation.stepwise.StepwiseResult`). A decoder that does not keep the
+whole completion in the model's context (e.g. a sliding window) overrides :meth:`Decoder.check_length`.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ from zoo.generation.sampling import (
 
 LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ForwardHook = Callable[[nn.Module], AbstractContextManager[Any]]
+# ``(row, completion ids so far) -> stop``: a per-row stop test of :meth:`Decoder.sample_loop`.
+RowStop = Callable[[int, list[int]], bool]
 
 
 @dataclass
@@ -250,43 +254,39 @@ class Decoder(ABC):
             logits = self.process(context_ids, logits)
         return sample_next(logits, params, generator, rows=rows, num_rows=num_rows)
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(processors={len(self.processors)}, hooks={len(self.hooks)})"
-
-
-def padded_context(prompt_ids: torch.Tensor, rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
-    """``[B, P + max len]``: the prompt ids followed by each row's kept tokens, right-padded with ``pad_id``."""
-    width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), width), pad_id, dtype=torch.long, device=prompt_ids.device)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, : len(r)] = torch.tensor(list(r), dtype=torch.long, device=prompt_ids.device)
-    return torch.cat([prompt_ids, out], dim=1)
-
-
-class SampleDecoder(Decoder):
-    """The standard loop (``module/decoder=sample``): one token per row per step until EOS, a stop string or
-    ``max_new_tokens``; greedy or sampled (temperature / top-k / top-p, Gumbel-max with per-row noise).
-
-    Rows that finished leave the KV-cached batch once a quarter of them are done (the sampling noise is drawn per
-    batch row, so seeded outputs do not depend on it); with logits processors the batch is kept whole, so that
-    processors always see every row.
-    """
-
-    def decode(
+    def sample_loop(
         self,
-        model: PreTrainedModel,
+        state: IncrementalDecoder,
+        context_ids: torch.Tensor,
         tokenizer: PreTrainedTokenizerBase,
-        prefill: Prefill,
         params: SamplingParams,
         generator: torch.Generator | None,
+        row_stop: RowStop | None = None,
     ) -> GenerationResult:
-        device, batch = prefill.device, prefill.batch_size
+        """Sample from a prefilled ``state`` one token per row per step until every row has stopped.
+
+        A row stops at EOS, when its completion ends with one of ``params.stop_strings``, when
+        ``row_stop(row, ids)`` (called after each sampled token with the row's completion ids so far, EOS
+        excluded) is true, or after ``params.max_new_tokens`` tokens. Rows that stopped leave the KV-cached batch
+        once a quarter of them are done unless there are logits processors (they always see every row).
+
+        Args:
+            state: the prefilled batch (:meth:`Prefill.start`); ``B`` rows.
+            context_ids: ``[B, P]`` the processors' context before the first sampled token (the prompt ids),
+                returned as the result's ``prompt_ids``.
+            tokenizer, params, generator: as :meth:`__call__`.
+            row_stop: an extra per-row stop test (e.g. a sentence end).
+
+        Returns:
+            a :class:`~zoo.generation.sampling.GenerationResult`; ``finished`` is true for rows stopped by EOS, a
+            stop string or ``row_stop``.
+        """
+        batch, device = int(context_ids.shape[0]), context_ids.device
         eos, pad = tokenizer.eos_token_id, pad_token_id(tokenizer)
         stops = TokenTextMatcher(tokenizer, params.stop_strings) if params.stop_strings else None
-        state = prefill.start(model)
+        track = stops is not None or row_stop is not None
         compact = not self.processors
-        context = prefill.prompt_ids
+        context = context_ids
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         out_ids, out_lp, out_mask = [], [], []
@@ -307,11 +307,12 @@ class SampleDecoder(Decoder):
             if self.processors:
                 context = torch.cat([context, tokens[:, None]], dim=1)
             hit_eos = active & (tokens == eos)
-            if stops is not None:
+            if track:
                 token_list = tokens.tolist()
                 for i in torch.nonzero(active & ~hit_eos).flatten().tolist():
                     rows[i].append(token_list[i])
-                    if stops.ends_with(rows[i]):
+                    stop = stops is not None and stops.ends_with(rows[i])
+                    if stop or (row_stop is not None and row_stop(i, rows[i])):
                         hit_eos[i] = True
             finished |= hit_eos
             done |= hit_eos
@@ -323,13 +324,46 @@ class SampleDecoder(Decoder):
             state.feed(tokens[live][:, None], (~done[live]).long()[:, None])
         completion_ids = torch.stack(out_ids, dim=1)
         return GenerationResult(
-            prompt_ids=prefill.prompt_ids,
+            prompt_ids=context_ids,
             completion_ids=completion_ids,
             completion_mask=torch.stack(out_mask, dim=1),
             logprobs=torch.stack(out_lp, dim=1),
             texts=[decode_completion(tokenizer, row.tolist()) for row in completion_ids],
             finished=finished,
         )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(processors={len(self.processors)}, hooks={len(self.hooks)})"
+
+
+def padded_context(prompt_ids: torch.Tensor, rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """``[B, P + max len]``: the prompt ids followed by each row's kept tokens, right-padded with ``pad_id``."""
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), width), pad_id, dtype=torch.long, device=prompt_ids.device)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(list(r), dtype=torch.long, device=prompt_ids.device)
+    return torch.cat([prompt_ids, out], dim=1)
+
+
+class SampleDecoder(Decoder):
+    """The standard loop (``module/decoder=sample``): one token per row per step until EOS, a stop string or
+    ``max_new_tokens``; greedy or sampled (temperature / top-k / top-p, Gumbel-max with per-row noise).
+
+    Rows that finished leave the KV-cached batch once a quarter of them are done (the sampling noise is drawn per
+    batch row, so seeded outputs do not depend on it); with logits processors the batch is kept whole, so that
+    processors always see every row. The loop is :meth:`Decoder.sample_loop`.
+    """
+
+    def decode(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        prefill: Prefill,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> GenerationResult:
+        return self.sample_loop(prefill.start(model), prefill.prompt_ids, tokenizer, params, generator)
 
 
 class GreedyDecoder(SampleDecoder):
@@ -410,6 +444,7 @@ __all__ = [
     "LogitsProcessor",
     "ModuleHook",
     "Prefill",
+    "RowStop",
     "SampleDecoder",
     "as_prefill",
     "generate",
