@@ -9,6 +9,7 @@ if __name__ != "zoo.callbacks":
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
+from zoo.callbacks.multiturn_eval import MultiTurnEvaluation
 from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.safethink import SafeThinkMonitor
@@ -20,6 +21,7 @@ __all__ = [
     "LogGenerations",
     "LogLineProgress",
     "LogSamplerWeights",
+    "MultiTurnEvaluation",
     "NanoQuantExport",
     "SafeThinkMonitor",
     "auto_progress",

@@ -43,6 +43,7 @@ from zoo.rl.advantages import AdvantageEstimator
 from zoo.rl.shapers import RewardShaper
 
 RewardFns = Mapping[str, Callable[..., Sequence[float]]] | Sequence[Callable[..., Sequence[float]]]
+RolloutSeam = Callable[[Any, dict[str, Any]], dict[str, Any]]
 
 
 def repeat_rows(values: Sequence[Any], times: int) -> list[Any]:
@@ -70,6 +71,10 @@ class GRPOModule(GeneratingModule):
         verifier: ``(completion, answer) -> bool`` for the true accuracy tracked beside the reward (the task's,
             ``verifier: ${task}``).
         decoder: the decoder of rollouts and evaluation (``module/decoder``; default plain sampling).
+        rollout: the rollout seam (``module/rollout``): ``None`` samples ``G`` single-turn completions per prompt
+            (:meth:`rollout`); a callable ``(module, batch) -> rollout dict`` replaces it, e.g. multi-turn feedback
+            episodes (:class:`~zoo.modules.multiturn.MultiTurnRollout`), and may give the token rows to train on as
+            ``rows``.
     """
 
     def __init__(
@@ -92,6 +97,7 @@ class GRPOModule(GeneratingModule):
         eval_generation: dict[str, Any] | None = None,
         verifier: Verifier | None = None,
         decoder: Decoder | None = None,
+        rollout: RolloutSeam | None = None,
     ) -> None:
         generation = {"do_sample": True, "temperature": 1.0, "max_new_tokens": 64, **(generation or {})}
         eval_generation = {
@@ -126,10 +132,11 @@ class GRPOModule(GeneratingModule):
         self.num_iterations = num_iterations
         self.micro_batch_size = micro_batch_size
         self.max_grad_norm = max_grad_norm
+        self.rollout_seam = rollout
         self.ref_model: torch.nn.Module | None = None
         self.last_rollout: dict[str, Any] = {}
         ignore = ["backbone", "quantizer", "optimizer", "scheduler", "rewards", "shaper", "advantage"]
-        self.save_hyperparameters(ignore=[*ignore, "policy_loss", "aggregation", "verifier", "decoder"])
+        self.save_hyperparameters(ignore=[*ignore, "policy_loss", "aggregation", "verifier", "decoder", "rollout"])
 
     # -- model ------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -153,6 +160,8 @@ class GRPOModule(GeneratingModule):
     # -- rollout ----------------------------------------------------------------------------------------------
     def rollout(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Sample ``G`` completions per prompt, score, shape and compute advantages (no gradient)."""
+        if self.rollout_seam is not None:
+            return self.rollout_seam(self, batch)
         g = self.group_size
         prompt_ids = batch["prompt_ids"].repeat_interleave(g, dim=0)
         prompt_mask = batch["prompt_attention_mask"].repeat_interleave(g, dim=0)
@@ -220,7 +229,7 @@ class GRPOModule(GeneratingModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         rollout = self.rollout(batch)
         self.last_rollout = rollout
-        rows = self.sequences(rollout["result"], rollout["prompt_mask"])
+        rows = rollout["rows"] if "rows" in rollout else self.sequences(rollout["result"], rollout["prompt_mask"])
         # With one optimizer step per rollout the old policy is the current one: its log-probs are the detached
         # log-probs of the loss forward (as TRL does), which saves a forward pass.
         old, ref = self.reference_logprobs(rows, need_old=self.num_iterations > 1)
