@@ -9,7 +9,6 @@ import logging
 
 import pytest
 import torch
-from hydra.utils import instantiate
 
 from zoo.backbones import TinyBackbone
 from zoo.data.structures import STRUCTURE_TOKEN, make_structure_samples
@@ -19,7 +18,7 @@ from zoo.losses import IGNORE_INDEX
 from zoo.modules.structure_encoder_pretrain import (
     ENCODER_WEIGHTS,
     PretrainRecipe,
-    encoder_cache_dir,
+    encoder_build,
     load_encoder,
 )
 from zoo.modules.structure_lm import StructureLMModule
@@ -260,15 +259,33 @@ def test_cuttlefish_method_fast_dev_run_bootstraps_encoder(train_cfg, tmp_path, 
     cfg = train_cfg(["+method=cuttlefish", "debug=fdr", *SMALL_DATA, *TINY_PRETRAIN])
     with caplog.at_level(logging.INFO, logger="zoo"):
         metrics = run(cfg)
-    assert "pretraining it now (first use" in caplog.text
-    enc_dir = encoder_cache_dir(cfg.paths.cache_dir, dict(cfg.module.encoder), dict(cfg.module.encoder_pretrain))
-    assert (enc_dir / ENCODER_WEIGHTS).is_file()
+    assert "building the structure_encoder artifact" in caplog.text
+    build = encoder_build(cfg.paths.cache_dir, dict(cfg.module.encoder), dict(cfg.module.encoder_pretrain))
+    assert (build.export_dir / ENCODER_WEIGHTS).is_file()
+    assert build.config.trainer.max_steps == 2  # the recipe reached the +method=structure_encoder_pretrain run
     for key in ("val/exact_match", "val/loss", "val/tokens_per_structure"):
         assert key in metrics
     assert any(k.startswith("val/acc_size/") for k in metrics)
+    # a second module with the same encoder + recipe loads the cached encoder instead of pretraining
+    module = StructureLMModule(
+        TinyBackbone(extra_tokens=[STRUCTURE_TOKEN]),
+        connector=functools.partial(CuttlefishConnector, num_fusion_blocks=0, k_max=8),
+        encoder=dict(cfg.module.encoder),
+        encoder_pretrain=dict(cfg.module.encoder_pretrain),
+        cache_dir=cfg.paths.cache_dir,
+    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="zoo"):
+        module.configure_model()
+    assert "using the cached structure_encoder artifact" in caplog.text
+    assert "building" not in caplog.text
+    cached = load_encoder(build.export_dir)
+    assert all(
+        torch.equal(a, b) for a, b in zip(cached.state_dict().values(), module.structure_encoder.state_dict().values())
+    )
 
 
-def test_structure_encoder_pretrain_method_saves_where_cuttlefish_loads(train_cfg, caplog):
+def test_structure_encoder_pretrain_method_exports_an_encoder_cuttlefish_loads(train_cfg, tmp_path):
     from zoo.cli.train import run
 
     cfg = train_cfg(
@@ -278,41 +295,56 @@ def test_structure_encoder_pretrain_method_saves_where_cuttlefish_loads(train_cf
             "trainer.max_steps=2",
             "trainer.val_check_interval=2",
             "trainer.limit_val_batches=1",
-            "export=false",
+            "export=true",
         ]
     )
     metrics = run(cfg)
     assert {"val/type_loss", "val/dist_loss", "val/coord_loss"} <= set(metrics)
-    recipe = dict(cfg.module.recipe)
-    target = encoder_cache_dir(cfg.paths.cache_dir, dict(cfg.module.encoder), recipe)
-    assert (target / ENCODER_WEIGHTS).is_file()
-    # the LM module with the same encoder + recipe loads it instead of pretraining
+    export = tmp_path / "run" / "export"
+    assert (export / ENCODER_WEIGHTS).is_file()
     module = StructureLMModule(
         TinyBackbone(extra_tokens=[STRUCTURE_TOKEN]),
         connector=functools.partial(CuttlefishConnector, num_fusion_blocks=0, k_max=8),
         encoder=dict(cfg.module.encoder),
-        encoder_pretrain=recipe,
-        cache_dir=cfg.paths.cache_dir,
+        encoder_init=str(export),
     )
-    with caplog.at_level(logging.INFO, logger="zoo"):
-        module.configure_model()
-    assert "using the cached pretrained structure encoder" in caplog.text
-    assert "pretraining it now" not in caplog.text
-    assert PretrainRecipe(**recipe).steps == 2
+    module.configure_model()
+    saved = load_encoder(export)
+    assert all(
+        torch.equal(a, b) for a, b in zip(saved.state_dict().values(), module.structure_encoder.state_dict().values())
+    )
+    fresh = StructureLMModule(
+        TinyBackbone(extra_tokens=[STRUCTURE_TOKEN]),
+        connector=functools.partial(CuttlefishConnector, num_fusion_blocks=0, k_max=8),
+        encoder=dict(cfg.module.encoder),
+        encoder_init="random",
+    )
+    fresh.configure_model()
+    assert not all(
+        torch.equal(a, b) for a, b in zip(saved.state_dict().values(), fresh.structure_encoder.state_dict().values())
+    )
 
 
-def test_cuttlefish_method_files_declare_themselves_and_share_the_encoder_key(train_cfg):
-    keys = {}
+def test_cuttlefish_default_recipe_is_the_default_structure_encoder_pretrain_run(train_cfg, tmp_path):
+    """The encoder +method=cuttlefish asks for is built by +method=structure_encoder_pretrain with its own defaults."""
+    from zoo.cli.artifacts import plan_artifact
+
     for method in ("cuttlefish", "structure_encoder_pretrain"):
-        cfg = train_cfg([f"+method={method}"])
-        info = cfg.methods[method]
+        info = train_cfg([f"+method={method}"]).methods[method]
         assert info.paper == "arXiv:2602.02780"
         assert info.kind == "module"
-        module = instantiate(cfg.module, backbone=instantiate(cfg.backbone), quantizer=None)
-        recipe = module.recipe
-        keys[method] = encoder_cache_dir(cfg.paths.cache_dir, dict(cfg.module.encoder), recipe)
-    # the defaults of the two method files point at the same cached encoder
-    assert keys["cuttlefish"] == keys["structure_encoder_pretrain"]
+    cfg = train_cfg(["+method=cuttlefish"])
+    wanted = encoder_build(tmp_path, dict(cfg.module.encoder), dict(cfg.module.encoder_pretrain))
+    default = plan_artifact("structure_encoder", ["+method=structure_encoder_pretrain"], cache_dir=tmp_path)
+    assert wanted.spec == default.spec
+    # each recipe field lands on the option of the pretraining run that it names
+    changed = encoder_build(tmp_path, {"hidden": 32}, PretrainRecipe(steps=7, batch_size=3, coord_noise=0.1, seed=5))
+    assert changed.config.trainer.max_steps == 7
+    assert changed.config.datamodule.batch_size == 3
+    assert changed.config.module.objective.coord_noise == 0.1
+    assert changed.config.module.encoder.hidden == 32
+    assert changed.spec["seed"] == changed.spec["datamodule"]["seed"] == 5
+    assert changed.path != wanted.path
 
 
 # ------------------------------------------------------------------------------------------------ standardization

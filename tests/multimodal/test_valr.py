@@ -18,7 +18,7 @@ from zoo.datamodules.visual import VisualReasoningDataModule
 from zoo.generation import SamplingParams
 from zoo.losses import masked_nll
 from zoo.modules.valr import VaLRModule
-from zoo.multimodal.teacher import synthetic_teacher
+from zoo.modules.valr_teacher import synthetic_teacher
 from zoo.multimodal.valr import (
     LatentDecoder,
     latent_forward,
@@ -53,8 +53,8 @@ def batch(backbone):
 
 
 @pytest.fixture(scope="module")
-def teacher():
-    return synthetic_teacher(num_images=64, steps=5, dim=16)
+def teacher(tmp_path_factory):
+    return synthetic_teacher(num_images=32, steps=5, batch_size=16, dim=16, cache_dir=tmp_path_factory.mktemp("cache"))
 
 
 def _ids(tok) -> dict[str, int]:
@@ -329,7 +329,12 @@ def _train(tmp_path: Path, overrides: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_method_valr_fast_dev_run(tmp_path) -> None:
-    extra = ["module.teacher.num_images=32", "module.teacher.steps=3", "module.teacher.dim=16"]
+    extra = [
+        "module.teacher.num_images=32",
+        "+module.teacher.batch_size=16",
+        "module.teacher.steps=3",
+        "module.teacher.dim=16",
+    ]
     result = _train(tmp_path, ["+method=valr", *SMALL_RUN, *extra])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "fit done" in result.stdout

@@ -1,113 +1,70 @@
 """The cached base SFT policy behind ``backbone.init_from: base``.
 
-Methods that start from a trained policy (GRPO, GR3, SafeThink, ...) set ``backbone.init_from: base``.
-The policy is keyed by the task, the backbone architecture and the recipe in ``base_policy``; it is trained
-on first use (with a progress display and a log line saying so) and exported with ``save_pretrained`` under
-``<paths.cache_dir>/base_policy/<task>-<hash>``.
+Methods that start from a trained policy (GRPO, GR3, SafeThink, ...) set ``backbone.init_from: base``. The policy is
+the export of a ``+method=sft`` run on the parent run's task and backbone architecture with the ``base_policy``
+recipe, built through the artifact cache (:func:`zoo.cli.artifacts.train_artifact`) on first use and kept at
+``<paths.cache_dir>/base_policy/<task>-<key>/export``. The key is the build run's composed config, so it depends on
+the task, the backbone (without ``init_from`` and ``extra_tokens``), the seed and the recipe, and not on any other
+option of the parent run.
+
+Recipe field -> option of the ``+method=sft`` build run: :data:`RECIPE_FIELDS`.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
-import logging
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-log = logging.getLogger("zoo")
+from zoo.cli.artifacts import ArtifactBuild, plan_artifact
+from zoo.errors import ConfigError
+
+RECIPE_FIELDS = {
+    "num_train": "datamodule.source.num_train",
+    "batch_size": "datamodule.batch_size",
+    "max_epochs": "trainer.max_epochs",
+    "lr": "module.optimizer.lr",
+    "max_length": "datamodule.max_length",
+}
 
 
-def _recipe(cfg: DictConfig) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg.base_policy, resolve=True)  # type: ignore[return-value]
-
-
-def _fresh_backbone_cfg(cfg: DictConfig) -> DictConfig:
-    backbone_cfg = OmegaConf.to_container(cfg.backbone, resolve=True)
-    backbone_cfg["init_from"] = None
-    backbone_cfg["extra_tokens"] = []
-    return OmegaConf.create(backbone_cfg)
+def base_policy_build(cfg: DictConfig) -> ArtifactBuild:
+    """The ``+method=sft`` build run of the base policy that ``cfg`` (a run with ``init_from: base``) asks for."""
+    recipe = OmegaConf.to_container(cfg.base_policy, resolve=True)
+    unknown = sorted(set(recipe) - set(RECIPE_FIELDS))
+    if unknown:
+        raise ConfigError(f"base_policy: unknown recipe fields {unknown}; known: {sorted(RECIPE_FIELDS)}")
+    backbone = OmegaConf.to_container(cfg.backbone, resolve=True)
+    backbone.update(init_from=None, extra_tokens=[])
+    values: dict[str, Any] = {
+        "seed": cfg.seed,
+        "task": OmegaConf.to_container(cfg.task, resolve=True),
+        "backbone": backbone,
+        **{RECIPE_FIELDS[field]: value for field, value in recipe.items()},
+    }
+    return plan_artifact(
+        "base_policy",
+        ["+method=sft"],
+        values,
+        name=instantiate(cfg.task).name,
+        cache_dir=cfg.paths.cache_dir,
+        root_dir=cfg.paths.root_dir,
+        execution={"trainer.accelerator": cfg.trainer.get("accelerator", "auto")},
+    )
 
 
 def base_policy_dir(cfg: DictConfig) -> Path:
-    """Where the base policy of this config's task + backbone + recipe lives (whether or not it exists)."""
-    task = instantiate(cfg.task)
-    backbone = instantiate(_fresh_backbone_cfg(cfg))
-    blob = json.dumps(
-        {"task": task.describe(), "backbone": backbone.describe(), "recipe": _recipe(cfg), "seed": cfg.seed},
-        sort_keys=True,
-        default=str,
-    )
-    key = hashlib.sha256(blob.encode()).hexdigest()[:12]
-    return Path(cfg.paths.cache_dir).expanduser().resolve() / "base_policy" / f"{task.name}-{key}"
+    """Where the base policy of ``cfg`` lives (the build run's ``export/``), whether or not it exists."""
+    return base_policy_build(cfg).export_dir
 
 
 def ensure_base_policy(cfg: DictConfig) -> Path:
-    """Return the base policy directory, training and caching it first if it does not exist yet."""
-    from zoo.callbacks.progress import auto_progress
-    from zoo.data.sources import TaskSource
-    from zoo.datamodules.sft import SFTDataModule
-    from zoo.modules.causal_lm import CausalLMModule
-    from zoo.optim import one_cycle
-
-    target = base_policy_dir(cfg)
-    if (target / "config.json").is_file():
-        log.info("using the cached base policy at %s", target)
-        return target
-    recipe = _recipe(cfg)
-    task = instantiate(cfg.task)
-    log.info(
-        "no cached base policy for task '%s' with this backbone: training it now (first use; %d epochs of %d "
-        "rows), it will be cached at %s",
-        task.name,
-        recipe["max_epochs"],
-        recipe["num_train"],
-        target,
+    """The base policy's directory (``save_pretrained`` layout), trained and cached first if it does not exist."""
+    build = base_policy_build(cfg)
+    task = build.name
+    return build.ensure(
+        f"backbone.init_from=base asks for the base SFT policy of task '{task}' "
+        f"({cfg.base_policy.max_epochs} epochs of {cfg.base_policy.num_train} rows)"
     )
-    backbone = instantiate(_fresh_backbone_cfg(cfg))
-    datamodule = SFTDataModule(
-        backbone.tokenizer,
-        TaskSource(task, num_train=recipe["num_train"], num_val=256, num_test=256, seed=cfg.seed),
-        batch_size=recipe["batch_size"],
-        eval_batch_size=256,
-        max_length=recipe["max_length"],
-        seed=cfg.seed,
-    )
-    module = CausalLMModule(
-        backbone,
-        optimizer=functools.partial(torch.optim.AdamW, lr=recipe["lr"], weight_decay=0.01),
-        scheduler=one_cycle,
-        generation={"max_new_tokens": 64},
-    )
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    trainer = pl.Trainer(
-        accelerator=cfg.trainer.get("accelerator", "auto"),
-        devices=1,
-        max_epochs=recipe["max_epochs"],
-        logger=pl.loggers.CSVLogger(str(tmp), name="csv", version=""),
-        callbacks=[auto_progress(log_every_n_steps=100)],
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        gradient_clip_val=1.0,
-        enable_model_summary=False,
-    )
-    with torch.random.fork_rng():
-        pl.seed_everything(cfg.seed, workers=True, verbose=False)
-        trainer.fit(module, datamodule)
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    module.export_pretrained(tmp)
-    (tmp / "base_policy.json").write_text(json.dumps({"task": task.describe(), "metrics": metrics}, indent=2))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists():  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
-    log.info("base policy ready at %s (val/exact_match=%.3f)", target, metrics.get("val/exact_match", float("nan")))
-    return target

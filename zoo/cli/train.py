@@ -189,7 +189,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         trainer.fit(module, datamodule, ckpt_path=ckpt_path)
         if cfg.get("export") and trainer.is_global_zero and not trainer.fast_dev_run:
             path = module.export_pretrained(Path(cfg.paths.output_dir) / "export")
-            log.info("exported model + tokenizer (safetensors) to %s", path)
+            log.info("exported the trained %s to %s", type(module).__name__, path)
     elif cfg.stage == "validate":
         trainer.validate(module, datamodule, ckpt_path=ckpt_path)
     elif cfg.stage == "test":

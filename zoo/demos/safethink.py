@@ -1,8 +1,8 @@
 """SafeThink demo (arXiv 2602.11096) on the synthetic jailbreak task: ``python -m zoo.demos.safethink``.
 
-1. trains the tiny Llama backbone on the jailbreak task with ``CausalLMModule`` (SFT, cached under
-   ``$ZOO_CACHE_DIR`` or ``./.zoo_cache``);
-2. trains the safety reward model (``SequenceClassifierModule`` on labelled prefixes);
+1. takes the base SFT policy of ``task=jailbreak`` (the ``backbone.init_from=base`` policy; built once through the
+   artifact cache under ``$ZOO_CACHE_DIR`` or ``./.zoo_cache``);
+2. takes the safety reward model (a ``+method=safety_rm`` run on labelled prefixes, built once the same way);
 3. compares, on held-out prompts with sampled decoding (same seeds for every arm): base generation,
    SafeThink (trained RM; and the exact oracle as an upper bound), always-prepend-prefix; benign accuracy and
    false-intervention rate; ASR as a function of m in {0, 1, 2, 3, all};
@@ -15,9 +15,6 @@ data); the demo shows that the implementation recovers it, not the paper's numbe
 from __future__ import annotations
 
 import argparse
-import functools
-import hashlib
-import json
 import logging
 import math
 import os
@@ -30,7 +27,6 @@ import torch
 from zoo.backbones.tokenizer import THINK_OPEN
 from zoo.data.jailbreak import (
     JailbreakTask,
-    SafetyPrefixSource,
     is_harmful,
     oracle_safety_score,
     step_is_unsafe,
@@ -38,8 +34,6 @@ from zoo.data.jailbreak import (
 from zoo.data.tasks import Example, split_steps
 
 log = logging.getLogger("zoo.demos.safethink")
-TASK_FORMAT = 3  # bump when the jailbreak task's text format changes (cache key)
-ARCH_LM: dict[str, Any] = {}  # the default tiny backbone
 ARCH_RM = {
     "hidden_size": 64,
     "intermediate_size": 192,
@@ -54,117 +48,58 @@ def _repo_root() -> Path:
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("ZOO_CACHE_DIR", _repo_root() / ".zoo_cache")).expanduser() / "demos"
-
-
-def _trainer(max_epochs: int, log_every: int = 50) -> Any:
-    import lightning.pytorch as pl
-
-    from zoo.callbacks.progress import LogLineProgress
-
-    return pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=max_epochs,
-        logger=False,
-        callbacks=[LogLineProgress(log_every_n_steps=log_every)],
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        gradient_clip_val=1.0,
-        enable_model_summary=False,
-    )
+    return Path(os.environ.get("ZOO_CACHE_DIR", _repo_root() / ".zoo_cache")).expanduser()
 
 
 def train_policy(
     task: JailbreakTask, num_train: int, epochs: int, seed: int, batch_size: int = 64, lr: float = 3e-3
 ) -> Path:
-    """SFT the tiny backbone on the task; returns the export directory (cached by recipe)."""
-    import lightning.pytorch as pl
+    """The base SFT policy of ``task=jailbreak`` (what ``backbone.init_from=base`` uses), built once through the
+    artifact cache; returns its export directory."""
+    from zoo.cli.artifacts import compose_config
+    from zoo.cli.bootstrap import ensure_base_policy
 
-    from zoo.backbones import TinyBackbone
-    from zoo.data.sources import TaskSource
-    from zoo.datamodules.sft import SFTDataModule
-    from zoo.modules.causal_lm import CausalLMModule
-    from zoo.optim import one_cycle
-
-    key = hashlib.sha256(
-        json.dumps(
-            {
-                "task": task.describe(),
-                "n": num_train,
-                "e": epochs,
-                "seed": seed,
-                "arch": ARCH_LM,
-                "bs": batch_size,
-                "lr": lr,
-                "v": TASK_FORMAT,
-            }
-        ).encode()
-    ).hexdigest()[:12]
-    target = _cache_dir() / f"safethink-lm-{key}"
-    if (target / "config.json").is_file():
-        log.info(f"[demo] using the cached policy {target}")
-        return target
-    pl.seed_everything(seed, verbose=False)
-    backbone = TinyBackbone(seed=seed, **ARCH_LM)
-    dm = SFTDataModule(
-        backbone.tokenizer,
-        TaskSource(task, num_train=num_train, num_val=64, num_test=64, seed=seed),
-        batch_size=batch_size,
+    recipe = {"num_train": num_train, "max_epochs": epochs, "batch_size": batch_size, "lr": lr}
+    cfg = compose_config(
+        ["task=jailbreak", f"seed={seed}"],
+        {f"base_policy.{k}": v for k, v in recipe.items()},
+        root_dir=_repo_root(),
+        cache_dir=_cache_dir(),
     )
-    module = CausalLMModule(
-        backbone,
-        optimizer=functools.partial(torch.optim.AdamW, lr=lr, weight_decay=0.01),
-        scheduler=one_cycle,
-        generate_on_eval=False,
-    )
-    start = time.time()
-    _trainer(epochs).fit(module, dm)
-    log.info(f"[demo] policy trained in {time.time() - start:.0f}s")
-    return module.export_pretrained(target)
+    _check_task(cfg, task)
+    return ensure_base_policy(cfg)
 
 
 def train_rm(task: JailbreakTask, num_traces: int, epochs: int, seed: int) -> tuple[Path, dict[str, float]]:
-    """Train the safety RM on labelled prefixes; returns its export directory and held-out metrics."""
-    import lightning.pytorch as pl
+    """The safety RM: a ``+method=safety_rm`` run (small classifier, labelled prefixes of ``num_traces`` traces),
+    built once through the artifact cache; returns its export directory and held-out (validation) metrics."""
+    from zoo.artifacts import read_meta
+    from zoo.cli.artifacts import plan_artifact
 
-    from zoo.backbones import TinyBackbone
-    from zoo.datamodules.labelled_prefixes import LabelledPrefixDataModule
-    from zoo.modules.sequence_classifier import SequenceClassifierModule
-    from zoo.optim import warmup_cosine
+    build = plan_artifact(
+        "safety_rm",
+        [
+            "+method=safety_rm",
+            f"seed={seed}",
+            f"datamodule.source.num_train={num_traces}",
+            f"trainer.max_epochs={epochs}",
+            *(f"backbone.{k}={v}" for k, v in ARCH_RM.items()),
+        ],
+        name="jailbreak",
+        cache_dir=_cache_dir(),
+        root_dir=_repo_root(),
+    )
+    _check_task(build.config, task)
+    export = build.ensure("the SafeThink demo scores reasoning steps with a trained safety reward model")
+    return export, read_meta(build.path)["metrics"]
 
-    key = hashlib.sha256(
-        json.dumps(
-            {"task": task.describe(), "n": num_traces, "e": epochs, "seed": seed, "arch": ARCH_RM, "v": TASK_FORMAT}
-        ).encode()
-    ).hexdigest()[:12]
-    target = _cache_dir() / f"safethink-rm-{key}"
-    if (target / "zoo_scorer.json").is_file() and (target / "metrics.json").is_file():
-        log.info(f"[demo] using the cached safety RM {target}")
-        return target, json.loads((target / "metrics.json").read_text())
-    pl.seed_everything(seed, verbose=False)
-    backbone = TinyBackbone(seed=seed, **ARCH_RM)
-    dm = LabelledPrefixDataModule(
-        backbone.tokenizer,
-        SafetyPrefixSource(task, num_train=num_traces, num_val=200, num_test=200, seed=seed),
-        batch_size=64,
-        eval_batch_size=256,
-    )
-    module = SequenceClassifierModule(
-        backbone,
-        optimizer=functools.partial(torch.optim.AdamW, lr=2e-3, weight_decay=0.01),
-        scheduler=warmup_cosine,
-        seed=seed,
-    )
-    start = time.time()
-    trainer = _trainer(epochs)
-    trainer.fit(module, dm)
-    metrics = {k: float(v) for k, v in trainer.test(module, dm, verbose=False)[0].items()}
-    log.info(f"[demo] safety RM trained in {time.time() - start:.0f}s: {metrics}")
-    module.export_pretrained(target)
-    (target / "metrics.json").write_text(json.dumps(metrics))
-    return target, metrics
+
+def _check_task(cfg: Any, task: JailbreakTask) -> None:
+    """The composed ``task=jailbreak`` must be the demo's task (the artifacts are keyed by the config)."""
+    from hydra.utils import instantiate
+
+    if instantiate(cfg.task).describe() != task.describe():
+        raise ValueError("the demo's task must be conf/task/jailbreak.yaml (task=jailbreak)")
 
 
 def eval_prompts(task: JailbreakTask, n: int, seed: int) -> tuple[list[Example], list[Example]]:
@@ -398,8 +333,8 @@ reproduce the paper's models, benchmarks or numbers.
 Setup: policy = tiny Llama (~0.85M parameters) SFT on {a["num_train"]} task rows × {a["epochs"]} epochs
 (batch {a["batch_size"]}, peak lr {a["lr"]});
 safety RM = 2-layer tiny Llama classifier trained 1 epoch on labelled prefixes of {a["rm_traces"]} traces
-(held-out test accuracy {results["rm_metrics"].get("test/accuracy", float("nan")):.3f},
-AUROC {results["rm_metrics"].get("test/auroc", float("nan")):.3f}); evaluation on {n_attack} attack (trigger)
+(held-out validation accuracy {results["rm_metrics"].get("val/accuracy", float("nan")):.3f},
+AUROC {results["rm_metrics"].get("val/auroc", float("nan")):.3f}); evaluation on {n_attack} attack (trigger)
 and {n_benign} benign held-out prompts, sampled decoding (temperature 1, generator seed {a["seed"] + 7} for
 every arm, max 128 new tokens), tau = {a["tau"]}. ± is one binomial standard error.
 

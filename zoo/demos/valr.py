@@ -24,7 +24,7 @@ from zoo.backbones.vlm import TinyVLMBackbone
 from zoo.data.visual import VisualCounting, VisualSource
 from zoo.datamodules.visual import VisualReasoningDataModule
 from zoo.modules.valr import VaLRModule
-from zoo.multimodal.teacher import synthetic_teacher
+from zoo.modules.valr_teacher import synthetic_teacher
 from zoo.multimodal.valr import latent_forward
 
 

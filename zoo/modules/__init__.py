@@ -1,6 +1,6 @@
 """Family LightningModules: methods are configs over these plus a core."""
 
-from zoo.modules.base import ZooModule
+from zoo.modules.base import ZooBaseModule, ZooModule
 from zoo.modules.causal_lm import CausalLMModule, exact_answer_match
 from zoo.modules.episodes import EpisodeModule
 from zoo.modules.generating import GeneratingModule
@@ -24,6 +24,7 @@ __all__ = [
     "StructureLMModule",
     "VaLRModule",
     "VocabExtendModule",
+    "ZooBaseModule",
     "ZooModule",
     "exact_answer_match",
 ]

@@ -1,6 +1,12 @@
-"""What every zoo LightningModule shares: the backbone built in ``configure_model``, export,
-optimizer/scheduler partials, the run config stored in checkpoints, and the NaN-loss stop (generation: the
-generating family base, :mod:`zoo.modules.generating`)."""
+"""What the zoo's LightningModules share.
+
+* :class:`ZooBaseModule` (every module, with or without a language backbone): optimizer/scheduler partials and
+  ``configure_optimizers``, the trainable parameters, the NaN-loss stop, the run config stored in checkpoints, and the
+  export hook that ``train.py`` calls after ``fit`` (``export: true``).
+* :class:`ZooModule` (the language-model families): adds the backbone built in ``configure_model``, generation and
+  the ``save_pretrained`` export (generation itself: the generating family base,
+  :mod:`zoo.modules.generating`).
+"""
 
 from __future__ import annotations
 
@@ -21,8 +27,59 @@ OptimizerFactory = Callable[..., torch.optim.Optimizer]
 SchedulerFactory = Callable[..., Any]
 
 
-class ZooModule(pl.LightningModule):
-    """Base of the family modules (not a method by itself).
+class ZooBaseModule(pl.LightningModule):
+    """Base of every zoo LightningModule (not a method by itself).
+
+    Args:
+        optimizer: partial ``torch.optim`` constructor taking the parameters (``None``: AdamW with its defaults).
+        scheduler: partial taking ``(optimizer, total_steps)`` (see :mod:`zoo.optim`), or ``None``.
+    """
+
+    def __init__(self, optimizer: OptimizerFactory | None = None, scheduler: SchedulerFactory | None = None) -> None:
+        super().__init__()
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.run_config: dict[str, Any] | None = None  # the resolved Hydra config, set by train.py
+
+    # -- export ---------------------------------------------------------------------------------------------
+    def export_pretrained(self, directory: str | Path) -> Path:
+        """Write what the module trained to ``directory`` (called by ``train.py`` after ``fit`` with ``export``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define export_pretrained; run with export=false")
+
+    # -- optimization ---------------------------------------------------------------------------------------
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def optimizer_parameters(self) -> list[torch.nn.Parameter] | list[dict[str, Any]]:
+        """What the optimizer receives: the trainable parameters, or parameter groups (override for per-group lr)."""
+        return self.trainable_parameters()
+
+    def configure_optimizers(self) -> Any:
+        factory = self.optimizer_factory or torch.optim.AdamW
+        optimizer = factory(self.optimizer_parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        total = self.trainer.estimated_stepping_batches if self._trainer is not None else 1
+        scheduler = self.scheduler_factory(optimizer, total_steps=int(total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def check_finite(self, loss: torch.Tensor) -> None:
+        """Stop with the step number when the loss is NaN/inf (checkpoints already written are kept)."""
+        if not torch.isfinite(loss.detach()).all():
+            raise NaNLossError(
+                f"non-finite loss ({loss.item()}) at global step {self.global_step}; training stopped. "
+                "The last good checkpoint (if any) is kept in the run's checkpoints/ folder; lower the learning "
+                "rate or enable gradient clipping (trainer.gradient_clip_val) and resume with ckpt_path=last"
+            )
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.run_config is not None:
+            checkpoint["zoo_config"] = self.run_config
+
+
+class ZooModule(ZooBaseModule):
+    """Base of the language-model family modules (not a method by itself).
 
     Args:
         backbone: builds the tokenizer now and the model in :meth:`configure_model`.
@@ -40,14 +97,11 @@ class ZooModule(pl.LightningModule):
         scheduler: SchedulerFactory | None = None,
         generation: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(optimizer, scheduler)
         self.backbone = backbone
         self.quantizer = quantizer or NoQuantizer()
-        self.optimizer_factory = optimizer
-        self.scheduler_factory = scheduler
         self.sampling = SamplingParams(**(generation or {}))
         self.model: PreTrainedModel | None = None
-        self.run_config: dict[str, Any] | None = None  # the resolved Hydra config, set by train.py
 
     # -- model ----------------------------------------------------------------------------------------------
     @property
@@ -84,29 +138,3 @@ class ZooModule(pl.LightningModule):
             reference = self.backbone.with_init_from(init_from).build_model(self.quantizer)
         return reference.requires_grad_(False).eval()
 
-    # -- optimization ---------------------------------------------------------------------------------------
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
-
-    def configure_optimizers(self) -> Any:
-        factory = self.optimizer_factory or torch.optim.AdamW
-        optimizer = factory(self.trainable_parameters())
-        if self.scheduler_factory is None:
-            return optimizer
-        total = self.trainer.estimated_stepping_batches if self._trainer is not None else 1
-        scheduler = self.scheduler_factory(optimizer, total_steps=int(total))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def check_finite(self, loss: torch.Tensor) -> None:
-        """Stop with the step number when the loss is NaN/inf (checkpoints already written are kept)."""
-        if not torch.isfinite(loss.detach()).all():
-            raise NaNLossError(
-                f"non-finite loss ({loss.item()}) at global step {self.global_step}; training stopped. "
-                "The last good checkpoint (if any) is kept in the run's checkpoints/ folder; lower the learning "
-                "rate or enable gradient clipping (trainer.gradient_clip_val) and resume with ckpt_path=last"
-            )
-
-    # -- checkpoints ----------------------------------------------------------------------------------------
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self.run_config is not None:
-            checkpoint["zoo_config"] = self.run_config

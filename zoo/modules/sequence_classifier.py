@@ -13,15 +13,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 from torchmetrics import MeanMetric
 from torchmetrics.classification import BinaryAUROC
 from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.backbones.base import Backbone
-from zoo.errors import NaNLossError
-from zoo.modules.base import OptimizerFactory, SchedulerFactory
+from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooBaseModule
 from zoo.quant.base import NoQuantizer, Quantizer
 from zoo.safety.scorers import SCORER_CONFIG, SequenceClassifierScorer
 
@@ -46,7 +44,7 @@ def build_sequence_classifier(
     return model.to(next(causal.parameters()).dtype)
 
 
-class SequenceClassifierModule(pl.LightningModule):
+class SequenceClassifierModule(ZooBaseModule):
     """Train a sequence classifier (cross-entropy) on ``input_ids``/``attention_mask``/``labels`` batches.
 
     Logs ``{train,val,test}/loss``, ``{val,test}/accuracy`` and, for two classes, ``{val,test}/auroc`` of the
@@ -78,7 +76,7 @@ class SequenceClassifierModule(pl.LightningModule):
         scheduler: SchedulerFactory | None = None,
         seed: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(optimizer, scheduler)
         if len(label_names) != num_labels:
             raise ValueError(f"label_names {list(label_names)} must name all {num_labels} classes")
         if not 0 <= positive_label < num_labels:
@@ -90,11 +88,8 @@ class SequenceClassifierModule(pl.LightningModule):
         self.positive_label = positive_label
         self.template = template
         self.max_length = max_length
-        self.optimizer_factory = optimizer
-        self.scheduler_factory = scheduler
         self.seed = seed
         self.model: PreTrainedModel | None = None
-        self.run_config: dict[str, Any] | None = None
         self.save_hyperparameters(ignore=["backbone", "quantizer", "optimizer", "scheduler"])
         metrics: dict[str, Any] = {}
         for split in ("val", "test"):
@@ -120,8 +115,7 @@ class SequenceClassifierModule(pl.LightningModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         logits = self(batch["input_ids"], batch["attention_mask"])
         loss = torch.nn.functional.cross_entropy(logits.float(), batch["labels"])
-        if not torch.isfinite(loss.detach()):
-            raise NaNLossError(f"non-finite classifier loss at global step {self.global_step}; lower the learning rate")
+        self.check_finite(loss)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["labels"].shape[0])
         return loss
 
@@ -143,19 +137,6 @@ class SequenceClassifierModule(pl.LightningModule):
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._eval_step(batch, "test")
-
-    def configure_optimizers(self) -> Any:
-        factory = self.optimizer_factory or torch.optim.AdamW
-        optimizer = factory([p for p in self.parameters() if p.requires_grad])
-        if self.scheduler_factory is None:
-            return optimizer
-        total = self.trainer.estimated_stepping_batches if self._trainer is not None else 1
-        scheduler = self.scheduler_factory(optimizer, total_steps=int(total))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self.run_config is not None:
-            checkpoint["zoo_config"] = self.run_config
 
     # -- scorer ---------------------------------------------------------------------------------------------
     def scorer_config(self) -> dict[str, Any]:

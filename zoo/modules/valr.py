@@ -57,8 +57,8 @@ class VaLRModule(GeneratingModule):
         align_weight: lambda of ``L_CE + lambda L_REPA`` (paper: 0.5).
         align_layer: ``hidden_states`` index of the aligned states (0 = embeddings) or ``"middle"``
             (``num_layers // 2``; the paper's 12th of 28 layers).
-        teacher: a frozen encoder ``pixel_values -> [B, P, D]`` or a zero-argument factory of one (built in
-            :meth:`configure_model`); ``None`` disables alignment.
+        teacher: a frozen encoder ``pixel_values -> [B, P, D]`` or a zero-argument factory of one (called in
+            :meth:`setup` or :meth:`configure_model`, whichever comes first); ``None`` disables alignment.
         projector_hidden: width of psi's hidden layer.
         upsample: K -> P mode (``nearest`` / ``nearest1d`` / ``linear``).
         projector_lr: learning rate of psi (paper: 1e-5 vs 2e-6 for the LLM); ``None`` = the optimizer's.
@@ -167,17 +167,26 @@ class VaLRModule(GeneratingModule):
                 tower = getattr(self.model.model, name, None) if hasattr(self.model, "model") else None
                 if tower is not None:
                     tower.requires_grad_(False)
-        if self.stage == "latent" and self.align_weight > 0 and self._teacher_spec is not None:
-            teacher = self._teacher_spec
-            teacher = teacher if isinstance(teacher, nn.Module) else teacher()
-            teacher.requires_grad_(False)
-            teacher.eval()
-            self.teacher = teacher
+        teacher = self.resolve_teacher()
+        if teacher is not None:
             dim = int(getattr(teacher, "feature_dim", 0)) or None
             if dim is None:
                 raise ConfigError("module.teacher must expose feature_dim (use zoo.multimodal.teacher.FrozenTeacher)")
             self.projector = AlignmentProjector(int(self._text_config().hidden_size), dim, self.projector_hidden)
             _ = self.align_layer  # validate early
+
+    def resolve_teacher(self) -> nn.Module | None:
+        """The frozen teacher, built from the factory once (the synthetic one is trained and cached on first use)."""
+        if self.teacher is None and self.stage == "latent" and self.align_weight > 0 and self._teacher_spec is not None:
+            teacher = self._teacher_spec
+            teacher = teacher if isinstance(teacher, nn.Module) else teacher()
+            teacher.requires_grad_(False)
+            teacher.eval()
+            self.teacher = teacher
+        return self.teacher
+
+    def setup(self, stage: str) -> None:
+        self.resolve_teacher()  # outside the strategy's init context: the teacher may be built on first use
 
     def train(self, mode: bool = True) -> VaLRModule:
         super().train(mode)
@@ -189,21 +198,15 @@ class VaLRModule(GeneratingModule):
         teacher = {id(p) for p in self.teacher.parameters()} if self.teacher is not None else set()
         return [p for p in self.parameters() if p.requires_grad and id(p) not in teacher]
 
-    def configure_optimizers(self) -> Any:
+    def optimizer_parameters(self) -> list[torch.nn.Parameter] | list[dict[str, Any]]:
+        """psi gets its own learning rate (``projector_lr``) when one is set."""
         if self.projector is None or self.projector_lr is None:
-            return super().configure_optimizers()
+            return self.trainable_parameters()
         proj = {id(p) for p in self.projector.parameters()}
-        groups = [
+        return [
             {"params": [p for p in self.trainable_parameters() if id(p) not in proj]},
             {"params": list(self.projector.parameters()), "lr": self.projector_lr},
         ]
-        factory = self.optimizer_factory or torch.optim.AdamW
-        optimizer = factory(groups)
-        if self.scheduler_factory is None:
-            return optimizer
-        total = self.trainer.estimated_stepping_batches if self._trainer is not None else 1
-        scheduler = self.scheduler_factory(optimizer, total_steps=int(total))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # -- losses ---------------------------------------------------------------------------------------------
     def latent_batch(self, batch: dict[str, Any]) -> LatentBatch:

@@ -2,11 +2,12 @@
 
 Two sources, chosen by config (``module.teacher``):
 
-* :func:`synthetic_teacher` -- a small patch encoder pretrained *here* on the synthetic shape grids to
-  predict every cell's colour and shape, then frozen. Its patch features therefore encode the attributes
-  linearly, which the student's frozen random-init vision tower does not (the paper's premise: the teacher
-  knows more than the MLLM's own vision path). Pretraining takes seconds and is memoised per process (and
-  on disk with ``cache_dir``).
+* the synthetic teacher -- a small :class:`PatchEncoder` pretrained *here* on the synthetic shape grids to predict
+  every cell's colour and shape (:func:`cell_attribute_loss`), then frozen. Its patch features therefore encode the
+  attributes linearly, which the student's frozen random-init vision tower does not (the paper's premise: the teacher
+  knows more than the MLLM's own vision path). Its pretraining is the method ``+method=valr_teacher``
+  (:mod:`zoo.modules.valr_teacher`), built once through the artifact cache by
+  :func:`zoo.modules.valr_teacher.synthetic_teacher` and loaded with :func:`load_teacher`.
 * :func:`hf_teacher` -- any local ``transformers`` vision backbone (DINOv2/v3, SigLIP, CLIP vision...) via
   ``AutoModel.from_pretrained``; patch tokens of ``last_hidden_state`` (prefix tokens dropped).
 
@@ -16,21 +17,18 @@ under ``torch.no_grad()``; output ``[B, P, D]``.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
-import logging
-import random
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
-from zoo.data.visual import VisualCounting
+from zoo.errors import CheckpointNotFoundError
 
-log = logging.getLogger("zoo")
+TEACHER_WEIGHTS = "teacher.safetensors"
+TEACHER_META = "teacher.json"
 
 
 class FrozenTeacher(nn.Module):
@@ -74,110 +72,85 @@ class PatchEncoder(nn.Module):
         return self.mix(self.mlp(x) + self.pos)
 
 
-def _normalize(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    x = torch.from_numpy(images.astype(np.float32) / 255.0).permute(0, 3, 1, 2)
-    return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+def cell_targets(cells: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-cell class targets of a shape grid.
 
-
-def pretrain_patch_encoder(
-    task: VisualCounting,
-    num_images: int = 4000,
-    steps: int = 400,
-    batch_size: int = 64,
-    dim: int = 64,
-    lr: float = 3e-3,
-    seed: int = 1234,
-    image_mean: Sequence[float] = (0.5, 0.5, 0.5),
-    image_std: Sequence[float] = (0.5, 0.5, 0.5),
-) -> tuple[PatchEncoder, float]:
-    """Train a :class:`PatchEncoder` to classify each cell's colour (incl. empty) and shape.
+    Args:
+        cells: ``[B, P, 2]`` colour index and shape index per cell, ``-1`` for an empty cell
+            (the ``cells`` column of :class:`zoo.data.visual.VisualCounting` rows).
 
     Returns:
-        ``(encoder, held-out per-cell accuracy of colour and shape jointly)``.
+        ``(colour [B, P], shape [B, P])`` long tensors with class 0 = empty and ``index + 1`` otherwise.
     """
-    rng = random.Random(seed)
-    cells = np.stack([task.sample_cells(rng) for _ in range(num_images + 256)])
-    from zoo.data.visual import draw_grid
-
-    images = np.stack([draw_grid(c, task.grid, task.cell, task.colors, task.shapes) for c in cells])
-    x = _normalize(images, image_mean, image_std)
-    colour = torch.from_numpy(cells[..., 0] + 1)  # 0 = empty
-    shape = torch.from_numpy(np.where(cells[..., 0] < 0, 0, cells[..., 1] + 1))
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        enc = PatchEncoder(task.cell, dim, task.grid * task.cell)
-        heads = nn.ModuleDict(
-            {"colour": nn.Linear(dim, len(task.colors) + 1), "shape": nn.Linear(dim, len(task.shapes) + 1)}
-        )
-        opt = torch.optim.AdamW([*enc.parameters(), *heads.parameters()], lr=lr)
-        gen = torch.Generator().manual_seed(seed)
-        for _ in range(steps):
-            idx = torch.randint(0, num_images, (batch_size,), generator=gen)
-            feats = enc(x[idx])
-            loss = nn.functional.cross_entropy(heads["colour"](feats).flatten(0, 1), colour[idx].flatten())
-            loss = loss + nn.functional.cross_entropy(heads["shape"](feats).flatten(0, 1), shape[idx].flatten())
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    with torch.no_grad():
-        held = slice(num_images, None)
-        feats = enc(x[held])
-        ok = (heads["colour"](feats).argmax(-1) == colour[held]) & (heads["shape"](feats).argmax(-1) == shape[held])
-    return enc, float(ok.float().mean())
+    empty = cells[..., 0] < 0
+    colour = torch.where(empty, 0, cells[..., 0] + 1)
+    shape = torch.where(empty, 0, cells[..., 1] + 1)
+    return colour.long(), shape.long()
 
 
-@functools.lru_cache(maxsize=8)
-def _cached_encoder(key: str, cache_dir: str | None) -> tuple[PatchEncoder, float]:
-    spec = json.loads(key)
-    task = VisualCounting(**spec.pop("task"))
-    path = (
-        Path(cache_dir).expanduser() / "valr_teacher" / f"{hashlib.sha256(key.encode()).hexdigest()[:12]}.pt"
-        if cache_dir
-        else None
+class CellAttributeHeads(nn.Module):
+    """Linear colour and shape classifiers on patch features: ``[B, P, D] -> ([B, P, C+1], [B, P, S+1])``."""
+
+    def __init__(self, dim: int, num_colors: int, num_shapes: int) -> None:
+        super().__init__()
+        self.colour = nn.Linear(dim, num_colors + 1)
+        self.shape = nn.Linear(dim, num_shapes + 1)
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.colour(features), self.shape(features)
+
+
+def cell_attribute_loss(
+    features: torch.Tensor, heads: CellAttributeHeads, cells: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Pretraining objective of the synthetic teacher: ``CE(colour) + CE(shape)`` over all cells (empty = class 0).
+
+    Args:
+        features: ``[B, P, D]`` patch features (one patch per grid cell).
+        heads: the colour/shape classifiers.
+        cells: ``[B, P, 2]`` (see :func:`cell_targets`).
+
+    Returns:
+        ``loss``, ``colour_accuracy``, ``shape_accuracy`` and ``cell_accuracy`` (colour and shape both right).
+    """
+    colour, shape = cell_targets(cells)
+    colour_logits, shape_logits = heads(features)
+    loss = nn.functional.cross_entropy(colour_logits.flatten(0, 1), colour.flatten()) + nn.functional.cross_entropy(
+        shape_logits.flatten(0, 1), shape.flatten()
     )
-    if path is not None and path.is_file():
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-        enc = PatchEncoder(task.cell, spec["dim"], task.grid * task.cell)
-        enc.load_state_dict(blob["state_dict"])
-        return enc, float(blob["accuracy"])
-    log.info("pretraining the synthetic VaLR teacher (%d steps)", spec["steps"])
-    enc, acc = pretrain_patch_encoder(task, **spec)
-    log.info("synthetic teacher: held-out cell accuracy %.3f", acc)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"state_dict": enc.state_dict(), "accuracy": acc}, path)
-    return enc, acc
-
-
-def synthetic_teacher(
-    grid: int = 4,
-    cell: int = 8,
-    colors: Sequence[str] = ("red", "green", "blue"),
-    shapes: Sequence[str] = ("square", "circle", "cross"),
-    fill_prob: float = 0.6,
-    num_images: int = 4000,
-    steps: int = 400,
-    dim: int = 64,
-    seed: int = 1234,
-    image_mean: Sequence[float] = (0.5, 0.5, 0.5),
-    image_std: Sequence[float] = (0.5, 0.5, 0.5),
-    cache_dir: str | None = None,
-) -> FrozenTeacher:
-    """The frozen synthetic teacher (pretrained on first use; memoised per process, and on disk with ``cache_dir``)."""
-    spec = {
-        "task": {"grid": grid, "cell": cell, "colors": list(colors), "shapes": list(shapes), "fill_prob": fill_prob},
-        "num_images": num_images,
-        "steps": steps,
-        "dim": dim,
-        "seed": seed,
-        "image_mean": list(image_mean),
-        "image_std": list(image_std),
+    colour_ok = colour_logits.argmax(-1) == colour
+    shape_ok = shape_logits.argmax(-1) == shape
+    return {
+        "loss": loss,
+        "colour_accuracy": colour_ok.float().mean(),
+        "shape_accuracy": shape_ok.float().mean(),
+        "cell_accuracy": (colour_ok & shape_ok).float().mean(),
     }
-    enc, acc = _cached_encoder(json.dumps(spec, sort_keys=True), cache_dir)
-    clone = PatchEncoder(cell, dim, grid * cell)
-    clone.load_state_dict(enc.state_dict())
-    teacher = FrozenTeacher(clone, dim, grid * grid)
-    teacher.pretrain_accuracy = acc
+
+
+def save_teacher(encoder: PatchEncoder, directory: str | Path, kwargs: dict[str, Any], **meta: Any) -> Path:
+    """Write ``teacher.safetensors`` and ``teacher.json`` (``{"encoder": PatchEncoder kwargs, ...meta}``)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in encoder.state_dict().items()}, str(directory / TEACHER_WEIGHTS)
+    )
+    (directory / TEACHER_META).write_text(json.dumps({"encoder": dict(kwargs), **meta}, indent=2, default=str))
+    return directory
+
+
+def load_teacher(directory: str | Path) -> FrozenTeacher:
+    """The frozen teacher written by :func:`save_teacher`; ``pretrain_accuracy`` holds its held-out cell accuracy."""
+    directory = Path(directory)
+    if not (directory / TEACHER_WEIGHTS).is_file():
+        raise CheckpointNotFoundError(f"no pretrained teacher at {directory / TEACHER_WEIGHTS}")
+    meta = json.loads((directory / TEACHER_META).read_text())
+    kwargs = meta["encoder"]
+    encoder = PatchEncoder(**kwargs)
+    encoder.load_state_dict(load_file(str(directory / TEACHER_WEIGHTS)))
+    grid = kwargs["image_size"] // kwargs["patch"]
+    teacher = FrozenTeacher(encoder, kwargs["dim"], grid * grid)
+    teacher.pretrain_accuracy = meta.get("accuracy")
     return teacher
 
 
@@ -214,4 +187,13 @@ def hf_teacher(name_or_path: str, num_prefix_tokens: int | None = None, local_fi
     return FrozenTeacher(_HFPatches(model, num_prefix_tokens), int(config.hidden_size), patches)
 
 
-__all__ = ["FrozenTeacher", "PatchEncoder", "hf_teacher", "pretrain_patch_encoder", "synthetic_teacher"]
+__all__ = [
+    "CellAttributeHeads",
+    "FrozenTeacher",
+    "PatchEncoder",
+    "cell_attribute_loss",
+    "cell_targets",
+    "hf_teacher",
+    "load_teacher",
+    "save_teacher",
+]

@@ -1,0 +1,253 @@
+"""Artifacts trained by the normal app: compose ``pkg://zoo.conf/train.yaml`` and call :func:`zoo.cli.train.run`.
+
+A prerequisite that is trained once and reused (the base SFT policy, a pretrained structure encoder, VaLR's synthetic
+teacher, a safety reward model, ...) is a run of ``python train.py <overrides>`` whose ``export/`` is kept in the
+artifact cache (:func:`zoo.artifacts.ensure`):
+
+* :func:`plan_artifact` composes the build run's config (``overrides`` + ``values`` set on the composed config) and
+  computes the spec that keys the cache: the composed config, resolved, without the run's locations (``paths``,
+  ``run_id``) and without :data:`EXECUTION_FIELDS` (where it runs, not what it builds);
+* :func:`train_artifact` builds it on first use: the run's output directory is the temporary build directory, its
+  ``export/`` is the artifact (``<cache_dir>/<kind>/<name>-<key>/export``), next to the run's logs, resolved config
+  and ``artifact.json`` (with the run's final metrics).
+
+Both work inside a running Hydra app (``python train.py ...`` resolving ``backbone.init_from=base``) and outside it
+(tests, notebooks): Hydra's global state and the caller's random-number state are saved before and restored after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import random
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from zoo.artifacts import artifact_path, default_cache_dir, ensure
+from zoo.errors import ZooError
+
+# Where a build runs, not what it builds: set on the build run, left out of its key.
+EXECUTION_FIELDS = ("trainer.accelerator",)
+# Every build run exports its model and keeps no checkpoints (the export is the artifact).
+BUILD_OVERRIDES = ("export=true", "++callbacks.model_checkpoint=null", "++trainer.enable_checkpointing=false")
+PATH_FIELDS = ("root_dir", "log_dir", "output_dir", "cache_dir")
+SEED_ENV = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")
+
+
+@contextlib.contextmanager
+def hydra_isolated() -> Iterator[None]:
+    """Run a block with Hydra's global state (``GlobalHydra``, ``HydraConfig``) cleared, and restore it after."""
+    saved = {cls: Singleton._instances.pop(cls, None) for cls in (GlobalHydra, HydraConfig)}
+    try:
+        yield
+    finally:
+        for cls, instance in saved.items():
+            if instance is None:
+                Singleton._instances.pop(cls, None)
+            else:
+                Singleton._instances[cls] = instance
+
+
+@contextlib.contextmanager
+def rng_isolated() -> Iterator[None]:
+    """Run a block without changing the caller's random state (Python, NumPy, torch CPU/CUDA, Lightning's seed
+    variables) or torch's determinism flags."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    env = {k: os.environ.get(k) for k in SEED_ENV}
+    flags = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.benchmark,
+    )
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
+        torch.backends.cudnn.benchmark = flags[2]
+
+
+def compose_config(
+    overrides: Sequence[str] = (),
+    values: Mapping[str, Any] | None = None,
+    *,
+    root_dir: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+) -> DictConfig:
+    """``train.yaml`` composed with ``overrides`` as ``python train.py <overrides>`` would (in or outside a Hydra app).
+
+    ``values`` (dotted key -> value) are then set on the composed config, replacing whole nodes (``{"task": {...}}``
+    swaps the task); the paths are set to ``root_dir`` (default: the current directory) and ``cache_dir`` (default:
+    :func:`zoo.artifacts.default_cache_dir`); the output directory is ``<root_dir>/logs/artifacts`` until
+    :class:`ArtifactBuild` points it at a build directory.
+    """
+    # Hydra's first composition imports its plugins, which may draw random numbers: keep the caller's state
+    with hydra_isolated(), rng_isolated(), initialize_config_module(config_module="zoo.conf", version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides))
+    root = Path(root_dir).expanduser().resolve() if root_dir is not None else Path.cwd()
+    with open_dict(cfg):
+        for key, value in (values or {}).items():
+            OmegaConf.update(cfg, key, copy.deepcopy(value), merge=False, force_add=True)
+        cfg.paths.root_dir = str(root)
+        cfg.paths.log_dir = str(root / "logs")
+        cfg.paths.output_dir = str(root / "logs" / "artifacts")
+        cfg.paths.cache_dir = str(Path(cache_dir).expanduser().resolve() if cache_dir else default_cache_dir())
+    return cfg
+
+
+def _drop(container: dict[str, Any], dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    node = container
+    for part in parents:
+        node = node.get(part)
+        if not isinstance(node, dict):
+            return
+    node.pop(leaf, None)
+
+
+def config_spec(cfg: DictConfig) -> dict[str, Any]:
+    """What keys an artifact built by ``run(cfg)``: the resolved config without locations and execution fields."""
+    probe = copy.deepcopy(cfg)
+    with open_dict(probe):
+        for field in PATH_FIELDS:
+            probe.paths[field] = f"<paths.{field}>"
+        probe.run_id = "<run_id>"
+    spec = OmegaConf.to_container(probe, resolve=True)
+    for key in ("paths", "run_id", "hydra"):
+        spec.pop(key, None)
+    for dotted in EXECUTION_FIELDS:
+        _drop(spec, dotted)
+    return spec
+
+
+@dataclass
+class ArtifactBuild:
+    """A planned build run: its composed config, the spec that keys it, and where its artifact lives."""
+
+    kind: str
+    name: str
+    config: DictConfig
+    spec: dict[str, Any]
+    cache_dir: Path
+    overrides: tuple[str, ...]
+
+    @property
+    def path(self) -> Path:
+        """``<cache_dir>/<kind>/<name>-<key>`` (the artifact directory, built or not)."""
+        return artifact_path(self.kind, self.spec, self.cache_dir, self.name)
+
+    @property
+    def export_dir(self) -> Path:
+        """The run's ``export/`` inside the artifact: what consumers load."""
+        return self.path / "export"
+
+    def __call__(self, directory: Path) -> dict[str, Any]:
+        """Run the build with ``directory`` as the run's output directory (the builder of :func:`ensure`)."""
+        cfg = copy.deepcopy(self.config)
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(directory)
+            cfg.paths.log_dir = str(directory / "logs")
+            cfg.run_id = "artifact"
+        with hydra_isolated(), rng_isolated():
+            from zoo.cli.train import run  # its first import (Lightning) may draw random numbers too
+
+            metrics = run(cfg)
+        shutil.rmtree(directory / "checkpoints", ignore_errors=True)
+        if not (directory / "export").is_dir():
+            raise ZooError(
+                f"the {self.kind} build run exported nothing to {directory / 'export'} (is export=false or "
+                "trainer.fast_dev_run set among its overrides?)"
+            )
+        return {"overrides": list(self.overrides), "metrics": metrics}
+
+    def ensure(self, reason: str = "first use") -> Path:
+        """The artifact's ``export/``, built first if it is not cached."""
+        return ensure(self.kind, self.spec, self, self.cache_dir, name=self.name, reason=reason) / "export"
+
+
+def plan_artifact(
+    kind: str,
+    overrides: Sequence[str] = (),
+    values: Mapping[str, Any] | None = None,
+    *,
+    name: str = "",
+    cache_dir: str | Path | None = None,
+    root_dir: str | Path | None = None,
+    execution: Mapping[str, Any] | None = None,
+) -> ArtifactBuild:
+    """Compose the build run of an artifact (see :func:`compose_config`) and compute its key, without running it.
+
+    Args:
+        kind: cache sub-folder (``base_policy``, ``structure_encoder``, ...).
+        overrides: command-line overrides of the build run (``+method=sft``, ``task=jailbreak``, ...).
+        values: dotted key -> value set on the composed config (whole nodes, e.g. the parent run's task).
+        name: readable prefix of the artifact directory.
+        cache_dir, root_dir: as in :func:`compose_config`.
+        execution: values of :data:`EXECUTION_FIELDS` (e.g. ``{"trainer.accelerator": "gpu"}``): set on the run,
+            not part of the key.
+    """
+    unknown = sorted(set(execution or {}) - set(EXECUTION_FIELDS))
+    if unknown:
+        raise ValueError(f"execution fields {unknown} are not among {EXECUTION_FIELDS}")
+    cache = Path(cache_dir).expanduser().resolve() if cache_dir is not None else default_cache_dir()
+    all_overrides = (*overrides, *BUILD_OVERRIDES)
+    cfg = compose_config(all_overrides, values, root_dir=root_dir, cache_dir=cache)
+    spec = config_spec(cfg)
+    with open_dict(cfg):
+        for key, value in (execution or {}).items():
+            OmegaConf.update(cfg, key, value, merge=False)
+    return ArtifactBuild(kind, name, cfg, spec, cache, tuple(all_overrides))
+
+
+def train_artifact(
+    kind: str,
+    overrides: Sequence[str] = (),
+    values: Mapping[str, Any] | None = None,
+    *,
+    name: str = "",
+    reason: str = "first use",
+    cache_dir: str | Path | None = None,
+    root_dir: str | Path | None = None,
+    execution: Mapping[str, Any] | None = None,
+) -> Path:
+    """The ``export/`` directory of the artifact trained by ``python train.py <overrides>``, built on first use.
+
+    Example: ``train_artifact("safety_rm", ["+method=safety_rm", "trainer.max_epochs=1"], name="jailbreak")``.
+    """
+    plan = plan_artifact(
+        kind, overrides, values, name=name, cache_dir=cache_dir, root_dir=root_dir, execution=execution
+    )
+    return plan.ensure(reason)
+
+
+__all__ = [
+    "BUILD_OVERRIDES",
+    "EXECUTION_FIELDS",
+    "ArtifactBuild",
+    "compose_config",
+    "config_spec",
+    "hydra_isolated",
+    "plan_artifact",
+    "rng_isolated",
+    "train_artifact",
+]
