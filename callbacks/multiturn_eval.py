@@ -7,7 +7,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from zoo.data.feedback import ChatPolicy, FeedbackEnvironment, run_episodes
+from zoo.data.feedback import ChatPolicy, Episode, FeedbackEnvironment, run_episodes
 from zoo.errors import ConfigError
 from zoo.generation.sampling import SamplingParams
 from zoo.protocols import missing_generation_protocol
@@ -57,7 +57,8 @@ class MultiTurnEvaluation(Callback):
             metric.to(pl_module.device)
 
     # -- episodes -----------------------------------------------------------------------------------------------------
-    def evaluate_batch(self, pl_module: pl.LightningModule, batch: dict[str, Any], split: str) -> None:
+    def evaluate_batch(self, pl_module: pl.LightningModule, batch: dict[str, Any], split: str) -> list[Episode]:
+        """Play the batch's episodes greedily, update the split's metric, and return the episodes."""
         answers = batch.get("answers")
         if answers is None:
             answers = batch.get("columns", {}).get("answer")
@@ -72,6 +73,7 @@ class MultiTurnEvaluation(Callback):
         )
         run_episodes(self.environment, episodes, policy)
         self.metrics[split].to(pl_module.device).update([e.t_star for e in episodes])
+        return episodes
 
     def log_split(self, pl_module: pl.LightningModule, split: str) -> None:
         metric = self.metrics[split]

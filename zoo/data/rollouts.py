@@ -280,26 +280,40 @@ class RolloutSource(RowSource):
     multi-turn evaluation).
 
     Args:
-        path: the rollout file.
+        path: the rollout file; ``None``: the file ``collect()`` returns.
         weighting: ``rows -> weights``; ``None``: weight 1. Its ``min_group_size`` (default 1) is checked per prompt.
         held_out: source of the ``val`` and ``test`` splits.
+        collect: called (once, when the training rows are first needed) for the file when ``path`` is ``None``:
+            e.g. the reference policy's rollouts built through the artifact cache
+            (:func:`zoo.cli.rollouts.reference_rollouts`).
 
     Raises:
         DataError: naming the file and line (see :func:`read_rollouts`), a prompt with fewer trajectories than the
             weighting needs, or no row left after weighting.
     """
 
-    def __init__(self, path: str, weighting: Weighting | None = None, held_out: RowSource | None = None) -> None:
-        if not path:
-            raise ConfigError("datamodule.source.path: give the rollout file (python train.py +method=drift_rollouts)")
-        self.path = str(path)
+    def __init__(
+        self,
+        path: str | None = None,
+        weighting: Weighting | None = None,
+        held_out: RowSource | None = None,
+        collect: Callable[[], str] | None = None,
+    ) -> None:
+        if not path and collect is None:
+            raise ConfigError(
+                "datamodule.source.path: give a rollout file (collected with python train.py +method=drift_rollouts)"
+            )
+        self.path = str(path) if path else None
         self.weighting = weighting
         self.held_out = held_out
+        self.collect = collect
         self._train: list[Row] | None = None
 
     def train_rows(self) -> list[Row]:
         """The weighted training rows (read once)."""
         if self._train is None:
+            if self.path is None:
+                self.path = str(self.collect())
             rows = read_rollouts(self.path)
             minimum = int(getattr(self.weighting, "min_group_size", 1))
             sizes = Counter(r["prompt_id"] for r in rows)

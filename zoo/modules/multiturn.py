@@ -122,7 +122,9 @@ class MultiTurnRolloutModule(GeneratingModule):
         done = self.writer.trajectories
         if done:
             log.info("%s: resuming a collection, %d trajectories already there", self.output, done)
-        total = sum(len(loader.dataset) for loader in self.trainer.predict_dataloaders) * self.n_traj
+        datamodule = getattr(self.trainer, "datamodule", None)
+        split = getattr(datamodule, "predict_split", None)
+        total = len(datamodule.dataset(split)) * self.n_traj if split is not None else None
         self._bar = tqdm(
             total=total,
             initial=done,
@@ -260,6 +262,7 @@ class MultiTurnRollout:
             "lengths": lengths.view(num_groups, g),
             "advantages": advantages,
             "correct": [e.t_star is not None for e in episodes],
+            "episodes": episodes,
             "turns": torch.tensor([e.turns for e in episodes], dtype=torch.float),
             "tokens_generated": policy.tokens_generated,
         }

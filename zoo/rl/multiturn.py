@@ -84,12 +84,13 @@ class MultiTurnAccuracy(Metric):
         self.add_state("total", default=torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, t_stars: Sequence[int | None]) -> None:
-        for t in t_stars:
-            if t is not None and t >= 1:
-                if t > self.max_turns:
-                    raise ValueError(f"t_star={t} exceeds max_turns={self.max_turns}")
-                self.solved_at[t - 1] += 1
-        self.total += len(t_stars)
+        solved = [int(t) for t in t_stars if t is not None and t >= 1]
+        if any(t > self.max_turns for t in solved):
+            raise ValueError(f"t_star={max(solved)} exceeds max_turns={self.max_turns}")
+        index = torch.tensor([t - 1 for t in solved], dtype=torch.long, device=self.solved_at.device)
+        # out of place: the states may be inference tensors (reset inside Lightning's evaluation loop)
+        self.solved_at = self.solved_at + torch.bincount(index, minlength=self.max_turns)
+        self.total = self.total + len(t_stars)
 
     def compute(self) -> dict[str, Tensor]:
         total = self.total.clamp(min=1).float()
