@@ -154,20 +154,16 @@ def test_resume_mid_epoch_ends_like_an_uninterrupted_run(train_cfg, tmp_path):
 
 
 def test_at_most_one_module_method(train_cfg):
-    cfg = OmegaConf.create(
-        {
-            "methods": {
-                "a": {"paper": "x", "kind": "module", "status": "stable"},
-                "b": {"paper": "y", "kind": "module", "status": "stable"},
-                "c": {"paper": "z", "kind": "callback", "status": "stable"},
-            }
-        }
-    )
+    from zoo.catalogue import method_entries
+
+    entries = method_entries()
+    cfg = OmegaConf.create({"methods": {k: entries[k] for k in ("cuttlefish", "sft", "safethink")}})
     with pytest.raises(ConfigError, match=r"at most one of them"):
         check_methods(cfg)
     with pytest.raises(ConfigError, match=r"methods \['grpo', 'sft'\] each replace the training module"):
         check_methods(train_cfg(["+method=[grpo,sft]"]))
-    with pytest.raises(ConfigError, match="must declare"):
+    assert set(check_methods(train_cfg(["+method=[grpo,safethink]"]))) == {"grpo", "safethink"}
+    with pytest.raises(ConfigError, match=r"methods\.a\.kind is missing"):
         check_methods(OmegaConf.create({"methods": {"a": {"paper": "x"}}}))
 
 

@@ -24,10 +24,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from zoo.catalogue import KINDS, check_entries
 from zoo.errors import CheckpointNotFoundError, ConfigError, ZooError
 
 log = logging.getLogger("zoo")
-METHOD_KINDS = ("module", "callback", "component", "benchmark")
+METHOD_KINDS = KINDS
 STAGES = ("fit", "validate", "test", "predict")
 
 
@@ -41,17 +42,12 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
 
 
 def check_methods(cfg: DictConfig) -> dict[str, Any]:
-    """Validate the ``methods`` block contributed by ``+method=...`` files; at most one ``kind: module``."""
+    """Validate the ``methods`` block contributed by ``+method=...`` files (the catalogue fields of
+    :mod:`zoo.catalogue`, one message per problem); at most one ``kind: module``."""
     node = cfg.get("methods")
     methods = OmegaConf.to_container(node, resolve=True) if node else {}
+    check_entries(methods)
     for name, info in methods.items():
-        missing = [k for k in ("paper", "kind", "status") if k not in (info or {})]
-        if missing:
-            raise ConfigError(
-                f"method '{name}': its config must declare methods.{name}.{{paper, kind, status}}; missing {missing}"
-            )
-        if info["kind"] not in METHOD_KINDS:
-            raise ConfigError(f"method '{name}': kind must be one of {METHOD_KINDS}, got {info['kind']!r}")
         if info["status"] == "experimental":
             log.warning("method '%s' is experimental (%s)", name, info["paper"])
     modules = [name for name, info in methods.items() if info["kind"] == "module"]

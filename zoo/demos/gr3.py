@@ -4,11 +4,11 @@
 backbone, starting from the cached base SFT policy of the multi-operand sum task with redundant steps
 (``task=multisum_redundant``: the base policy sometimes re-checks a partial sum, so length varies):
 
-* RLHF-style: a verbosity-biased proxy reward (``module/rewards=proxy_rm``; longer answers score higher
+* RLHF-style: a verbosity-biased proxy reward (``module/grpo/rewards=proxy_rm``; longer answers score higher
   regardless of correctness), true accuracy tracked separately;
-* RLVR: the binary exact-match reward (``module/rewards=verifier``).
+* RLVR: the binary exact-match reward (``module/grpo/rewards=verifier``).
 
-Arms of each multirun: ``module/shaper=none,additive_length,gr3``. The numbers and plots are written by
+Arms of each multirun: ``module/grpo/shaper=none,additive_length,gr3``. The numbers and plots are written by
 ``zoo.report`` into ``docs/results/gr3_rlhf.{md,png}`` and ``gr3_rlvr.{md,png}``; ``docs/results/gr3.md``
 collects them with the final values per arm.
 """
@@ -37,8 +37,8 @@ def multirun(setting: str, rewards: str, steps: int, seed: int, out: Path) -> Pa
         str(REPO / "train.py"),
         "-m",
         "+method=grpo",
-        "module/shaper=none,additive_length,gr3",
-        f"module/rewards={rewards}",
+        "module/grpo/shaper=none,additive_length,gr3",
+        f"module/grpo/rewards={rewards}",
         f"seed={seed}",
         f"trainer.max_steps={steps}",
         f"trainer.val_check_interval={max(steps // 4, 1)}",
@@ -67,7 +67,7 @@ def final_values(sweep_dir: Path) -> dict[str, dict[str, float]]:
 
 def arm_name(label: str) -> str:
     for key, name in ARMS.items():
-        if f"module/shaper={key}" in label:
+        if f"module/grpo/shaper={key}" in label:
             return name
     return label
 

@@ -341,7 +341,7 @@ def encode_prompts(
 
     Returns ``(input_ids [B, P], attention_mask [B, P])``.
     """
-    from zoo.datamodules.base import encode_prompt, pad_sequences
+    from zoo.data.encoding import encode_prompt, pad_sequences
 
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
     ids = pad_sequences(encoded, tokenizer.pad_token_id, "left").to(device)

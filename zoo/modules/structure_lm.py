@@ -1,8 +1,8 @@
 """Structure-grounded LM family: frozen structure encoder -> connector -> tokens inserted into the LLM input.
 
 Paper: "Cuttlefish: Scaling-Aware Adapter for Structure-Grounded LLM Reasoning", arXiv 2602.02780 (notes 4(a)).
-The connector is injected (``module/connector=cuttlefish|patching|query|mean_pool``); this module only wires the
-cores of :mod:`zoo.multimodal.cuttlefish` into a causal LM and trains them.
+The connector is injected (``module/structure_lm/connector=cuttlefish|patching|query|mean_pool``); this module only
+wires the cores of :mod:`zoo.multimodal.cuttlefish` into a causal LM and trains them.
 
 Equation -> function:
 
@@ -114,7 +114,9 @@ class StructureLMModule(GeneratingModule):
         if stage not in STAGES:
             raise ConfigError(f"module.stage must be one of {STAGES}, got {stage!r}")
         if connector is None:
-            raise ConfigError("module.connector is required (module/connector=cuttlefish|patching|query|mean_pool)")
+            raise ConfigError(
+                "module.connector is required (module/structure_lm/connector=cuttlefish|patching|query|mean_pool)"
+            )
         vocab = self.tokenizer.get_vocab()
         if placeholder not in vocab:
             raise ConfigError(
