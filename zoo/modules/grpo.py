@@ -72,7 +72,7 @@ class GRPOModule(GeneratingModule):
         verifier: ``(completion, answer) -> bool`` for the true accuracy tracked beside the reward (the task's,
             ``verifier: ${task}``).
         decoder: the decoder of rollouts and evaluation (``module/decoder``; default plain sampling).
-        rollout: the rollout seam (``module/rollout``): ``None`` samples ``G`` single-turn completions per prompt
+        rollout: the rollout seam (``module/grpo/rollout``): ``None`` samples ``G`` single-turn completions per prompt
             (:meth:`rollout`); a callable ``(module, batch) -> rollout dict`` replaces it, e.g. multi-turn feedback
             episodes (:class:`~zoo.modules.multiturn.MultiTurnRollout`), and may give the token rows to train on as
             ``rows``.
