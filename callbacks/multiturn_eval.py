@@ -68,9 +68,7 @@ class MultiTurnEvaluation(Callback):
             )
         conversations = batch.get("conversations") or [self.environment.initial_messages(p) for p in batch["prompts"]]
         episodes = [self.environment.reset(c, a, str(i)) for i, (c, a) in enumerate(zip(conversations, answers))]
-        policy = ChatPolicy(
-            pl_module.generate, pl_module.tokenizer, self.environment.chat_format, self.params, None, pl_module.device
-        )
+        policy = ChatPolicy.for_module(pl_module, self.environment.chat_format, self.params)
         run_episodes(self.environment, episodes, policy)
         self.metrics[split].to(pl_module.device).update([e.t_star for e in episodes])
         return episodes

@@ -151,6 +151,29 @@ def test_batched_episodes_on_a_real_model_follow_the_rules(tiny):
     assert policy.tokens_generated == sum(e.completion_tokens for e in episodes) > 0
 
 
+def test_an_episode_whose_next_turn_does_not_fit_ends_there(tiny):
+    backbone, model = tiny
+    env = FeedbackEnvironment(Addition(), max_turns=3)
+    decoder = SampleDecoder()
+    params = SamplingParams(max_new_tokens=10)
+    policy = ChatPolicy(
+        lambda ids, mask, p, g: decoder(model, backbone.tokenizer, ids, mask, params=p, generator=g),
+        backbone.tokenizer,
+        env.chat_format,
+        params,
+        max_context=60,
+    )
+    short, long = env.reset("1+2=", "3"), env.reset("1234+5678=", "6912")
+    first = [len(ids) for ids in policy.encode([short.messages, long.messages])]
+    assert all(n + 10 <= 60 for n in first)
+    run_episodes(env, [short, long], policy)
+    for episode in (short, long):
+        if episode.t_star is None:
+            assert episode.out_of_context and episode.turns < 3  # 3 turns of 10 tokens cannot fit in 60 positions
+            assert episode.messages[-1]["role"] == "assistant"
+            assert len(policy.encode([[*episode.messages, env.feedback_message(0.0, 2)]])[0]) + 10 > 60
+
+
 def test_a_context_longer_than_the_model_is_a_clear_error(tiny):
     backbone, model = tiny
     env = FeedbackEnvironment(Addition(), max_turns=3)

@@ -38,11 +38,11 @@ from transformers import PreTrainedTokenizerBase
 
 from zoo.backbones.tokenizer import THINK_CLOSE
 from zoo.data.chat import ChatFormat, Message, check_messages
-from zoo.data.encoding import encode_prompts
+from zoo.data.encoding import encode_prompt, pad_sequences
 from zoo.data.sources import GeneratedSource, Row
 from zoo.data.tasks import EXACT_ANSWER, Task, Verifier
 from zoo.errors import ConfigError, DataError
-from zoo.generation.sampling import GenerationResult, SamplingParams
+from zoo.generation.sampling import GenerationResult, SamplingParams, context_length
 
 FEEDBACK_MODES: tuple[str, ...] = ("simple", "rich")
 #: ``DEFAULT_INCORRECT_OBS`` of the released ``src/prompting.py``.
@@ -89,6 +89,7 @@ class Episode:
         format_penalty: sum of the format penalties of the malformed turns (``<= 0``).
         done: solved, or out of turns.
         finished: whether the last turn ended by EOS/stop (False: it ran out of tokens).
+        out_of_context: the episode ended because its next turn would not fit in the model's positions.
         completion_tokens: tokens generated over all turns.
     """
 
@@ -102,6 +103,7 @@ class Episode:
     format_penalty: float = 0.0
     done: bool = False
     finished: bool = True
+    out_of_context: bool = False
     completion_tokens: int = 0
 
     @property
@@ -225,6 +227,14 @@ class FeedbackEnvironment:
         if not episode.done:
             episode.messages.append(self.feedback_message(reward, turn + 1))
 
+    def stop(self, episode: Episode) -> None:
+        """End an episode before its next turn (it does not fit in the model's context): unsolved, no new turn; the
+        feedback that asked for the turn is removed, so the conversation ends with its last assistant turn."""
+        if episode.messages and episode.messages[-1]["role"] == "user" and episode.turns:
+            episode.messages.pop()
+        episode.done = True
+        episode.out_of_context = True
+
     def episode_repeat_penalty(self, episode: Episode) -> float:
         """:func:`repeat_penalty` of an episode's well-formed answers with this environment's ``lambda``."""
         return repeat_penalty([a for a in episode.answers if a is not None], self.repeat_penalty)
@@ -258,6 +268,8 @@ class ChatPolicy:
         params: decoding options of every turn.
         generator: seeded generator (sampling).
         device: where prompt ids go (default: CPU).
+        max_context: the model's positions (``None``: unknown); a conversation whose next turn does not fit
+            (prompt + ``params.max_new_tokens``) is not sent (see :func:`run_episodes`).
 
     :attr:`tokens_generated` and :attr:`calls` count what was decoded (benchmarks).
     """
@@ -270,6 +282,7 @@ class ChatPolicy:
         params: SamplingParams,
         generator: torch.Generator | None = None,
         device: torch.device | str = "cpu",
+        max_context: int | None = None,
     ) -> None:
         self.generate = generate
         self.tokenizer = tokenizer
@@ -277,12 +290,34 @@ class ChatPolicy:
         self.params = params
         self.generator = generator
         self.device = device
+        self.max_context = max_context
         self.tokens_generated = 0
         self.calls = 0
 
-    def __call__(self, conversations: Sequence[Sequence[Message]], turn: int = 1) -> GenerationResult:
+    @classmethod
+    def for_module(
+        cls, module: Any, chat_format: ChatFormat, params: SamplingParams, generator: torch.Generator | None = None
+    ) -> ChatPolicy:
+        """The policy of a generating module (``generate``, ``tokenizer``, ``model``, ``device``)."""
+        if getattr(module, "model", None) is None and hasattr(module, "configure_model"):
+            module.configure_model()
+        model = getattr(module, "model", None)
+        limit = context_length(model) if hasattr(model, "config") else None
+        return cls(module.generate, module.tokenizer, chat_format, params, generator, module.device, limit)
+
+    def encode(self, conversations: Sequence[Sequence[Message]]) -> list[list[int]]:
+        """Prompt ids of each conversation (rendered up to the next assistant turn; BOS first)."""
         texts = [self.chat_format.render(c, self.tokenizer, add_generation_prompt=True) for c in conversations]
-        ids, mask = encode_prompts(self.tokenizer, texts, self.device)
+        return [encode_prompt(self.tokenizer, t) for t in texts]
+
+    def fits(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether a prompt leaves room for a whole turn (``max_new_tokens``) in the model's positions."""
+        return self.max_context is None or len(prompt_ids) + self.params.max_new_tokens <= self.max_context
+
+    def decode(self, encoded: Sequence[Sequence[int]], turn: int = 1) -> GenerationResult:
+        """One turn of the encoded conversations (left-padded into one batch)."""
+        ids = pad_sequences(encoded, self.tokenizer.pad_token_id, "left").to(self.device)
+        mask = pad_sequences([[1] * len(e) for e in encoded], 0, "left").to(self.device)
         try:
             result = self.generate(ids, mask, self.params, self.generator)
         except ConfigError as err:
@@ -294,17 +329,31 @@ class ChatPolicy:
         self.calls += 1
         return result
 
+    def __call__(self, conversations: Sequence[Sequence[Message]], turn: int = 1) -> GenerationResult:
+        return self.decode(self.encode(conversations), turn)
+
 
 def run_episodes(environment: FeedbackEnvironment, episodes: Sequence[Episode], policy: ChatPolicy) -> list[Episode]:
-    """Play the episodes to the end, one batched decode per turn over the episodes still running."""
+    """Play the episodes to the end, one batched decode per turn over the episodes still running.
+
+    An episode whose next turn would not fit in the model's positions (``policy.max_context``) ends there, unsolved,
+    with ``out_of_context`` set (a policy that writes very long turns runs out of context before it runs out of turns).
+    """
     episodes = list(episodes)
     for turn in range(1, environment.max_turns + 1):
         active = [e for e in episodes if not e.done]
-        if not active:
+        encoded = policy.encode([e.messages for e in active])
+        running = []
+        for episode, ids in zip(active, encoded):
+            if policy.fits(ids) or episode.turns == 0:  # a first turn that does not fit is a configuration error
+                running.append((episode, ids))
+            else:
+                environment.stop(episode)
+        if not running:
             break
-        result = policy([e.messages for e in active], turn=turn)
+        result = policy.decode([ids for _, ids in running], turn=turn)
         lengths = result.lengths.tolist()
-        for row, episode in enumerate(active):
+        for row, (episode, _) in enumerate(running):
             environment.step(episode, result.texts[row], bool(result.finished[row]), lengths[row])
     return episodes
 

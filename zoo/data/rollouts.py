@@ -20,6 +20,7 @@ format_penalty ``float``: sum of the format penalties of the malformed turns (``
 repeat_penalty ``float``: ``lambda (1 - #unique answers / #answers)``
 return         ``float``: ``sum_t gamma^(t-1) r_t + format_penalty - repeat_penalty`` with the collection's ``gamma``
 gamma          ``float``: the ``gamma`` of ``return``
+out_of_context ``bool``: the episode ended early because its next turn would not fit in the model's positions
 ============== =========================================================================================================
 
 Required when reading: :data:`REQUIRED_FIELDS`. Next to the file, ``<file>.meta.json`` records what produced it

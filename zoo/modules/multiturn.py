@@ -94,7 +94,7 @@ class MultiTurnRolloutModule(GeneratingModule):
         self.seed = seed
         self.progress = progress
         self.writer: RolloutWriter | None = None
-        self.stats = {"trajectories": 0, "solved": 0, "tokens": 0, "turns": 0}
+        self.stats = {"trajectories": 0, "solved": 0, "solved_turn1": 0, "tokens": 0, "turns": 0, "out_of_context": 0}
         self._bar: Any = None
         self._seen: set[str] = set()
         self.save_hyperparameters(ignore=["backbone", "quantizer", "environment", "decoder"])
@@ -147,6 +147,8 @@ class MultiTurnRolloutModule(GeneratingModule):
         self.writer.write([episode_row(self.environment, e, self.gamma) for e in episodes])
         self.stats["trajectories"] += len(episodes)
         self.stats["solved"] += sum(e.t_star is not None for e in episodes)
+        self.stats["solved_turn1"] += sum(e.t_star == 1 for e in episodes)
+        self.stats["out_of_context"] += sum(e.out_of_context for e in episodes)
         self.stats["turns"] += sum(e.turns for e in episodes)
         self.stats["tokens"] += sum(e.completion_tokens for e in episodes)
         self._bar.update(len(episodes))
@@ -160,9 +162,7 @@ class MultiTurnRolloutModule(GeneratingModule):
             for j in range(self.n_traj)
         ]
         generator = keyed_generator(self.seed, prompt_ids[0], self.device)
-        policy = ChatPolicy(
-            self.generate, self.tokenizer, self.environment.chat_format, self.sampling, generator, self.device
-        )
+        policy = ChatPolicy.for_module(self, self.environment.chat_format, self.sampling, generator)
         return run_episodes(self.environment, episodes, policy)
 
     def on_predict_end(self) -> None:
@@ -170,15 +170,36 @@ class MultiTurnRolloutModule(GeneratingModule):
             self._bar.close()
         if self.writer is not None:
             self.writer.close()
-        n = max(self.stats["trajectories"], 1)
+        summary = self.summary()
         log.info(
-            "rollouts in %s: %d new trajectories, %.3f solved within %d turns, %.2f turns on average",
+            "rollouts in %s: %d new trajectories (%d in the file), %.3f solved at turn 1, %.3f within %d turns, %.2f "
+            "turns on average",
             self.output,
             self.stats["trajectories"],
-            self.stats["solved"] / n,
+            self.writer.trajectories if self.writer is not None else 0,
+            summary["rollouts/turn1_accuracy"],
+            summary["rollouts/solved"],
             self.environment.max_turns,
-            self.stats["turns"] / n,
+            summary["rollouts/mean_turns"],
         )
+        # Lightning does not log from predict: the summary goes to the loggers and to the run's final metrics
+        metrics = {k: torch.tensor(v) for k, v in summary.items()}
+        self.trainer.callback_metrics.update(metrics)
+        for logger in self.trainer.loggers:
+            logger.log_metrics(summary, step=0)
+
+    def summary(self) -> dict[str, float]:
+        """Statistics of the trajectories collected by this run (new ones only)."""
+        n = max(self.stats["trajectories"], 1)
+        return {
+            "rollouts/new_trajectories": float(self.stats["trajectories"]),
+            "rollouts/file_trajectories": float(self.writer.trajectories if self.writer is not None else 0),
+            "rollouts/turn1_accuracy": self.stats["solved_turn1"] / n,
+            "rollouts/solved": self.stats["solved"] / n,
+            "rollouts/mean_turns": self.stats["turns"] / n,
+            "rollouts/tokens_per_trajectory": self.stats["tokens"] / n,
+            "rollouts/out_of_context": self.stats["out_of_context"] / n,
+        }
 
 
 class MultiTurnRollout:
@@ -223,7 +244,7 @@ class MultiTurnRollout:
         ]
         device = module.device
         generator = torch.Generator(device=device).manual_seed(int(torch.initial_seed()) % (2**31) + module.global_step)
-        policy = ChatPolicy(module.generate, module.tokenizer, env.chat_format, module.sampling, generator, device)
+        policy = ChatPolicy.for_module(module, env.chat_format, module.sampling, generator)
         run_episodes(env, episodes, policy)
         rows = trajectory_rows(module.tokenizer, env.chat_format, episodes, self.train_turns)
         rows = {k: v.to(device) for k, v in rows.items()}

@@ -41,6 +41,7 @@ def episode_row(environment: FeedbackEnvironment, episode: Episode, gamma: float
         "repeat_penalty": penalty,
         "return": discounted_return(episode.turn_rewards, gamma, episode.format_penalty, penalty),
         "gamma": gamma,
+        "out_of_context": episode.out_of_context,
     }
 
 
