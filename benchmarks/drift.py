@@ -1,0 +1,318 @@
+"""DRIFT (arXiv 2605.31455): the cost of offline DRIFT against online multi-turn GRPO, and rollout throughput.
+
+1. **DRIFT vs online GRPO to the same multi@3.** From the same reference policy (the cached base policy of the DRIFT
+   methods), DRIFT collects ``--prompts x --n-traj`` episodes once (``+method=drift_rollouts``) and fine-tunes on them
+   (``+method=drift``, one epoch); its final ``val/multi@3`` is the target. Online multi-turn GRPO
+   (``+method=drift_grpo``) trains until its ``val/multi@3`` reaches the target or ``--grpo-steps`` run out. Measured:
+   wall-clock of the training phases (validation time excluded: both arms evaluate the same prompts) and tokens
+   generated for training (DRIFT: the rollouts; GRPO: every step's episodes). Arms interleaved over ``--repeats``
+   (DRIFT, GRPO, DRIFT, GRPO, ...), each repeat with its own seed offset.
+2. **Rollout collection throughput.** The same episodes (same model, prompts, ``n_traj``, environment) played through
+   the zoo's decoder seam (``SampleDecoder``, as ``+method=drift_rollouts`` does) and through plain ``transformers``
+   ``model.generate``, interleaved A B A B; trajectories/s and tokens/s, median and spread, and the ratio.
+
+Writes the ``## DRIFT`` section of docs/benchmarks.md.
+
+    python benchmarks/drift.py [--prompts 128] [--n-traj 8] [--grpo-steps 120] [--repeats 2] [--threads 1]
+        [--reference <export dir>] [--override key=value ...]
+
+``--reference`` makes an exported model the reference of every run (default: the cached base policy of the DRIFT
+methods, built on first use); ``--override`` adds command-line overrides to every run (e.g. a smaller
+``base_policy.num_train``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from _results import write_section
+from omegaconf import open_dict
+
+from zoo.cli.artifacts import compose_config
+from zoo.cli.bootstrap import ensure_base_policy
+from zoo.cli.train import build, run
+from zoo.data.feedback import ChatPolicy, FeedbackEnvironment, run_episodes
+from zoo.data.tasks import Addition
+from zoo.generation import GenerationResult, SampleDecoder, SamplingParams
+from zoo.generation.sampling import context_length, decode_completion
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class TrainingClock(pl.Callback):
+    """Training wall-clock without validation, the multi@3 of every validation, and tokens generated for training."""
+
+    def __init__(self, metric: str) -> None:
+        self.metric = metric
+        self.elapsed = 0.0
+        self.tokens = 0
+        self.curve: list[tuple[float, int, float]] = []  # (seconds, tokens, multi@3)
+        self._start: float | None = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.tokens += int(getattr(pl_module, "last_rollout", {}).get("tokens_generated", 0))
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._start is not None:
+            self.elapsed += time.perf_counter() - self._start
+            self._start = None
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        value = trainer.callback_metrics.get(self.metric)
+        if value is not None and not trainer.sanity_checking:
+            self.curve.append((self.elapsed, self.tokens, float(value)))
+        if trainer.training:
+            self._start = time.perf_counter()
+
+
+def compose(overrides: list[str], out: Path, cache: Path) -> Any:
+    cfg = compose_config(overrides, root_dir=REPO, cache_dir=cache)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(out)
+        cfg.paths.log_dir = str(out / "logs")
+    return cfg
+
+
+def fit_with_clock(cfg: Any, metric: str) -> TrainingClock:
+    """Build the run as train.py does and fit it with a :class:`TrainingClock` attached."""
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    module, datamodule, trainer = build(cfg)
+    clock = TrainingClock(metric)
+    trainer.callbacks.append(clock)
+    trainer.fit(module, datamodule)
+    return clock
+
+
+def drift_arm(args: argparse.Namespace, common: list[str], out: Path, cache: Path) -> dict[str, float]:
+    rollouts = out / "rollouts.jsonl"
+    collect = compose(
+        [
+            "+method=drift_rollouts",
+            *common,
+            f"datamodule.source.num_train={args.prompts}",
+            f"datamodule.source.num_val={args.val}",
+            f"module.n_traj={args.n_traj}",
+            f"module.output={rollouts}",
+        ],
+        out / "collect",
+        cache,
+    )
+    start = time.perf_counter()
+    stats = run(collect)
+    collect_seconds = time.perf_counter() - start
+    tokens = stats["rollouts/tokens_per_trajectory"] * stats["rollouts/new_trajectories"]
+    train = compose(
+        [
+            "+method=drift",
+            *common,
+            f"datamodule.source.path={rollouts}",
+            f"datamodule.source.held_out.num_val={args.val}",
+            "trainer.val_check_interval=0.5",
+        ],
+        out / "train",
+        cache,
+    )
+    clock = fit_with_clock(train, args.metric)
+    return {
+        "collect_s": collect_seconds,
+        "train_s": clock.elapsed,
+        "seconds": collect_seconds + clock.elapsed,
+        "tokens": tokens,
+        "final": clock.curve[-1][2],
+        "reference_turn1": stats["rollouts/turn1_accuracy"],
+        "reference_solved": stats["rollouts/solved"],
+    }
+
+
+def grpo_arm(args: argparse.Namespace, common: list[str], target: float, out: Path, cache: Path) -> dict[str, float]:
+    cfg = compose(
+        [
+            "+method=drift_grpo",
+            *common,
+            f"trainer.max_steps={args.grpo_steps}",
+            f"trainer.val_check_interval={args.grpo_val_every}",
+            f"datamodule.source.num_val={args.val}",
+            "callbacks.log_generations=null",
+        ],
+        out,
+        cache,
+    )
+    clock = fit_with_clock(cfg, args.metric)
+    reached = next(((s, t, v) for s, t, v in clock.curve if v >= target), None)
+    best = max((v for _, _, v in clock.curve), default=float("nan"))
+    if reached is None:
+        return {"seconds": clock.elapsed, "tokens": clock.tokens, "reached": 0.0, "best": best}
+    return {"seconds": reached[0], "tokens": reached[1], "reached": 1.0, "best": best}
+
+
+# -- collection throughput --------------------------------------------------------------------------------------------
+def hf_generate(model: torch.nn.Module, tokenizer: Any):
+    """``model.generate`` of transformers as a ``ChatPolicy`` generate function (EOS ends a row)."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+
+    def generate(ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams, generator: Any) -> GenerationResult:
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=params.do_sample,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=0,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+        completion = out[:, ids.shape[1] :]
+        is_eos = completion == eos
+        ended = is_eos.cumsum(-1)
+        mask_out = ((ended == 0) | (is_eos & (ended == 1))).long()
+        texts = [decode_completion(tokenizer, row.tolist()) for row in completion]
+        logprobs = torch.zeros_like(completion, dtype=torch.float)
+        return GenerationResult(ids, completion, mask_out, logprobs, texts, is_eos.any(-1))
+
+    return generate
+
+
+def throughput(model: torch.nn.Module, tokenizer: Any, engine: str, args: argparse.Namespace) -> tuple[float, float]:
+    env = FeedbackEnvironment(Addition(), max_turns=3)
+    problems = Addition().examples(args.throughput_prompts, seed=123)
+    episodes = [env.reset(e.prompt, e.answer, str(i), j) for i, e in enumerate(problems) for j in range(args.n_traj)]
+    params = SamplingParams(max_new_tokens=48, do_sample=True, temperature=1.0)
+    if engine == "zoo":
+        decoder = SampleDecoder()
+
+        def generate(ids, mask, p, g):
+            return decoder(model, tokenizer, ids, mask, params=p, generator=g)
+    else:
+        generate = hf_generate(model, tokenizer)
+    policy = ChatPolicy(
+        generate,
+        tokenizer,
+        env.chat_format,
+        params,
+        torch.Generator().manual_seed(0),
+        max_context=context_length(model),
+    )
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    run_episodes(env, episodes, policy)
+    seconds = time.perf_counter() - start
+    return len(episodes) / seconds, policy.tokens_generated / seconds
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--n-traj", type=int, default=8)
+    parser.add_argument("--val", type=int, default=64)
+    parser.add_argument("--grpo-steps", type=int, default=120)
+    parser.add_argument("--grpo-val-every", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--throughput-prompts", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cache", type=str, default=None, help="artifact cache (default: ZOO_CACHE_DIR/.zoo_cache)")
+    parser.add_argument("--skip-training", action="store_true", help="only the collection throughput")
+    parser.add_argument("--reference", type=str, default=None, help="export dir of the reference policy")
+    parser.add_argument("--override", action="append", default=[], help="an override of every run (repeatable)")
+    args = parser.parse_args()
+    args.metric = "val/multi@3"
+    torch.set_num_threads(args.threads)
+    cache = Path(args.cache).resolve() if args.cache else REPO / ".zoo_cache"
+    lines = [
+        f"Reference policy: the cached base policy of the DRIFT methods (tiny backbone, `task=addition`, 3 turns). "
+        f"Machine: {args.threads} torch thread(s) on a shared, heavily loaded CPU: absolute times are noisy, the "
+        "ratios are the result."
+    ]
+
+    overrides = list(args.override)
+    if args.reference:
+        overrides.append(f"backbone.init_from={Path(args.reference).resolve()}")
+        lines[0] = lines[0].replace("the cached base policy of the DRIFT methods", f"`{Path(args.reference).name}`")
+    # 2. throughput (cheap): zoo decoder vs transformers generate, interleaved
+    if args.reference:
+        reference = Path(args.reference)
+    else:
+        reference = ensure_base_policy(compose(["+method=drift", *overrides], Path(tempfile.mkdtemp()), cache))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(reference, local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(reference, local_files_only=True)
+    runs: dict[str, list[tuple[float, float]]] = {"zoo": [], "hf": []}
+    for _ in range(max(args.repeats, 2)):
+        for engine in ("zoo", "hf"):
+            runs[engine].append(throughput(model, tokenizer, engine, args))
+    zoo_traj, hf_traj = [r[0] for r in runs["zoo"]], [r[0] for r in runs["hf"]]
+    ratios = [a / b for a, b in zip(zoo_traj, hf_traj)]
+    lines += [
+        "",
+        "### Rollout collection throughput",
+        "",
+        f"{args.throughput_prompts} prompts x {args.n_traj} trajectories, up to 3 turns of 48 sampled tokens, one "
+        "batch per turn; the same episode loop, decoded by the zoo's `SampleDecoder` (the decoder seam of "
+        "`+method=drift_rollouts`) or by `transformers` `model.generate`. Median (min-max) over "
+        f"{len(ratios)} interleaved repeats.",
+        "",
+        "| engine | trajectories/s | tokens/s |",
+        "|---|---|---|",
+        f"| zoo decoder | {spread(zoo_traj)} | {spread([r[1] for r in runs['zoo']])} |",
+        f"| transformers generate | {spread(hf_traj)} | {spread([r[1] for r in runs['hf']])} |",
+        f"| ratio zoo / transformers | {spread(ratios)} | |",
+    ]
+
+    # 1. DRIFT vs online multi-turn GRPO, interleaved
+    if not args.skip_training:
+        drift_runs, grpo_runs = [], []
+        with tempfile.TemporaryDirectory() as tmp:
+            for repeat in range(args.repeats):
+                common = [f"seed={repeat}", *overrides]
+                root = Path(tmp) / f"r{repeat}"
+                drift = drift_arm(args, common, root / "drift", cache)
+                drift_runs.append(drift)
+                grpo_runs.append(grpo_arm(args, common, drift["final"], root / "grpo", cache))
+        time_ratio = [g["seconds"] / d["seconds"] for d, g in zip(drift_runs, grpo_runs)]
+        token_ratio = [g["tokens"] / d["tokens"] for d, g in zip(drift_runs, grpo_runs)]
+        lines += [
+            "",
+            "### DRIFT (collection + training) vs online multi-turn GRPO to the same multi@3",
+            "",
+            f"DRIFT: {args.prompts} prompts x {args.n_traj} episodes collected once, then one epoch of weighted SFT "
+            f"(beta 0.1, gamma 0.9); target = its final `val/multi@3` on {args.val} held-out prompts. GRPO: "
+            f"`+method=drift_grpo` (8 prompts x 8 episodes per step) validated every {args.grpo_val_every} steps, "
+            f"stopped at the target or after {args.grpo_steps} steps. Seconds exclude validation. "
+            f"{args.repeats} interleaved repeats (seeds 0..{args.repeats - 1}; each seed has its own reference).",
+            "",
+            "| repeat | reference turn-1 / multi@3 (sampled) | DRIFT multi@3 | DRIFT s (collect + train) "
+            "| DRIFT tokens | GRPO reached | GRPO best multi@3 | GRPO s | GRPO tokens |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for i, (d, g) in enumerate(zip(drift_runs, grpo_runs)):
+            lines.append(
+                f"| {i} | {d['reference_turn1']:.3f} / {d['reference_solved']:.3f} | {d['final']:.3f} | "
+                f"{d['seconds']:.0f} ({d['collect_s']:.0f} + {d['train_s']:.0f}) | {d['tokens']:.0f} | "
+                f"{'yes' if g['reached'] else 'no'} | {g['best']:.3f} | {g['seconds']:.0f} | {g['tokens']:.0f} |"
+            )
+        lines += [
+            "",
+            f"GRPO / DRIFT wall-clock: {spread(time_ratio)}; tokens generated: {spread(token_ratio)} (median, min-max; "
+            "where GRPO did not reach the target, its whole budget counts, so the ratio is a lower bound).",
+        ]
+    write_section("DRIFT", "\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
