@@ -16,12 +16,12 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from zoo.data.chat import Message, check_messages
+from zoo.data.chat import Message, check_messages, encode_conversation
 from zoo.data.feedback import FeedbackEnvironment
 from zoo.data.sources import Row
 from zoo.datamodules.prompts import PromptDataModule
 from zoo.datamodules.sft import SFTDataModule
-from zoo.errors import DataError
+from zoo.errors import ConfigError, DataError
 
 
 def conversation_of(row: Row, environment: FeedbackEnvironment, where: str) -> list[Message]:
@@ -40,25 +40,33 @@ def conversation_of(row: Row, environment: FeedbackEnvironment, where: str) -> l
 
 
 class MultiTurnSFTDataModule(SFTDataModule):
-    """Weighted SFT on the last assistant turn of conversations.
+    """Weighted SFT on the last assistant turn of conversations (or on every assistant turn).
 
     Rows: ``messages`` ending with an assistant turn (rollout rows, retry-feedback rows), or ``prompt`` +
     ``completion`` (a task's rows: a one-turn conversation); optional ``answer`` and ``loss_weight``
     (``weight_column``). The prompt is the rendered context (``environment.render(messages[:-1])``), the completion
-    the last assistant turn plus EOS, so only its tokens carry labels.
+    the last assistant turn plus EOS, so only its tokens carry labels (``train_turns=last``, DRIFT). With
+    ``train_turns=all`` the labels cover every assistant turn of the conversation with the EOS that ends it
+    (:func:`zoo.data.chat.encode_conversation`; plain multi-turn SFT); system, user and feedback turns never carry
+    labels.
 
     Args:
         environment: the feedback environment (chat format, first-turn message).
+        train_turns: ``last`` | ``all``.
         (other arguments: see :class:`~zoo.datamodules.SFTDataModule`).
 
-    Batch: the :class:`~zoo.datamodules.SFTDataModule` batch plus ``conversations`` (the context of every row).
+    Batch: the :class:`~zoo.datamodules.SFTDataModule` batch (``prompt_ids``: the context of the last assistant turn)
+    plus ``conversations`` (that context as messages).
     """
 
     required_fields = ()
 
-    def __init__(self, *args: Any, environment: FeedbackEnvironment, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, environment: FeedbackEnvironment, train_turns: str = "last", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if train_turns not in ("last", "all"):
+            raise ConfigError(f"datamodule.train_turns must be 'last' or 'all', got {train_turns!r}")
         self.environment = environment
+        self.train_turns = train_turns
 
     def encode(self, row: Row, index: int, split: str) -> dict[str, Any]:
         where = f"{split} row {index}" + (f" (line {row['_line']})" if "_line" in row else "")
@@ -71,6 +79,9 @@ class MultiTurnSFTDataModule(SFTDataModule):
         prompt = self.environment.render(context, self.tokenizer)
         item = super().encode({**row, "prompt": prompt, "completion": messages[-1]["content"]}, index, split)
         item["conversation"] = context
+        if self.train_turns == "all":
+            chat = self.environment.chat_format
+            item["input_ids"], item["labels"] = encode_conversation(self.tokenizer, chat, messages, "all")
         return item
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:

@@ -198,7 +198,9 @@ def test_wrong_candidates_are_different_plausible_answers():
 @pytest.mark.parametrize("task", [Addition(), MultiSum(), Reverse()])
 def test_retry_feedback_rows_solve_at_the_set_rate_and_never_repeat_a_candidate(task):
     env = FeedbackEnvironment(task, max_turns=3)
-    source = RetryFeedbackSource(task, env, first_turn_accuracy=0.4, retry_accuracy=0.5, num_train=3000, num_val=50)
+    source = RetryFeedbackSource(
+        task, env, first_turn_accuracy=0.4, retry_accuracy=0.5, rows="turns", num_train=3000, num_val=50
+    )
     rows = source.rows("train")
     assert len(rows) == 3000
     first = [r for r in rows if r["turn"] == 1]
@@ -214,6 +216,33 @@ def test_retry_feedback_rows_solve_at_the_set_rate_and_never_repeat_a_candidate(
         assert all(m["content"] == INCORRECT for m in row["messages"][2::2])
     held_out = {r["prompt"] for r in source.rows("val")} | {r["prompt"] for r in source.rows("test")}
     assert not held_out & {r["prompt"] for r in rows}
+
+
+def test_retry_feedback_episodes_train_every_assistant_turn():
+    task = Addition()
+    env = FeedbackEnvironment(task, max_turns=3)
+    source = RetryFeedbackSource(task, env, num_train=400, num_val=8, num_test=8)
+    rows = source.rows("train")
+    assert len(rows) == 400  # one row per episode
+    assert all(sum(m["role"] == "assistant" for m in r["messages"]) == r["turn"] for r in rows)
+    solved_first = [task.verify(r["messages"][1]["content"], r["answer"]) for r in rows]
+    assert sum(solved_first) / len(rows) == pytest.approx(0.4, abs=0.06)
+    for row in rows:
+        last = row["messages"][-1]["content"]
+        assert task.verify(last, row["answer"]) or row["turn"] == 3
+    backbone = TinyBackbone(**SMALL, num_key_value_heads=2)
+    dm = MultiTurnSFTDataModule(backbone.tokenizer, source, environment=env, train_turns="all")
+    tok = backbone.tokenizer
+    for i, row in enumerate(rows[:20]):
+        item = dm.encode(row, i, "train")
+        trained = tok.decode([t for t in item["labels"] if t != -100])
+        turns = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        assert trained == "".join(t + tok.eos_token for t in turns)
+        assert tok.decode(item["input_ids"]) == tok.bos_token + env.chat_format.render(row["messages"], tok, False)
+    batch = dm.collate([dm.encode(r, i, "train") for i, r in enumerate(rows[:4])])
+    assert batch["labels"].shape == batch["input_ids"].shape
+    with pytest.raises(ConfigError, match="train_turns"):
+        MultiTurnSFTDataModule(tok, source, environment=env, train_turns="first")
 
 
 # -- metrics and the evaluation callback ----------------------------------------------------------------------------

@@ -381,15 +381,19 @@ class RetryFeedbackSource(GeneratedSource):
     For each problem of ``task``, one episode is simulated: each turn answers correctly with probability
     ``first_turn_accuracy`` (turn 1) or ``retry_accuracy`` (later turns), otherwise with a wrong candidate
     (:func:`wrong_candidates`) never proposed before in the episode; the reasoning is the task's (only the final
-    answer changes). Every assistant turn becomes a row ``{"messages": [... up to that turn], "answer", "turn"}``
-    (its earlier turns and feedback are context), so a policy fine-tuned on the rows
-    (``datamodule=retry_feedback``, :class:`~zoo.datamodules.MultiTurnSFTDataModule`) solves about
-    ``first_turn_accuracy`` at turn 1 and proposes a new candidate after each wrong one.
+    answer changes). A policy fine-tuned on the rows (``datamodule=retry_feedback``,
+    :class:`~zoo.datamodules.MultiTurnSFTDataModule` with ``train_turns=all``) solves about ``first_turn_accuracy``
+    at turn 1 and proposes a new candidate after each wrong one.
+
+    Rows ``{"messages", "answer", "turn", "prompt"}``: ``rows="episodes"`` gives one row per episode (the whole
+    conversation; train every assistant turn), ``rows="turns"`` one row per assistant turn (the conversation up to it;
+    its earlier turns and feedback are context; train the last turn).
 
     Args:
         task: the synthetic task (its completions must be ``<think>...</think>ANSWER``).
         environment: the episodes' feedback and length (its verifier is not used).
         first_turn_accuracy, retry_accuracy: probability of a correct answer at turn 1 and at later turns.
+        rows: ``episodes`` | ``turns``.
         num_train, num_val, num_test: rows per split.
         seed: base seed (splits draw disjoint problems: validation/test problems never appear in training).
     """
@@ -400,6 +404,7 @@ class RetryFeedbackSource(GeneratedSource):
         environment: FeedbackEnvironment,
         first_turn_accuracy: float = 0.4,
         retry_accuracy: float = 0.4,
+        rows: str = "episodes",
         num_train: int = 16000,
         num_val: int = 256,
         num_test: int = 256,
@@ -409,13 +414,16 @@ class RetryFeedbackSource(GeneratedSource):
         for name, value in (("first_turn_accuracy", first_turn_accuracy), ("retry_accuracy", retry_accuracy)):
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"datamodule.source.{name} must be in [0, 1], got {value}")
+        if rows not in ("episodes", "turns"):
+            raise ConfigError(f"datamodule.source.rows must be 'episodes' or 'turns', got {rows!r}")
+        self.rows_per = rows
         self.task = task
         self.environment = environment
         self.first_turn_accuracy = first_turn_accuracy
         self.retry_accuracy = retry_accuracy
 
     def episode_rows(self, problem: Row, rng: random.Random) -> list[Row]:
-        """The rows of one simulated episode (one per assistant turn)."""
+        """The rows of one simulated episode (the whole episode, or one per assistant turn)."""
         completion, answer = problem["completion"], str(problem["answer"])
         if THINK_CLOSE not in completion:
             raise DataError(
@@ -435,7 +443,7 @@ class RetryFeedbackSource(GeneratedSource):
             if correct:
                 break
             messages = [*messages, self.environment.feedback_message(0.0, turn + 1)]
-        return rows
+        return rows if self.rows_per == "turns" else rows[-1:]
 
     def generate(self, split: str, size: int) -> list[Row]:
         exclude = self.held_out_prompts() if split == "train" else None
@@ -455,6 +463,7 @@ class RetryFeedbackSource(GeneratedSource):
             "environment": self.environment.describe(),
             "first_turn_accuracy": self.first_turn_accuracy,
             "retry_accuracy": self.retry_accuracy,
+            "rows": self.rows_per,
             "sizes": self.sizes,
             "seed": self.seed,
         }
