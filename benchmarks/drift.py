@@ -35,6 +35,7 @@ import torch
 from _results import write_section
 from omegaconf import open_dict
 
+from zoo.callbacks import TrainingClock
 from zoo.cli.artifacts import compose_config
 from zoo.cli.bootstrap import ensure_base_policy
 from zoo.cli.train import build, run
@@ -46,35 +47,6 @@ from zoo.generation.sampling import context_length, decode_completion
 REPO = Path(__file__).resolve().parents[1]
 
 
-class TrainingClock(pl.Callback):
-    """Training wall-clock without validation, the multi@3 of every validation, and tokens generated for training."""
-
-    def __init__(self, metric: str) -> None:
-        self.metric = metric
-        self.elapsed = 0.0
-        self.tokens = 0
-        self.curve: list[tuple[float, int, float]] = []  # (seconds, tokens, multi@3)
-        self._start: float | None = None
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.tokens += int(getattr(pl_module, "last_rollout", {}).get("tokens_generated", 0))
-
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._start is not None:
-            self.elapsed += time.perf_counter() - self._start
-            self._start = None
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        value = trainer.callback_metrics.get(self.metric)
-        if value is not None and not trainer.sanity_checking:
-            self.curve.append((self.elapsed, self.tokens, float(value)))
-        if trainer.training:
-            self._start = time.perf_counter()
-
-
 def compose(overrides: list[str], out: Path, cache: Path) -> Any:
     cfg = compose_config(overrides, root_dir=REPO, cache_dir=cache)
     with open_dict(cfg):
@@ -83,14 +55,15 @@ def compose(overrides: list[str], out: Path, cache: Path) -> Any:
     return cfg
 
 
-def fit_with_clock(cfg: Any, metric: str) -> TrainingClock:
-    """Build the run as train.py does and fit it with a :class:`TrainingClock` attached."""
+def fit_with_clock(cfg: Any, metric: str) -> list[tuple[float, int, float]]:
+    """Build the run as train.py does, fit it with a :class:`~zoo.callbacks.TrainingClock` attached, and return
+    ``(training seconds, tokens generated, metric)`` at every validation."""
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     module, datamodule, trainer = build(cfg)
-    clock = TrainingClock(metric)
+    clock = TrainingClock(metrics=(metric,))
     trainer.callbacks.append(clock)
     trainer.fit(module, datamodule)
-    return clock
+    return [(seconds, tokens, values[metric]) for _, seconds, tokens, values in clock.history if metric in values]
 
 
 def drift_arm(args: argparse.Namespace, common: list[str], out: Path, cache: Path) -> dict[str, float]:
@@ -122,13 +95,13 @@ def drift_arm(args: argparse.Namespace, common: list[str], out: Path, cache: Pat
         out / "train",
         cache,
     )
-    clock = fit_with_clock(train, args.metric)
+    curve = fit_with_clock(train, args.metric)
     return {
         "collect_s": collect_seconds,
-        "train_s": clock.elapsed,
-        "seconds": collect_seconds + clock.elapsed,
+        "train_s": curve[-1][0],
+        "seconds": collect_seconds + curve[-1][0],
         "tokens": tokens,
-        "final": clock.curve[-1][2],
+        "final": curve[-1][2],
         "reference_turn1": stats["rollouts/turn1_accuracy"],
         "reference_solved": stats["rollouts/solved"],
     }
@@ -147,11 +120,11 @@ def grpo_arm(args: argparse.Namespace, common: list[str], target: float, out: Pa
         out,
         cache,
     )
-    clock = fit_with_clock(cfg, args.metric)
-    reached = next(((s, t, v) for s, t, v in clock.curve if v >= target), None)
-    best = max((v for _, _, v in clock.curve), default=float("nan"))
+    curve = fit_with_clock(cfg, args.metric)
+    reached = next(((s, t, v) for s, t, v in curve if v >= target), None)
+    best = max((v for _, _, v in curve), default=float("nan"))
     if reached is None:
-        return {"seconds": clock.elapsed, "tokens": clock.tokens, "reached": 0.0, "best": best}
+        return {"seconds": curve[-1][0], "tokens": curve[-1][1], "reached": 0.0, "best": best}
     return {"seconds": reached[0], "tokens": reached[1], "reached": 1.0, "best": best}
 
 

@@ -14,6 +14,7 @@ from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
+from zoo.callbacks.training_clock import TrainingClock
 
 __all__ = [
     "ForgettingMonitor",
@@ -24,5 +25,6 @@ __all__ = [
     "MultiTurnEvaluation",
     "NanoQuantExport",
     "SafeThinkMonitor",
+    "TrainingClock",
     "auto_progress",
 ]

@@ -8,7 +8,7 @@ import torch
 
 from zoo.backbones import TinyBackbone
 from zoo.backbones.tokenizer import build_char_tokenizer
-from zoo.callbacks import MultiTurnEvaluation
+from zoo.callbacks import MultiTurnEvaluation, TrainingClock
 from zoo.data.chat import ChatFormat, encode_conversation
 from zoo.data.feedback import (
     INCORRECT,
@@ -382,3 +382,46 @@ def test_trajectory_rows_are_right_padded_with_positions(tiny):
     assert bool((rows["labels"][0, length_a:] == -100).all())
     with pytest.raises(DataError, match="end with a user"):
         env.reset([{"role": "assistant", "content": "hi"}], "1")
+
+
+def test_training_clock_logs_training_seconds_and_the_tokens_of_multi_turn_rollouts(tiny):
+    backbone, _ = tiny
+    env = FeedbackEnvironment(Addition(), max_turns=2)
+    module = GRPOModule(
+        backbone,
+        rewards={"accuracy": ExactMatchReward()},
+        group_size=2,
+        generation={"max_new_tokens": 8},
+        rollout=MultiTurnRollout(env),
+    )
+    dm = MultiTurnPromptDataModule(
+        backbone.tokenizer, TaskSource(Addition(), num_train=8, num_val=2), batch_size=2, environment=env
+    )
+
+    class Count(pl.Callback):  # the episodes' own token counts, step by step
+        total = 0
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            Count.total += sum(e.completion_tokens for e in pl_module.last_rollout["episodes"])
+
+    clock = TrainingClock(metrics=("val/exact_match",))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=3,
+        val_check_interval=1,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[Count(), clock],
+    )
+    trainer.fit(module, dm)
+    assert [step for step, *_ in clock.history] == [1, 2, 3]
+    seconds = [s for _, s, _, _ in clock.history]
+    assert seconds == sorted(seconds) and seconds[0] > 0
+    assert clock.history[-1][2] == clock.tokens == Count.total > 0
+    assert all("val/exact_match" in values for *_, values in clock.history)
+    assert trainer.callback_metrics["clock/tokens_generated"].item() == clock.tokens
+    restored = TrainingClock()
+    restored.load_state_dict(clock.state_dict())
+    assert (restored.seconds, restored.tokens) == (clock.seconds, clock.tokens)
