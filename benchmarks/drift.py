@@ -123,9 +123,10 @@ def grpo_arm(args: argparse.Namespace, common: list[str], target: float, out: Pa
     curve = fit_with_clock(cfg, args.metric)
     reached = next(((s, t, v) for s, t, v in curve if v >= target), None)
     best = max((v for _, _, v in curve), default=float("nan"))
+    shape = {"prompts_per_step": cfg.datamodule.batch_size, "group_size": cfg.module.group_size}
     if reached is None:
-        return {"seconds": curve[-1][0], "tokens": curve[-1][1], "reached": 0.0, "best": best}
-    return {"seconds": reached[0], "tokens": reached[1], "reached": 1.0, "best": best}
+        return {"seconds": curve[-1][0], "tokens": curve[-1][1], "reached": 0.0, "best": best, **shape}
+    return {"seconds": reached[0], "tokens": reached[1], "reached": 1.0, "best": best, **shape}
 
 
 # -- collection throughput --------------------------------------------------------------------------------------------
@@ -214,7 +215,9 @@ def main() -> None:
     overrides = list(args.override)
     if args.reference:
         overrides.append(f"backbone.init_from={Path(args.reference).resolve()}")
-        lines[0] = lines[0].replace("the cached base policy of the DRIFT methods", f"`{Path(args.reference).name}`")
+        name = Path(args.reference).resolve()
+        name = name.parent.name if name.name == "export" else name.name
+        lines[0] = lines[0].replace("the cached base policy of the DRIFT methods", f"`{name}` (one for every seed)")
     # 2. throughput (cheap): zoo decoder vs transformers generate, interleaved
     if args.reference:
         reference = Path(args.reference)
@@ -264,9 +267,10 @@ def main() -> None:
             "",
             f"DRIFT: {args.prompts} prompts x {args.n_traj} episodes collected once, then one epoch of weighted SFT "
             f"(beta 0.1, gamma 0.9); target = its final `val/multi@3` on {args.val} held-out prompts. GRPO: "
-            f"`+method=drift_grpo` (8 prompts x 8 episodes per step) validated every {args.grpo_val_every} steps, "
-            f"stopped at the target or after {args.grpo_steps} steps. Seconds exclude validation. "
-            f"{args.repeats} interleaved repeats (seeds 0..{args.repeats - 1}; each seed has its own reference).",
+            f"`+method=drift_grpo` ({grpo_runs[0]['prompts_per_step']} prompts x {grpo_runs[0]['group_size']} "
+            f"episodes per step) validated every {args.grpo_val_every} steps, stopped at the target or after "
+            f"{args.grpo_steps} steps. Seconds exclude validation. {args.repeats} interleaved repeats (seeds "
+            f"0..{args.repeats - 1}).",
             "",
             "| repeat | reference turn-1 / multi@3 (sampled) | DRIFT multi@3 | DRIFT s (collect + train) "
             "| DRIFT tokens | GRPO reached | GRPO best multi@3 | GRPO s | GRPO tokens |",

@@ -12,6 +12,7 @@ of every row (a list of ``{"role", "content"}`` messages), from which multi-turn
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -19,6 +20,7 @@ from torch.utils.data import DataLoader
 from zoo.data.chat import Message, check_messages, encode_conversation
 from zoo.data.feedback import FeedbackEnvironment
 from zoo.data.sources import Row
+from zoo.datamodules.base import ListDataset
 from zoo.datamodules.prompts import PromptDataModule
 from zoo.datamodules.sft import SFTDataModule
 from zoo.errors import ConfigError, DataError
@@ -67,6 +69,14 @@ class MultiTurnSFTDataModule(SFTDataModule):
             raise ConfigError(f"datamodule.train_turns must be 'last' or 'all', got {train_turns!r}")
         self.environment = environment
         self.train_turns = train_turns
+
+    def build_dataset(self, split: str, rows: Sequence[Row]) -> ListDataset:
+        if split == "train" and len(rows) < self.batch_size:
+            raise DataError(
+                f"{len(rows)} training rows are fewer than datamodule.batch_size={self.batch_size}: no full batch to "
+                "train on (lower the batch size or collect more trajectories)"
+            )
+        return super().build_dataset(split, rows)
 
     def encode(self, row: Row, index: int, split: str) -> dict[str, Any]:
         where = f"{split} row {index}" + (f" (line {row['_line']})" if "_line" in row else "")

@@ -231,6 +231,8 @@ def test_the_training_datamodule_reads_a_collected_file(uninterrupted):
     assert batch["loss_weight"].mean().item() == pytest.approx(1.0)  # one whole group, in file order
     val = next(iter(dm.val_dataloader()))
     assert all(len(c) == 1 and c[0]["role"] == "user" for c in val["conversations"])
+    with pytest.raises(DataError, match=r"18 training rows are fewer than datamodule.batch_size=32"):
+        MultiTurnSFTDataModule(bb.tokenizer, source, batch_size=32, environment=env).setup("fit")
     held_out = {c[0]["content"] for c in val["conversations"]}
     assert held_out == {r["prompt"] for r in source.rows("val")}
     assert not held_out & {r["messages"][0]["content"] for r in source.rows("train")}
