@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 
 from zoo.data.feedback import ChatPolicy, Episode, FeedbackEnvironment, run_episodes
@@ -18,9 +19,10 @@ SPLITS = {"val": "validation", "test": "test"}
 
 class MultiTurnEvaluation(Callback):
     """Plays the retry-with-feedback episodes of every validation/test prompt greedily (temperature 0, as DRIFT's
-    released evaluation) with the module's ``generate`` and logs :class:`~zoo.rl.multiturn.MultiTurnAccuracy`:
-    ``{split}/multi@k`` for ``k = 1..max_turns`` (solved within ``k`` turns: the cumulative accuracy per turn;
-    ``multi@1`` is the turn-1 accuracy) and ``{split}/mean_turns_to_solve`` (over the solved episodes).
+    released evaluation; or sampled) with the module's ``generate`` and logs
+    :class:`~zoo.rl.multiturn.MultiTurnAccuracy`: ``{split}/{prefix}multi@k`` for ``k = 1..max_turns`` (solved within
+    ``k`` turns: the cumulative accuracy per turn; ``multi@1`` is the turn-1 accuracy) and
+    ``{split}/{prefix}mean_turns_to_solve`` (over the solved episodes).
 
     Episodes start from the batch's ``conversations`` when it has them
     (:class:`~zoo.datamodules.MultiTurnSFTDataModule`, :class:`~zoo.datamodules.MultiTurnPromptDataModule`), else
@@ -31,19 +33,38 @@ class MultiTurnEvaluation(Callback):
         environment: the feedback environment (turns, feedback, verifier, chat format).
         max_new_tokens: tokens per turn.
         splits: where to evaluate (``val`` and/or ``test``).
+        do_sample, temperature: sampled episodes instead of greedy ones (the policy's distribution rather than its
+            mode; seeded, so every evaluation draws the same noise).
+        samples: episodes per prompt (sampled evaluation).
+        prefix: put before the metric names (e.g. ``sampled_``, for a second instance beside the greedy one).
+        seed: seed of the sampled evaluation.
     """
 
     def __init__(
-        self, environment: FeedbackEnvironment, max_new_tokens: int = 48, splits: tuple[str, ...] = ("val", "test")
+        self,
+        environment: FeedbackEnvironment,
+        max_new_tokens: int = 48,
+        splits: tuple[str, ...] = ("val", "test"),
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        samples: int = 1,
+        prefix: str = "",
+        seed: int = 0,
     ) -> None:
         super().__init__()
         unknown = sorted(set(splits) - set(SPLITS))
         if unknown:
             raise ConfigError(f"callbacks.multiturn_eval.splits: unknown {unknown}; use {sorted(SPLITS)}")
+        if samples < 1 or (samples > 1 and not do_sample):
+            raise ConfigError("callbacks.multiturn_eval.samples must be >= 1, and > 1 only with do_sample=true")
         self.environment = environment
-        self.params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=False)
+        self.params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature)
         self.splits = tuple(splits)
+        self.samples = samples
+        self.prefix = prefix
+        self.seed = seed
         self.metrics = {split: MultiTurnAccuracy(environment.max_turns) for split in self.splits}
+        self._generator: torch.Generator | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         missing = missing_generation_protocol(pl_module)
@@ -67,8 +88,13 @@ class MultiTurnEvaluation(Callback):
                 "MultiTurnEvaluation: the evaluation batches carry no answers ('answers' or an 'answer' column)"
             )
         conversations = batch.get("conversations") or [self.environment.initial_messages(p) for p in batch["prompts"]]
-        episodes = [self.environment.reset(c, a, str(i)) for i, (c, a) in enumerate(zip(conversations, answers))]
-        policy = ChatPolicy.for_module(pl_module, self.environment.chat_format, self.params)
+        episodes = [
+            self.environment.reset(c, a, str(i), j)
+            for i, (c, a) in enumerate(zip(conversations, answers))
+            for j in range(self.samples)
+        ]
+        generator = self._generator if self.params.do_sample else None
+        policy = ChatPolicy.for_module(pl_module, self.environment.chat_format, self.params, generator)
         run_episodes(self.environment, episodes, policy)
         self.metrics[split].to(pl_module.device).update([e.t_star for e in episodes])
         return episodes
@@ -79,10 +105,21 @@ class MultiTurnEvaluation(Callback):
             return
         values = metric.compute()
         for name, value in values.items():
-            pl_module.log(f"{split}/{name}", value.float(), prog_bar=name == f"multi@{metric.max_turns}")
+            prog_bar = name == f"multi@{metric.max_turns}" and not self.prefix
+            pl_module.log(f"{split}/{self.prefix}{name}", value.float(), prog_bar=prog_bar)
         metric.reset()
 
+    def _seed(self, pl_module: pl.LightningModule) -> None:
+        """Every evaluation of a sampled instance draws the same noise (comparable across steps)."""
+        self._generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
+
     # -- hooks --------------------------------------------------------------------------------------------------------
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._seed(pl_module)
+
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._seed(pl_module)
+
     def on_validation_batch_end(
         self,
         trainer: pl.Trainer,

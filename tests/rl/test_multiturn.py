@@ -425,3 +425,32 @@ def test_training_clock_logs_training_seconds_and_the_tokens_of_multi_turn_rollo
     restored = TrainingClock()
     restored.load_state_dict(clock.state_dict())
     assert (restored.seconds, restored.tokens) == (clock.seconds, clock.tokens)
+
+
+def test_a_sampled_evaluation_beside_the_greedy_one_logs_its_own_names_and_repeats_its_noise(tiny):
+    backbone, _ = tiny
+    env = FeedbackEnvironment(Addition(), max_turns=2)
+    dm = MultiTurnSFTDataModule(
+        backbone.tokenizer, TaskSource(Addition(), num_train=8, num_val=4), eval_batch_size=4, environment=env
+    )
+    module = CausalLMModule(backbone, generation={"max_new_tokens": 8}, generate_on_eval=False)
+    greedy = MultiTurnEvaluation(env, max_new_tokens=8)
+    sampled = MultiTurnEvaluation(env, max_new_tokens=8, do_sample=True, samples=3, prefix="sampled_", seed=5)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[greedy, sampled],
+    )
+    metrics = trainer.validate(module, dm, verbose=False)[0]
+    assert {"val/multi@2", "val/sampled_multi@2", "val/sampled_mean_turns_to_solve"} <= set(metrics)
+    batch = next(iter(dm.val_dataloader()))
+    sampled._seed(module)
+    first = sampled.evaluate_batch(module, batch, "val")
+    sampled._seed(module)
+    again = sampled.evaluate_batch(module, batch, "val")
+    assert len(first) == 12 and [e.messages for e in first] == [e.messages for e in again]
+    assert len({tuple(m["content"] for m in e.messages) for e in first}) > 4  # samples differ within a prompt
+    with pytest.raises(ConfigError, match="samples"):
+        MultiTurnEvaluation(env, samples=2)

@@ -11,7 +11,8 @@ released code (``src/prompting.py``, ``src/generate_weighted_data_vllm_metamathq
 * a *malformed* turn (the verifier extracts no answer) adds ``format_penalty`` (``-0.1``, ``FORMAT_PENALTY`` of
   ``scripts/run_generate_data.sh``) to the episode;
 * ``repeat_penalty = lambda (1 - #unique answers / #answers)`` over the normalised answers of the well-formed turns
-  (``lambda = 0.5``, ``TRAJECTORY_PENALTY_LAMBDA`` of ``src/weight_sft.py``); see :func:`repeat_penalty`.
+  (``lambda = 0.5``, ``TRAJECTORY_PENALTY_LAMBDA`` of ``src/weight_sft.py``); see :func:`repeat_penalty`;
+* an episode whose next turn would not fit in the model's positions ends there, unsolved (``out_of_context``).
 
 The episode loop :func:`run_episodes` is batched: every turn, the conversations still running are rendered with the
 environment's :class:`~zoo.data.chat.ChatFormat` and decoded in one call of a :class:`ChatPolicy` (any generating
