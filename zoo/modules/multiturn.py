@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from typing import Any
 
 import torch
@@ -95,6 +96,8 @@ class MultiTurnRolloutModule(GeneratingModule):
         self.progress = progress
         self.writer: RolloutWriter | None = None
         self.stats = {"trajectories": 0, "solved": 0, "solved_turn1": 0, "tokens": 0, "turns": 0, "out_of_context": 0}
+        self.seconds = 0.0
+        self._started: float | None = None
         self._bar: Any = None
         self._seen: set[str] = set()
         self.save_hyperparameters(ignore=["backbone", "quantizer", "environment", "decoder"])
@@ -119,6 +122,7 @@ class MultiTurnRolloutModule(GeneratingModule):
             raise ConfigError("rollout collection writes one file from one process: use trainer.devices=1")
         self.writer = RolloutWriter(self.output, self.n_traj, self.collection_spec()).open()
         self._seen = set()
+        self._started = time.perf_counter()
         done = self.writer.trajectories
         if done:
             log.info("%s: resuming a collection, %d trajectories already there", self.output, done)
@@ -166,6 +170,9 @@ class MultiTurnRolloutModule(GeneratingModule):
         return run_episodes(self.environment, episodes, policy)
 
     def on_predict_end(self) -> None:
+        if self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
         if self._bar is not None:
             self._bar.close()
         if self.writer is not None:
@@ -189,7 +196,8 @@ class MultiTurnRolloutModule(GeneratingModule):
             logger.log_metrics(summary, step=0)
 
     def summary(self) -> dict[str, float]:
-        """Statistics of the trajectories collected by this run (new ones only)."""
+        """Statistics of the trajectories collected by this run (new ones only; ``rollouts/seconds``: wall-clock of the
+        collection, ``rollouts/tokens``: tokens generated)."""
         n = max(self.stats["trajectories"], 1)
         return {
             "rollouts/new_trajectories": float(self.stats["trajectories"]),
@@ -198,6 +206,8 @@ class MultiTurnRolloutModule(GeneratingModule):
             "rollouts/solved": self.stats["solved"] / n,
             "rollouts/mean_turns": self.stats["turns"] / n,
             "rollouts/tokens_per_trajectory": self.stats["tokens"] / n,
+            "rollouts/tokens": float(self.stats["tokens"]),
+            "rollouts/seconds": self.seconds,
             "rollouts/out_of_context": self.stats["out_of_context"] / n,
         }
 
