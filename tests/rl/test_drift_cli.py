@@ -7,6 +7,7 @@ import logging
 import pytest
 from hydra.utils import instantiate
 
+from zoo.artifacts import artifacts_mark, artifacts_used
 from zoo.cli.train import run, user_message
 from zoo.data.rollouts import read_rollouts
 
@@ -97,11 +98,16 @@ def test_default_pipeline_builds_the_reference_and_its_rollouts_once_for_drift_a
     assert len(built) == 1 and len(read_rollouts(built[0])) == 6
     assert len(list((tmp_path / "cache" / "base_policy").glob("addition-*/export"))) == 1
     caplog.clear()
+    mark = artifacts_mark()
     with caplog.at_level(logging.INFO, logger="zoo"):
         metrics = run(train_cfg(["+method=drift_uniform_sft", *small]))
     assert "using the cached drift_rollouts artifact" in caplog.text
     assert sorted((tmp_path / "cache" / "drift_rollouts").glob("addition-*/rollouts.jsonl")) == built
     assert "val/multi@3" in metrics
+    # the run records the collection it trained on (its cost is read from there by the demo page)
+    used = [a for a in artifacts_used(mark) if a["kind"] == "drift_rollouts"]
+    assert len(used) == 1 and used[0]["path"] == str(built[0].parent)
+    assert used[0]["metrics"]["rollouts/new_trajectories"] == 6 and used[0]["metrics"]["rollouts/seconds"] > 0
 
 
 def test_online_multi_turn_grpo_step(train_cfg):

@@ -89,6 +89,19 @@ def test_collected_rows_follow_the_documented_format(uninterrupted):
     assert len(texts) > len(groups)
 
 
+def test_the_collection_summary_counts_the_generated_tokens_and_its_time(uninterrupted):
+    path, module = uninterrupted
+    summary = module.summary()
+    rows = read_rollouts(path)
+    # every token of an assistant turn was generated (plus an EOS where the turn ended before its budget)
+    tokenizer = module.tokenizer
+    texts = [m["content"] for r in rows for m in r["messages"] if m["role"] == "assistant"]
+    encoded = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
+    assert encoded <= summary["rollouts/tokens"] <= encoded + len(texts)
+    assert summary["rollouts/tokens"] == pytest.approx(summary["rollouts/tokens_per_trajectory"] * len(rows))
+    assert summary["rollouts/seconds"] > 0
+
+
 def test_a_killed_collection_resumes_without_duplicates_or_losses(uninterrupted, tmp_path):
     full, _ = uninterrupted
     data = full.read_bytes()
