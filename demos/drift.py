@@ -89,12 +89,14 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             ]
         )
 
+    built = reference_build_minutes(first)
     setup = [
         f"Setup: retry-with-feedback addition (`task=addition`, up to {turns} turns, feedback "
         f'"{first.get("multiturn.incorrect_message")}"), the tiny Llama. Reference policy pi_ref, one for every arm '
         f"and seed (artifact cache): SFT on {first.get('demo.reference.episodes')} episodes of a synthetic policy that "
         "is right with probability 0.4 at each turn and otherwise proposes a wrong candidate it has not proposed "
-        f"before, every assistant turn trained, {first.get('demo.reference.epochs')} epochs.",
+        f"before, every assistant turn trained, {first.get('demo.reference.epochs')} epochs"
+        + (f" (built in {built:.0f} min, not part of any arm's cost)." if not math.isnan(built) else "."),
     ]
     if offline is not None:
         setup.append(
@@ -165,7 +167,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         *reading(by_arm, labels, sampled, greedy, multi),
         "",
-        *limits(sweep, by_arm, multi),
+        *limits(sweep, by_arm),
         "",
     ]
     png = plot(by_arm, labels, sampled, out / f"{PAPER}.png")
@@ -173,22 +175,31 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     return [write_page(out, PAPER, text), png]
 
 
-def limits(sweep: Sweep, by_arm: dict[str, list[Run]], multi: str) -> list[str]:
+def limits(sweep: Sweep, by_arm: dict[str, list[Run]]) -> list[str]:
     """What the toy can and cannot show, with pi_ref's own numbers."""
     ref = by_arm.get("reference", [])
     jobs = ((sweep.multirun.get("hydra") or {}).get("launcher") or {}).get("n_jobs") or 1
     greedy = stat(r.last("val/multi@1") for r in ref)
     sampled = stat(r.last("val/sampled_multi@1") for r in ref)
     return [
-        "What this toy can and cannot show: pi_ref is a synthetic retry policy, so the question is whether an arm "
-        "moves the policy's *distribution* towards early correct answers (the sampled columns: temperature 1, as the "
-        f"rollouts). pi_ref's greedy turn-1 accuracy is {fmt_stat(greedy, ci=False)} against "
-        f"{fmt_stat(sampled, ci=False)} sampled: the greedy episode follows the mode of its answers, which the "
-        f"sampled {multi} does not. Wall-clock is measured on a shared, loaded CPU with {jobs} run(s) at a time (see "
-        "the load above): compare costs within a seed rather than absolute seconds. One small reference policy, "
-        "few prompts and few steps per arm: the page shows the direction of each effect at this scale, not the "
+        "What this toy can and cannot show: the sampled columns measure the policy's distribution, which the offline "
+        "arms are trained to move (temperature 1, as the rollouts); the greedy columns its mode (the released "
+        f"evaluation). pi_ref's turn-1 accuracy is {fmt_stat(greedy, ci=False)} greedy and "
+        f"{fmt_stat(sampled, ci=False)} sampled. Wall-clock is measured on a shared, loaded CPU with {jobs} run(s) at "
+        "a time (see the load above): compare costs within a seed rather than absolute seconds. One small reference "
+        f"policy, {len(ref)} seeds, few prompts and few steps per arm: the page shows what each arm did at this scale, "
+        "not the "
         "paper's numbers.",
     ]
+
+
+def reference_build_minutes(run: Run) -> float:
+    """Build time of the reference policy a run started from (its artifact's ``build_seconds``), in minutes."""
+    for used in run.info.get("artifacts", []):
+        meta = Path(used.get("path", "")) / "artifact.json"
+        if used.get("kind") == "demo_policy" and meta.is_file():
+            return float(json.loads(meta.read_text()).get("build_seconds", math.nan)) / 60
+    return math.nan
 
 
 def groups_with_a_success(run: Run) -> float:
