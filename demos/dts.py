@@ -59,10 +59,10 @@ def branch_shares(run: Run) -> dict[str, float]:
     return {b: counts[b] / len(rows) if rows else math.nan for b in (*BRANCHES, "other")}
 
 
-def branching(run: Run) -> dict[str, float]:
-    """Where a DTS run branched: the share of its branch events at the fork position, mean ``H`` / ``V`` of the
-    returned completions at the fork, and the largest ``V`` at any other position of a returned completion (median
-    over problems)."""
+def branching(run: Run) -> dict[str, Any]:
+    """Where a DTS run branched: branch events per problem, the share of them at the fork position, the positions
+    they happened at, mean ``H`` / ``V`` of the returned completions at the fork, and the largest ``V`` at any other
+    position of a returned completion and at any position (medians over problems)."""
     rows = records(run)
     steps = [s for r in rows for s in r.get("branch_steps", [])]
     at_fork = [r for r in rows if len(r.get("varentropies", [])) > FORK_POSITION]
@@ -71,13 +71,21 @@ def branching(run: Run) -> dict[str, float]:
         for r in rows
         if r.get("varentropies")
     )
+    anywhere = sorted(max(r["varentropies"]) for r in rows if r.get("varentropies"))
     return {
         "at_fork": sum(s == FORK_POSITION for s in steps) / len(steps) if steps else math.nan,
+        "steps": Counter(steps),
         "fork_h": _mean(r["entropies"][FORK_POSITION] for r in at_fork),
         "fork_v": _mean(r["varentropies"][FORK_POSITION] for r in at_fork),
         "other_v": others[len(others) // 2] if others else math.nan,
-        "positions": len(set(steps)),
+        "max_v": anywhere[len(anywhere) // 2] if anywhere else math.nan,
     }
+
+
+def common_positions(counts: Counter, top: int = 4) -> str:
+    """The most frequent branch positions with their share of all branch events (``"1 (62%), 5 (10%)"``)."""
+    total = sum(counts.values())
+    return ", ".join(f"{pos} ({100 * n / total:.0f}%)" for pos, n in counts.most_common(top)) if total else "none"
 
 
 def _mean(xs: Any) -> float:
@@ -126,142 +134,161 @@ def arm_table(sweep: Sweep, setting: str, labels: dict[str, str]) -> str:
     rows = []
     for arm in ARMS:
         runs = sweep.arm(f"{setting}/{arm}")
-        rows.append([labels.get(arm, arm), *(fmt_stat(stat(r.last(m) for r in runs), ci=(i == 0)) for i, (m, _) in enumerate(COLUMNS))])
+        cells = [fmt_stat(stat(r.last(m) for r in runs), ci=(m == COLUMNS[0][0])) for m, _ in COLUMNS]
+        rows.append([labels.get(arm, arm), *cells])
     return table(["arm", *(c for _, c in COLUMNS)], rows)
 
 
-def build(sweep: Sweep, out: Path) -> list[Path]:
+def branch_table(sweep: Sweep, setting: str, labels: dict[str, str], fork: bool) -> str:
+    """Where each DTS arm branched; with ``fork``, the share at the fork position and ``H`` / ``V`` there."""
+    rows = []
+    for arm in DTS_ARMS:
+        found = [branching(r) for r in sweep.arm(f"{setting}/{arm}")]
+        pooled = sum((b["steps"] for b in found), Counter())
+        events = fmt_stat(stat(r.last("test/decode/branch_events") for r in sweep.arm(f"{setting}/{arm}")), ci=False)
+        if fork:
+            at_fork = [fmt_stat(stat(b[k] for b in found), ci=False) for k in ("at_fork", "fork_h", "fork_v")]
+            rows.append([labels.get(arm, arm), events, at_fork[0], common_positions(pooled), *at_fork[1:]])
+        else:
+            rows.append([labels.get(arm, arm), events, common_positions(pooled)])
+        rows[-1].append(fmt_stat(stat(b["other_v" if fork else "max_v"] for b in found), ci=False))
+    where = "most frequent branch positions (share of events, all seeds)"
+    if fork:
+        at = f"position {FORK_POSITION}"
+        header = ["arm", "branch events / problem", f"share at {at}", where, f"H at {at}", f"V at {at}"]
+        return table([*header, "largest V at another position (median problem)"], rows)
+    anywhere = "largest V in the returned completion (median problem)"
+    return table(["arm", "branch events / problem", where, anywhere], rows)
+
+
+def contrasts(sweep: Sweep, setting: str) -> list[str]:
+    """The comparisons of the paper's claim, each a sentence from the numbers ("not shown" within noise)."""
+
+    def values(arm: str, metric: str = "test/exact_match") -> list[float]:
+        return [r.last(metric) for r in sweep.arm(f"{setting}/{arm}")]
+
+    repetition = "test/decode/repetition_rate"
+    pairs = [
+        ("DTS-Greedy", "dts_greedy", "sampling", "sample", "test/exact_match", "accuracy"),
+        ("DTS-Greedy", "dts_greedy", "greedy", "greedy", "test/exact_match", "accuracy"),
+        ("DTS-Stable", "dts_stable", "self-consistency", "self_consistency", "test/exact_match", "accuracy"),
+        ("DTS-Stable", "dts_stable", "sampling", "sample", "test/exact_match", "accuracy"),
+        ("DTS-Greedy", "dts_greedy", "sampling", "sample", repetition, "repetition rate"),
+        ("DTS-Stable", "dts_stable", "self-consistency", "self_consistency", repetition, "repetition rate"),
+    ]
+    return [f"- {contrast(na, values(a, m), nb, values(b, m), what)}" for na, a, nb, b, m, what in pairs]
+
+
+def setup_text(sweep: Sweep, tau_v: float) -> list[str]:
     first = sweep.runs[0]
-    labels = first.get("demo.labels", {}) or {}
-    tau_v = float(first.get("demo.varentropy_threshold", math.nan))
-    decoder = next((r.get("module.decoder", {}) for r in sweep.runs if r.name.endswith("/dts_greedy")), {}) or {}
-    budget = first.get("module.generation.max_new_tokens")
-    num_test = first.get("datamodule.source.num_test")
-    num_traces = first.get("demo.num_traces")
+    forked = (sweep.arm("forked/sample") or sweep.runs)[0]
+    dts = next((r.get("module.decoder", {}) for r in sweep.runs if r.name.endswith("/dts_greedy")), {}) or {}
     recipe = first.get("base_policy", {}) or {}
     backbone = first.get("backbone", {}) or {}
+    traces = first.get("demo.num_traces")
     seeds = len(sweep.seeds) or 1
-    forked = (sweep.arm("forked/sample") or sweep.runs)[0]
+    knobs = ", ".join(
+        f"{name} {dts.get(key)}"
+        for name, key in (
+            ("tau_H", "entropy_threshold"),
+            ("tau_V", "varentropy_threshold"),
+            ("k", "branch_top_k"),
+            ("max_active", "max_active"),
+            ("T", "temperature"),
+            ("T_ent", "entropy_temperature"),
+            ("rule", "branch_rule"),
+        )
+    )
+    return [
+        "## Setup",
+        "",
+        f"One base SFT policy per seed and task (`+method=sft` through the artifact cache: a "
+        f"{backbone.get('num_hidden_layers')}-layer Llama, hidden {backbone.get('hidden_size')}, "
+        f"{recipe.get('num_train')} rows x {recipe.get('max_epochs')} epochs) is decoded by five arms on the same "
+        f"{first.get('datamodule.source.num_test')} held-out problems per seed ({seeds} seeds), every trace with the "
+        f"same budget of {first.get('module.generation.max_new_tokens')} new tokens: sampling at T 0.6 (one trace), "
+        f"greedy (one trace), self-consistency ({traces} samples at T 0.6, majority vote of the verifier's answers), "
+        f"DTS-Greedy (the first finished trace of the tree) and DTS-Stable (majority vote of the first {traces} "
+        f"finished traces). DTS knobs: {knobs}.",
+        "",
+        "- **task=forked** plants one fork right after `<think>`: a short correct line (training share "
+        f"{forked.get('task.p_short')}), a loop of {forked.get('task.loop_lines')} repeated lines that cannot end "
+        f"within the budget ({forked.get('task.p_loop')}), a medium wrong continuation ({forked.get('task.p_wrong')}). "
+        "Everything else is a copy of the question's word.",
+        "- **task=multisum** (running sums of 3-5 digits) has no planted fork: the uncertain tokens are wherever the "
+        "small policy has not learned the sums well.",
+        "",
+        "Metrics (per problem, mean over the problems of a run; mean ± sd over seeds, with the 95% CI of the mean for "
+        "accuracy): **accuracy** = the task verifier on the returned completion (voting arms: the first completion "
+        "with the winning answer); **repetition rate** = share of problems whose returned completion has no EOS "
+        "within the budget; **tokens (returned)** = length of the returned completion; **tokens (decoded)** = tokens "
+        "generated by all samples / hypotheses of the problem (the decoding work); **branch events** = branches of "
+        "the DTS tree; **max active** = most hypotheses alive at once.",
+        "",
+        f"tau_V is lowered from the default 1.5 to {tau_v:g} here: a fork between three options has a varentropy "
+        "well below 1.5 (0.31 for (0.5, 0.35, 0.15) at T_ent 0.6), a threshold set for the long-tailed next-token "
+        "distributions of reasoning LLMs over a large vocabulary.",
+        "",
+    ]
+
+
+def build(sweep: Sweep, out: Path) -> list[Path]:
+    labels = sweep.runs[0].get("demo.labels", {}) or {}
+    tau_v = float(sweep.runs[0].get("demo.varentropy_threshold", math.nan))
     png = plot(sweep, labels, tau_v, out / f"{PAPER}.png")
-
-    def acc(setting: str, arm: str) -> list[float]:
-        return [r.last("test/exact_match") for r in sweep.arm(f"{setting}/{arm}")]
-
-    def metric(setting: str, arm: str, name: str) -> list[float]:
-        return [r.last(name) for r in sweep.arm(f"{setting}/{arm}")]
-
     text = [
         "# DTS demo: decoding tree sketching vs sampling, greedy and self-consistency",
         "",
         provenance(sweep, PAPER),
         "",
-        "## Setup",
-        "",
-        f"One base SFT policy per seed and task (`+method=sft` through the artifact cache: a {backbone.get('num_hidden_layers')}-layer "
-        f"Llama, hidden {backbone.get('hidden_size')}, {recipe.get('num_train')} rows x {recipe.get('max_epochs')} epochs) is "
-        f"decoded by five arms on the same {num_test} held-out problems ({seeds} seeds), every trace with the same budget "
-        f"of {budget} new tokens: sampling at T 0.6 (one trace), greedy (one trace), self-consistency ({num_traces} samples "
-        f"at T 0.6, majority vote of the verifier's answers), DTS-Greedy (the first finished trace of the tree) and "
-        f"DTS-Stable (majority vote of the first {num_traces} finished traces). DTS knobs: tau_H "
-        f"{decoder.get('entropy_threshold')}, tau_V {decoder.get('varentropy_threshold')}, k {decoder.get('branch_top_k')}, "
-        f"max_active {decoder.get('max_active')}, T {decoder.get('temperature')}, T_ent {decoder.get('entropy_temperature')}, "
-        f"rule {decoder.get('branch_rule')}.",
-        "",
-        "- **task=forked** plants one fork right after `<think>`: a short correct line (training share "
-        f"{forked.get('task.p_short')}), a loop of {forked.get('task.loop_lines')} repeated lines that cannot end within "
-        f"the budget ({forked.get('task.p_loop')}), a medium wrong continuation ({forked.get('task.p_wrong')}). "
-        "Everything else is a copy of the question's word.",
-        "- **task=multisum** (running sums of 3-5 digits) has no planted fork: the uncertain tokens are the digits the "
-        "small policy has not learned well.",
-        "",
-        "Metrics (per problem, mean over problems, then mean ± sd over seeds [95% CI of the mean] for accuracy): "
-        "**accuracy** = the task verifier on the returned completion (for the voting arms: the completion with the "
-        "winning answer); **repetition rate** = share of problems whose returned completion has no EOS within the budget; "
-        "**tokens (returned)** = length of the returned completion; **tokens (decoded)** = tokens generated by all "
-        "samples / hypotheses of the problem (the decoding work); **branch events** = branches of the DTS tree; "
-        "**max active** = most hypotheses alive at once.",
-        "",
-        f"tau_V is lowered from the default 1.5 to {tau_v:g} for this toy: the fork of a small model between three "
-        "options has a varentropy far below 1.5, which was set for the long-tailed next-token distributions of "
-        "reasoning LLMs over a large vocabulary.",
-        "",
+        *setup_text(sweep, tau_v),
     ]
     for setting in SETTINGS:
-        text += [f"## {labels.get(setting, setting)}", "", arm_table(sweep, setting, labels), ""]
+        runs = [r for arm in ARMS for r in sweep.arm(f"{setting}/{arm}")]
+        base = artifact_values(runs, "base_policy", "val/exact_match")
         text += [
-            "- " + contrast("DTS-Greedy", acc(setting, "dts_greedy"), "sampling", acc(setting, "sample"), "accuracy"),
-            "- "
-            + contrast(
-                "DTS-Stable", acc(setting, "dts_stable"), "self-consistency", acc(setting, "self_consistency"), "accuracy"
-            ),
-            "- " + contrast("DTS-Greedy", acc(setting, "dts_greedy"), "greedy", acc(setting, "greedy"), "accuracy"),
-            "- "
-            + contrast(
-                "DTS-Greedy",
-                metric(setting, "dts_greedy", "test/decode/repetition_rate"),
-                "sampling",
-                metric(setting, "sample", "test/decode/repetition_rate"),
-                "repetition rate",
-            ),
+            f"## {labels.get(setting, setting)}",
+            "",
+            f"Base policies: greedy validation exact match at the end of their SFT {fmt_stat(stat(base), ci=False)} "
+            f"({len(base)} policies).",
+            "",
+            arm_table(sweep, setting, labels),
+            "",
+            *contrasts(sweep, setting),
             "",
         ]
         if setting == "forked":
             rows = []
             for arm in ARMS:
                 shares = [branch_shares(r) for r in sweep.arm(f"{setting}/{arm}")]
-                rows.append(
-                    [labels.get(arm, arm), *(fmt_stat(stat(s[b] for s in shares), ci=False) for b in (*BRANCHES, "other"))]
-                )
+                cells = [fmt_stat(stat(s[b] for s in shares), ci=False) for b in (*BRANCHES, "other")]
+                rows.append([labels.get(arm, arm), *cells])
             text += [
-                "Which continuation the returned completion took (share of problems; read from its first reasoning word):",
+                "Which continuation the returned completion took (share of problems, from its first reasoning word):",
                 "",
                 table(["arm", *BRANCHES, "other"], rows),
                 "",
             ]
-        rows = []
-        for arm in DTS_ARMS:
-            b = [branching(r) for r in sweep.arm(f"{setting}/{arm}")]
-            rows.append(
-                [
-                    labels.get(arm, arm),
-                    fmt_stat(stat(x["at_fork"] for x in b), ci=False),
-                    fmt_stat(stat(x["positions"] for x in b), digits=1, ci=False),
-                    fmt_stat(stat(x["fork_h"] for x in b), ci=False),
-                    fmt_stat(stat(x["fork_v"] for x in b), ci=False),
-                    fmt_stat(stat(x["other_v"] for x in b), ci=False),
-                ]
-            )
+        fork = setting == "forked"
+        where = f"; position {FORK_POSITION}, right after `<think>`, is the planted fork" if fork else ""
         text += [
-            f"Where DTS branched (position {FORK_POSITION} of the completion is the token right after `<think>`, the "
-            "planted fork of task=forked; H and V at T_ent of the returned completions):",
+            f"Where DTS branched (positions count from 0 = the first generated token{where}; H and V at T_ent of the "
+            "returned completions):",
             "",
-            table(
-                [
-                    "arm",
-                    f"branch events at position {FORK_POSITION}",
-                    "distinct branch positions",
-                    f"H at position {FORK_POSITION}",
-                    f"V at position {FORK_POSITION}",
-                    "largest V elsewhere (median problem)",
-                ],
-                rows,
-            ),
+            branch_table(sweep, setting, labels, fork),
             "",
         ]
-    base = artifact_values(sweep.runs, "base_policy", "val/exact_match")
     text += [
-        f"![accuracy by arm and V/H profile]({png.name})",
+        f"![accuracy by arm; mean H and V by position]({png.name})",
         "",
-        "## Reading",
+        "## What this toy can and cannot show",
         "",
-        f"- Base policies: greedy validation exact match at the end of their SFT {fmt_stat(stat(base), ci=False)} "
-        f"({len(base)} policies).",
         "- The comparison is at a matched budget per trace; the decoding work differs (tokens decoded): "
-        "self-consistency decodes every sample to its end, DTS decodes the tree until the first (greedy) or the first "
+        "self-consistency decodes every sample to its end, DTS decodes its tree until the first (greedy) or the first "
         "B (stable) traces finish.",
-        "- What this toy can show: that branching at a decision token and returning the first finished trace avoids "
-        "the long non-terminating continuation and the longer wrong one whenever the short correct one is among the "
-        "top-k at the fork, and where (at which positions) DTS branches. What it cannot show: the paper's gains on "
-        "reasoning benchmarks with billion-parameter models, where correct traces are not planted to be the shortest.",
+        "- It can show whether branching at a decision token and returning the first finished trace leaves behind the "
+        "long non-terminating continuation and the longer wrong one, and at which positions DTS branches. It cannot "
+        "show the paper's gains on reasoning benchmarks with billion-parameter models, where correct traces are not "
+        "planted to be the shortest.",
     ]
     return [write_page(out, PAPER, text), png]
