@@ -43,6 +43,7 @@ COLUMNS = (
     ("test/decode/branch_events", "branch events"),
     ("test/decode/max_active", "max active"),
 )
+EVENTS = "branch events / finished traces per problem"
 # the fork token of task=forked: completion position 1 (after <think>) with the zoo's character tokenizer
 FORK_POSITION = 1
 
@@ -75,6 +76,7 @@ def branching(run: Run) -> dict[str, Any]:
     return {
         "at_fork": sum(s == FORK_POSITION for s in steps) / len(steps) if steps else math.nan,
         "steps": Counter(steps),
+        "finished": _mean(r.get("num_finished", 0) for r in rows),
         "fork_h": _mean(r["entropies"][FORK_POSITION] for r in at_fork),
         "fork_v": _mean(r["varentropies"][FORK_POSITION] for r in at_fork),
         "other_v": others[len(others) // 2] if others else math.nan,
@@ -145,7 +147,9 @@ def branch_table(sweep: Sweep, setting: str, labels: dict[str, str], fork: bool)
     for arm in DTS_ARMS:
         found = [branching(r) for r in sweep.arm(f"{setting}/{arm}")]
         pooled = sum((b["steps"] for b in found), Counter())
-        events = fmt_stat(stat(r.last("test/decode/branch_events") for r in sweep.arm(f"{setting}/{arm}")), ci=False)
+        runs = sweep.arm(f"{setting}/{arm}")
+        events = fmt_stat(stat(r.last("test/decode/branch_events") for r in runs), ci=False)
+        events += " / " + fmt_stat(stat(b["finished"] for b in found), digits=1, ci=False)
         if fork:
             at_fork = [fmt_stat(stat(b[k] for b in found), ci=False) for k in ("at_fork", "fork_h", "fork_v")]
             rows.append([labels.get(arm, arm), events, at_fork[0], common_positions(pooled), *at_fork[1:]])
@@ -155,10 +159,10 @@ def branch_table(sweep: Sweep, setting: str, labels: dict[str, str], fork: bool)
     where = "most frequent branch positions (share of events, all seeds)"
     if fork:
         at = f"position {FORK_POSITION}"
-        header = ["arm", "branch events / problem", f"share at {at}", where, f"H at {at}", f"V at {at}"]
+        header = ["arm", EVENTS, f"share at {at}", where, f"H at {at}", f"V at {at}"]
         return table([*header, "largest V at another position (median problem)"], rows)
     anywhere = "largest V in the returned completion (median problem)"
-    return table(["arm", "branch events / problem", where, anywhere], rows)
+    return table(["arm", EVENTS, where, anywhere], rows)
 
 
 def contrasts(sweep: Sweep, setting: str) -> list[str]:
@@ -232,6 +236,41 @@ def setup_text(sweep: Sweep, tau_v: float) -> list[str]:
     ]
 
 
+def forked_reading(sweep: Sweep, labels: dict[str, str]) -> list[str]:
+    """Sentences on task=forked filled from the records: which continuation each DTS arm returns, and how many of its
+    branch events lie beyond the longest short (correct) continuation, i.e. inside the loop or the wrong one."""
+    short_len = max(
+        (
+            int(r["completion_tokens"])
+            for run in sweep.runs
+            if run.name.startswith("forked/")
+            for r in records(run)
+            if ForkedTask.branch_of(r["completion"]) == "short" and r.get("finished")
+        ),
+        default=0,
+    )
+    lines = []
+    for arm in DTS_ARMS:
+        runs = sweep.arm(f"forked/{arm}")
+        shares = [branch_shares(r) for r in runs]
+        steps = [s for r in runs for row in records(r) for s in row.get("branch_steps", [])]
+        beyond = sum(s >= short_len for s in steps) / len(steps) if steps else math.nan
+        lines.append(
+            f"- {labels.get(arm, arm)} returned the short correct continuation on "
+            f"{fmt_stat(stat(s['short'] for s in shares), ci=False)} of problems and the wrong one on "
+            f"{fmt_stat(stat(s['wrong'] for s in shares), ci=False)}; {100 * beyond:.0f}% of its branch events "
+            f"(all seeds) are at positions >= {short_len}, the length of the longest short continuation, i.e. inside "
+            "the loop or the wrong continuation."
+        )
+    lines.append(
+        "- DTS-Stable votes over finished traces, not over probability mass: a continuation whose tokens the policy "
+        "hesitates over branches more and finishes with several traces (with the same answer when the hesitation is "
+        "not about the answer), while the short one finishes as one trace; DTS-Greedy only needs the short one to "
+        "finish first."
+    )
+    return lines
+
+
 def build(sweep: Sweep, out: Path) -> list[Path]:
     labels = sweep.runs[0].get("demo.labels", {}) or {}
     tau_v = float(sweep.runs[0].get("demo.varentropy_threshold", math.nan))
@@ -269,6 +308,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 table(["arm", *BRANCHES, "other"], rows),
                 "",
             ]
+        if setting == "forked":
+            text += [*forked_reading(sweep, labels), ""]
         fork = setting == "forked"
         where = f"; position {FORK_POSITION}, right after `<think>`, is the planted fork" if fork else ""
         text += [
