@@ -179,6 +179,7 @@ def contrasts(sweep: Sweep, setting: str) -> list[str]:
         ("DTS-Stable", "dts_stable", "sampling", "sample", "test/exact_match", "accuracy"),
         ("DTS-Greedy", "dts_greedy", "sampling", "sample", repetition, "repetition rate"),
         ("DTS-Stable", "dts_stable", "self-consistency", "self_consistency", repetition, "repetition rate"),
+        ("DTS-Greedy", "dts_greedy", "sampling", "sample", "test/decode/tokens_per_problem", "returned length"),
     ]
     return [f"- {contrast(na, values(a, m), nb, values(b, m), what)}" for na, a, nb, b, m, what in pairs]
 
