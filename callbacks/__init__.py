@@ -17,6 +17,7 @@ from zoo.callbacks.quant_report import QuantizationReport
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
 from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
+from zoo.callbacks.transition_tv import TransitionTV
 from zoo.callbacks.valr_probe import StepStateProbe
 from zoo.callbacks.wet import WETCallback
 
@@ -34,6 +35,7 @@ __all__ = [
     "RotationInvariance",
     "SafeThinkMonitor",
     "StepStateProbe",
+    "TransitionTV",
     "WETCallback",
     "auto_progress",
 ]
