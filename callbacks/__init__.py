@@ -7,6 +7,7 @@ if __name__ != "zoo.callbacks":
     )
 
 from zoo.callbacks.af_eval import AlignmentFakingEval
+from zoo.callbacks.decode_stats import DecodeStats
 from zoo.callbacks.eval_records import EvalRecords
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
@@ -19,10 +20,12 @@ from zoo.callbacks.sampler_weights import LogSamplerWeights
 from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
 from zoo.callbacks.transition_tv import TransitionTV
 from zoo.callbacks.valr_probe import StepStateProbe
+from zoo.callbacks.watermark import WatermarkCallback
 from zoo.callbacks.wet import WETCallback
 
 __all__ = [
     "AlignmentFakingEval",
+    "DecodeStats",
     "EncoderMotifProbe",
     "EvalRecords",
     "ForgettingMonitor",
@@ -36,6 +39,7 @@ __all__ = [
     "SafeThinkMonitor",
     "StepStateProbe",
     "TransitionTV",
+    "WatermarkCallback",
     "WETCallback",
     "auto_progress",
 ]
