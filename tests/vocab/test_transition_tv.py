@@ -16,6 +16,8 @@ from zoo.data.markov import STATE_ALPHABET, MarkovChainTask, state_token_ids, tr
 from zoo.errors import ConfigError
 from zoo.vocab import extend_vocabulary, register_new_tokens
 
+from conftest import plain_trainer
+
 torch.set_num_threads(1)
 
 
@@ -115,16 +117,7 @@ def loader(module: ExtendedLM, task: MarkovChainTask) -> torch.utils.data.DataLo
 
 
 def fit(tmp_path, module: ExtendedLM, task: MarkovChainTask, callbacks: list) -> pl.Trainer:
-    trainer = pl.Trainer(
-        max_steps=4,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        callbacks=callbacks,
-        default_root_dir=tmp_path,
-    )
+    trainer = plain_trainer(callbacks, max_steps=4, num_sanity_val_steps=0, default_root_dir=tmp_path)
     trainer.fit(module, loader(module, task), loader(module, task))
     return trainer
 

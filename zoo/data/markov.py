@@ -12,6 +12,9 @@ new tokens are strings such as ``<v0>`` that the vocabulary extension adds.
   states, ``completion`` = the rest), the base policy's training data; it also defines the new tokens and their
   dictionaries (``new_tokens``, ``dictionaries``: what ``+method=vocab_extend`` reads).
 - :class:`NewTokenSource`: rows holding one transition out of a new token each (the data of the extension).
+- :func:`transition_tv` (with :func:`state_token_ids` and :meth:`MarkovChainTask.successor_context`): the total
+  variation between a model's next-token distribution and a true row (``P'_j`` or ``P_i``), the demo's measure of
+  how well the new rows learned their transitions (:class:`zoo.callbacks.TransitionTV`).
 """
 
 from __future__ import annotations
