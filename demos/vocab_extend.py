@@ -74,26 +74,33 @@ def loglog_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, 
     return slope, t_critical(k - 2) * se, intercept, k
 
 
+def show_needed(v: float, smallest: int) -> str:
+    return "not reached" if math.isnan(v) else f"<= {smallest}" if v <= smallest else f"{v:.0f}"
+
+
 def needed_for(
     eps: float, method_arms: list[str], seeds: list[int], runs_of: Any
 ) -> tuple[float, dict[str, list[float]], list[list[Any]], tuple[float, float, float, int]]:
-    """For one threshold: n needed per arm and seed, the table rows, and the log-log fit over reached points."""
+    """For one threshold: n needed per arm and seed, the table rows, and the log-log fit over the points reached
+    inside the grid (a TV already below ``eps`` at the smallest n is censored: shown as "<= n", left out of the
+    fit, like "not reached")."""
     needed: dict[str, list[float]] = {}
     rows, fit_s, fit_n = [], [], []
     for a in method_arms:
         s = dictionary_size(runs_of(a)[0])
-        needed[a] = [
-            crossing([(int(r.get(N_KEY)), r.last(TV)) for r in runs_of(a) if r.seed == seed], eps) for seed in seeds
-        ]
-        reached = [v for v in needed[a] if not math.isnan(v)]
-        fit_s += [s] * len(reached)
-        fit_n += reached
+        points = {seed: [(int(r.get(N_KEY)), r.last(TV)) for r in runs_of(a) if r.seed == seed] for seed in seeds}
+        smallest = min(n for pts in points.values() for n, _ in pts)
+        needed[a] = [crossing(points[seed], eps) for seed in seeds]
+        inside = [v for v in needed[a] if not math.isnan(v) and v > smallest]
+        fit_s += [s] * len(inside)
+        fit_n += inside
+
         rows.append(
             [
                 s,
-                ", ".join("not reached" if math.isnan(v) else f"{v:.0f}" for v in needed[a]),
-                fmt_stat(stat(reached), 0, ci=False) if reached else "n/a",
-                f"{len(reached)}/{len(needed[a])}",
+                ", ".join(show_needed(v, smallest) for v in needed[a]),
+                fmt_stat(stat(inside), 0, ci=False) if inside else "n/a",
+                f"{len(inside)}/{len(needed[a])}",
             ]
         )
     return eps, needed, rows, loglog_fit(fit_s, fit_n)
@@ -182,8 +189,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "## n needed for TV < ε vs s",
         "",
         "Per seed, the n at which the TV curve falls below ε (linear interpolation in log n between grid points; "
-        f"'not reached': still above ε at n = {ns[-1]}). The slope is the least-squares fit of log n on log s over "
-        "the reached (s, seed) points, with its 95% interval.",
+        f"'not reached': still above ε at n = {ns[-1]}; '<= {ns[0]}': already below at the smallest n). The slope is "
+        "the least-squares fit of log n on log s over the (s, seed) points inside the grid, with its 95% interval.",
         "",
         *(
             line
@@ -191,7 +198,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             for line in (
                 f"**ε = {e}**",
                 "",
-                table(["s", "n needed, per seed", "mean ± sd (reached)", "seeds reached"], rows),
+                table(["s", "n needed, per seed", "mean ± sd (inside the grid)", "seeds inside the grid"], rows),
                 fit_sentence(sl, hw, kk),
                 "",
             )
@@ -262,14 +269,14 @@ def setup(
 
 def fit_sentence(slope: float, half: float, k: int) -> str:
     if math.isnan(slope):
-        return f"Too few reached points ({k}) to fit a slope."
+        return f"Too few points inside the grid ({k}) to fit a slope."
     verdict = (
         "consistent with the paper's linear-in-s claim (slope 1)"
         if slope - half <= 1.0 <= slope + half
         else "not consistent with slope 1 at this scale"
     )
     return (
-        f"Log-log fit of n needed on s over the {k} reached (s, seed) points: slope {slope:.2f}, 95% CI "
+        f"Log-log fit of n needed on s over the {k} (s, seed) points inside the grid: slope {slope:.2f}, 95% CI "
         f"[{slope - half:.2f}, {slope + half:.2f}]: {verdict}."
     )
 
