@@ -270,11 +270,18 @@ def setup(
 def fit_sentence(slope: float, half: float, k: int) -> str:
     if math.isnan(slope):
         return f"Too few points inside the grid ({k}) to fit a slope."
-    verdict = (
-        "consistent with the paper's linear-in-s claim (slope 1)"
-        if slope - half <= 1.0 <= slope + half
-        else "not consistent with slope 1 at this scale"
-    )
+    lo, hi = slope - half, slope + half
+    if lo <= 1.0 <= hi:
+        verdict = (
+            "the interval contains both 1 (the paper's linear-in-s claim) and 0 (no dependence on s): not resolved"
+            if lo <= 0.0
+            else "consistent with the paper's linear-in-s claim (slope 1), and n needed grows with s"
+        )
+    else:
+        verdict = (
+            f"the interval excludes 1: n needed grows {'slower' if hi < 1.0 else 'faster'} than linearly in s here"
+            + (" (it also contains 0)" if lo <= 0.0 <= hi else "")
+        )
     return (
         f"Log-log fit of n needed on s over the {k} (s, seed) points inside the grid: slope {slope:.2f}, 95% CI "
         f"[{slope - half:.2f}, {slope + half:.2f}]: {verdict}."
