@@ -203,7 +203,12 @@ def llm_section(runs: list[Run], first: Run, lab: Any) -> list[str]:
         f"{fmt_stat(stat(r.last('test/score') for r in runs))}; steps with a parsed tool call {called} of "
         f"{len(steps)}, steps that succeeded {ok}; committed {sum(bool(e.get('committed')) for e in eps)} of "
         f"{len(eps)} episodes; {stat(r.last('test/tokens') for r in runs).mean:.0f} tokens per episode (prompt + "
-        "completion). Failed steps are recorded as such; the harness never crashed on the model's output.",
+        "completion). "
+        + (
+            "Every run finished: the model's unparseable replies were recorded as failed steps, never a crash."
+            if all(r.finished for r in runs)
+            else f"{sum(not r.finished for r in runs)} of {len(runs)} runs did not finish."
+        ),
     ]
 
 
@@ -225,12 +230,14 @@ def reading(arms: list[str], runs_of: Any, lab: Any) -> list[str]:
             )
             + "."
         )
-    notes.append(
-        "- The scripted hypothesis-elimination agent sees only observations, so a high score shows the environments "
-        "are solvable from the tool outputs within the budget and that the rubric rewards the correct rules; it says "
-        "nothing about how an LLM locks in. Early commit is the scripted form of in-context locking: it stops "
-        "exploring after its first consistent hypothesis."
-    )
+    if "hypothesis_elimination" in arms:
+        he = stat(r.last("test/score") for r in runs_of(None, None, "hypothesis_elimination")).mean
+        notes.append(
+            f"- The scripted hypothesis-elimination agent (it sees only observations and searches a declared rule "
+            f"library that contains the true rules) scores {he:.3f} on average: how far disciplined elimination gets "
+            "from the tool outputs within the budget, not how an LLM explores. Early commit is the scripted form of "
+            "in-context locking (it stops exploring after its first consistent hypothesis)."
+        )
     return notes
 
 
