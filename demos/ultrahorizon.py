@@ -256,7 +256,7 @@ def plot(envs: list[Any], difficulties: list[Any], arms: list[str], runs_of: Any
             err = [[s.mean - s.lo if s.n > 1 else 0 for s in stats], [s.hi - s.mean if s.n > 1 else 0 for s in stats]]
             ax.bar(xs, [s.mean for s in stats], width, yerr=err, capsize=2, label=lab(arm))
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(difficulties))], [str(d) for d in difficulties])
-        ax.set(ylim=(0, 1.05), ylabel="score", title=lab(env))
+        ax.set(ylim=(0, 1.4), ylabel="score", title=lab(env))
         ax = axes[1][col]
         for arm in arms:
             curves = [e.get("entropy", []) for r in runs_of(env, difficulty, arm) for e in episodes(r)]
@@ -264,6 +264,6 @@ def plot(envs: list[Any], difficulties: list[Any], arms: list[str], runs_of: Any
             if curve:
                 ax.plot(range(1, len(curve) + 1), curve, marker="o", ms=3, label=lab(arm))
         ax.set(xlabel="window", ylabel="action entropy (bits)", title=f"{lab(env)} ({difficulty})")
-    axes[0][0].legend(fontsize=7)
+    axes[0][0].legend(fontsize=6, ncol=2, loc="upper left")
     axes[1][0].legend(fontsize=7)
     return save_figure(fig, path)
