@@ -167,7 +167,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         f"{lab(a)}: lr {runs_of(a)[0].get('module.optimizer.lr')}"
         for a in (method_arms[:1] + [b for b in BASELINES if b in arms])
     )
-    png = plot(sweep, arms, method_arms, ns, runs_of, lab, needed, (slope, intercept), eps, out / f"{PAPER}.png")
+    png = plot(arms, method_arms, ns, runs_of, lab, thresholds, out / f"{PAPER}.png")
     text = [
         "# Vocabulary extension demo: new tokens on a Markov chain, samples needed vs dictionary size, forgetting",
         "",
@@ -345,18 +345,16 @@ def reading(
 
 
 def plot(
-    sweep: Sweep,
     arms: list[str],
     method_arms: list[str],
     ns: list[int],
     runs_of: Any,
     lab: Any,
-    needed: dict[str, list[float]],
-    fit: tuple[float, float],
-    eps: float,
+    thresholds: list[tuple[Any, ...]],
     path: Path,
 ) -> Path:
-    """TV vs n per arm (mean, 95% CI over seeds), and n needed for TV < eps vs s on log-log axes with the fit."""
+    """TV vs n per arm (mean, 95% CI over seeds), and n needed for TV < eps vs s on log-log axes with the fit, per
+    threshold (points inside the n grid only)."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for a in arms:
@@ -365,19 +363,21 @@ def plot(
         hi = [s.hi - s.mean if s.n > 1 else 0 for s in stats]
         style = "--" if a in BASELINES else "-"
         axes[0].errorbar(ns, [s.mean for s in stats], yerr=[lo, hi], marker="o", capsize=3, ls=style, label=lab(a))
-    axes[0].axhline(eps, color="grey", lw=0.8, ls=":")
+    for color, (eps, *_rest) in enumerate(thresholds):
+        axes[0].axhline(eps, color=f"C{color}", lw=0.8, ls=":")
     axes[0].set(xscale="log", xlabel="n (new-token transitions)", ylabel="TV to true new rows", title="TV vs n")
     axes[0].legend(fontsize=7)
     xs = [dictionary_size(runs_of(a)[0]) for a in method_arms]
-    for x, a in zip(xs, method_arms):
-        ys = [v for v in needed[a] if not math.isnan(v)]
-        axes[1].scatter([x] * len(ys), ys, color="C0", alpha=0.7)
-    slope, intercept = fit
-    if not math.isnan(slope):
-        grid = [min(xs), max(xs)]
-        axes[1].plot(grid, [math.exp(intercept) * g**slope for g in grid], color="C1", label=f"fit, slope {slope:.2f}")
-        axes[1].legend(fontsize=7)
-    axes[1].set(
-        xscale="log", yscale="log", xlabel="s (dictionary size)", ylabel=f"n needed for TV < {eps}", title="n vs s"
-    )
+    for color, (eps, needed, _, (slope, _half, intercept, _k)) in enumerate(thresholds):
+        points = [(x, v) for x, a in zip(xs, method_arms) for v in needed[a] if not math.isnan(v) and v > ns[0]]
+        if points:
+            axes[1].scatter(*zip(*points), color=f"C{color}", alpha=0.7, label=f"TV < {eps}")
+        if not math.isnan(slope):
+            grid = [min(xs), max(xs)]
+            axes[1].plot(
+                grid, [math.exp(intercept) * g**slope for g in grid], color=f"C{color}", label=f"fit, slope {slope:.2f}"
+            )
+    axes[1].set(xscale="log", yscale="log", xlabel="s (dictionary size)", ylabel="n needed", title="n needed vs s")
+    axes[1].set_xticks(xs, [str(x) for x in xs])
+    axes[1].legend(fontsize=7)
     return save_figure(fig, path)
