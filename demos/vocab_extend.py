@@ -127,7 +127,6 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     # -- TV vs n, n needed for TV < eps ------------------------------------------------------------------------------
     tv_rows = [[lab(a), *(fmt_stat(stat(r.last(TV) for r in runs_of(a, n)), ci=False) for n in ns)] for a in arms]
     thresholds = [needed_for(eps, method_arms, seeds, runs_of) for eps in eps_list]
-    eps, needed, need_rows, (slope, half, intercept, k) = thresholds[0]
 
     # -- forgetting and reversibility ------------------------------------------------------------------------------
     forget_rows = []
