@@ -68,6 +68,11 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             header += [f"{difficulty}: score", f"{difficulty}: tool calls"]
         sections += [f"### {lab(env)}", "", table(header, rows)]
         sections += [f"- {line}" for line in env_contrasts(env, difficulties, arms, runs_of, lab)]
+        if len(difficulties) > 1 and same_across_difficulties(env, difficulties, arms, runs_of):
+            sections.append(
+                f"- Every agent scored the same on {' and '.join(map(str, difficulties))}, seed by seed: the "
+                "difficulty knob does not change this environment (as in the official code)."
+            )
         sections.append("")
 
     detail_rows = []
@@ -140,7 +145,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "Mean over all episodes of the arm (each window averaged over the episodes that reach it), first window → "
         "last window:",
         "",
-        table(["agent", *(f"{d}" for d in difficulties)], entropy_rows),
+        table(["agent", *(f"{d} (all environments)" for d in difficulties)], entropy_rows),
         f"![scores and action entropy]({png.name})",
         "",
         "## The tiny local LM through the LLM agent path",
@@ -165,6 +170,15 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
     ]
     return [write_page(out, PAPER, text), png]
+
+
+def same_across_difficulties(env: str | None, difficulties: list[Any], arms: list[str], runs_of: Any) -> bool:
+    """Whether every arm's per-seed scores are identical at every difficulty."""
+
+    def scores(difficulty: Any, arm: str) -> list[tuple[Any, float]]:
+        return sorted((r.seed, r.last("test/score")) for r in runs_of(env, difficulty, arm))
+
+    return all(len({tuple(scores(d, arm)) for d in difficulties}) == 1 for arm in arms)
 
 
 def env_contrasts(env: str | None, difficulties: list[Any], arms: list[str], runs_of: Any, lab: Any) -> list[str]:
