@@ -111,16 +111,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=4, help="jobs per Hydra multirun")
     parser.add_argument(
+        "--multirun-repeats", type=int, default=None, help="repeats of the multiruns (default: --repeats)"
+    )
+    parser.add_argument(
         "--write", action="store_true", help="replace the '## UltraHorizon' section of docs/benchmarks.md"
     )
     args = parser.parse_args()
     single = single_process(args.episodes, args.repeats)
-    multi = hydra_multiruns(args.seeds, args.episodes, args.repeats)
+    multirun_repeats = args.multirun_repeats or args.repeats
+    multi = hydra_multiruns(args.seeds, args.episodes, multirun_repeats)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     body = [
-        f"`python benchmarks/ultrahorizon.py --episodes {args.episodes} --repeats {args.repeats} --seeds {args.seeds}`"
-        f" ({os.cpu_count()} cores, load average {load:.1f} at the end: a shared machine, so compare ratios). "
-        f"Median (min-max) over {args.repeats} interleaved repeats; hard difficulty, official required steps.",
+        f"`python benchmarks/ultrahorizon.py --episodes {args.episodes} --repeats {args.repeats} --seeds {args.seeds}"
+        f" --multirun-repeats {multirun_repeats}` ({os.cpu_count()} cores, load average {load:.1f} at the end: a "
+        "shared machine, so compare ratios). Median (min-max) over the interleaved repeats (single process: "
+        f"{args.repeats}, multiruns: {multirun_repeats}); hard difficulty, official required steps.",
         "",
         f"**Single process** (`zoo.agents.evaluate`, {args.episodes} episodes per call):",
         "",
