@@ -103,7 +103,7 @@ def needed_for(
                 f"{len(inside)}/{len(needed[a])}",
             ]
         )
-    return eps, needed, rows, loglog_fit(fit_s, fit_n)
+    return eps, needed, rows, loglog_fit(fit_s, fit_n), sorted(set(fit_s))
 
 
 def build(sweep: Sweep, out: Path) -> list[Path]:
@@ -193,12 +193,12 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         *(
             line
-            for e, _, rows, (sl, hw, _, kk) in thresholds
+            for e, _, rows, (sl, hw, _, kk), ss in thresholds
             for line in (
                 f"**ε = {e}**",
                 "",
                 table(["s", "n needed, per seed", "mean ± sd (inside the grid)", "seeds inside the grid"], rows),
-                fit_sentence(sl, hw, kk),
+                fit_sentence(sl, hw, kk, ss),
                 "",
             )
         ),
@@ -266,7 +266,7 @@ def setup(
     ]
 
 
-def fit_sentence(slope: float, half: float, k: int) -> str:
+def fit_sentence(slope: float, half: float, k: int, ss: Sequence[int]) -> str:
     if math.isnan(slope):
         return f"Too few points inside the grid ({k}) to fit a slope."
     lo, hi = slope - half, slope + half
@@ -282,7 +282,8 @@ def fit_sentence(slope: float, half: float, k: int) -> str:
             + (" (it also contains 0)" if lo <= 0.0 <= hi else "")
         )
     return (
-        f"Log-log fit of n needed on s over the {k} (s, seed) points inside the grid: slope {slope:.2f}, 95% CI "
+        f"Log-log fit of n needed on s over the {k} (s, seed) points inside the grid (s in "
+        f"{{{', '.join(map(str, ss))}}}): slope {slope:.2f}, 95% CI "
         f"[{slope - half:.2f}, {slope + half:.2f}]: {verdict}."
     )
 
@@ -338,8 +339,8 @@ def reading(
             )
             + "."
         )
-    for eps, _, _, (slope, half, _, k) in thresholds:
-        notes.append(f"- ε = {eps}: " + fit_sentence(slope, half, k))
+    for eps, _, _, (slope, half, _, k), ss in thresholds:
+        notes.append(f"- ε = {eps}: " + fit_sentence(slope, half, k, ss))
     return notes
 
 
@@ -367,7 +368,7 @@ def plot(
     axes[0].set(xscale="log", xlabel="n (new-token transitions)", ylabel="TV to true new rows", title="TV vs n")
     axes[0].legend(fontsize=7)
     xs = [dictionary_size(runs_of(a)[0]) for a in method_arms]
-    for color, (eps, needed, _, (slope, _half, intercept, _k)) in enumerate(thresholds):
+    for color, (eps, needed, _, (slope, _half, intercept, _k), _ss) in enumerate(thresholds):
         points = [(x, v) for x, a in zip(xs, method_arms) for v in needed[a] if not math.isnan(v) and v > ns[0]]
         if points:
             axes[1].scatter(*zip(*points), color=f"C{color}", alpha=0.7, label=f"TV < {eps}")
