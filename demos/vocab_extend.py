@@ -339,8 +339,15 @@ def reading(
             )
             + "."
         )
-    for eps, _, _, (slope, half, _, k), ss in thresholds:
-        notes.append(f"- ε = {eps}: " + fit_sentence(slope, half, k, ss))
+    for eps, needed, _, (slope, half, _, k), ss in thresholds:
+        above = [dictionary_size(runs_of(a)[0]) for a in method_arms if all(math.isnan(v) for v in needed[a])]
+        tail = (
+            f" s = {', '.join(map(str, above))}: above ε at every n of the grid in every seed (n needed > {ns[-1]}), "
+            "left out of the fit."
+            if above
+            else ""
+        )
+        notes.append(f"- ε = {eps}: " + fit_sentence(slope, half, k, ss) + tail)
     return notes
 
 
