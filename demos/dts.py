@@ -14,7 +14,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from zoo.data.forked import BRANCHES, ForkedTask
+from zoo.generation.dts import entropy_varentropy
 from zoo.report import (
     Run,
     Sweep,
@@ -192,6 +195,9 @@ def setup_text(sweep: Sweep, tau_v: float) -> list[str]:
     backbone = first.get("backbone", {}) or {}
     traces = first.get("demo.num_traces")
     seeds = len(sweep.seeds) or 1
+    shares = tuple(float(forked.get(f"task.{k}", math.nan)) for k in ("p_short", "p_loop", "p_wrong"))
+    t_ent = float(dts.get("entropy_temperature") or math.nan)
+    fork_h, fork_v = (float(x) for x in entropy_varentropy(torch.tensor(shares).log(), t_ent))
     knobs = ", ".join(
         f"{name} {dts.get(key)}"
         for name, key in (
@@ -231,8 +237,9 @@ def setup_text(sweep: Sweep, tau_v: float) -> list[str]:
         "the DTS tree; **max active** = most hypotheses alive at once.",
         "",
         f"tau_V is lowered from the default 1.5 to {tau_v:g} here: a fork between three options has a varentropy "
-        "well below 1.5 (0.31 for (0.5, 0.35, 0.15) at T_ent 0.6), a threshold set for the long-tailed next-token "
-        "distributions of reasoning LLMs over a large vocabulary.",
+        f"well below 1.5 (H {fork_h:.2f}, V {fork_v:.2f} for the training shares {shares} at T_ent "
+        f"{dts.get('entropy_temperature')}; the trained policies' values are in the tables below), a threshold set for "
+        "the long-tailed next-token distributions of reasoning LLMs over a large vocabulary.",
         "",
     ]
 
