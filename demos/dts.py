@@ -272,9 +272,8 @@ def forked_reading(sweep: Sweep, labels: dict[str, str]) -> list[str]:
         )
     lines.append(
         "- DTS-Stable votes over finished traces, not over probability mass: a continuation whose tokens the policy "
-        "hesitates over branches more and finishes with several traces (with the same answer when the hesitation is "
-        "not about the answer), while the short one finishes as one trace; DTS-Greedy only needs the short one to "
-        "finish first."
+        "hesitates over branches more and can finish with several traces, while a continuation without hesitation "
+        "finishes as one trace; DTS-Greedy only needs the short one to finish first."
     )
     return lines
 
