@@ -20,6 +20,7 @@ from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
 from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
 from zoo.callbacks.training_clock import TrainingClock
+from zoo.callbacks.transition_tv import TransitionTV
 from zoo.callbacks.valr_probe import StepStateProbe
 from zoo.callbacks.watermark import WatermarkCallback
 from zoo.callbacks.wet import WETCallback
@@ -40,6 +41,7 @@ __all__ = [
     "RotationInvariance",
     "SafeThinkMonitor",
     "StepStateProbe",
+    "TransitionTV",
     "WatermarkCallback",
     "WETCallback",
     "TrainingClock",
