@@ -13,10 +13,23 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hydra.utils import instantiate
 
-from zoo.report import Run, Sweep, contrast, fmt_stat, provenance, pyplot, save_figure, stat, table, write_page
+from zoo.report import (
+    Run,
+    Sweep,
+    contrast,
+    fmt_stat,
+    paired_contrast,
+    provenance,
+    pyplot,
+    save_figure,
+    stat,
+    table,
+    write_page,
+)
 
 PAPER = "performative_misalignment"
 ORGANISMS = ("scheming", "performative")
@@ -67,6 +80,13 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     labels = first.get("demo.labels", {}) or {}
     names = [o for o in ORGANISMS if o in arms] + [a for a in arms if a not in ORGANISMS]
     measured = {a: [(before(r), after(r), designed(r)) for r in arms[a]] for a in names}
+    seeds_of = {a: [r.seed for r in arms[a]] for a in names}
+
+    def by_seed(arm: str, key: str, which: int = 0) -> dict[Any, float]:
+        """``{seed: value}`` of one organism (for comparisons within a run: eval vs deploy, +s vs -s, after vs
+        before)."""
+        pairs = zip(seeds_of.get(arm, []), measured.get(arm, []))
+        return {seed: m[which][key] for seed, m in pairs if key in m[which]}
 
     def values(arm: str, key: str, which: int = 0) -> list[float]:
         return [m[which][key] for m in measured.get(arm, []) if key in m[which] and not math.isnan(m[which][key])]
@@ -215,7 +235,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         table(["organism", "quantity", "before", "after", "after − before"], ft_rows),
         "## Reading",
         "",
-        *reading(values, lab, strongest),
+        *reading(values, by_seed, lab, strongest),
         "",
         "## What this scale can and cannot show",
         "",
@@ -229,13 +249,22 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     return [write_page(out, PAPER, text), png]
 
 
-def reading(values: Callable[..., list[float]], lab: Callable[[str], str], strongest: float) -> list[str]:
-    """The reading, sentence by sentence from the numbers (``not shown`` where the seeds do not resolve it)."""
+def reading(
+    values: Callable[..., list[float]],
+    by_seed: Callable[..., dict[Any, float]],
+    lab: Callable[[str], str],
+    strongest: float,
+) -> list[str]:
+    """The reading, sentence by sentence from the numbers (``not shown`` where the seeds do not resolve it).
+    Comparisons within one run (eval vs deploy framing, +s vs -s, after vs before the fine-tune) are paired by seed;
+    the two organisms are different models, compared with Welch's interval."""
     notes = []
     for a in ORGANISMS:
         notes.append(
             f"- {lab(a)}: "
-            + contrast("evaluation framing", values(a, "gap/eval"), "deployed framing", values(a, "gap/deploy"), "Δ")
+            + paired_contrast(
+                "evaluation framing", by_seed(a, "gap/eval"), "deployed framing", by_seed(a, "gap/deploy"), "Δ"
+            )
             + "."
         )
     notes.append(
@@ -271,35 +300,36 @@ def reading(values: Callable[..., list[float]], lab: Callable[[str], str], stron
     if strongest:
         plus, minus = alpha_key(strongest), alpha_key(-strongest)
         for a in ORGANISMS:
-            for d in ("sycophancy", "eval_cue"):
+            for d, key, what in (
+                ("eval_cue", "framing_sensitivity", "Δ_eval − Δ_deploy"),
+                ("sycophancy", "framing_sensitivity", "Δ_eval − Δ_deploy"),
+                ("sycophancy", "sycophancy_rate", "sycophancy rate"),
+                ("monitoring", "gap/eval", "Δ_eval"),
+            ):
                 notes.append(
                     f"- Steering {lab(a)} along {d}: "
-                    + contrast(
+                    + paired_contrast(
                         f"α = {plus}",
-                        values(a, f"steer/{d}/{plus}/framing_sensitivity"),
+                        by_seed(a, f"steer/{d}/{plus}/{key}"),
                         f"α = {minus}",
-                        values(a, f"steer/{d}/{minus}/framing_sensitivity"),
-                        "Δ_eval − Δ_deploy",
+                        by_seed(a, f"steer/{d}/{minus}/{key}"),
+                        what,
                     )
                     + "."
                 )
     for a in ORGANISMS:
         notes.append(
             f"- Sycophancy fine-tune, {lab(a)}: "
-            + contrast(
+            + paired_contrast(
                 "after",
-                values(a, "framing_sensitivity", 1),
+                by_seed(a, "framing_sensitivity", 1),
                 "before",
-                values(a, "framing_sensitivity", 0),
+                by_seed(a, "framing_sensitivity", 0),
                 "Δ_eval − Δ_deploy",
             )
             + "; "
-            + contrast(
-                "after",
-                values(a, "sycophancy_rate", 1),
-                "before",
-                values(a, "sycophancy_rate", 0),
-                "sycophancy rate",
+            + paired_contrast(
+                "after", by_seed(a, "sycophancy_rate", 1), "before", by_seed(a, "sycophancy_rate", 0), "sycophancy rate"
             )
             + "."
         )

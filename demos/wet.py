@@ -24,6 +24,7 @@ from zoo.report import (
     artifact_values,
     contrast,
     fmt_stat,
+    paired_contrast,
     provenance,
     pyplot,
     save_figure,
@@ -65,6 +66,8 @@ def entropy_auroc(rows: list[Row]) -> float:
 def per_run(run: Run, bins: Sequence[Sequence[int]]) -> dict[str, float]:
     """The run's rates: overall, in distribution, by distance bin with and without a late conflicting mention."""
     rows = records(run)
+    if not rows:  # a run that did not finish: left out
+        return {}
     ind = [r for r in rows if in_distribution(r, bins)]
     out = {
         "n": float(len(rows)),
@@ -105,6 +108,14 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     labels = first.get("demo.labels", {}) or {}
     bins = [tuple(b) for b in first.get("demo.bins")]
     rates = {name: [per_run(r, bins) for r in runs] for name, runs in arms.items()}
+    by_seed = {name: {r.seed: v for r, v in zip(arms[name], rates[name])} for name in arms}
+
+    def paired(arm: str, base: str, key: str) -> str:
+        """Same-seed comparison of two arms on ``key`` (the arms of a seed share the policy, probe and prompts)."""
+        a = {seed: v[key] for seed, v in by_seed.get(arm, {}).items() if key in v}
+        b = {seed: v[key] for seed, v in by_seed.get(base, {}).items() if key in v}
+        what = "WMR" if key.startswith("wmr") else "accuracy" if key.startswith("accuracy") else key
+        return paired_contrast(lab(arm), a, lab(base), b, what)
 
     def values(arm: str, key: str) -> list[float]:
         return [v[key] for v in rates.get(arm, []) if key in v and not math.isnan(v[key])]
@@ -210,7 +221,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         table(["arm"] + [f"seed {s}" for s in sweep.seeds], head_rows),
         "## Reading",
         "",
-        *reading(values, lab, bins, wet),
+        *reading(values, paired, lab, bins, wet),
         "",
         "## What this scale can and cannot show",
         "",
@@ -227,9 +238,14 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
 
 
 def reading(
-    values: Callable[[str, str], list[float]], lab: Callable[[str], str], bins: Sequence[Sequence[int]], wet: dict
+    values: Callable[[str, str], list[float]],
+    paired: Callable[[str, str, str], str],
+    lab: Callable[[str], str],
+    bins: Sequence[Sequence[int]],
+    wet: dict,
 ) -> list[str]:
-    """The reading, sentence by sentence from the numbers (``not shown`` where the seeds do not resolve it)."""
+    """The reading, sentence by sentence from the numbers (``not shown`` where the seeds do not resolve it). Arms
+    of one seed share the policy, probe and test prompts, so each arm comparison is also given paired by seed."""
 
     def m(arm: str, key: str) -> float:
         return stat(values(arm, key)).mean
@@ -267,17 +283,21 @@ def reading(
             "- "
             + contrast(lab(arm), values(arm, "wmr"), lab("none"), values("none", "wmr"), "WMR")
             + "; "
-            + contrast(lab(arm), values(arm, "accuracy_ind"), lab("none"), values("none", "accuracy_ind"), "accuracy")
-            + " in distribution."
+            + paired(arm, "none", "wmr")
+            + "; in distribution, "
+            + paired(arm, "none", "accuracy_ind")
+            + "."
         )
     notes += [
         "- WET against the baselines of head choice: "
-        + contrast(lab("wet"), values("wet", "wmr"), lab("random"), values("random", "wmr"), "WMR")
+        + paired("wet", "random", "wmr")
         + "; "
-        + contrast(lab("wet"), values("wet", "wmr"), lab("probe"), values("probe", "wmr"), "WMR")
+        + paired("wet", "probe", "wmr")
         + ".",
         "- Under conflicting mentions only: "
-        + contrast(lab("wet"), values("wet", "wmr_conflict"), lab("none"), values("none", "wmr_conflict"), "WMR")
+        + paired("wet", "none", "wmr_conflict")
+        + "; "
+        + paired("wet", "none", "accuracy_conflict")
         + ".",
     ]
     return notes
