@@ -80,6 +80,8 @@ def per_run(run: Run, bins: Sequence[Sequence[int]]) -> dict[str, float]:
         "gate_drift": mean(r["gate"] > 0 for r in rows if not in_distribution(r, bins)),
         "entropy_ind": mean(r["entropy"] for r in ind),
         "entropy_drift": mean(r["entropy"] for r in rows if not in_distribution(r, bins)),
+        "gate_open_wrong": mean(r["gate"] > 0 for r in rows if r["misattributed"]),
+        "gate_mean_wrong": mean(r["gate"] for r in rows if r["misattributed"]),
     }
     for conflict in (False, True):
         tag = "conflict" if conflict else "plain"
@@ -276,7 +278,14 @@ def reading(
         f"{fmt_stat(stat(values('none', 'auroc_conflict')), ci=False)} among prompts with a conflicting mention; "
         f"mean `H` in distribution {m('none', 'entropy_ind'):.3f} vs {m('none', 'entropy_drift'):.3f} under drift; "
         f"the gate opens on {m('none', 'false_gate'):.3f} of in-distribution rows (η = {wet.get('eta')}) and "
-        f"{m('none', 'gate_drift'):.3f} of the others.",
+        f"{m('none', 'gate_drift'):.3f} of the others. Among the misattributed answers the gate is open on "
+        f"{m('none', 'gate_open_wrong'):.3f} of the rows at the answer position, with mean g "
+        f"{m('none', 'gate_mean_wrong'):.3f}"
+        + (
+            ": the rescaling (factor 1 + α g) acts on a minority of the rows it targets, and weakly."
+            if m("none", "gate_open_wrong") < 0.5 and m("none", "gate_mean_wrong") < 0.5
+            else "."
+        ),
     ]
     for arm in ("wet", "random", "probe"):
         notes.append(
