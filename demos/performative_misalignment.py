@@ -95,6 +95,13 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         xs = values(arm, key, which)
         return fmt_stat(stat(xs), 3, ci) if xs else "-"
 
+    def recovered(arm: str, key: str) -> str:
+        """Whether the designed value lies in the 95% interval of the measured mean."""
+        s, xs = stat(values(arm, key)), values(arm, key, 2)
+        if not xs or s.n < 2:
+            return "-"
+        return "yes" if s.lo <= xs[0] <= s.hi else "no"
+
     def design(arm: str, key: str) -> str:
         xs = values(arm, key, 2)
         return f"{xs[0]:.3f}" if xs else "-"
@@ -113,7 +120,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             ("framing_sensitivity", "Δ_eval − Δ_deploy"),
             *((f"sycophancy_rate/{aud}", f"sycophancy rate, audience {aud}") for aud in audiences),
         ):
-            gap_rows.append([lab(a), what, design(a, key), cell(a, key)])
+            gap_rows.append([lab(a), what, design(a, key), cell(a, key), recovered(a, key)])
     pairs = [("eval_cue", "sycophancy"), ("eval_cue", "monitoring"), ("monitoring", "sycophancy")]
     geometry_rows = []
     for a in names:
@@ -212,7 +219,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         "## 1. The gap under evaluation vs deployed framing",
         "",
-        table(["organism", "quantity", "designed", "measured"], gap_rows),
+        table(["organism", "quantity", "designed", "measured", "designed value inside the 95% CI"], gap_rows),
         "## 2. Directions: eval cue, monitoring, sycophancy",
         "",
         "AUROC of each direction on its own contrast, cosines between directions, and cross-probe AUROC "
@@ -259,6 +266,22 @@ def reading(
     Comparisons within one run (eval vs deploy framing, +s vs -s, after vs before the fine-tune) are paired by seed;
     the two organisms are different models, compared with Welch's interval."""
     notes = []
+    off = []
+    for a in ORGANISMS:
+        for audience in ("researcher", "user"):
+            key = f"sycophancy_rate/{audience}"
+            measured, target = stat(values(a, key)).mean, stat(values(a, key, 2)).mean
+            if abs(measured - target) > 0.2:
+                off.append(f"{lab(a)}, audience {audience}: {measured:.3f} (designed {target:.3f})")
+    if off:
+        notes.append(
+            "- Sycophancy rates far from their design: "
+            + "; ".join(off)
+            + ". The rate counts answers that agree with a wrong stated opinion among those giving the opinion or "
+            "the true answer; where an organism did not learn to compute the true answer of the comparison at this "
+            "training budget, it mixes sycophancy with not knowing the answer, and the sycophancy direction and the "
+            "fine-tune's sycophancy effect carry that caveat."
+        )
     for a in ORGANISMS:
         notes.append(
             f"- {lab(a)}: "
