@@ -13,6 +13,7 @@ from zoo.datamodules.base import (
     IGNORE_INDEX,
     ListDataset,
     RowDataModule,
+    collate_columns,
     encode_completion,
     encode_prompt,
     pad_sequences,
@@ -35,11 +36,13 @@ class SFTDataModule(RowDataModule):
       prompt and padding, so the loss covers the completion (and its EOS) only;
     - ``prompt_ids``, ``prompt_attention_mask``: ``[B, P]`` left-padded prompts (for generation);
     - ``prompts``, ``answers``: lists of strings (``answer`` falls back to the completion);
-    - ``loss_weight``: ``[B]`` float per-sequence weights (from ``weight_column``; 1 where a row has none).
+    - ``loss_weight``: ``[B]`` float per-sequence weights (from ``weight_column``; 1 where a row has none);
+    - ``columns``: every other field of the rows, as lists (e.g. a label that evaluation callbacks read).
     """
 
     required_fields = ("prompt", "completion")
     default_weight_column = "loss_weight"
+    encoded_fields = ("prompt", "completion", "answer")  # every other field of a row is kept in ``columns``
 
     def __init__(self, *args: Any, weight_column: str = default_weight_column, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -79,12 +82,24 @@ class SFTDataModule(RowDataModule):
             "prompt": row["prompt"],
             "answer": str(row.get("answer", row["completion"])),
             "loss_weight": self.sample_weight(row, index, split),
+            "columns": {k: v for k, v in row.items() if k not in (*self.encoded_fields, self.weight_column)},
         }
+
+    @staticmethod
+    def sequence(item: dict[str, Any]) -> tuple[list[int], list[int]]:
+        """The training sequence of an encoded item and its labels: prompt + completion with labels on the completion,
+        or the item's own ``input_ids`` and ``labels`` when it has them (a subclass that trains other tokens, e.g.
+        every assistant turn of a conversation)."""
+        if "labels" in item:
+            return item["input_ids"], item["labels"]
+        prompt, completion = item["prompt_ids"], item["completion_ids"]
+        return prompt + completion, [IGNORE_INDEX] * len(prompt) + completion
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         pad = self.tokenizer.pad_token_id
-        full = [it["prompt_ids"] + it["completion_ids"] for it in items]
-        labels = [[IGNORE_INDEX] * len(it["prompt_ids"]) + it["completion_ids"] for it in items]
+        sequences = [self.sequence(it) for it in items]
+        full = [ids for ids, _ in sequences]
+        labels = [lab for _, lab in sequences]
         input_ids = pad_sequences(full, pad, "right")
         attention_mask = pad_sequences([[1] * len(f) for f in full], 0, "right")
         return {
@@ -96,4 +111,5 @@ class SFTDataModule(RowDataModule):
             "prompts": [it["prompt"] for it in items],
             "answers": [it["answer"] for it in items],
             "loss_weight": torch.tensor([it["loss_weight"] for it in items], dtype=torch.float32),
+            "columns": collate_columns(items),
         }
