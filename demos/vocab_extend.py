@@ -115,11 +115,16 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     def lab(arm: str) -> str:
         return labels.get(arm, arm)
 
-    arms = list(dict.fromkeys(r.arm.get(ARM_KEY, "all") for r in sweep.runs))
+    arms = list(dict.fromkeys(r.arm.get(ARM_KEY, "all") for r in sweep.runs if r.finished))
     ns = sorted({int(r.get(N_KEY)) for r in sweep.runs})
 
     def runs_of(arm: str, n: int | None = None) -> list[Run]:
-        return [r for r in sweep.runs if r.arm.get(ARM_KEY, "all") == arm and (n is None or int(r.get(N_KEY)) == n)]
+        """The arm's finished runs (at ``n``)."""
+        return [
+            r
+            for r in sweep.runs
+            if r.finished and r.arm.get(ARM_KEY, "all") == arm and (n is None or int(r.get(N_KEY)) == n)
+        ]
 
     method_arms = sorted((a for a in arms if a not in BASELINES), key=lambda a: dictionary_size(runs_of(a)[0]))
     seeds = sweep.seeds
