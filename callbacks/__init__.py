@@ -10,9 +10,11 @@ from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
 from zoo.callbacks.nanoquant import NanoQuantExport
+from zoo.callbacks.offline_rows import OfflineRowWriter
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
+from zoo.callbacks.undo_metrics import UndoMetrics
 
 __all__ = [
     "ForgettingMonitor",
@@ -21,6 +23,8 @@ __all__ = [
     "LogLineProgress",
     "LogSamplerWeights",
     "NanoQuantExport",
+    "OfflineRowWriter",
     "SafeThinkMonitor",
+    "UndoMetrics",
     "auto_progress",
 ]

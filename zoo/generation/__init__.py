@@ -1,5 +1,6 @@
-"""Decoding: the decoder seam (:mod:`zoo.generation.decoders`), its primitives (:mod:`zoo.generation.sampling`) and
-the step-wise decoder (:mod:`zoo.generation.stepwise`). A core: no Lightning, no datamodule import."""
+"""Decoding: the decoder seam (:mod:`zoo.generation.decoders`), its primitives (:mod:`zoo.generation.sampling`), the
+step-wise decoder (:mod:`zoo.generation.stepwise`) and N-MARS's undo-aware decoding with its cores
+(:mod:`zoo.generation.undo`). A core: no Lightning, no datamodule import."""
 
 from zoo.generation.decoders import (
     Decoder,
@@ -26,6 +27,12 @@ from zoo.generation.stepwise import (
     StepwiseResult,
     stepwise_generate,
 )
+from zoo.generation.undo import (
+    UndoDecoder,
+    UndoResult,
+    augment_with_undo,
+    resolve_undo,
+)
 
 __all__ = [
     "Decoder",
@@ -42,9 +49,13 @@ __all__ = [
     "StepHook",
     "StepwiseDecoder",
     "StepwiseResult",
+    "UndoDecoder",
+    "UndoResult",
+    "augment_with_undo",
     "decode_completion",
     "generate",
     "generate_text",
+    "resolve_undo",
     "sample_next",
     "stepwise_generate",
 ]

@@ -137,4 +137,3 @@ class ZooModule(ZooBaseModule):
         else:
             reference = self.backbone.with_init_from(init_from).build_model(self.quantizer)
         return reference.requires_grad_(False).eval()
-
