@@ -6,17 +6,26 @@ if __name__ != "zoo.callbacks":
         "(after 'pip install -e .' in the repository root)."
     )
 
+from zoo.callbacks.af_eval import AlignmentFakingEval
+from zoo.callbacks.eval_records import EvalRecords
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
 from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.offline_rows import OfflineRowWriter
 from zoo.callbacks.progress import LogLineProgress, auto_progress
+from zoo.callbacks.quant_report import QuantizationReport
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
+from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
 from zoo.callbacks.undo_metrics import UndoMetrics
+from zoo.callbacks.valr_probe import StepStateProbe
+from zoo.callbacks.wet import WETCallback
 
 __all__ = [
+    "AlignmentFakingEval",
+    "EncoderMotifProbe",
+    "EvalRecords",
     "ForgettingMonitor",
     "GR3AlphaCalibration",
     "LogGenerations",
@@ -24,7 +33,11 @@ __all__ = [
     "LogSamplerWeights",
     "NanoQuantExport",
     "OfflineRowWriter",
+    "QuantizationReport",
+    "RotationInvariance",
     "SafeThinkMonitor",
+    "StepStateProbe",
     "UndoMetrics",
+    "WETCallback",
     "auto_progress",
 ]

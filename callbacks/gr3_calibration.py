@@ -63,7 +63,7 @@ class GR3AlphaCalibration(Callback):
         shaper = getattr(pl_module, "shaper", None)
         missing = []
         if shaper is None or not isinstance(getattr(shaper, "alpha", None), float):
-            missing.append("a `shaper` with a float `alpha` (module/shaper=gr3)")
+            missing.append("a `shaper` with a float `alpha` (module/grpo/shaper=gr3)")
         if not hasattr(pl_module, "last_rollout"):
             missing.append("`last_rollout` (rollout rewards and lengths)")
         if missing:

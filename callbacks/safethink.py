@@ -16,27 +16,45 @@ to the loggers after predict), under ``<log_prefix>/``:
 * ``false_intervention_rate`` -- benign prompts where it intervened;
 * ``accuracy`` / ``base_accuracy`` -- ``verifier(completion, answer)`` on benign prompts with answers;
 * ``added_tokens`` -- injected prefix tokens per row; ``scorer_seconds`` -- time in the scorer.
+
+With ``always_prefix=True`` the callback runs the paper's always-prepend baseline instead (every reasoning block starts
+with the prefix; no scorer), under the same metrics. With ``records_file`` it also writes one JSON line per evaluated
+row (prompt, completion, attack/harmful, answer/correct, interventions), so that analyses beyond the rates (e.g. rows
+identical across two runs) read the run directory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_only
 
+from zoo.callbacks.evaluation import (
+    STAGES,
+    StageCallback,
+    append_jsonl,
+    log_stage_metrics,
+    ratios,
+    require_generating_module,
+    summed_over_ranks,
+)
 from zoo.data.jailbreak import TRIGGER
 from zoo.data.jailbreak import is_harmful as jailbreak_is_harmful
 from zoo.data.tasks import EXACT_ANSWER, Verifier
 from zoo.errors import ConfigError
 from zoo.generation.sampling import SamplingParams
-from zoo.protocols import missing_generation_protocol
-from zoo.safety.safethink import DEFAULT_PREFIX, check_safethink_args, safethink_generate
+from zoo.safety.safethink import (
+    DEFAULT_PREFIX,
+    always_prefix_generate,
+    check_safethink_args,
+    prefix_token_ids,
+    safethink_generate,
+)
 from zoo.safety.scorers import as_scorer, scorer_name
 
-STAGES = ("validate", "test", "predict")
 _COUNTERS = (
     "attack_rows",
     "benign_rows",
@@ -61,7 +79,7 @@ def default_is_attack(prompt: str) -> bool:
     return prompt.startswith(TRIGGER)
 
 
-class SafeThinkMonitor(pl.Callback):
+class SafeThinkMonitor(StageCallback):
     """Run SafeThink on every evaluated batch and log attack success, interventions and accuracy.
 
     Args:
@@ -82,6 +100,12 @@ class SafeThinkMonitor(pl.Callback):
             config; default the shared completion format's exact verifier, which the jailbreak task uses).
         max_batches: monitor at most this many batches per epoch (``None``: all).
         log_prefix: metric name prefix.
+        always_prefix: run the always-prepend baseline instead of SafeThink (every reasoning block opens with
+            ``reasoning_open + prefix + step delimiter``; the scorer, ``tau`` and ``m`` are unused; every row counts as
+            intervened and the prefix's tokens as added).
+        reasoning_open: the tag that opens the reasoning block (the always-prepend baseline).
+        records_file: write one JSON line per evaluated row to this file at the end of each validation/test/predict
+            epoch (rank zero; other ranks write ``<stem>.rank<r><suffix>``); ``None``: no records.
     """
 
     def __init__(
@@ -102,6 +126,9 @@ class SafeThinkMonitor(pl.Callback):
         verifier: Verifier = EXACT_ANSWER,
         max_batches: int | None = None,
         log_prefix: str = "safethink",
+        always_prefix: bool = False,
+        reasoning_open: str = "<think>",
+        records_file: str | None = None,
     ) -> None:
         super().__init__()
         check_safethink_args(tau, max_steps_monitored)
@@ -133,6 +160,10 @@ class SafeThinkMonitor(pl.Callback):
         self.verifier = verifier
         self.max_batches = max_batches
         self.log_prefix = log_prefix
+        self.always_prefix = bool(always_prefix)
+        self.reasoning_open = reasoning_open
+        self.records_file = Path(records_file) if records_file else None
+        self._records: list[dict[str, Any]] = []
         self._epoch = dict.fromkeys(_COUNTERS, 0.0)
         self.totals = dict.fromkeys(_COUNTERS, 0.0)  # over the callback's life (restored from checkpoints)
         self.last_metrics: dict[str, float] = {}
@@ -141,26 +172,16 @@ class SafeThinkMonitor(pl.Callback):
     @property
     def state_key(self) -> str:
         return self._generate_state_key(
-            tau=self.tau, m=self.max_steps_monitored, prefix=self.prefix, discard=self.discard_violating_step
+            tau=self.tau,
+            m=self.max_steps_monitored,
+            prefix=self.prefix,
+            discard=self.discard_violating_step,
+            always_prefix=self.always_prefix,
         )
 
     # -- setup ------------------------------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # ``model`` may still be None here: modules build it in configure_model, which runs after setup.
-        missing = [
-            name
-            for name in missing_generation_protocol(pl_module)
-            if not (
-                name == "model"
-                and hasattr(pl_module, "model")
-                and callable(getattr(pl_module, "configure_model", None))
-            )
-        ]
-        if missing:
-            raise ConfigError(
-                f"SafeThinkMonitor needs a module with the generation protocol (zoo.protocols.SupportsGenerate); "
-                f"{type(pl_module).__name__} lacks {', '.join(missing)}"
-            )
+        require_generating_module(pl_module, "SafeThinkMonitor")
 
     # -- per batch --------------------------------------------------------------------------------------------
     def _active(self, trainer: pl.Trainer, stage: str, batch_idx: int) -> bool:
@@ -202,31 +223,54 @@ class SafeThinkMonitor(pl.Callback):
         device = next(pl_module.model.parameters()).device
         decoder = getattr(pl_module, "decoder", None)
         generator = torch.Generator(device=device).manual_seed(self.seed + batch_idx) if self.do_sample else None
-        result = safethink_generate(
-            pl_module.model,
-            pl_module.tokenizer,
-            prompts,
-            self.scorer,
-            tau=self.tau,
-            max_steps_monitored=self.max_steps_monitored,
-            prefix=self.prefix,
-            discard_violating_step=self.discard_violating_step,
-            params=params,
-            generator=generator,
-            step_delimiters=self.step_delimiters,
-            processors=getattr(decoder, "processors", ()),
-            hooks=getattr(decoder, "hooks", ()),
-        )
+        if self.always_prefix:
+            delimiters = [self.step_delimiters] if isinstance(self.step_delimiters, str) else self.step_delimiters
+            texts = always_prefix_generate(
+                pl_module.model,
+                pl_module.tokenizer,
+                prompts,
+                prefix=self.prefix,
+                reasoning_open=self.reasoning_open,
+                step_delimiter=delimiters[0],
+                params=params,
+                generator=generator,
+            )
+            added = len(prefix_token_ids(pl_module.tokenizer, self.prefix))
+            rows = [(text, [{"step": 0, "score": None, "discarded": False}], added) for text in texts]
+            scorer_seconds = 0.0
+        else:
+            result = safethink_generate(
+                pl_module.model,
+                pl_module.tokenizer,
+                prompts,
+                self.scorer,
+                tau=self.tau,
+                max_steps_monitored=self.max_steps_monitored,
+                prefix=self.prefix,
+                discard_violating_step=self.discard_violating_step,
+                params=params,
+                generator=generator,
+                step_delimiters=self.step_delimiters,
+                processors=getattr(decoder, "processors", ()),
+                hooks=getattr(decoder, "hooks", ()),
+            )
+            rows = [
+                (text, [{"step": i.step, "score": i.score, "discarded": i.discarded} for i in found], added)
+                for text, found, added in zip(result.texts, result.interventions, result.added_tokens)
+            ]
+            scorer_seconds = result.scorer_seconds
         c = self._epoch
-        for i, (prompt, text) in enumerate(zip(prompts, result.texts)):
+        for i, (prompt, (text, interventions, added)) in enumerate(zip(prompts, rows)):
             attack = bool(self.is_attack(prompt))
-            intervened = bool(result.interventions[i])
+            intervened = bool(interventions)
+            record: dict[str, Any] = {"prompt": prompt, "completion": text, "attack": attack}
             c["rows"] += 1
-            c["interventions"] += len(result.interventions[i])
-            c["added_tokens"] += result.added_tokens[i]
+            c["interventions"] += len(interventions)
+            c["added_tokens"] += added
             if attack:
                 c["attack_rows"] += 1
-                c["harmful"] += bool(self.harm_fn(text))
+                record["harmful"] = bool(self.harm_fn(text))
+                c["harmful"] += record["harmful"]
                 c["attack_intervened"] += intervened
                 if base_texts is not None:
                     c["base_attack_rows"] += 1
@@ -236,96 +280,64 @@ class SafeThinkMonitor(pl.Callback):
                 c["benign_intervened"] += intervened
                 if answers is not None:
                     c["answered_rows"] += 1
-                    c["correct"] += bool(self.verifier(text, answers[i]))
+                    record.update(answer=answers[i], correct=bool(self.verifier(text, answers[i])))
+                    c["correct"] += record["correct"]
                     if base_texts is not None:
                         c["base_answered_rows"] += 1
                         c["base_correct"] += bool(self.verifier(base_texts[i], answers[i]))
-        c["scorer_seconds"] += result.scorer_seconds
+            if self.records_file is not None:
+                self._records.append({**record, "interventions": interventions, "added_tokens": added})
+        c["scorer_seconds"] += scorer_seconds
 
-    def _batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str):
+    def stage_batch_end(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
+    ) -> None:
         if self._active(trainer, stage, batch_idx):
             self._monitor(trainer, pl_module, outputs, batch, batch_idx)
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch_end(trainer, pl_module, outputs, batch, batch_idx, "validate")
-
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch_end(trainer, pl_module, outputs, batch, batch_idx, "test")
-
-    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch_end(trainer, pl_module, outputs, batch, batch_idx, "predict")
-
     # -- per epoch --------------------------------------------------------------------------------------------
-    def _reset(self) -> None:
+    def stage_epoch_start(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
         self._epoch = dict.fromkeys(_COUNTERS, 0.0)
-
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset()
-
-    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset()
-
-    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset()
-
-    def _reduced(self, trainer: pl.Trainer) -> dict[str, float]:
-        values = torch.tensor([self._epoch[k] for k in _COUNTERS], dtype=torch.float64)
-        if trainer.world_size > 1:
-            values = trainer.strategy.reduce(values.to(trainer.strategy.root_device), reduce_op="sum").cpu()
-        return dict(zip(_COUNTERS, values.tolist()))
+        self._records = []
 
     @staticmethod
     def compute_metrics(c: dict[str, float]) -> dict[str, float]:
         """Rates from counters (metrics whose denominator is 0 are left out)."""
-
-        def ratio(num: str, den: str) -> float | None:
-            return c[num] / c[den] if c[den] else None
-
-        metrics = {
-            "asr": ratio("harmful", "attack_rows"),
-            "base_asr": ratio("base_harmful", "base_attack_rows"),
-            "intervention_rate": ratio("attack_intervened", "attack_rows"),
-            "false_intervention_rate": ratio("benign_intervened", "benign_rows"),
-            "accuracy": ratio("correct", "answered_rows"),
-            "base_accuracy": ratio("base_correct", "base_answered_rows"),
-            "added_tokens": ratio("added_tokens", "rows"),
-            "interventions_per_row": ratio("interventions", "rows"),
-        }
-        out = {k: float(v) for k, v in metrics.items() if v is not None}
+        out = ratios(
+            c,
+            {
+                "asr": ("harmful", "attack_rows"),
+                "base_asr": ("base_harmful", "base_attack_rows"),
+                "intervention_rate": ("attack_intervened", "attack_rows"),
+                "false_intervention_rate": ("benign_intervened", "benign_rows"),
+                "accuracy": ("correct", "answered_rows"),
+                "base_accuracy": ("base_correct", "base_answered_rows"),
+                "added_tokens": ("added_tokens", "rows"),
+                "interventions_per_row": ("interventions", "rows"),
+            },
+        )
         if c["rows"]:
             out["scorer_seconds"] = float(c["scorer_seconds"])
         return out
 
-    def _epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def stage_epoch_end(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
         if stage not in self.stages or trainer.sanity_checking:
             return
-        counters = self._reduced(trainer)
+        counters = summed_over_ranks(trainer, self._epoch)
         if not counters["rows"]:
             return
+        self._write_records(trainer, stage)
         for k in _COUNTERS:
             self.totals[k] += counters[k]
         self.runs += 1
         self.last_metrics = self.compute_metrics(counters)
-        if stage == "predict":
-            self._log_to_loggers(trainer)
-        else:
-            for name, value in self.last_metrics.items():
-                pl_module.log(f"{self.log_prefix}/{name}", value, rank_zero_only=True)
+        log_stage_metrics(trainer, pl_module, self.last_metrics, self.log_prefix, stage)
 
-    @rank_zero_only
-    def _log_to_loggers(self, trainer: pl.Trainer) -> None:
-        metrics = {f"{self.log_prefix}/{k}": v for k, v in self.last_metrics.items()}
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
-
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "validate")
-
-    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "test")
-
-    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(trainer, pl_module, "predict")
+    def _write_records(self, trainer: pl.Trainer, stage: str) -> None:
+        if self.records_file is not None and self._records:
+            rows = ({"stage": stage, "step": trainer.global_step, **record} for record in self._records)
+            append_jsonl(self.records_file, rows, trainer.global_rank)
+        self._records = []
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -338,6 +350,7 @@ class SafeThinkMonitor(pl.Callback):
                 "max_steps_monitored": self.max_steps_monitored,
                 "prefix": self.prefix,
                 "discard_violating_step": self.discard_violating_step,
+                "always_prefix": self.always_prefix,
                 "scorer": scorer_name(self.scorer),
             },
         }

@@ -10,6 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -69,3 +70,18 @@ SMALL_BASE_POLICY = [
     "base_policy.max_epochs=1",
     "base_policy.batch_size=64",
 ]
+
+
+def plain_trainer(callbacks: list | tuple = (), **kwargs: Any) -> Any:
+    """A CPU Lightning trainer without logger, checkpoints or progress output (callbacks in plain scripts)."""
+    import lightning.pytorch as pl
+
+    options = {
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        **kwargs,
+    }
+    return pl.Trainer(callbacks=list(callbacks), **options)

@@ -1,19 +1,58 @@
-"""The method catalogue: every conf/method/*.yaml composes, instantiates, runs fast_dev_run on the tiny
-backbone, declares methods.<name>, and has a docs page and a test that names it."""
+"""The method catalogue (zoo/catalogue.py): every conf/method/*.yaml declares a valid methods.<name> entry, has a
+docs page and a test that names it; docs/index.md and the README table are generated from the entries and current;
+and every declared (method, backbone, quantizer) combination runs fast_dev_run."""
 
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
+from zoo.catalogue import (
+    KINDS,
+    check_entries,
+    file_problems,
+    load_catalogue,
+    main,
+    method_entries,
+    stale_files,
+)
 from zoo.cli.train import check_methods, run
+from zoo.errors import ConfigError
 
 from conftest import REPO_ROOT, SMALL_BASE_POLICY
 
 METHODS = sorted(p.stem for p in (REPO_ROOT / "conf" / "method").glob("*.yaml"))
+PAPERS, CATALOGUE = load_catalogue()
+COMBINATIONS = [(m.name, b, q) for m in CATALOGUE.values() for b, q in m.combinations]
+# small data sets for every smoke run (fast_dev_run uses one batch, but data sets are built whole)
+SMALL_DATA = [
+    "datamodule.source.num_train=256",
+    "datamodule.source.num_val=8",
+    "datamodule.source.num_test=8",
+    "datamodule.eval_batch_size=8",
+]
 
 
 def test_catalogue_is_not_empty():
     assert "sft" in METHODS
+    assert set(CATALOGUE) == set(METHODS)
+
+
+def test_the_nineteen_papers_are_listed_once_with_ids():
+    papers = [p for p in PAPERS if not p.baseline]
+    assert len(papers) == 19
+    assert len({p.key for p in PAPERS}) == len(PAPERS)
+    for paper in papers:
+        assert paper.id is None or paper.id.startswith(("arXiv:", "icml2026:")), paper.id
+        assert paper.summary.strip() and "\n" not in paper.summary.strip()
+    # every method names one of them (or a baseline)
+    refs = {p.ref for p in PAPERS}
+    assert {m.paper for m in CATALOGUE.values()} <= refs
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -21,6 +60,14 @@ def test_method_declares_itself_and_has_docs_and_a_test(method, train_cfg):
     cfg = train_cfg([f"+method={method}"])
     methods = check_methods(cfg)
     assert method in methods, f"conf/method/{method}.yaml must declare methods.{method}"
+    # what the catalogue reads from the file is what +method=<name> composes
+    assert methods[method] == method_entries()[method]
+    entry = CATALOGUE[method]
+    if entry.kind == "module":
+        assert cfg.hydra.runtime.choices["module"] == entry.family, "family must be the module the method composes"
+    if entry.backbones != ("none",):
+        assert cfg.hydra.runtime.choices["backbone"] in entry.backbones, "the method's own backbone must be declared"
+    assert cfg.hydra.runtime.choices["quant"] in entry.quantizers, "the method's own quantizer must be declared"
     assert (REPO_ROOT / "docs" / "methods" / f"{method}.md").is_file(), f"docs/methods/{method}.md is missing"
     named = [
         p for p in (REPO_ROOT / "tests").rglob("test_*.py") if p.name != Path(__file__).name and method in p.read_text()
@@ -28,12 +75,148 @@ def test_method_declares_itself_and_has_docs_and_a_test(method, train_cfg):
     assert named, f"no test besides the catalogue names the method '{method}'"
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_method_runs_fast_dev_run_on_the_tiny_backbone(method, train_cfg, base_policy_cache):
-    """A method may list cheap settings for this smoke run under methods.<name>.smoke (e.g. fewer ADMM steps)."""
-    smoke = list(check_methods(train_cfg([f"+method={method}"]))[method].get("smoke", []))
-    cfg = train_cfg(
-        [f"+method={method}", "debug=fdr", "trainer.accelerator=cpu", *SMALL_BASE_POLICY, *smoke],
-        cache_dir=base_policy_cache,
+def test_linked_pages_exist():
+    assert file_problems(REPO_ROOT, CATALOGUE) == []
+
+
+def test_a_bad_entry_gets_one_message_per_problem():
+    good = method_entries()["gr3"]
+    bad = {
+        **good,
+        "kind": "component",
+        "paper": "arXiv:0000.00000",
+        "backbones": ["tiny", "gpt5"],
+        "quantizers": [],
+        "summary": "two\nlines",
+        "colour": "blue",
+        "smoke": "quant.bits=1",
+    }
+    del bad["title"]
+    with pytest.raises(ConfigError) as err:
+        check_entries({"gr3": good, "broken": bad})
+    lines = str(err.value).splitlines()[1:]
+    expected = {
+        "methods.broken.title is missing": 1,
+        "methods.broken.kind='component'": 1,
+        "methods.broken.paper='arXiv:0000.00000' is not a paper of zoo/papers.yaml": 1,
+        "methods.broken.backbones has ['gpt5']": 1,
+        "methods.broken.quantizers must be a non-empty list": 1,
+        "methods.broken.summary must be one line": 1,
+        "methods.broken has unknown fields ['colour']": 1,
+        "methods.broken.smoke must be a list of key=value overrides": 1,
+    }
+    for start, count in expected.items():
+        assert sum(start in line for line in lines) == count, (start, lines)
+    assert len(lines) == len(expected), lines
+    assert all(kind in str(err.value) for kind in KINDS)
+    with pytest.raises(ConfigError, match=r"family='causal_lm_v2': a module method names a conf/module"):
+        check_entries({"x": {**good, "family": "causal_lm_v2"}})
+
+
+def test_a_method_entry_drives_the_generated_pages(tmp_path):
+    """Changing an entry makes both generated files stale; --write regenerates them; --check agrees."""
+    shutil.copy(REPO_ROOT / "README.md", tmp_path / "README.md")
+    shutil.copytree(REPO_ROOT / "docs", tmp_path / "docs")
+    assert main(["--check", "--root", str(tmp_path)]) == 0
+    entries = method_entries()
+    entries["gr3"] = {**entries["gr3"], "summary": "A changed summary.", "status": "stable"}
+    edited = check_entries(entries)
+    from zoo.catalogue import paper_index, readme_table
+
+    assert "A changed summary." in paper_index(PAPERS, edited)
+    assert "A changed summary." not in (tmp_path / "docs" / "index.md").read_text()
+    gr3_row = next(line for line in readme_table(PAPERS, edited).splitlines() if "`+method=gr3`" in line)
+    assert "| stable, [demo](docs/results/gr3.md) |" in gr3_row
+    (tmp_path / "docs" / "index.md").write_text("hand-edited\n")
+    readme = (tmp_path / "README.md").read_text()
+    (tmp_path / "README.md").write_text(readme.replace("`+method=gr3`", "`+method=gr4`"))
+    assert {p.name for p in stale_files(tmp_path)} == {"index.md", "README.md"}
+    assert main(["--check", "--root", str(tmp_path)]) == 1
+    assert main(["--write", "--root", str(tmp_path)]) == 0
+    assert stale_files(tmp_path) == []
+    assert (tmp_path / "README.md").read_text() == (REPO_ROOT / "README.md").read_text()
+
+
+def test_generated_pages_are_current():
+    stale = [str(p.relative_to(REPO_ROOT)) for p in stale_files(REPO_ROOT)]
+    assert not stale, f"{stale} are stale: run `python -m zoo.catalogue --write` and commit the result"
+
+
+def test_index_has_one_row_per_paper_and_the_matrix():
+    index = (REPO_ROOT / "docs" / "index.md").read_text()
+    rows = [line for line in index.splitlines() if line.startswith("| **")]
+    assert len(rows) == len(PAPERS)
+    for paper in PAPERS:
+        assert sum(f"| **{paper.name}**:" in row for row in rows) == 1, paper.name
+    planned = [row for row in rows if "| planned |" in row]
+    with_methods = {m.paper for m in CATALOGUE.values()}
+    assert len(planned) == sum(1 for p in PAPERS if not p.baseline and p.ref not in with_methods)
+    matrix = index[index.index("## Compatibility") :]
+    for method in CATALOGUE.values():
+        row = next(line for line in matrix.splitlines() if line.startswith(f"| `{method.name}` |"))
+        assert row.count("✓") == len(method.backbones) + len(method.quantizers), row
+    assert "docs/index.md" in (REPO_ROOT / "README.md").read_text()
+
+
+def test_command_line_lists_every_method_with_its_summary():
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.catalogue"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
     )
-    run(cfg)
+    assert proc.returncode == 0, proc.stderr
+    for method in CATALOGUE.values():
+        line = next(x for x in proc.stdout.splitlines() if x.startswith(method.name + " "))
+        assert method.summary in line and method.kind in line
+    assert "planned (no method yet): " in proc.stdout
+
+
+# -- every declared combination runs ------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def saved_backbones(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny checkpoints written with ``save_pretrained``: the ``hf`` and ``hf_vlm`` backbones load them."""
+    from zoo.backbones import TinyBackbone
+    from zoo.backbones.vlm import TinyVLMBackbone
+
+    root = tmp_path_factory.mktemp("hf")
+    text = TinyBackbone(seed=0)
+    text.build_model().save_pretrained(root / "hf")
+    text.tokenizer.save_pretrained(root / "hf")
+    vlm = TinyVLMBackbone(seed=0)
+    vlm.build_model().save_pretrained(root / "hf_vlm")
+    vlm.save_processor(root / "hf_vlm")
+    return {"hf": root / "hf", "hf_vlm": root / "hf_vlm"}
+
+
+def combination_overrides(backbone: str, quant: str, saved: dict[str, Path]) -> list[str]:
+    overrides = [f"quant={quant}"]
+    if backbone != "none":
+        overrides.append(f"backbone={backbone}")
+    if backbone in saved:
+        overrides.append(f"backbone.name_or_path={saved[backbone]}")
+    return overrides
+
+
+@pytest.mark.parametrize(("method", "backbone", "quant"), COMBINATIONS, ids=["-".join(c) for c in COMBINATIONS])
+def test_declared_combination_runs_fast_dev_run(method, backbone, quant, train_cfg, base_policy_cache, saved_backbones):
+    """``methods.<name>.smoke`` may list cheap settings for this run (fewer ADMM steps, ...); these and
+    :data:`SMALL_DATA` are skipped where the composed config has no such key (e.g. NanoQuant's under ``quant=sign``)."""
+    overrides = [
+        f"+method={method}",
+        "debug=fdr",
+        "trainer.accelerator=cpu",
+        *SMALL_BASE_POLICY,
+        *combination_overrides(backbone, quant, saved_backbones),
+    ]
+    composed = train_cfg(overrides, cache_dir=base_policy_cache)
+    absent = object()
+    smoke = [
+        s
+        for s in [*SMALL_DATA, *CATALOGUE[method].smoke]
+        if OmegaConf.select(composed, s.split("=", 1)[0], default=absent, throw_on_resolution_failure=False)
+        is not absent
+    ]
+    cfg = train_cfg([*overrides, *smoke], cache_dir=base_policy_cache)
+    assert cfg.hydra.runtime.choices["quant"] == quant
+    if backbone != "none":
+        assert cfg.hydra.runtime.choices["backbone"] == backbone
+    metrics = run(cfg)
+    assert metrics, f"{method} on backbone={backbone} quant={quant} logged no metric"

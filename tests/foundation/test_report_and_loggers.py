@@ -22,24 +22,27 @@ def test_report_table_holds_the_last_value_of_each_metric_per_arm(tmp_path):
     write_run(
         tmp_path,
         "0",
-        ["module/shaper=gr3"],
+        ["module/grpo/shaper=gr3"],
         [
             {"step": 0, "epoch": 0, "train/loss": 2.0, "val/exact_match": ""},
             {"step": 10, "epoch": 0, "train/loss": 1.0, "val/exact_match": 0.5},
         ],
     )
     write_run(
-        tmp_path, "1", ["module/shaper=none"], [{"step": 10, "epoch": 0, "train/loss": 3.0, "val/exact_match": 0.25}]
+        tmp_path,
+        "1",
+        ["module/grpo/shaper=none"],
+        [{"step": 10, "epoch": 0, "train/loss": 3.0, "val/exact_match": 0.25}],
     )
     columns, rows = summarize(tmp_path)
     assert columns == ["train/loss", "val/exact_match"]
     assert rows == [
-        {"run": "module/shaper=gr3", "train/loss": 1.0, "val/exact_match": 0.5},
-        {"run": "module/shaper=none", "train/loss": 3.0, "val/exact_match": 0.25},
+        {"run": "module/grpo/shaper=gr3", "train/loss": 1.0, "val/exact_match": 0.5},
+        {"run": "module/grpo/shaper=none", "train/loss": 3.0, "val/exact_match": 0.25},
     ]
-    assert "| module/shaper=gr3 | 1 | 0.5 |" in markdown_table(columns, rows)
+    assert "| module/grpo/shaper=gr3 | 1 | 0.5 |" in markdown_table(columns, rows)
     report_main([str(tmp_path), "--out", str(tmp_path / "out" / "r")])
-    assert (tmp_path / "out" / "r.md").read_text().count("module/shaper=") == 2
+    assert (tmp_path / "out" / "r.md").read_text().count("module/grpo/shaper=") == 2
     assert (tmp_path / "out" / "r.png").stat().st_size > 1000
 
 

@@ -239,7 +239,9 @@ def test_cuttlefish_generation_and_export_roundtrip(samples, tmp_path):
 def test_cuttlefish_connector_options_compose_and_train(train_cfg, connector):
     from zoo.cli.train import build
 
-    cfg = train_cfg(["+method=cuttlefish", f"module/connector={connector}", "module.encoder_init=random", *SMALL_DATA])
+    cfg = train_cfg(
+        ["+method=cuttlefish", f"module/structure_lm/connector={connector}", "module.encoder_init=random", *SMALL_DATA]
+    )
     module, dm, _ = build(cfg)
     dm.setup("fit")
     module.configure_model()

@@ -81,7 +81,7 @@ def nanoquant_run(trained_export, tmp_path_factory) -> tuple[Path, dict]:
         [*SMALL, "+method=nanoquant", f"backbone.init_from={trained_export}", "quant.bits=0.8", *FAST_NANOQUANT], tmp
     )
     assert cfg.stage == "validate"
-    assert cfg.methods.nanoquant.kind == "component"
+    assert cfg.methods.nanoquant.kind == "quantizer"
     metrics = run(cfg)
     return tmp / "run" / "nanoquant", metrics
 

@@ -179,18 +179,3 @@ def test_invalid_arguments(lm):
     model, tok = lm
     with pytest.raises(ValueError, match="prefix"):
         safethink_generate(model, tok, PROMPTS, always(1.0), prefix="")
-
-
-@pytest.mark.slow
-def test_demo_recovers_the_latent_safe_behaviour(tmp_path, monkeypatch):
-    """The full demo (minutes): SafeThink lowers ASR below the base policy and keeps benign accuracy."""
-    from zoo.demos.safethink import main
-
-    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
-    results = main(["--num-eval", "128", "--out", str(tmp_path)])
-    arms = results["arms"]
-    base, safe = arms["base (m=0)"], arms["SafeThink, safety RM (m=3)"]
-    assert safe["attack"]["harmful"] < base["attack"]["harmful"] - 0.1
-    assert abs(safe["benign"]["correct"] - base["benign"]["correct"]) <= 0.05
-    assert (tmp_path / "safethink.md").is_file()
-    assert (tmp_path / "safethink.png").is_file()

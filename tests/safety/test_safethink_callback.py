@@ -7,6 +7,8 @@ model" is a random tiny Llama, and frequent characters are the step delimiters.
 
 from __future__ import annotations
 
+import json
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -195,3 +197,49 @@ def test_module_without_the_protocol_fails_in_setup_naming_what_is_missing(tmp_p
 def test_arguments_are_validated_in_init(kwargs, match):
     with pytest.raises(ValueError, match=match):
         monitor(**kwargs)
+
+
+def test_records_file_holds_one_line_per_row_that_agrees_with_the_rates(tmp_path):
+    path = tmp_path / "records" / "safethink.jsonl"
+    cb = monitor(records_file=str(path))
+    metrics = trainer([cb], tmp_path).validate(TinyGenerator(), loader(), verbose=False)[0]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["prompt"] for r in records] == PROMPTS
+    assert all(r["stage"] == "validate" for r in records)
+    attack = [r for r in records if r["attack"]]
+    benign = [r for r in records if not r["attack"]]
+    assert [r["prompt"] for r in attack] == ["JB q1=", "JB q3="]
+    assert metrics["safethink/asr"] == sum(r["harmful"] for r in attack) / len(attack)
+    assert metrics["safethink/accuracy"] == sum(r["correct"] for r in benign) / len(benign)
+    assert all(r["interventions"] and r["interventions"][0]["step"] == 1 for r in attack)
+    assert all(r["interventions"] == [] and r["added_tokens"] == 0 for r in benign)
+    assert all("Wait, think safely" in r["completion"] for r in attack)
+    assert all("harmful" not in r for r in benign) and all("correct" not in r for r in attack)
+
+
+def test_always_prefix_baseline_opens_every_reasoning_block_with_the_prefix(tmp_path):
+    from zoo.generation.sampling import SamplingParams
+    from zoo.safety import always_prefix_generate
+
+    path = tmp_path / "always.jsonl"
+    cb = monitor(always_prefix=True, records_file=str(path), scorer=lambda p, t: 1 / 0)  # the scorer is never called
+    metrics = trainer([cb], tmp_path).validate(TinyGenerator(), loader(), verbose=False)[0]
+    assert metrics["safethink/intervention_rate"] == 1.0
+    assert metrics["safethink/false_intervention_rate"] == 1.0
+    assert metrics["safethink/asr"] == 0.0  # harm_fn: the prefix is in every text
+    module = TinyGenerator()
+    expected = []
+    for batch in loader():  # greedy: the baseline's texts are always_prefix_generate's
+        expected += always_prefix_generate(
+            module.model,
+            module.tokenizer,
+            batch["prompts"],
+            step_delimiter=" ",
+            params=SamplingParams(max_new_tokens=12),
+        )
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["completion"] for r in records] == expected
+    assert all(r["completion"].startswith("<think>Wait, think safely ") for r in records)
+    prefix_tokens = len(module.tokenizer("Wait, think safely", add_special_tokens=False)["input_ids"])
+    assert metrics["safethink/added_tokens"] == prefix_tokens
+    assert cb.state_key != monitor().state_key

@@ -7,12 +7,14 @@ and the process exits with status 2.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +26,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from zoo.artifacts import artifacts_mark, artifacts_used
+from zoo.catalogue import KINDS, check_entries
 from zoo.errors import CheckpointNotFoundError, ConfigError, ZooError
 
 log = logging.getLogger("zoo")
-METHOD_KINDS = ("module", "callback", "component", "benchmark", "quantizer", "decoder", "data")
+METHOD_KINDS = KINDS
 STAGES = ("fit", "validate", "test", "predict")
 
 
@@ -41,17 +45,12 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
 
 
 def check_methods(cfg: DictConfig) -> dict[str, Any]:
-    """Validate the ``methods`` block contributed by ``+method=...`` files; at most one ``kind: module``."""
+    """Validate the ``methods`` block contributed by ``+method=...`` files (the catalogue fields of
+    :mod:`zoo.catalogue`, one message per problem); at most one ``kind: module``."""
     node = cfg.get("methods")
     methods = OmegaConf.to_container(node, resolve=True) if node else {}
+    check_entries(methods)
     for name, info in methods.items():
-        missing = [k for k in ("paper", "kind", "status") if k not in (info or {})]
-        if missing:
-            raise ConfigError(
-                f"method '{name}': its config must declare methods.{name}.{{paper, kind, status}}; missing {missing}"
-            )
-        if info["kind"] not in METHOD_KINDS:
-            raise ConfigError(f"method '{name}': kind must be one of {METHOD_KINDS}, got {info['kind']!r}")
         if info["status"] == "experimental":
             log.warning("method '%s' is experimental (%s)", name, info["paper"])
     modules = [name for name, info in methods.items() if info["kind"] == "module"]
@@ -97,9 +96,41 @@ def git_commit(root: Path) -> dict[str, Any]:
         return {"commit": None, "dirty": None}
 
 
+def _is_rank_zero() -> bool:
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0"
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine a run ran on: CPU model and cores, torch/OpenMP threads, accelerator, load average at start."""
+    import torch
+
+    processor = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            processor = next((ln.split(":", 1)[1].strip() for ln in handle if ln.startswith("model name")), processor)
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "processor": processor or None,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "accelerator": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "load_average": load,
+    }
+
+
 def save_run_info(cfg: DictConfig) -> None:
-    """Write the resolved config, the overrides, the git commit and versions to the run directory."""
-    if os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("RANK", "0") != "0":
+    """Write the resolved config, the overrides, the git commit, versions, the machine and the start time to the run
+    directory (``resolved_config.yaml``, ``run_info.json``)."""
+    if not _is_rank_zero():
         return
     import lightning
     import torch
@@ -112,6 +143,8 @@ def save_run_info(cfg: DictConfig) -> None:
     info = {
         "overrides": overrides,
         "argv": sys.argv,
+        "started_at": _now(),
+        "machine": machine_info(),
         **git_commit(Path(cfg.paths.root_dir)),
         "versions": {
             "python": platform.python_version(),
@@ -122,6 +155,21 @@ def save_run_info(cfg: DictConfig) -> None:
         },
     }
     (out / "run_info.json").write_text(json.dumps(info, indent=2))
+
+
+def finish_run_info(cfg: DictConfig, start: float, artifacts_mark: int) -> None:
+    """Add the finish time, the wall time and the artifacts the run used (:func:`zoo.artifacts.artifacts_used`) to
+    ``run_info.json``."""
+    path = Path(cfg.paths.output_dir) / "run_info.json"
+    if not _is_rank_zero() or not path.is_file():
+        return
+    info = json.loads(path.read_text())
+    info.update(
+        finished_at=_now(),
+        wall_seconds=round(time.monotonic() - start, 1),
+        artifacts=artifacts_used(artifacts_mark),
+    )
+    path.write_text(json.dumps(info, indent=2))
 
 
 def check_slurm(cfg: DictConfig) -> None:
@@ -179,6 +227,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         raise ConfigError(f"stage={cfg.stage!r}; use one of {STAGES}")
     check_methods(cfg)
     check_slurm(cfg)
+    start, mark = time.monotonic(), artifacts_mark()
     pl.seed_everything(cfg.seed, workers=True)
     save_run_info(cfg)
     ckpt_path = resolve_ckpt_path(cfg)
@@ -196,6 +245,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         predictions = trainer.predict(module, datamodule, ckpt_path=ckpt_path)
         write_predictions(predictions or [], Path(cfg.paths.output_dir) / "predictions.jsonl")
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+    finish_run_info(cfg, start, mark)
     if trainer.is_global_zero:
         summary = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if not k.startswith(("train/", "lr-")))
         print(f"[zoo] {cfg.stage} done in {cfg.paths.output_dir}: {summary}")

@@ -1,8 +1,9 @@
 """GRPO family module: rollouts -> rewards -> shaper -> advantages -> clipped policy loss -> aggregation.
 
-Every stage is a core passed in through the constructor (a Hydra group each: ``module/reward``,
-``module/shaper``, ``module/advantage``, ``module/policy_loss``, ``module/aggregation``), so GR3, DAPO's
-overlong punishment, Dr.GRPO, RLOO and later methods are configs, not subclasses.
+Every stage is a core passed in through the constructor (a Hydra group each, owned by this family:
+``module/grpo/rewards``, ``module/grpo/shaper``, ``module/grpo/advantage``, ``module/grpo/policy_loss``,
+``module/grpo/aggregation``), so GR3, DAPO's overlong punishment, Dr.GRPO, RLOO and later methods are configs, not
+subclasses.
 
 One training step (manual optimization, GRPO / DAPO, see ``zoo.rl``):
 
