@@ -10,6 +10,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from zoo.callbacks.evaluation import log_stage_metrics
 from zoo.data.offline import ResumableJsonlWriter
 from zoo.errors import ConfigError
 
@@ -33,18 +34,25 @@ class OfflineRowWriter(BasePredictionWriter):
         path: the JSONL file (e.g. ``${paths.output_dir}/export/rows.jsonl``).
         spec_keys: top-level keys of the resolved run config that make up the resume spec.
         rows_key: the key of the predict-step output that holds the rows (a list of dicts).
+        summary_keys: numeric row fields summarised at the end of the stage: logged as ``offline/rows`` (rows this
+            run wrote; batches kept from an interrupted run are not counted), ``offline/mean_<key>`` and
+            ``offline/nonzero_<key>`` (fraction of rows where the field is not 0), e.g. ``[num_undos]``.
 
     Single-process only (one writer per file): a run with several processes is refused.
     """
 
-    def __init__(self, path: str, spec_keys: Sequence[str] = SPEC_KEYS, rows_key: str = "rows") -> None:
+    def __init__(
+        self, path: str, spec_keys: Sequence[str] = SPEC_KEYS, rows_key: str = "rows", summary_keys: Sequence[str] = ()
+    ) -> None:
         super().__init__(write_interval="batch")
         if not path:
             raise ConfigError("OfflineRowWriter needs a path (callbacks.<name>.path)")
         self.path = Path(path)
         self.spec_keys = tuple(spec_keys)
         self.rows_key = rows_key
+        self.summary_keys = tuple(summary_keys)
         self.writer: ResumableJsonlWriter | None = None
+        self._counts: dict[str, float] = {}
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "predict":
@@ -80,7 +88,34 @@ class OfflineRowWriter(BasePredictionWriter):
                 "list; use it with an offline stage module"
             )
         self.writer.write_batch(batch_idx, rows)
+        self._count(rows)
+
+    def _count(self, rows: Sequence[dict[str, Any]]) -> None:
+        counts = self._counts
+        counts["rows"] = counts.get("rows", 0) + len(rows)
+        for key in self.summary_keys:
+            values = [row[key] for row in rows if isinstance(row.get(key), (int, float))]
+            if len(values) != len(rows):
+                raise ConfigError(f"OfflineRowWriter: summary key {key!r} is not a number in every row")
+            counts[f"sum_{key}"] = counts.get(f"sum_{key}", 0) + sum(values)
+            counts[f"nonzero_{key}"] = counts.get(f"nonzero_{key}", 0) + sum(v != 0 for v in values)
+
+    def summary(self) -> dict[str, float]:
+        """``rows``, ``mean_<key>`` and ``nonzero_<key>`` of the rows this run wrote (means only when it wrote one)."""
+        rows = self._counts.get("rows", 0)
+        out = {"rows": float(rows)}
+        if rows:
+            for key in self.summary_keys:
+                out[f"mean_{key}"] = self._counts[f"sum_{key}"] / rows
+                out[f"nonzero_{key}"] = self._counts[f"nonzero_{key}"] / rows
+        return out
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._counts = {}
 
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.writer is not None and trainer.is_global_zero:
+        if self.writer is None:
+            return
+        log_stage_metrics(trainer, pl_module, self.summary(), "offline", "predict")
+        if trainer.is_global_zero:
             log.info("%d rows in %s", self.writer.num_rows, self.path)

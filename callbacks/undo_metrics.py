@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 
+from zoo.callbacks.evaluation import EvaluationCallback, require_generating_module
 from zoo.errors import ConfigError
+from zoo.generation.sampling import SamplingParams
 from zoo.generation.undo import UNDO_TOKEN, trace_undo, undo_token_id
 from zoo.losses import masked_token_logprobs
 
-SPLITS = ("val", "test")
+SPLIT_OF_STAGE = {"validate": "val", "test": "test"}
 
 
-class UndoMetrics(Callback):
+class UndoMetrics(EvaluationCallback):
     """Logs, per validation/test epoch, from the generation-protocol dict of each batch (``completion_ids`` = the
     physical generations, ``meta["correct"]`` = the verifier on the resolved outputs):
 
@@ -23,6 +25,10 @@ class UndoMetrics(Callback):
     - ``{split}/undos_per_generation``: mean number of ``<UNDO>`` per generation;
     - ``{split}/failed_correction_rate``: among generations with an ``<UNDO>``, the fraction whose resolved output
       is still wrong [assumed definition; logged only when some generation used ``<UNDO>``];
+
+    the same three plus ``exact_match`` (of the resolved outputs) under ``{split}/T<t>/...`` for each of
+    ``temperatures``: the batch's prompts are decoded again by the module's decoder with sampling at temperature
+    ``t`` (the module's ``max_new_tokens``; seeded per batch, so a run is reproducible);
 
     and, when the batch carries ``masked_out_labels`` (augmented rows: the error tokens a loss mask keeps out of
     training, :class:`zoo.datamodules.SFTDataModule`), the **safety gap** measure
@@ -33,38 +39,55 @@ class UndoMetrics(Callback):
 
     Args:
         undo_token: the UNDO token string.
-        splits: where to measure (``val``, ``test``).
+        stages: where to measure (``validate``, ``test``).
+        temperatures: sampling temperatures of the extra decodes (empty: none).
+        seed: seed of the extra decodes (batch ``b`` at temperature index ``j`` uses ``(seed, j, b)``).
+        max_batches: measure the first batches of an epoch only (``None``: all).
 
-    The module must have a ``tokenizer`` and a ``model`` (every zoo generating module).
+    The module must be a zoo generating module (tokenizer, model, ``generate``, ``verifier``).
     """
 
-    def __init__(self, undo_token: str = UNDO_TOKEN, splits: tuple[str, ...] | list[str] = SPLITS) -> None:
-        super().__init__()
-        unknown = sorted(set(splits) - set(SPLITS))
-        if unknown:
-            raise ConfigError(f"UndoMetrics: splits must be among {SPLITS}, got {unknown}")
+    def __init__(
+        self,
+        undo_token: str = UNDO_TOKEN,
+        stages: Sequence[str] = ("validate", "test"),
+        temperatures: Sequence[float] = (),
+        seed: int = 0,
+        max_batches: int | None = None,
+    ) -> None:
+        super().__init__(stages, max_batches, allowed=tuple(SPLIT_OF_STAGE))
+        bad = [t for t in temperatures if not isinstance(t, (int, float)) or isinstance(t, bool) or t <= 0]
+        if bad:
+            raise ConfigError(f"UndoMetrics: temperatures must be numbers > 0, got {list(temperatures)}")
         self.undo_token = undo_token
-        self.splits = tuple(splits)
+        self.temperatures = tuple(float(t) for t in temperatures)
+        self.seed = seed
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if not hasattr(pl_module, "tokenizer") or not hasattr(pl_module, "model"):
-            raise ConfigError(
-                f"UndoMetrics needs a zoo generating module (with tokenizer and model), got {type(pl_module).__name__}"
-            )
+        require_generating_module(pl_module, "UndoMetrics")
 
-    def measure(self, pl_module: pl.LightningModule, outputs: Any, batch: Any, split: str) -> None:
-        """Log the metrics of one evaluated batch."""
-        if split not in self.splits:
-            return
+    def eval_batch(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
+    ) -> None:
+        self.measure(pl_module, outputs, batch, SPLIT_OF_STAGE[stage], batch_idx)
+
+    def measure(self, pl_module: Any, outputs: Any, batch: Any, split: str, batch_idx: int = 0) -> None:
+        """Log the metrics of one evaluated batch of ``split`` (``val`` / ``test``)."""
         completion_ids = outputs.get("completion_ids") if isinstance(outputs, dict) else None
         if completion_ids is not None and completion_ids.numel():
-            self._log_generations(pl_module, completion_ids, outputs.get("meta", {}).get("correct") or [], split)
+            correct = outputs.get("meta", {}).get("correct") or []
+            self._log_generations(pl_module, completion_ids, correct, split)
+        if self.temperatures and isinstance(batch, dict) and "prompt_ids" in batch:
+            self._log_sampled(pl_module, batch, split, batch_idx)
         labels = batch.get("masked_out_labels") if isinstance(batch, dict) else None
         if labels is not None and bool((labels != -100).any()):
             self._log_deviation_logprob(pl_module, batch, labels, split)
 
+    def _log(self, pl_module: Any, name: str, value: float, size: int) -> None:
+        pl_module.log(name, value, batch_size=size, on_epoch=True, on_step=False)
+
     def _log_generations(
-        self, pl_module: pl.LightningModule, completion_ids: torch.Tensor, correct: list[bool], split: str
+        self, pl_module: Any, completion_ids: torch.Tensor, correct: Sequence[bool], split: str
     ) -> None:
         tokenizer = pl_module.tokenizer
         undo_id = undo_token_id(tokenizer, self.undo_token)
@@ -75,45 +98,31 @@ class UndoMetrics(Callback):
             counts.append(trace_undo(row, undo_id).num_undos)
         used = [c > 0 for c in counts]
         size = len(counts)
-        pl_module.log(f"{split}/undo_rate", sum(used) / size, batch_size=size, on_epoch=True, on_step=False)
-        pl_module.log(
-            f"{split}/undos_per_generation", sum(counts) / size, batch_size=size, on_epoch=True, on_step=False
-        )
+        self._log(pl_module, f"{split}/undo_rate", sum(used) / size, size)
+        self._log(pl_module, f"{split}/undos_per_generation", sum(counts) / size, size)
         failed = [not ok for ok, u in zip(correct, used) if u]
         if failed:
-            rate = sum(failed) / len(failed)
-            pl_module.log(f"{split}/failed_correction_rate", rate, batch_size=len(failed), on_epoch=True, on_step=False)
+            self._log(pl_module, f"{split}/failed_correction_rate", sum(failed) / len(failed), len(failed))
 
     @torch.no_grad()
-    def _log_deviation_logprob(
-        self, pl_module: pl.LightningModule, batch: dict[str, Any], labels: torch.Tensor, split: str
-    ) -> None:
+    def _log_sampled(self, pl_module: Any, batch: dict[str, Any], split: str, batch_idx: int) -> None:
+        prompts, answers = pl_module.prompts_and_answers(batch)
+        if answers is None:
+            raise ConfigError("UndoMetrics: temperatures need reference answers in the evaluation batches")
+        max_new_tokens = pl_module.eval_sampling.max_new_tokens
+        for j, temperature in enumerate(self.temperatures):
+            params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature)
+            generator = torch.Generator(device=batch["prompt_ids"].device)
+            generator.manual_seed((self.seed * 1_000_003 + j) * 1_000_003 + batch_idx)
+            result = pl_module.generate(batch["prompt_ids"], batch["prompt_attention_mask"], params, generator)
+            correct = [bool(pl_module.verifier(t, a)) for t, a in zip(result.texts, answers)]
+            prefix = f"{split}/T{temperature:g}"
+            self._log(pl_module, f"{prefix}/exact_match", sum(correct) / len(correct), len(correct))
+            self._log_generations(pl_module, result.completion_ids, correct, prefix)
+
+    @torch.no_grad()
+    def _log_deviation_logprob(self, pl_module: Any, batch: dict[str, Any], labels: torch.Tensor, split: str) -> None:
         logits = pl_module.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         logp, mask = masked_token_logprobs(logits.float(), labels)
         count = int(mask.sum())
-        pl_module.log(
-            f"{split}/deviation_logprob", float(logp.sum()) / count, batch_size=count, on_epoch=True, on_step=False
-        )
-
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if not trainer.sanity_checking:
-            self.measure(pl_module, outputs, batch, "val")
-
-    def on_test_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self.measure(pl_module, outputs, batch, "test")
+        self._log(pl_module, f"{split}/deviation_logprob", float(logp.sum()) / count, count)

@@ -191,10 +191,14 @@ def test_prompt_batches_can_carry_the_reference_and_predict_any_split():
 # -- the data stage through the app --------------------------------------------------------------------------------
 def test_data_stage_writes_augmented_rows_and_resumes_exactly(train_cfg, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="zoo"):
-        run(train_cfg(FAST_DATA))
+        metrics = run(train_cfg(FAST_DATA))
     path = tmp_path / "run" / "export" / "undo_train.jsonl"
     rows = read_rows(path)
     assert len(rows) == 16
+    # the stage reports its rows (OfflineRowWriter summary_keys: [num_undos]) like any other stage's metrics
+    assert metrics["offline/rows"] == 16
+    assert metrics["offline/mean_num_undos"] == pytest.approx(sum(r["num_undos"] for r in rows) / 16)
+    assert metrics["offline/nonzero_num_undos"] == pytest.approx(sum(r["num_undos"] > 0 for r in rows) / 16)
     assert "predict: batch 3/3" in caplog.text  # the progress display of offline stages
     tok = build_char_tokenizer()
     undo_id = len(tok)
@@ -207,8 +211,9 @@ def test_data_stage_writes_augmented_rows_and_resumes_exactly(train_cfg, tmp_pat
     assert sum(r["num_undos"] > 0 for r in rows) >= 8, "a random policy deviates on most prompts"
     first = path.read_text()
 
-    run(train_cfg(FAST_DATA))  # finished: nothing is generated or written again
+    resumed = run(train_cfg(FAST_DATA))  # finished: nothing is generated or written again
     assert path.read_text() == first
+    assert resumed["offline/rows"] == 0  # rows this run wrote
 
     # an interruption after batch 0 (progress of batches 1-2 lost, a cut line in the rows file)
     progress = path.with_name(path.name + ".progress")

@@ -39,6 +39,7 @@ FAST_SFT = [
     "datamodule.eval_batch_size=8",
     "trainer.max_epochs=1",
     "module.generation.max_new_tokens=20",
+    "callbacks.undo_metrics.temperatures=[1.0]",
 ]
 
 
@@ -163,6 +164,9 @@ def test_masked_sft_through_the_app_logs_the_nmars_metrics_and_exports_undo(msft
     for key in ("val/exact_match", "val/undo_rate", "val/undos_per_generation", "val/deviation_logprob"):
         assert key in metrics
     assert metrics["val/deviation_logprob"] < 0
+    # the extra sampled decode at T = 1 (UndoMetrics temperatures), scored on resolved outputs
+    for key in ("val/T1/exact_match", "val/T1/undo_rate", "val/T1/undos_per_generation"):
+        assert 0 <= metrics[key] <= (1 if "rate" in key or "match" in key else 20)
     export = TinyBackbone(init_from=str(run_dir / "export"))
     tok = export.tokenizer
     assert UNDO_TOKEN in tok.get_vocab()

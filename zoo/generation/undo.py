@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.errors import ConfigError
+from zoo.errors import ConfigError, DataError
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill, padded_context
 from zoo.generation.sampling import (
     GenerationResult,
@@ -59,10 +59,10 @@ DEFAULT_MAX_UNDOS = 20
 # -- cores ----------------------------------------------------------------------------------------------------------
 def _check_token_id(value: object, what: str, vocab_size: int | None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be an integer token id, got {value!r}")
+        raise DataError(f"{what} must be an integer token id, got {value!r}")
     if value < 0 or (vocab_size is not None and value >= vocab_size):
         bound = f"0..{vocab_size - 1}" if vocab_size is not None else ">= 0"
-        raise ValueError(f"{what} = {value} is outside the vocabulary (ids {bound})")
+        raise DataError(f"{what} = {value} is outside the vocabulary (ids {bound})")
     return value
 
 
@@ -70,14 +70,14 @@ def _check_ids(ids: Sequence[int], what: str, undo_id: int, vocab_size: int | No
     out = list(ids)
     for position, token in enumerate(out):
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise ValueError(f"{what}[{position}] = {token!r} is not a token id")
+            raise DataError(f"{what}[{position}] = {token!r} is not a token id")
         if vocab_size is not None and token >= vocab_size:
-            raise ValueError(
+            raise DataError(
                 f"{what}[{position}] = {token} is outside the vocabulary (ids 0..{vocab_size - 1}); reference and "
                 "sample must be token ids of the same tokenizer"
             )
         if not allow_undo and token == undo_id:
-            raise ValueError(
+            raise DataError(
                 f"{what}[{position}] is the UNDO token ({undo_id}); pass the resolved sequence "
                 "(resolve_undo) of a generation that used UNDO"
             )
@@ -151,17 +151,17 @@ def augment_from_gaps(
     tokens (mask **False**: never trained), ``k`` UNDOs (True) and the reference's correction (True).
 
     Raises:
-        ValueError: the gaps are not ordered, overlap, or the sample differs from the reference outside them.
+        DataError: the gaps are not ordered, overlap, or the sample differs from the reference outside them.
     """
     ids: list[int] = []
     mask: list[bool] = []
     ref_pos = sample_pos = 0
     for gap in gaps:
         if gap.ref_start < ref_pos or gap.sample_start < sample_pos or gap.ref_end < gap.ref_start:
-            raise ValueError(f"gaps must be ordered and non-overlapping; got {gap} after position {ref_pos}")
+            raise DataError(f"gaps must be ordered and non-overlapping; got {gap} after position {ref_pos}")
         kept = list(sample[sample_pos : gap.sample_start])
         if kept != list(reference[ref_pos : gap.ref_start]):
-            raise ValueError(f"the sample differs from the reference outside the gaps (before {gap})")
+            raise DataError(f"the sample differs from the reference outside the gaps (before {gap})")
         ids += kept
         mask += [True] * len(kept)
         deviating = list(sample[gap.sample_start : gap.sample_end])
@@ -171,7 +171,7 @@ def augment_from_gaps(
         ref_pos, sample_pos = gap.ref_end, gap.sample_end
     tail = list(sample[sample_pos:])
     if tail != list(reference[ref_pos:]):
-        raise ValueError("the sample differs from the reference after the last gap")
+        raise DataError("the sample differs from the reference after the last gap")
     return ids + tail, mask + [True] * len(tail)
 
 
@@ -198,7 +198,7 @@ def augment_with_undo(
         ``(ids, mask)`` of equal length.
 
     Raises:
-        ValueError: an id is not a token id / outside the vocabulary, or either sequence contains the UNDO id.
+        DataError: an id is not a token id / outside the vocabulary, or either sequence contains the UNDO id.
 
     >>> augment_with_undo([1, 2, 3], [1, 5, 3], undo_id=9)
     ([1, 5, 9, 2, 3], [True, False, True, True, True])
@@ -226,20 +226,20 @@ def inject_random_errors(
     y`` hold exactly as for :func:`augment_with_undo`.
 
     Raises:
-        ValueError: an empty reference or ``error_ids``, ``num_errors < 1`` or more than ``len(reference)``,
+        DataError: an empty reference or ``error_ids``, ``num_errors < 1`` or more than ``len(reference)``,
             ``max_error_length < 1``, or ``error_ids`` containing the UNDO id.
     """
     reference = list(reference)
     if not reference:
-        raise ValueError("cannot inject errors into an empty reference")
+        raise DataError("cannot inject errors into an empty reference")
     if not error_ids:
-        raise ValueError("error_ids is empty: give the token ids errors are drawn from")
+        raise DataError("error_ids is empty: give the token ids errors are drawn from")
     if undo_id in error_ids:
-        raise ValueError(f"error_ids contains the UNDO id {undo_id}")
+        raise DataError(f"error_ids contains the UNDO id {undo_id}")
     if not 1 <= num_errors <= len(reference):
-        raise ValueError(f"num_errors must be in 1..{len(reference)} (the reference length), got {num_errors}")
+        raise DataError(f"num_errors must be in 1..{len(reference)} (the reference length), got {num_errors}")
     if max_error_length < 1:
-        raise ValueError(f"max_error_length must be >= 1, got {max_error_length}")
+        raise DataError(f"max_error_length must be >= 1, got {max_error_length}")
     points = sorted(rng.sample(range(1, len(reference) + 1), num_errors))
     sample: list[int] = []
     gaps: list[DeviationGap] = []

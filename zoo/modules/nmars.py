@@ -206,7 +206,8 @@ def undo_data(
 ) -> JsonlSource:
     """N-MARS rows of the ``train`` and ``val`` prompts of ``task``: two ``+method=nmars_data`` runs, built through
     the artifact cache on first use, read as a :class:`~zoo.data.sources.JsonlSource` (``test`` falls back to
-    ``val``).
+    ``val``). The ``val`` run keeps every row (``module.max_undos_per_row=null``), so the held-out prompts are the
+    complete validation split whatever the policy wrote.
 
     Args:
         task, backbone, seed: the parent run's ``task``, ``backbone`` (whose policy samples the deviations: pass the
@@ -229,9 +230,11 @@ def undo_data(
             "datamodule.source.num_val": num_val,
             "datamodule.source.num_test": num_test,
         }
+        # held-out rows are never filtered: every arm is evaluated on the same, complete set of prompts
+        keep_all = ["module.max_undos_per_row=null"] if split == "val" else []
         build = plan_artifact(
             "nmars_data",
-            ["+method=nmars_data", f"datamodule.predict_split={split}", *overrides],
+            ["+method=nmars_data", f"datamodule.predict_split={split}", *keep_all, *overrides],
             values,
             name=split,
             cache_dir=cache_dir,
