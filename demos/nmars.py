@@ -43,6 +43,22 @@ def metric(t: float, name: str) -> str:
     return f"val/T{t:g}/{name}"
 
 
+def paired(a: list[Run], b: list[Run], name: str) -> str:
+    """Per-seed differences ``a - b`` of a metric (runs of one seed share the base policy and the rows), as a
+    sentence: the differences, how many are positive, and their mean with its 95% interval."""
+    by_seed = {r.get("seed"): r.last(name) for r in b}
+    diffs = [r.last(name) - by_seed[r.get("seed")] for r in a if r.get("seed") in by_seed]
+    diffs = [d for d in diffs if not math.isnan(d)]
+    if not diffs:
+        return "no paired seeds"
+    s = stat(diffs)
+    shown = s.n >= 2 and (s.lo > 0 or s.hi < 0)
+    return (
+        f"per-seed differences {', '.join(f'{d:+.3f}' for d in diffs)} (positive in {sum(d > 0 for d in diffs)} of "
+        f"{len(diffs)} seeds; mean {fmt_stat(s)}{'' if shown else ', interval contains 0: not shown'})"
+    )
+
+
 def build(sweep: Sweep, out: Path) -> list[Path]:
     arms = sweep.arms()
     first = sweep.runs[0]
@@ -148,6 +164,11 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             "the mean log-prob of held-out deviation tokens",
         )
         + " (the paper's claim: higher under plain SFT).",
+        f"- Safety gap paired by seed ({name['sft_plain']} minus {name['msft']}): "
+        + paired(arms.get("sft_plain", []), arms.get("msft", []), DEVIATION)
+        + ".",
+        f"- Deviation log-prob paired by seed ({name['msft']} minus {name['sft_ref']}, i.e. what masked SFT did to "
+        "the never-trained error tokens): " + paired(arms.get("msft", []), arms.get("sft_ref", []), DEVIATION) + ".",
     ]
     if hottest is not None:
         em = metric(hottest, "exact_match")
@@ -199,8 +220,9 @@ def plot(order: list[str], arms: dict[str, list[Run]], labels: dict[str, str], t
         ax.set_xticks([i + 0.4 - 0.4 / max(1, len(settings)) for i in range(len(order))])
         ax.set_xticklabels([labels.get(a, a) for a in order], rotation=15, ha="right", fontsize=8)
         ax.set_title(title)
-        ax.set_ylim(0, 1)
+        ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
+    ax_em.set_ylim(0, 1)
     fig.tight_layout()
     return save_figure(fig, path)
 
