@@ -14,6 +14,7 @@ from zoo.datamodules.base import (
     IGNORE_INDEX,
     ListDataset,
     RowDataModule,
+    collate_columns,
     encode_completion,
     encode_prompt,
     pad_sequences,
@@ -49,12 +50,14 @@ class SFTDataModule(RowDataModule):
     - ``prompt_ids``, ``prompt_attention_mask``: ``[B, P]`` left-padded prompts (for generation);
     - ``prompts``, ``answers``: lists of strings (``answer`` falls back to the completion);
     - ``loss_weight``: ``[B]`` float per-sequence weights (from ``weight_column``; 1 where a row has none);
+    - ``columns``: every other field of the rows, as lists (e.g. a label that evaluation callbacks read).
     - ``masked_out_labels``: ``[B, T]`` only when a row has a ``loss_mask``: the token ids at the positions the mask
       excludes, ``-100`` elsewhere (what a mask keeps out of training, e.g. N-MARS's error tokens).
     """
 
     required_fields = ("prompt", "completion")
     default_weight_column = "loss_weight"
+    encoded_fields = ("prompt", "completion", "answer")  # every other field of a row is kept in ``columns``
 
     def __init__(
         self, *args: Any, weight_column: str = default_weight_column, use_loss_mask: bool = True, **kwargs: Any
@@ -137,19 +140,32 @@ class SFTDataModule(RowDataModule):
             "prompt": row["prompt"],
             "answer": str(row.get("answer", row["completion"])),
             "loss_weight": self.sample_weight(row, index, split),
+            "columns": {k: v for k, v in row.items() if k not in (*self.encoded_fields, self.weight_column)},
         }
+
+    @staticmethod
+    def sequence(item: dict[str, Any]) -> tuple[list[int], list[int]]:
+        """The training sequence of an encoded item and its labels: prompt + completion with labels on the completion
+        (``completion_labels``: ``-100`` where the row's loss mask excludes a token), or the item's own ``input_ids``
+        and ``labels`` when it has them (a subclass that trains other tokens, e.g. every assistant turn of a
+        conversation)."""
+        if "labels" in item:
+            return item["input_ids"], item["labels"]
+        prompt, completion = item["prompt_ids"], item["completion_ids"]
+        return prompt + completion, [IGNORE_INDEX] * len(prompt) + item.get("completion_labels", completion)
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         pad = self.tokenizer.pad_token_id
-        full = [it["prompt_ids"] + it["completion_ids"] for it in items]
-        labels = [[IGNORE_INDEX] * len(it["prompt_ids"]) + it["completion_labels"] for it in items]
+        sequences = [self.sequence(it) for it in items]
+        full = [ids for ids, _ in sequences]
+        labels = [lab for _, lab in sequences]
         input_ids = pad_sequences(full, pad, "right")
         attention_mask = pad_sequences([[1] * len(f) for f in full], 0, "right")
         extra = {}
-        if any(it["masked_out"] is not None for it in items):
+        if any(it.get("masked_out") is not None for it in items):
             masked_out = [
                 [IGNORE_INDEX] * len(it["prompt_ids"])
-                + (it["masked_out"] or [IGNORE_INDEX] * len(it["completion_ids"]))
+                + (it.get("masked_out") or [IGNORE_INDEX] * len(it["completion_ids"]))
                 for it in items
             ]
             extra["masked_out_labels"] = pad_sequences(masked_out, IGNORE_INDEX, "right")
@@ -162,5 +178,6 @@ class SFTDataModule(RowDataModule):
             "prompts": [it["prompt"] for it in items],
             "answers": [it["answer"] for it in items],
             "loss_weight": torch.tensor([it["loss_weight"] for it in items], dtype=torch.float32),
+            "columns": collate_columns(items),
             **extra,
         }

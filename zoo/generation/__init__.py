@@ -1,17 +1,21 @@
 """Decoding: the decoder seam (:mod:`zoo.generation.decoders`), its primitives (:mod:`zoo.generation.sampling`), the
-step-wise decoder (:mod:`zoo.generation.stepwise`) and N-MARS's undo-aware decoding with its cores
+step-wise decoder (:mod:`zoo.generation.stepwise`), answer voting and self-consistency (:mod:`zoo.generation.voting`),
+DTS tree decoding (:mod:`zoo.generation.dts`) and N-MARS's undo-aware decoding with its cores
 (:mod:`zoo.generation.undo`). A core: no Lightning, no datamodule import."""
 
 from zoo.generation.decoders import (
     Decoder,
     ForwardHook,
+    GreedyDecoder,
     LogitsProcessor,
     ModuleHook,
     Prefill,
+    RowStop,
     SampleDecoder,
     generate,
     generate_text,
 )
+from zoo.generation.dts import BranchEvent, DTSDecoder, DTSResult, entropy_varentropy
 from zoo.generation.sampling import (
     GenerationResult,
     IncrementalDecoder,
@@ -33,17 +37,24 @@ from zoo.generation.undo import (
     augment_with_undo,
     resolve_undo,
 )
+from zoo.generation.voting import SelfConsistencyDecoder, VotedResult, majority_vote
 
 __all__ = [
+    "BranchEvent",
+    "DTSDecoder",
+    "DTSResult",
     "Decoder",
     "ForwardHook",
     "GenerationResult",
+    "GreedyDecoder",
     "IncrementalDecoder",
     "LogitsProcessor",
     "ModuleHook",
     "Prefill",
+    "RowStop",
     "SampleDecoder",
     "SamplingParams",
+    "SelfConsistencyDecoder",
     "StepAction",
     "StepEvent",
     "StepHook",
@@ -52,9 +63,12 @@ __all__ = [
     "UndoDecoder",
     "UndoResult",
     "augment_with_undo",
+    "VotedResult",
     "decode_completion",
+    "entropy_varentropy",
     "generate",
     "generate_text",
+    "majority_vote",
     "resolve_undo",
     "sample_next",
     "stepwise_generate",
