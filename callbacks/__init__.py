@@ -21,6 +21,7 @@ from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
 from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
 from zoo.callbacks.training_clock import TrainingClock
+from zoo.callbacks.transition_tv import TransitionTV
 from zoo.callbacks.undo_metrics import UndoMetrics
 from zoo.callbacks.valr_probe import StepStateProbe
 from zoo.callbacks.watermark import WatermarkCallback
@@ -44,6 +45,7 @@ __all__ = [
     "SafeThinkMonitor",
     "StepStateProbe",
     "TrainingClock",
+    "TransitionTV",
     "UndoMetrics",
     "WETCallback",
     "WatermarkCallback",
