@@ -15,7 +15,6 @@ from typing import Any
 from zoo.report import (
     Run,
     Sweep,
-    artifact_values,
     contrast,
     fmt_stat,
     provenance,
@@ -25,12 +24,24 @@ from zoo.report import (
     table,
     write_page,
 )
+from zoo.watermark import z_score
 
 PAPER = "xguard"
 PREFIX = "watermark"
 CALIBRATION = "watermark/calibration.json"
 ARMS = ("semstamp", "ksemstamp", "xguard", "xguard_unbalanced")
 BASELINES = ("semstamp", "ksemstamp")
+
+
+def build_metric(runs: list[Run], name: str, metric: str) -> list[float]:
+    """A build metric of the ``topic_lm`` artifacts named ``name`` (generator / paraphraser) the runs used."""
+    seen: dict[str, float] = {}
+    for run in runs:
+        for used in run.info.get("artifacts", []):
+            value = (used.get("metrics") or {}).get(metric)
+            if used.get("kind") == "topic_lm" and used.get("name") == name and value is not None:
+                seen[used["path"]] = float(value)
+    return list(seen.values())
 
 
 def metric(run: Run, name: str) -> float:
@@ -106,7 +117,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     human = wm.get("human", {}) or {}
     demo = cfg.get("demo", {})
     seeds = len(sweep.seeds) or 1
-    lm_loss = stat(artifact_values(sweep.runs, "topic_lm", "val/loss"))
+    lm_loss = stat(build_metric(sweep.runs, "topic_text", "val/loss"))
+    paraphraser_loss = stat(build_metric(sweep.runs, "topic_paraphrase", "val/loss"))
     threshold = wm.get("threshold")
     scored = int(human.get("sentences", 0)) - 1
 
@@ -161,7 +173,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "`P(green | human)` from the human texts' region transitions and the FPR of a human text at the fixed "
         "threshold (binomial tail). TPR at 1% FPR uses the human texts' z under the run's key as negatives.",
         f"- Attacks on the watermarked texts: {', '.join(f'`{a}`' for a in attacks)} (`paraphrase`: a second tiny "
-        "LM trained by `+method=sft task=topic_paraphrase`, sentence by sentence).",
+        "LM trained by `+method=sft task=topic_paraphrase` on "
+        f"{demo.get('paraphraser', {}).get('num_train')} sentence → rewrite pairs, one epoch, held-out loss "
+        f"{fmt_stat(paraphraser_loss, 3, False)} nats/char; greedy, sentence by sentence).",
         "",
         "## Generation: success, trials, quality",
         "",
@@ -203,6 +217,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "## Reading",
         "",
         *reading(arms, vals, label, attacks),
+        *length_note(arms, vals, label, float(dec.get("scheme", {}).get("gamma", 0.25)), float(threshold or 3.0)),
         "",
         "What this toy can and cannot show: the generator is a tiny char-level LM and the texts come from a template "
         "grammar, so the regions of its sentences are far more predictable than those of natural text, and the "
@@ -241,6 +256,20 @@ def reading(arms: dict[str, list[Run]], vals: Any, label: Any, attacks: list[str
                 f"{finite[best]:.3f} ({label(best)})."
             )
     return lines
+
+
+def length_note(arms: dict[str, list[Run]], vals: Any, label: Any, gamma: float, threshold: float) -> list[str]:
+    """How text length limits detection: the fewest scored sentences for which z > threshold is reachable."""
+    needed = next(n for n in range(1, 1000) if z_score(n, n, gamma) > threshold)
+    lengths = ", ".join(
+        f"{label(a)} {stat(vals(a, 'sentences')).mean:.2f} (WSR {stat(vals(a, 'wsr')).mean:.3f})" for a in arms
+    )
+    return [
+        f"- Sentences per watermarked text: {lengths}. At gamma {gamma} and threshold {threshold}, z > threshold "
+        f"is reachable only from {needed} scored sentences ({needed + 1} sentences, every scored one green), so "
+        "texts that the generator ends early, and sentences that fall back after `max_trials`, can keep the "
+        "detection rate below 1 whatever the partition."
+    ]
 
 
 def plot(arms: dict[str, list[Run]], labels: dict[str, str], path: Path) -> Path:
