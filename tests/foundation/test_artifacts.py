@@ -223,6 +223,18 @@ def test_base_policy_key_follows_its_build_config_only(train_cfg):
     assert len(paths) == len(related) and base.path not in paths
 
 
+def test_catalogue_entries_and_tags_do_not_key_an_artifact(tmp_path):
+    from zoo.cli.artifacts import plan_artifact
+
+    def path(*extra: str):
+        overrides = ["+method=sft", *SMALL_BASE_POLICY, *extra]
+        return plan_artifact("probe", overrides, cache_dir=tmp_path, root_dir=tmp_path).path
+
+    base = path()
+    assert path("methods.sft.summary=edited", "methods.sft.benchmark=SFT throughput", "tags=[x]") == base
+    assert path("trainer.max_epochs=2") != base
+
+
 def test_train_artifact_keeps_the_callers_random_and_hydra_state(train_cfg, tmp_path):
     from zoo.cli.bootstrap import ensure_base_policy
 

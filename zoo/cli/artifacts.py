@@ -40,6 +40,8 @@ from zoo.errors import ZooError
 
 # Where a build runs, not what it builds: set on the build run, left out of its key.
 EXECUTION_FIELDS = ("trainer.accelerator",)
+# Descriptive top-level fields that do not change what a run builds: the catalogue entries (``methods.*``) and tags.
+DESCRIPTIVE_FIELDS = ("methods", "tags")
 # Every build run exports its model and keeps no checkpoints (the export is the artifact).
 BUILD_OVERRIDES = ("export=true", "++callbacks.model_checkpoint=null", "++trainer.enable_checkpointing=false")
 PATH_FIELDS = ("root_dir", "log_dir", "output_dir", "cache_dir")
@@ -126,14 +128,15 @@ def _drop(container: dict[str, Any], dotted: str) -> None:
 
 
 def config_spec(cfg: DictConfig) -> dict[str, Any]:
-    """What keys an artifact built by ``run(cfg)``: the resolved config without locations and execution fields."""
+    """What keys an artifact built by ``run(cfg)``: the resolved config without locations, execution fields and
+    descriptive fields (catalogue entries, tags), so that editing a method's catalogue entry rebuilds nothing."""
     probe = copy.deepcopy(cfg)
     with open_dict(probe):
         for field in PATH_FIELDS:
             probe.paths[field] = f"<paths.{field}>"
         probe.run_id = "<run_id>"
     spec = OmegaConf.to_container(probe, resolve=True)
-    for key in ("paths", "run_id", "hydra"):
+    for key in ("paths", "run_id", "hydra", *DESCRIPTIVE_FIELDS):
         spec.pop(key, None)
     for dotted in EXECUTION_FIELDS:
         _drop(spec, dotted)
