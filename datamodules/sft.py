@@ -67,12 +67,7 @@ class SFTDataModule(RowDataModule):
     def encode(self, row: Row, index: int, split: str) -> dict[str, Any]:
         prompt_ids = encode_prompt(self.tokenizer, row["prompt"])
         completion_ids = encode_completion(self.tokenizer, row["completion"])
-        if len(prompt_ids) + len(completion_ids) > self.max_length:
-            raise DataError(
-                f"{split} row {index}: {len(prompt_ids) + len(completion_ids)} tokens exceed "
-                f"datamodule.max_length={self.max_length} (prompt {row['prompt'][:40]!r}); raise max_length or "
-                "shorten the row"
-            )
+        self.check_length(split, index, len(prompt_ids) + len(completion_ids), f"prompt {row['prompt'][:40]!r}")
         return {
             "prompt_ids": prompt_ids,
             "completion_ids": completion_ids,
