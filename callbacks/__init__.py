@@ -11,6 +11,7 @@ from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
 from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.progress import LogLineProgress, auto_progress
+from zoo.callbacks.run_guard import RunGuard
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
 
@@ -21,6 +22,7 @@ __all__ = [
     "LogLineProgress",
     "LogSamplerWeights",
     "NanoQuantExport",
+    "RunGuard",
     "SafeThinkMonitor",
     "auto_progress",
 ]
