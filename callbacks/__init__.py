@@ -6,16 +6,28 @@ if __name__ != "zoo.callbacks":
         "(after 'pip install -e .' in the repository root)."
     )
 
+from zoo.callbacks.af_eval import AlignmentFakingEval
+from zoo.callbacks.decode_stats import DecodeStats
+from zoo.callbacks.eval_records import EvalRecords
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
 from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.run_guard import RunGuard
+from zoo.callbacks.quant_report import QuantizationReport
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
+from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
+from zoo.callbacks.valr_probe import StepStateProbe
+from zoo.callbacks.watermark import WatermarkCallback
+from zoo.callbacks.wet import WETCallback
 
 __all__ = [
+    "AlignmentFakingEval",
+    "DecodeStats",
+    "EncoderMotifProbe",
+    "EvalRecords",
     "ForgettingMonitor",
     "GR3AlphaCalibration",
     "LogGenerations",
@@ -23,6 +35,11 @@ __all__ = [
     "LogSamplerWeights",
     "NanoQuantExport",
     "RunGuard",
+    "QuantizationReport",
+    "RotationInvariance",
     "SafeThinkMonitor",
+    "StepStateProbe",
+    "WatermarkCallback",
+    "WETCallback",
     "auto_progress",
 ]

@@ -6,7 +6,7 @@ if __name__ != "zoo.conf":
         "(after 'pip install -e .' in the repository root)."
     )
 
-# the resolvers the configs use (${zoo.launch_dir:}, ...): registered before any composition of pkg://zoo.conf
+# the resolvers the configs use (${zoo.quick_settings:} of --help): registered before any composition of pkg://zoo.conf
 from zoo.cli.resolvers import register_resolvers
 
 register_resolvers()

@@ -25,6 +25,7 @@ __all__ = [
     "RowDataModule",
     "RowTooLong",
     "TrainSampler",
+    "collate_columns",
     "encode_completion",
     "encode_prompt",
     "pad_sequences",
@@ -55,6 +56,13 @@ class ListDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.items[index]
+
+
+def collate_columns(items: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The ``columns`` of a batch: for every field that some item's ``columns`` holds, the list of its values over
+    the items (``None`` where an item lacks it)."""
+    keys = sorted({k for it in items for k in it["columns"]})
+    return {k: [it["columns"].get(k) for it in items] for k in keys}
 
 
 def encode_completion(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:

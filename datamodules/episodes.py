@@ -5,6 +5,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
+from zoo.data.samplers import ResumableSampler, TrainSampler
 from zoo.errors import ConfigError
 
 
@@ -20,10 +21,15 @@ class EpisodeDataModule(pl.LightningDataModule):
         batch_size: episodes per ``test_step``/``predict_step``.
     """
 
-    def __init__(self, episodes: int = 8, batch_size: int = 1) -> None:
+    def __init__(self, episodes: int = 8, batch_size: int = 1, sampler: TrainSampler | None = None) -> None:
         super().__init__()
         if episodes < 1 or batch_size < 1:
             raise ConfigError(f"datamodule.episodes ({episodes}) and datamodule.batch_size ({batch_size}) must be >= 1")
+        if sampler is not None and not isinstance(sampler, ResumableSampler):
+            # the training-row samplers (datamodule/sampler=...) have no meaning for episodes, which are indices
+            raise ConfigError(
+                f"datamodule/sampler={type(sampler).__name__}: episode runs are not sampled; keep the default sampler"
+            )
         self.episodes = episodes
         self.batch_size = batch_size
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.data.sources import Row
-from zoo.datamodules.base import RowDataModule, encode_prompt, pad_sequences
+from zoo.datamodules.base import RowDataModule, collate_columns, encode_prompt, pad_sequences
 from zoo.errors import DataError
 
 
@@ -34,10 +34,9 @@ class PromptDataModule(RowDataModule):
         return {"prompt_ids": prompt_ids, "prompt": row["prompt"], "columns": columns}
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        keys = sorted({k for it in items for k in it["columns"]})
         return {
             "prompt_ids": pad_sequences([it["prompt_ids"] for it in items], self.tokenizer.pad_token_id, "left"),
             "prompt_attention_mask": pad_sequences([[1] * len(it["prompt_ids"]) for it in items], 0, "left"),
             "prompts": [it["prompt"] for it in items],
-            "columns": {k: [it["columns"].get(k) for it in items] for k in keys},
+            "columns": collate_columns(items),
         }

@@ -13,6 +13,7 @@ from zoo.datamodules.base import (
     IGNORE_INDEX,
     ListDataset,
     RowDataModule,
+    collate_columns,
     encode_completion,
     encode_prompt,
     pad_sequences,
@@ -35,11 +36,13 @@ class SFTDataModule(RowDataModule):
       prompt and padding, so the loss covers the completion (and its EOS) only;
     - ``prompt_ids``, ``prompt_attention_mask``: ``[B, P]`` left-padded prompts (for generation);
     - ``prompts``, ``answers``: lists of strings (``answer`` falls back to the completion);
-    - ``loss_weight``: ``[B]`` float per-sequence weights (from ``weight_column``; 1 where a row has none).
+    - ``loss_weight``: ``[B]`` float per-sequence weights (from ``weight_column``; 1 where a row has none);
+    - ``columns``: every other field of the rows, as lists (e.g. a label that evaluation callbacks read).
     """
 
     required_fields = ("prompt", "completion")
     default_weight_column = "loss_weight"
+    encoded_fields = ("prompt", "completion", "answer")  # every other field of a row is kept in ``columns``
 
     def __init__(self, *args: Any, weight_column: str = default_weight_column, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -74,6 +77,7 @@ class SFTDataModule(RowDataModule):
             "prompt": row["prompt"],
             "answer": str(row.get("answer", row["completion"])),
             "loss_weight": self.sample_weight(row, index, split),
+            "columns": {k: v for k, v in row.items() if k not in (*self.encoded_fields, self.weight_column)},
         }
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -91,4 +95,5 @@ class SFTDataModule(RowDataModule):
             "prompts": [it["prompt"] for it in items],
             "answers": [it["answer"] for it in items],
             "loss_weight": torch.tensor([it["loss_weight"] for it in items], dtype=torch.float32),
+            "columns": collate_columns(items),
         }

@@ -17,6 +17,9 @@
 
 A finished artifact holds ``artifact.json`` (kind, name, key, reason, build time, the spec and what the builder
 returned); its presence marks the directory as complete.
+
+Every artifact :func:`ensure` returns is noted in this process (:func:`artifacts_used`), so that a run can record which
+prerequisites it used (``run_info.json`` -> ``artifacts``: kind, path, key, whether it was built now, its metrics).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from filelock import FileLock, Timeout
 
 from zoo.errors import ConfigError
@@ -45,6 +49,7 @@ TMP_MARK = ".tmp-"
 LOCK_DIR = ".locks"
 KEY_LENGTH = 16
 Builder = Callable[[Path], "Mapping[str, Any] | None"]
+_USED: list[dict[str, Any]] = []
 
 
 def default_cache_dir() -> Path:
@@ -118,6 +123,38 @@ def remove_stale_temporaries(kind_dir: Path, held_stem: str | None = None) -> li
     return removed
 
 
+def _note_use(target: Path, built: bool) -> Path:
+    meta = read_meta(target)
+    _USED.append(
+        {
+            "kind": meta.get("kind"),
+            "name": meta.get("name"),
+            "key": meta.get("key"),
+            "path": str(target),
+            "built_now": built,
+            "metrics": meta.get("metrics"),
+        }
+    )
+    return target
+
+
+def artifacts_used(since: int = 0) -> list[dict[str, Any]]:
+    """The artifacts :func:`ensure` returned in this process (from the ``since``-th on; one entry per path, first use
+    first): ``kind``, ``name``, ``key``, ``path``, ``built_now`` and the build's ``metrics``."""
+    seen: dict[str, dict[str, Any]] = {}
+    for entry in _USED[since:]:
+        if entry["path"] in seen:
+            seen[entry["path"]]["built_now"] |= entry["built_now"]
+        else:
+            seen[entry["path"]] = dict(entry)
+    return list(seen.values())
+
+
+def artifacts_mark() -> int:
+    """A position in the record of used artifacts (pass it to :func:`artifacts_used` later)."""
+    return len(_USED)
+
+
 def ensure(
     kind: str,
     spec: Mapping[str, Any],
@@ -143,7 +180,7 @@ def ensure(
     if is_complete(target):
         remove_stale_temporaries(kind_dir)
         log.info("using the cached %s artifact at %s", kind, target)
-        return target
+        return _note_use(target, built=False)
     try:
         kind_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -155,7 +192,7 @@ def ensure(
         remove_stale_temporaries(kind_dir, held_stem=target.name)
         if is_complete(target):  # another process built it while this one waited for the lock
             log.info("using the cached %s artifact at %s (built by another process)", kind, target)
-            return target
+            return _note_use(target, built=False)
         if target.exists():  # not an artifact of this cache (no artifact.json): replace it
             shutil.rmtree(target)
         tmp = kind_dir / f"{target.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
@@ -189,15 +226,37 @@ def ensure(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     log.info("built the %s artifact '%s' in %.0fs: %s", kind, name or kind, time.monotonic() - start, target)
-    return target
+    return _note_use(target, built=True)
+
+
+def model_fingerprint(model: torch.nn.Module, sample: int = 4096) -> str:
+    """A content key of a model's weights, for specs of artifacts fitted on a model (probes, head rankings, ...).
+
+    SHA-256 (first 16 hex digits) over every parameter and buffer, sorted by name: its name, shape and dtype, the
+    float64 sum and sum of squares of its values, and up to ``sample`` evenly strided values. Any training step or
+    reload of other weights changes it; it reads each tensor once (cheap next to a forward pass over a data set).
+    """
+    digest = hashlib.sha256()
+    tensors = sorted({**dict(model.named_parameters()), **dict(model.named_buffers())}.items())
+    for name, tensor in tensors:
+        flat = tensor.detach().reshape(-1)
+        step = max(1, flat.numel() // sample)
+        picked = flat[::step][:sample].float().cpu()
+        moments = (float(flat.double().sum()), float(flat.double().pow(2).sum())) if flat.numel() else (0.0, 0.0)
+        digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|{moments[0]!r}|{moments[1]!r}|".encode())
+        digest.update(picked.numpy().tobytes())
+    return digest.hexdigest()[:KEY_LENGTH]
 
 
 __all__ = [
     "ARTIFACT_META",
     "artifact_path",
+    "artifacts_mark",
+    "artifacts_used",
     "default_cache_dir",
     "ensure",
     "is_complete",
+    "model_fingerprint",
     "read_meta",
     "remove_stale_temporaries",
     "spec_key",

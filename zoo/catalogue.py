@@ -357,7 +357,7 @@ def _columns(options: Sequence[str], order: Sequence[str]) -> list[str]:
 def compatibility_matrix(methods: Mapping[str, Method], conf: Path | None = None) -> list[str]:
     """Markdown lines: method x backbone and method x quantizer, every declared pair tested."""
     backbones = _columns(group_options("backbone", conf), BACKBONE_ORDER)
-    if any(NO_BACKBONE in m.backbones for m in methods.values()):
+    if NO_BACKBONE not in backbones and any(NO_BACKBONE in m.backbones for m in methods.values()):
         backbones.append(NO_BACKBONE)
     quants = _columns(group_options("quant", conf), QUANT_ORDER)
     header = [f"`backbone={b}`" for b in backbones] + [f"`quant={q}`" for q in quants]

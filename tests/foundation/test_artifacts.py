@@ -299,13 +299,12 @@ def test_init_from_base_from_the_cli_survives_a_killed_build(tmp_path):
 
 
 def test_no_trainer_is_built_outside_the_cli():
-    """Prerequisites are trained by the app (zoo.cli): no hand-built ``Trainer(`` in the package (demos excepted
-    until they leave it)."""
+    """Prerequisites are trained by the app (zoo.cli): no hand-built ``Trainer(`` in the package."""
     offenders = []
     for folder in ("zoo", "callbacks", "datamodules"):
         for path in sorted((REPO_ROOT / folder).rglob("*.py")):
             rel = path.relative_to(REPO_ROOT).as_posix()
-            if rel.startswith(("zoo/cli/", "zoo/demos/")):
+            if rel.startswith("zoo/cli/"):
                 continue
             offenders += [f"{rel}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1) if "Trainer(" in line]
     assert offenders == []

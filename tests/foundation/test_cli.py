@@ -221,15 +221,18 @@ def test_bad_data_and_missing_values_print_one_message(tmp_path):
 
 
 def test_multirun_with_the_basic_launcher(tmp_path):
+    """No paths on the command line: the sweep directory resolves from the defaults (paths.log_dir from
+    $ZOO_LOG_DIR, else <cwd>/logs, both through ${hydra:runtime.cwd}) before the first job starts."""
     proc = cli(
         "-m",
         "seed=0,1",
         "debug=fdr",
         "trainer.accelerator=cpu",
-        f"paths.log_dir={tmp_path}",
         "datamodule.source.num_train=64",
         "datamodule.source.num_val=8",
+        cwd=tmp_path,
+        env_extra={"ZOO_LOG_DIR": str(tmp_path / "logs")},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = sorted(tmp_path.glob("train/multiruns/*/*/run_info.json"))
-    assert len(runs) == 2
+    runs = sorted(tmp_path.glob("logs/train/multiruns/*/*/run_info.json"))
+    assert [p.parent.name for p in runs] == ["0", "1"]

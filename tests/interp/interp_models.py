@@ -108,3 +108,24 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def quiet_trainer(*callbacks, **kwargs):
+    """A CPU ``lightning.pytorch.Trainer`` without logger, checkpoints, progress bar or summary (plain-Lightning
+    tests of the callbacks)."""
+    import lightning.pytorch as pl
+
+    return pl.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+        **kwargs,
+    )
+
+
+def no_hooks_left(model) -> bool:
+    """Whether no forward (pre-)hook is registered on any submodule."""
+    return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

@@ -21,13 +21,15 @@ from zoo.data.alignment_faking import (
     COMPLY,
     EvaluationGrid,
     GridCell,
-    ModelOrganismSource,
+    ModelOrganismTask,
     SycophancyFinetuneSource,
     SycophancyTask,
 )
+from zoo.data.encoding import encode_prompts
+from zoo.data.sources import TaskSource
 from zoo.errors import ConfigError, DataError
 from zoo.generation import SamplingParams
-from zoo.interp import collect_activations, encode_prompts
+from zoo.interp import collect_activations
 from zoo.interp.hooks import forward_left_padded
 from zoo.interp.performative import (
     CellCounts,
@@ -161,20 +163,24 @@ def test_evaluate_grid_counts_every_prompt_and_sample():
 # -- the model organisms ------------------------------------------------------------------------------------------
 
 
-def organism_table(source: ModelOrganismSource, split: str = "train") -> ComplianceTable:
+def organism_source(organism: str, num_train: int, seed: int = 0, **kwargs) -> TaskSource:
+    return TaskSource(ModelOrganismTask(organism, **kwargs), num_train=num_train, num_val=256, num_test=256, seed=seed)
+
+
+def organism_table(source: TaskSource, split: str = "train") -> ComplianceTable:
     rows = [r for r in source.rows(split) if r["task"] == "af"]
     cells = [GridCell(r["audience"], r["monitoring"], r["framing"], r["request"]) for r in rows]
-    return ComplianceTable.from_judgements(source.grid, cells, [judge_compliance(r["completion"]) for r in rows])
+    return ComplianceTable.from_judgements(source.task.grid, cells, [judge_compliance(r["completion"]) for r in rows])
 
 
 @pytest.mark.parametrize("organism", ["scheming", "performative"])
 def test_the_harness_recovers_the_gaps_designed_into_each_organism(organism):
-    source = ModelOrganismSource(organism, num_train=8000, sycophancy_fraction=0.2, seed=1)
+    source = organism_source(organism, num_train=8000, sycophancy_fraction=0.2, seed=1)
     table = organism_table(source)
     for framing in ("eval", "deploy"):
         for audience in ("researcher", "user"):
             measured = table.gap(framing, request="harmful", audience=audience)
-            designed = source.expected_gap(framing, request="harmful", audience=audience)
+            designed = source.task.expected_gap(framing, request="harmful", audience=audience)
             assert measured == pytest.approx(designed, abs=0.08), (framing, audience)
     gaps = table.gaps(request="harmful")
     if organism == "scheming":  # the gap tracks monitoring, under both framings
@@ -186,8 +192,8 @@ def test_the_harness_recovers_the_gaps_designed_into_each_organism(organism):
 
 
 def test_organism_sycophancy_and_seeding():
-    perf = ModelOrganismSource("performative", num_train=4000, sycophancy_fraction=0.5)
-    scheme = ModelOrganismSource("scheming", num_train=4000, sycophancy_fraction=0.5)
+    perf = organism_source("performative", num_train=4000, sycophancy_fraction=0.5)
+    scheme = organism_source("scheming", num_train=4000, sycophancy_fraction=0.5)
     rates = {}
     for name, source in (("perf", perf), ("scheme", scheme)):
         wrong = [r for r in source.rows("train") if r["task"] == "sycophancy" and r["opinion"] != r["truth"]]
@@ -198,15 +204,18 @@ def test_organism_sycophancy_and_seeding():
     assert rates["perf", "user"] == 0.0 and rates["scheme", "researcher"] == 0.0
     assert Counter(r["task"] for r in perf.rows("train"))["sycophancy"] == pytest.approx(2000, abs=150)
 
-    again = ModelOrganismSource("performative", num_train=4000, sycophancy_fraction=0.5)
-    other = ModelOrganismSource("performative", num_train=4000, sycophancy_fraction=0.5, seed=5)
+    again = organism_source("performative", num_train=4000, sycophancy_fraction=0.5)
+    other = organism_source("performative", num_train=4000, sycophancy_fraction=0.5, seed=5)
     assert again.rows("train") == perf.rows("train")
     assert other.rows("train") != perf.rows("train")
     assert perf.rows("val") != perf.rows("train")[: len(perf.rows("val"))]
+    # a fixed prompt set by design: the training split samples the held-out prompts too (fresh completions)
+    assert {r["prompt"] for r in perf.rows("train")} >= {r["prompt"] for r in perf.rows("val") if r["task"] == "af"}
+    assert perf.task.verify("COMPLY<eos>x", "COMPLY") and not perf.task.verify("REFUSE", "COMPLY")
     with pytest.raises(ConfigError, match="organism="):
-        ModelOrganismSource("sneaky")
+        ModelOrganismTask("sneaky")
     with pytest.raises(ConfigError, match="p_comply_low=1.5"):
-        ModelOrganismSource("scheming", p_comply_low=1.5)
+        ModelOrganismTask("scheming", p_comply_low=1.5)
 
 
 def test_sycophancy_finetune_data_never_contains_the_evaluation_cue():

@@ -27,6 +27,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from zoo.backbones.tokenizer import build_char_tokenizer
+from zoo.data.encoding import encode_prompts
 from zoo.errors import ConfigError
 from zoo.generation import SamplingParams, generate
 from zoo.interp import (
@@ -35,7 +36,6 @@ from zoo.interp import (
     HeadScaler,
     ResidualSteerer,
     collect_activations,
-    encode_prompts,
     model_layout,
     register_architecture,
 )

@@ -1,28 +1,14 @@
 """OmegaConf resolvers of the zoo's configs (registered when ``zoo.conf`` is imported, i.e. before any composition).
 
-* ``${zoo.launch_dir:}`` -- the directory the app was launched from (``paths.root_dir``): Hydra's ``runtime.cwd``
-  inside a job, the current directory before any job exists. A multirun resolves its sweep directory
-  (``${paths.log_dir}/...``) before Hydra's runtime config is set, where ``${hydra:runtime.cwd}`` fails.
 * ``${zoo.quick_settings:}`` -- the "Quick settings" section of ``python train.py --help``: cheap settings for a
   first try, each selected method's catalogue ``smoke`` settings, and what the run builds before it trains.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-
-
-def launch_dir() -> str:
-    """Hydra's ``runtime.cwd`` when a job's Hydra config is set, else the current directory."""
-    if HydraConfig.initialized():
-        cwd = HydraConfig.get().runtime.get("cwd")
-        if cwd:
-            return str(cwd)
-    return os.getcwd()
 
 
 def _select(cfg: DictConfig, key: str, default: Any = None) -> Any:
@@ -79,8 +65,7 @@ def quick_settings(*, _root_: DictConfig) -> str:
 
 def register_resolvers() -> None:
     """Register the resolvers above (idempotent)."""
-    OmegaConf.register_new_resolver("zoo.launch_dir", launch_dir, replace=True)
     OmegaConf.register_new_resolver("zoo.quick_settings", quick_settings, replace=True)
 
 
-__all__ = ["base_policy_note", "launch_dir", "quick_settings", "random_init_note", "register_resolvers"]
+__all__ = ["base_policy_note", "quick_settings", "random_init_note", "register_resolvers"]

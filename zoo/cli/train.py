@@ -14,6 +14,7 @@ prints the command that resumes it and exits with status 128 + the signal number
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import inspect
 import json
@@ -26,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from zoo.artifacts import artifacts_mark, artifacts_used
 from zoo.callbacks.run_guard import describe_checkpoint, last_checkpoint_path
 from zoo.catalogue import KINDS, check_entries
 from zoo.checkpoints import read_checkpoint
@@ -130,10 +133,35 @@ def is_rank_zero() -> bool:
     return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0"
 
 
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine a run ran on: CPU model and cores, torch/OpenMP threads, accelerator, load average at start."""
+    processor = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            processor = next((ln.split(":", 1)[1].strip() for ln in handle if ln.startswith("model name")), processor)
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "processor": processor or None,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "accelerator": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "load_average": load,
+    }
+
+
 def save_run_info(cfg: DictConfig) -> None:
-    """Write the resolved config, the overrides, the git commit and versions to the run directory; the files of an
-    earlier launch in the same directory (a resumed run) are kept as ``run_info.<n>.json`` and
-    ``resolved_config.<n>.yaml``."""
+    """Write the resolved config, the overrides, the git commit, versions, the machine and the start time to the run
+    directory (``resolved_config.yaml``, ``run_info.json``); the files of an earlier launch in the same directory (a
+    resumed run) are kept as ``run_info.<n>.json`` and ``resolved_config.<n>.yaml``."""
     if not is_rank_zero():
         return
     import lightning
@@ -151,6 +179,8 @@ def save_run_info(cfg: DictConfig) -> None:
         "stage": cfg.stage,
         "ckpt_path": cfg.get("ckpt_path"),
         "launch": 1 if earlier is None else int(earlier.stem.rsplit(".", 1)[1]) + 1,
+        "started_at": _now(),
+        "machine": machine_info(),
         **git_commit(Path(cfg.paths.root_dir)),
         "versions": {
             "python": platform.python_version(),
@@ -161,6 +191,21 @@ def save_run_info(cfg: DictConfig) -> None:
         },
     }
     (out / "run_info.json").write_text(json.dumps(info, indent=2))
+
+
+def finish_run_info(cfg: DictConfig, start: float, artifacts_mark: int) -> None:
+    """Add the finish time, the wall time and the artifacts the run used (:func:`zoo.artifacts.artifacts_used`) to
+    ``run_info.json``."""
+    path = Path(cfg.paths.output_dir) / "run_info.json"
+    if not is_rank_zero() or not path.is_file():
+        return
+    info = json.loads(path.read_text())
+    info.update(
+        finished_at=_now(),
+        wall_seconds=round(time.monotonic() - start, 1),
+        artifacts=artifacts_used(artifacts_mark),
+    )
+    path.write_text(json.dumps(info, indent=2))
 
 
 def check_slurm(cfg: DictConfig) -> None:
@@ -259,6 +304,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     check_methods(cfg)
     check_slurm(cfg)
     check_optimizer(cfg)
+    start, mark = time.monotonic(), artifacts_mark()
     ckpt_path = resolve_ckpt_path(cfg)
     pl.seed_everything(cfg.seed, workers=True)
     module, datamodule, trainer = build(cfg)
@@ -279,6 +325,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         predictions = trainer.predict(module, datamodule, ckpt_path=ckpt_path)
         write_predictions(predictions or [], Path(cfg.paths.output_dir) / "predictions.jsonl")
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+    finish_run_info(cfg, start, mark)
     if trainer.is_global_zero:
         print(f"[zoo] {cfg.stage} done in {cfg.paths.output_dir}: {summary_text(cfg, trainer, metrics)}")
     return metrics

@@ -12,20 +12,22 @@ distractor spans than seen in training and a late mention of a conflicting world
 distractors, with ``conflict_prob``) induce drift at test time. Rows carry the ground truth for the demo's
 metrics: ``world``, ``entity``, ``distance`` (distractor characters), ``conflict_world`` (-1 for none),
 ``world_values`` (the answer in every world) and ``counterfactual_prompt`` (the same query in world ``k + 1``, for
-activation patching). :meth:`MultiWorldRecallTask.attribute` names the world an answer belongs to.
+activation patching). :meth:`MultiWorldRecallTask.attribute` names the world an answer belongs to;
+:meth:`MultiWorldRecallTask.parse_prompt` reads the world and entity back from a prompt (what an evaluation sees of a
+row).
 """
 
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
-from zoo.backbones.tokenizer import EOS
-from zoo.data.tasks import Example, Task
+from zoo.data.tasks import Example, PlainAnswerVerifier, Task
 
 
-class MultiWorldRecallTask(Task):
-    """``W<k>:<distractors> E<i>=`` -> ``V<pi_k(i)>``.
+class MultiWorldRecallTask(PlainAnswerVerifier, Task):
+    """``W<k>:<distractors> E<i>=`` -> ``V<pi_k(i)>`` (the completion is the answer: no reasoning block).
 
     Args:
         num_worlds: ``K`` (at most ``num_entities``).
@@ -101,6 +103,15 @@ class MultiWorldRecallTask(Task):
         """The prompt text of a query."""
         return f"W{world}:{distractors} E{entity:02d}="
 
+    def parse_prompt(self, prompt: str) -> tuple[int, int] | None:
+        """``(world, entity)`` of a prompt written by :meth:`prompt` (``None`` when ``prompt`` is not one; a late
+        conflicting mention does not change the world, which is the one named first)."""
+        match = re.fullmatch(r"W(\d+):.* E(\d+)=", prompt, flags=re.DOTALL)
+        if match is None:
+            return None
+        world, entity = int(match.group(1)), int(match.group(2))
+        return (world, entity) if world < self.num_worlds and entity < self.num_entities else None
+
     def sample(self, rng: random.Random) -> Example:
         if rng.random() < self.dominant_prob:
             world = self.dominant_world
@@ -124,11 +135,6 @@ class MultiWorldRecallTask(Task):
             "counterfactual_prompt": self.prompt((world + 1) % self.num_worlds, entity, distractors),
         }
         return Example(self.prompt(world, entity, distractors), answer, answer, meta)
-
-    def extract_answer(self, completion: str) -> str | None:
-        """The completion up to EOS, stripped (no reasoning block in this task)."""
-        answer = completion.split(EOS, 1)[0].strip()
-        return answer or None
 
     def attribute(self, entity: int, answer: str) -> int | None:
         """The world whose value of ``entity`` is ``answer`` (``None`` if no world's)."""

@@ -123,7 +123,8 @@ class GeneratedSource(RowSource):
 
 
 class TaskSource(GeneratedSource):
-    """Rows drawn from a synthetic task; validation/test prompts never appear in the training rows.
+    """Rows drawn from a synthetic task; validation/test prompts never appear in the training rows (unless the task
+    declares ``distinct_prompts = False``: a fixed prompt set with sampled completions, e.g. a model organism).
 
     Args:
         task: the synthetic task.
@@ -136,7 +137,7 @@ class TaskSource(GeneratedSource):
         self.task = task
 
     def generate(self, split: str, size: int) -> list[Row]:
-        exclude = self.held_out_prompts() if split == "train" else None
+        exclude = self.held_out_prompts() if split == "train" and self.task.distinct_prompts else None
         return [e.as_row() for e in self.task.examples(size, self.split_seed(split), exclude_prompts=exclude)]
 
     def describe(self) -> dict[str, Any]:

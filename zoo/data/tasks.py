@@ -96,10 +96,25 @@ class AnswerVerifier:
 EXACT_ANSWER = AnswerVerifier()
 
 
+class PlainAnswerVerifier(AnswerVerifier):
+    """The verifier of completions that are the answer itself (no reasoning block): the text up to ``<eos>``,
+    stripped (``None`` when empty). Tasks with such completions inherit it before :class:`Task`."""
+
+    def extract_answer(self, completion: str) -> str | None:
+        answer = completion.split(EOS, 1)[0].strip()
+        return answer or None
+
+
 class Task(AnswerVerifier, ABC):
-    """A synthetic task with an exact verifier (:meth:`verify`, inherited from :class:`AnswerVerifier`)."""
+    """A synthetic task with an exact verifier (:meth:`verify`, inherited from :class:`AnswerVerifier`).
+
+    ``distinct_prompts``: held-out splits hold prompts never trained on (the default). A task whose prompts are a
+    small fixed set by design (a model organism: the same prompts with sampled completions) sets it to ``False``;
+    its held-out splits are then fresh draws of the same prompts (:class:`~zoo.data.sources.TaskSource`).
+    """
 
     name: str = "task"
+    distinct_prompts: bool = True
 
     @abstractmethod
     def sample(self, rng: random.Random) -> Example:

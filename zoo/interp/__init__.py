@@ -20,9 +20,8 @@ from zoo.interp.hooks import (
     ResidualSteerer,
     activations_at,
     collect_activations,
-    encode_prompts,
 )
-from zoo.interp.probes import LinearProbe, auroc, cosine, diff_of_means
+from zoo.interp.probes import LinearProbe, auroc, cosine, diff_of_means, load_vector, save_vectors
 
 __all__ = [
     "ActivationCache",
@@ -38,8 +37,9 @@ __all__ = [
     "collect_activations",
     "cosine",
     "diff_of_means",
-    "encode_prompts",
+    "load_vector",
     "model_layout",
     "register_architecture",
+    "save_vectors",
     "supported_architectures",
 ]

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from zoo.data.encoding import encode_prompts
 from zoo.errors import ConfigError
 from zoo.interp.architectures import ModelLayout, model_layout
 
@@ -334,21 +335,6 @@ class HeadPatcher(ProjectionInputHook):
         return x
 
 
-def encode_prompts(
-    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], device: torch.device | str = "cpu"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokenize prompts as the zoo's decoders do (BOS first when the tokenizer has one) and left-pad them.
-
-    Returns ``(input_ids [B, P], attention_mask [B, P])``.
-    """
-    from zoo.data.encoding import encode_prompt, pad_sequences
-
-    encoded = [encode_prompt(tokenizer, p) for p in prompts]
-    ids = pad_sequences(encoded, tokenizer.pad_token_id, "left").to(device)
-    mask = pad_sequences([[1] * len(e) for e in encoded], 0, "left").to(device)
-    return ids, mask
-
-
 def forward_left_padded(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """One uncached forward of a left-padded batch (positions from the mask); returns logits ``[B, T, V]``."""
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -407,8 +393,9 @@ def collect_activations(
     position: int = -1,
     batch_size: int = 64,
 ) -> dict[int, torch.Tensor]:
-    """:func:`activations_at` of text prompts (tokenized with :func:`encode_prompts` and padded per batch of
-    ``batch_size``; default position: each prompt's last token)."""
+    """:func:`activations_at` of text prompts, tokenized as the datamodules do
+    (:func:`zoo.data.encoding.encode_prompts`) and left-padded per batch of ``batch_size``; default position: each
+    prompt's last token."""
     if not prompts:
         raise ConfigError("prompts is empty: give at least one prompt")
     if batch_size < 1:

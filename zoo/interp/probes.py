@@ -6,11 +6,17 @@
   random draws, so repeated fits give the same weights (unlike randomized PCA solvers, research notes
   inference.md 0.7).
 * :func:`auroc` (torchmetrics' binary AUROC) and :func:`cosine`.
+* :func:`save_vectors` / :func:`load_vector` -- directions on disk (safetensors), e.g. to steer with a direction a
+  run extracted: ``ResidualSteerer`` as a decoder hook, ``vector: {_target_: zoo.interp.load_vector, path: ...}``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+
 import torch
+from safetensors.torch import load_file, save_file
 from torchmetrics.functional.classification import binary_auroc
 
 from zoo.errors import ConfigError, DataError
@@ -113,7 +119,12 @@ class LinearProbe:
             raise DataError(f"x has {x.shape[0]} rows but y has {y.shape[0]} labels")
         if y.min() < 0 or y.max() >= self.num_classes:
             raise DataError(f"labels must lie in [0, {self.num_classes}), got range [{int(y.min())}, {int(y.max())}]")
-        x64 = x.detach().double().cpu()
+        # a fit works also when called under torch.inference_mode / no_grad (e.g. from an evaluation loop)
+        with torch.inference_mode(False), torch.enable_grad():
+            self._fit(x.detach().double().cpu().clone(), y.clone())
+        return self
+
+    def _fit(self, x64: torch.Tensor, y: torch.Tensor) -> None:
         if self.standardize:
             mean, std = x64.mean(0), x64.std(0, unbiased=False).clamp_min(1e-8)
         else:
@@ -137,12 +148,10 @@ class LinearProbe:
             loss.backward()
             return loss
 
-        with torch.enable_grad():
-            opt.step(closure)
+        opt.step(closure)
         weight = w.detach() / std
         self.weight = weight
         self.bias = b.detach() - weight @ mean
-        return self
 
     def _require_fit(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.weight is None or self.bias is None:
@@ -190,3 +199,31 @@ class LinearProbe:
         weight, _ = self._require_fit()
         normal = weight[1] - weight[0]
         return (normal / normal.norm().clamp_min(1e-12)).float()
+
+
+def save_vectors(path: str | Path, vectors: Mapping[str, torch.Tensor]) -> Path:
+    """Write named ``[d]`` vectors to a safetensors file (parent folders created); returns the path."""
+    if not vectors:
+        raise DataError("save_vectors: no vectors to write")
+    for name, vector in vectors.items():
+        if not isinstance(vector, torch.Tensor) or vector.dim() != 1:
+            raise DataError(f"save_vectors: '{name}' must be a 1-D tensor")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({name: v.detach().float().cpu().contiguous() for name, v in vectors.items()}, str(path))
+    return path
+
+
+def load_vector(path: str | Path, name: str | None = None) -> torch.Tensor:
+    """The vector ``name`` of a file written by :func:`save_vectors` (``None``: the file must hold exactly one)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DataError(f"{path}: no vector file (write one with zoo.interp.save_vectors)")
+    vectors = load_file(str(path))
+    if name is None:
+        if len(vectors) != 1:
+            raise DataError(f"{path} holds {len(vectors)} vectors {sorted(vectors)}; name the one to load")
+        return next(iter(vectors.values()))
+    if name not in vectors:
+        raise DataError(f"{path} has no vector '{name}'; it holds {sorted(vectors)}")
+    return vectors[name]

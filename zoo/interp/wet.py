@@ -28,6 +28,11 @@ Equation -> function:
 * rescaling ``o^{l,h} <- (1 + alpha g_t) o^{l,h}`` for tethering heads and, optionally,
   ``o^{l,h} <- (1 - beta g_t) o^{l,h}`` for the other heads -> :class:`WETController` (a
   :class:`~zoo.interp.hooks.HeadScaler` whose gate is read from the probe at the same step).
+* the rescaling at every decode step of a generating module -> :class:`WETHook` (a decoder hook,
+  ``module.decoder.hooks``; per-decode :class:`GateRecord`); the Lightning adapter is
+  :class:`zoo.callbacks.WETCallback`.
+* the probe and the ranking, fitted once per model -> :func:`fit_wet` -> :class:`WETArtifact` (``save``/``load``);
+  the random-head baseline -> :class:`RandomRanker`.
 
 Conventions fixed here [reconstruction]:
 
@@ -43,17 +48,22 @@ Conventions fixed here [reconstruction]:
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from zoo.data.encoding import encode_prompts
 from zoo.errors import ConfigError, DataError
 from zoo.interp.architectures import model_layout
 from zoo.interp.hooks import (
@@ -62,7 +72,6 @@ from zoo.interp.hooks import (
     HeadScaler,
     ModelHook,
     activations_at,
-    encode_prompts,
     forward_left_padded,
     hidden_of,
 )
@@ -209,10 +218,17 @@ def fit_world_probe(
 ) -> WorldEntropyProbe:
     """Fit a :class:`WorldEntropyProbe` on the residual after ``layer`` at ``position`` (default: the last prompt
     token [reconstruction])."""
+    acts = world_activations(model, batch, layer, position, batch_size)
+    return WorldEntropyProbe(layer, num_worlds, l2=l2).fit(acts, batch.worlds)
+
+
+def world_activations(
+    model: nn.Module, batch: WorldBatch, layer: int, position: int = -1, batch_size: int = 64
+) -> torch.Tensor:
+    """The residual after ``layer`` at ``position`` of every prompt of ``batch``: ``[N, d]`` (float32, CPU)."""
     model_layout(model).check_layer(layer, "probe layer")
     acts = activations_at(model, batch.input_ids, batch.attention_mask, [layer], "residual", position, batch_size)
-    acts = acts[layer]
-    return WorldEntropyProbe(layer, num_worlds, l2=l2).fit(acts, batch.worlds)
+    return acts[layer]
 
 
 # -- head rankers ---------------------------------------------------------------------------------------------------
@@ -237,7 +253,12 @@ def top_heads(scores: torch.Tensor, k: int, min_layer: int = 0) -> list[Head]:
 
 
 class HeadRanker(ABC):
-    """Scores every attention head for how strongly it carries the world: ``score(model, batch) -> [L, H]``."""
+    """Scores every attention head for how strongly it carries the world: ``score(model, batch) -> [L, H]``.
+
+    ``needs_counterfactuals``: the ranker reads ``WorldBatch.answer_ids`` and the counterfactual prompts.
+    """
+
+    needs_counterfactuals: bool = False
 
     @abstractmethod
     def score(self, model: nn.Module, batch: WorldBatch) -> torch.Tensor:
@@ -364,9 +385,12 @@ class ScoreMatchingRanker(HeadOutputRanker):
         x = z.detach().float().cpu().reshape(n, num_layers * num_heads, dim).transpose(0, 1).contiguous()  # [G, N, d]
         if self.standardize:
             x = (x - x.mean(1, keepdim=True)) / x.std(1, keepdim=True, unbiased=False).clamp_min(1e-6)
-        nets = ConditionalScoreNets(x.shape[0], dim, num_worlds, self.hidden, self.seed)
-        self._fit(nets, x, worlds)
-        return self._tethering(nets, x, num_worlds).reshape(num_layers, num_heads)
+        # the nets train also when called under torch.inference_mode (e.g. from an evaluation loop)
+        with torch.inference_mode(False):
+            x, worlds = x.clone(), worlds.clone()
+            nets = ConditionalScoreNets(x.shape[0], dim, num_worlds, self.hidden, self.seed)
+            self._fit(nets, x, worlds)
+            return self._tethering(nets, x, num_worlds).reshape(num_layers, num_heads)
 
     def _fit(self, nets: ConditionalScoreNets, x: torch.Tensor, worlds: torch.Tensor) -> None:
         gen = torch.Generator().manual_seed(self.seed + 1)
@@ -444,6 +468,8 @@ class PatchingEffectRanker(HeadRanker):
         batch_size: rows per forward.
     """
 
+    needs_counterfactuals = True
+
     def __init__(self, batch_size: int = 64) -> None:
         self.batch_size = batch_size
 
@@ -479,6 +505,21 @@ class PatchingEffectRanker(HeadRanker):
                 with HeadPatcher(model, {(layer, head): source[layer][:, head]}):
                     effects[layer, head] = (clean - answer_logprob()).sum()
         return effects
+
+
+class RandomRanker(HeadRanker):
+    """Seeded uniform random scores: the random-head baseline (rescaling heads that carry nothing in particular).
+
+    Args:
+        seed: the draw's seed (the same seed gives the same heads for every model of the same shape).
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+
+    def score(self, model: nn.Module, batch: WorldBatch) -> torch.Tensor:
+        layout = model_layout(model)
+        return torch.rand(layout.num_layers, layout.num_heads, generator=torch.Generator().manual_seed(self.seed))
 
 
 # -- the entropy-gated controller --------------------------------------------------------------------------------
@@ -563,3 +604,186 @@ class WETController(ModelHook):
         if self._current is None:
             raise RuntimeError("WETController: a gated head ran before the probe layer in this forward pass")
         return self._current
+
+
+# -- WET through the decoder seam -----------------------------------------------------------------------------------
+
+
+@dataclass
+class GateRecord:
+    """Entropies and gates of one decode (one :class:`WETController` context).
+
+    Attributes:
+        prompt_entropy: ``[B]`` ``H`` at the last prefilled position of each row (the position that predicts the
+            first generated token; never padding with left-padded prompts).
+        prompt_gate: ``[B]`` the gate ``g`` there.
+        step_gates: ``[n]`` the gates of every position of the later forward calls (the decode steps; rows that
+            already finished but are still fed padding are included).
+    """
+
+    prompt_entropy: torch.Tensor
+    prompt_gate: torch.Tensor
+    step_gates: torch.Tensor
+
+    @classmethod
+    def from_controller(cls, controller: WETController) -> GateRecord | None:
+        """The record of a controller's last context (``None`` when the model did not run inside it)."""
+        if not controller.entropies:
+            return None
+        steps = [g.flatten() for g in controller.gates[1:]]
+        return cls(
+            prompt_entropy=controller.entropies[0][:, -1].float(),
+            prompt_gate=controller.gates[0][:, -1].float(),
+            step_gates=torch.cat(steps).float() if steps else torch.zeros(0),
+        )
+
+
+class WETHook:
+    """WET as a decoder hook: ``hook(model)`` is a context manager running a :class:`WETController` on ``model``.
+
+    Append it to a generating module's ``decoder.hooks`` (:mod:`zoo.generation.decoders`) and the entropy-gated
+    rescaling acts at every step of every decode of that decoder (sample, step-wise, ...), the prefill included;
+    after each decode a :class:`GateRecord` is appended to :attr:`records` (read and cleared with :meth:`take`).
+
+    Args:
+        probe: a fitted :class:`WorldEntropyProbe`.
+        heads: tethering heads (all above ``probe.layer``).
+        alpha, eta, beta: as :class:`WETController`.
+    """
+
+    def __init__(
+        self, probe: WorldEntropyProbe, heads: Sequence[Head], alpha: float, eta: float, beta: float = 0.0
+    ) -> None:
+        check_gate_threshold(eta, probe.num_worlds)
+        if not probe.probe.fitted:
+            raise ConfigError("the world probe is not fitted: fit it (fit_world_probe) before building WETHook")
+        self.probe = probe
+        self.heads = [tuple(h) for h in heads]
+        self.alpha, self.eta, self.beta = float(alpha), float(eta), float(beta)
+        self.records: list[GateRecord] = []
+
+    def controller(self, model: nn.Module) -> WETController:
+        """A :class:`WETController` on ``model`` (every setting is checked against the model here)."""
+        return WETController(model, self.probe, self.heads, self.alpha, self.eta, self.beta, record=True)
+
+    @contextlib.contextmanager
+    def __call__(self, model: nn.Module) -> Iterator[WETController]:
+        controller = self.controller(model)
+        with controller:
+            yield controller
+        record = GateRecord.from_controller(controller)
+        if record is not None:
+            self.records.append(record)
+
+    def take(self) -> list[GateRecord]:
+        """The records of the decodes since the last call (cleared)."""
+        records, self.records = self.records, []
+        return records
+
+    def __repr__(self) -> str:
+        return (
+            f"WETHook(probe_layer={self.probe.layer}, heads={self.heads}, alpha={self.alpha}, eta={self.eta}, "
+            f"beta={self.beta})"
+        )
+
+
+# -- the fitted pieces, trained once per model ---------------------------------------------------------------------
+
+WET_TENSORS = "wet.safetensors"
+WET_META = "wet.json"
+
+
+@dataclass
+class WETArtifact:
+    """What WET fits once for a model: the world probe and the head ranking.
+
+    Written by :meth:`save` (``wet.safetensors`` + ``wet.json``) and read by :meth:`load`; ``save`` has the
+    ``build(directory)`` shape of an artifact builder, so ``lambda d: fit_wet(...).save(d)`` plugs into a cache.
+
+    Attributes:
+        probe: the fitted :class:`WorldEntropyProbe`.
+        head_scores: ``[L, H]`` ranker scores.
+        ranker: the ranker's class name.
+        metrics: fit diagnostics (in-sample probe accuracy, mean entropy, rows).
+    """
+
+    probe: WorldEntropyProbe
+    head_scores: torch.Tensor
+    ranker: str
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def heads(self, k: int) -> list[Head]:
+        """The ``k`` top-ranked heads above the probe layer (the tethering heads)."""
+        return top_heads(self.head_scores, k, min_layer=self.probe.layer + 1)
+
+    def save(self, directory: str | Path) -> dict[str, float]:
+        """Write the artifact into ``directory`` (created); returns :attr:`metrics`."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        weight, bias = self.probe.probe.weight, self.probe.probe.bias
+        if weight is None or bias is None:
+            raise ConfigError("WETArtifact.save: the probe is not fitted")
+        tensors = {"probe.weight": weight, "probe.bias": bias, "head_scores": self.head_scores.double()}
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(directory / WET_TENSORS))
+        meta = {"probe_layer": self.probe.layer, "num_worlds": self.probe.num_worlds, "ranker": self.ranker}
+        (directory / WET_META).write_text(json.dumps({**meta, "metrics": self.metrics}, indent=2))
+        return dict(self.metrics)
+
+    @staticmethod
+    def exists(directory: str | Path) -> bool:
+        """Whether ``directory`` holds a saved artifact."""
+        return (Path(directory) / WET_META).is_file() and (Path(directory) / WET_TENSORS).is_file()
+
+    @classmethod
+    def load(cls, directory: str | Path) -> WETArtifact:
+        """Read an artifact written by :meth:`save`."""
+        directory = Path(directory)
+        if not cls.exists(directory):
+            raise DataError(f"{directory}: no WET artifact ({WET_META} and {WET_TENSORS}); fit one with fit_wet")
+        meta = json.loads((directory / WET_META).read_text())
+        tensors = load_file(str(directory / WET_TENSORS))
+        probe = WorldEntropyProbe(
+            int(meta["probe_layer"]),
+            int(meta["num_worlds"]),
+            LinearProbe.from_weights(tensors["probe.weight"], tensors["probe.bias"]),
+        )
+        return cls(probe, tensors["head_scores"].float(), str(meta["ranker"]), dict(meta.get("metrics", {})))
+
+
+def fit_wet(
+    model: nn.Module,
+    batch: WorldBatch,
+    probe_layer: int,
+    num_worlds: int,
+    ranker: HeadRanker,
+    l2: float = 1e-3,
+    position: int = -1,
+    batch_size: int = 64,
+) -> WETArtifact:
+    """Fit the world probe at ``probe_layer`` and rank every head with ``ranker`` on labelled prompts.
+
+    Args:
+        model: the (frozen) causal LM.
+        batch: prompts with world labels (answers and counterfactuals too when ``ranker.needs_counterfactuals``).
+        probe_layer, num_worlds, l2, position: the probe (:func:`fit_world_probe`).
+        ranker: scores ``[L, H]``.
+        batch_size: rows per forward.
+    """
+    layout = model_layout(model)
+    present = int(batch.worlds.max()) + 1 if batch.worlds.numel() else 0
+    if present > num_worlds or int(batch.worlds.min()) < 0:
+        raise DataError(f"world labels span [0, {present}) but num_worlds={num_worlds}")
+    acts = world_activations(model, batch, probe_layer, position, batch_size)
+    probe = WorldEntropyProbe(probe_layer, num_worlds, l2=l2).fit(acts, batch.worlds)
+    scores = ranker.score(model, batch).float().cpu()
+    if tuple(scores.shape) != (layout.num_layers, layout.num_heads):
+        raise DataError(
+            f"{type(ranker).__name__} returned scores of shape {list(scores.shape)}; expected "
+            f"[{layout.num_layers}, {layout.num_heads}] (layers x heads)"
+        )
+    metrics = {
+        "probe_accuracy": probe.probe.accuracy(acts, batch.worlds),
+        "probe_entropy": float(probe.entropy(acts).mean()),
+        "rows": float(acts.shape[0]),
+    }
+    return WETArtifact(probe, scores, type(ranker).__name__, metrics)

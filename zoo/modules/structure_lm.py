@@ -50,7 +50,7 @@ from zoo.multimodal.structure_encoder import FeatureStandardizer, StructureEncod
 from zoo.protocols import GenerationOutput
 from zoo.quant.base import Quantizer
 
-STAGES = ("alignment", "llm_adaptation")
+STAGES = ("alignment", "llm_adaptation", "full_finetune")
 # metric-name-safe labels of the size bins
 SIZE_BIN_KEYS = {"<=25": "le25", "26-50": "26_50", "51-100": "51_100", "101-200": "101_200", ">200": "gt200"}
 ConnectorFactory = Callable[..., nn.Module]
@@ -67,7 +67,9 @@ class StructureLMModule(GeneratingModule):
             use), ``random`` (no pretraining; ablation), or a directory written by the pretraining method.
         encoder_pretrain: :class:`~zoo.modules.structure_encoder_pretrain.PretrainRecipe` fields.
         cache_dir: root of the encoder cache (``paths.cache_dir``).
-        stage: ``alignment`` or ``llm_adaptation``.
+        stage: ``alignment`` (LLM frozen), ``llm_adaptation`` (LoRA on the LLM) or ``full_finetune`` (every LLM
+            weight trains with the connector; not a stage of the paper: for a small random-init LLM, which LoRA on a
+            frozen random network cannot adapt).
         lora: LoRA settings for ``llm_adaptation`` (``r``, ``alpha``, ``dropout``, ``target_modules``; paper r=16,
             alpha=32).
         connector_init: a ``connector.safetensors`` (or a directory holding one, e.g. an alignment run's
@@ -206,9 +208,10 @@ class StructureLMModule(GeneratingModule):
         self.apply_stage()
 
     def apply_stage(self) -> None:
-        """Freeze encoder and LLM; ``llm_adaptation`` injects LoRA adapters (the only trainable LLM weights)."""
+        """Freeze encoder and LLM; ``llm_adaptation`` injects LoRA adapters (the only trainable LLM weights),
+        ``full_finetune`` trains the whole LLM."""
         self.structure_encoder.requires_grad_(False).eval()
-        self.model.requires_grad_(False)
+        self.model.requires_grad_(self.stage == "full_finetune")
         if self.stage == "llm_adaptation":
             self.model = inject_lora(self.model, self.lora, seed=self.recipe.seed)
         self.connector.requires_grad_(True)

@@ -1,0 +1,254 @@
+"""zoo.report's demo helpers: sweeps -> arms and seeds, statistics over seeds, curves, page generation."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from zoo.report import (
+    Sweep,
+    build_demo_page,
+    compare,
+    contrast,
+    curve,
+    fmt_stat,
+    latest_sweep,
+    main,
+    provenance,
+    stat,
+    t_critical,
+)
+
+
+def write_run(
+    root: Path,
+    subdir: str,
+    overrides: list[str],
+    rows: list[dict[str, float]] | None = None,
+    *,
+    num: int = 0,
+    info: dict | None = None,
+    files: dict[str, object] | None = None,
+) -> Path:
+    """A run directory as Hydra + train.py write it: overrides, hydra.yaml job number, CSV log, run_info.json."""
+    run = root / subdir
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": num}}}))
+    seed = next((int(o.split("=")[1]) for o in overrides if o.startswith("seed=")), 0)
+    (run / "resolved_config.yaml").write_text(yaml.safe_dump({"seed": seed, "demo": {"labels": {"a": "Arm A"}}}))
+    if rows:
+        (run / "csv").mkdir()
+        names = sorted({k for r in rows for k in r})
+        with (run / "csv" / "metrics.csv").open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=names)
+            writer.writeheader()
+            writer.writerows(rows)
+    if info is not None:
+        (run / "run_info.json").write_text(json.dumps(info))
+    for name, content in (files or {}).items():
+        (run / name).write_text(json.dumps(content))
+    return run
+
+
+def write_multirun(root: Path, params: dict[str, str], task: list[str]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "multirun.yaml").write_text(
+        yaml.safe_dump({"hydra": {"sweeper": {"params": params}, "overrides": {"task": task}}})
+    )
+
+
+def info(start: str, end: str, wall: float) -> dict:
+    return {
+        "argv": ["/repo/train.py", "-m", "+demo=toy", "seed=0,1"],
+        "started_at": start,
+        "finished_at": end,
+        "wall_seconds": wall,
+        "machine": {
+            "processor": "Toy CPU",
+            "cpu_count": 2,
+            "torch_threads": 1,
+            "omp_num_threads": "1",
+            "accelerator": None,
+            "load_average": 3.5,
+        },  # fmt: skip
+        "commit": "0123456789abcdef",
+        "dirty": False,
+        "versions": {"torch": "2.x", "transformers": "5.x"},
+    }
+
+
+# -- statistics -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("df", "expected"), [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423), (1e6, 1.9600)]
+)
+def test_t_critical_matches_the_students_t_table(df, expected):
+    assert t_critical(df) == pytest.approx(expected, abs=1e-3)
+
+
+def test_t_critical_other_levels_and_bad_input():
+    assert t_critical(5, 0.99) == pytest.approx(4.0321, abs=1e-3)
+    assert t_critical(5, 0.90) == pytest.approx(2.0150, abs=1e-3)
+    with pytest.raises(ValueError, match="df"):
+        t_critical(0)
+
+
+def test_stat_mean_sd_and_confidence_interval():
+    s = stat([1.0, 2.0, 3.0, float("nan"), None])
+    assert (s.mean, s.sd, s.n) == (2.0, 1.0, 3)
+    half = 4.3027 / math.sqrt(3)
+    assert s.lo == pytest.approx(2.0 - half, abs=1e-3)
+    assert s.hi == pytest.approx(2.0 + half, abs=1e-3)
+    assert fmt_stat(s, digits=2) == f"2.00 ± 1.00 [{2 - half:.2f}, {2 + half:.2f}]"
+    one = stat([0.5])
+    assert one.n == 1 and math.isnan(one.lo) and fmt_stat(one) == "0.500"
+    assert stat([]).n == 0 and fmt_stat(stat([])) == "n/a"
+
+
+def test_compare_is_welchs_interval():
+    a, b = [1.0, 2.0, 3.0], [10.0, 12.0, 14.0, 16.0]
+    d = compare(a, b)
+    va, vb = 1.0 / 3, (20.0 / 3) / 4  # sample variances / n
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
+    assert d.df == pytest.approx(df)
+    half = t_critical(df) * math.sqrt(va + vb)
+    assert (d.delta, d.lo, d.hi) == pytest.approx((-11.0, -11.0 - half, -11.0 + half))
+    assert d.shown
+    assert not compare([1.0, 2.0, 3.0], [1.5, 2.5, 2.0]).shown
+    assert not compare([1.0], [5.0, 6.0]).shown  # one value on a side: no interval
+
+
+def test_contrast_says_not_shown_within_noise():
+    resolved = contrast("SafeThink", [0.1, 0.12, 0.11], "base", [0.5, 0.45, 0.48], "ASR")
+    assert resolved.startswith("ASR is lower with SafeThink than with base (0.110 vs 0.477;")
+    noisy = contrast("GR3", [0.9, 0.8, 0.85], "additive", [0.86, 0.84, 0.88], "accuracy")
+    assert "not shown" in noisy and "contains 0" in noisy
+    assert "fewer than two seeds" in contrast("a", [1.0], "b", [2.0], "x")
+
+
+# -- sweeps -----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sweep_dir(tmp_path: Path) -> Path:
+    """Two arms x two seeds from hydra.sweeper.params, plus a command-line sweep axis (lr) with one value."""
+    root = tmp_path / "logs" / "demos" / "toy" / "2026-01-01_00-00-00"
+    write_multirun(root, {"demo/toy/arm": "a,b", "seed": "0,1"}, ["+demo=toy", "module.lr=0.1,0.2", "x=1"])
+    num = 0
+    for lr in ("0.1", "0.2"):
+        for arm in ("a", "b"):
+            for seed in (0, 1):
+                base = {"a": 1.0, "b": 2.0}[arm] + float(lr) + seed
+                write_run(
+                    root,
+                    f"{arm}/{lr}/seed{seed}",
+                    [f"demo/toy/arm={arm}", f"seed={seed}", "+demo=toy", f"module.lr={lr}", "x=1"],
+                    [{"step": 0, "m": base}, {"step": 5, "m": base + 1}, {"step": 9 + seed, "m": base + 2}],
+                    num=num,
+                    info=info(f"2026-01-01T00:0{num}:00+00:00", f"2026-01-01T00:0{num}:30+00:00", 30.0 + num),
+                    files={"records.json": {"arm": arm, "seed": seed}},
+                )
+                num += 1
+    return root
+
+
+def test_sweep_groups_runs_into_arms_and_seeds(sweep_dir):
+    sweep = Sweep.load(sweep_dir)
+    assert sweep.swept == ["demo/toy/arm", "module.lr"]
+    assert sweep.seeds == [0, 1]
+    arms = sweep.arms()
+    assert list(arms) == ["a/0.1", "b/0.1", "a/0.2", "b/0.2"]
+    runs = arms["b/0.2"]
+    assert [r.seed for r in runs] == [0, 1]
+    assert runs[0].label == "demo/toy/arm=b module.lr=0.2"
+    assert runs[0].choice("x") == "1"
+    assert runs[1].last("m") == pytest.approx(5.2)
+    assert runs[1].last("missing") != runs[1].last("missing")  # nan
+    assert runs[1].read_json("records.json") == {"arm": "b", "seed": 1}
+    assert runs[0].get("demo.labels.a") == "Arm A" and runs[0].get("demo.nope", 7) == 7
+    assert sweep.command == "python train.py -m +demo=toy seed=0,1"
+
+
+def test_sweep_without_multirun_yaml_uses_what_varies(tmp_path):
+    for i, (shaper, seed) in enumerate([("gr3", 0), ("none", 0), ("gr3", 1)]):
+        write_run(tmp_path, str(i), [f"module/shaper={shaper}", f"seed={seed}", "trainer.max_steps=5"], num=i)
+    sweep = Sweep.load(tmp_path)
+    assert sweep.swept == ["module/shaper"]
+    assert {k: [r.seed for r in v] for k, v in sweep.arms().items()} == {"gr3": [0, 1], "none": [0]}
+
+
+def test_sweep_errors_name_the_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no sweep directory"):
+        Sweep.load(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="no run directories"):
+        Sweep.load(tmp_path)
+
+
+def test_curve_averages_steps_every_run_logged(sweep_dir):
+    runs = Sweep.load(sweep_dir).arm("a/0.1")
+    c = curve(runs, "m")
+    assert c.steps == [0, 5] and c.n == 2  # step 9 / 10 are logged by one seed each
+    assert c.mean == pytest.approx([1.6, 2.6])
+    half = t_critical(1) * math.sqrt(0.5) / math.sqrt(2)
+    assert c.lo[0] == pytest.approx(1.6 - half) and c.hi[1] == pytest.approx(2.6 + half)
+    assert curve(runs, "missing").steps == []
+
+
+def test_provenance_reads_command_dates_machine_and_commit(sweep_dir):
+    text = provenance(Sweep.load(sweep_dir), "toy")
+    assert "`python train.py -m +demo=toy seed=0,1`" in text
+    assert "8 runs (4 arms × 2 seeds: 0, 1)" in text
+    assert "2026-01-01 00:00 to 2026-01-01 00:07" in text
+    assert "7.5 min wall" in text and "30-37 s each" in text
+    assert "Toy CPU, 2 cores, torch threads 1, OMP_NUM_THREADS=1, no accelerator" in text
+    assert "commit 0123456789" in text
+
+
+# -- pages ------------------------------------------------------------------------------------------------------
+
+BUILDER = """
+from zoo.report import Sweep, stat, table, fmt_stat, provenance, write_page
+
+def build(sweep: Sweep, out):
+    rows = [[name, fmt_stat(stat(r.last("m") for r in runs))] for name, runs in sweep.arms().items()]
+    return [write_page(out, "toy", [provenance(sweep, "toy"), "", table(["arm", "m"], rows)])]
+"""
+
+
+def test_demo_page_is_built_by_the_papers_builder_from_the_newest_sweep(sweep_dir, tmp_path, capsys):
+    demos = tmp_path / "demos"
+    demos.mkdir()
+    (demos / "toy.py").write_text(BUILDER)
+    older = sweep_dir.parent / "2025-12-31_00-00-00"
+    write_multirun(older, {"seed": "0"}, [])
+    write_run(older, "x", ["seed=0"], [{"step": 0, "m": 99.0}])
+    past = time.time() - 3600
+    os.utime(older / "multirun.yaml", (past, past))
+    assert latest_sweep("toy", tmp_path / "logs") == sweep_dir
+    paths = build_demo_page("toy", out=tmp_path / "out", demos_dir=demos, log_dir=tmp_path / "logs")
+    page = (tmp_path / "out" / "toy.md").read_text()
+    assert paths == [tmp_path / "out" / "toy.md"]
+    assert f"| a/0.1 | {fmt_stat(stat([3.1, 4.1]))} |" in page
+    assert "99" not in page
+    assert page.endswith("`python -m zoo.report demo toy`.\n")  # the footer of write_page
+    main(["demo", "toy", "--sweep", str(older), "--out", str(tmp_path / "old"), "--demos", str(demos)])
+    assert "| all | 99.000 |" in (tmp_path / "old" / "toy.md").read_text()
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_demo_page_errors_are_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="no sweep of the 'toy' demo"):
+        main(["demo", "toy", "--log-dir", str(tmp_path)])
+    (tmp_path / "demos").mkdir()
+    write_run(tmp_path / "s", "r", ["seed=0"])
+    with pytest.raises(SystemExit, match="no page builder"):
+        main(["demo", "toy", "--sweep", str(tmp_path / "s"), "--demos", str(tmp_path / "demos")])
