@@ -14,8 +14,8 @@ from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
 from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.progress import LogLineProgress, auto_progress
-from zoo.callbacks.run_guard import RunGuard
 from zoo.callbacks.quant_report import QuantizationReport
+from zoo.callbacks.run_guard import RunGuard
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
 from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
@@ -34,9 +34,9 @@ __all__ = [
     "LogLineProgress",
     "LogSamplerWeights",
     "NanoQuantExport",
-    "RunGuard",
     "QuantizationReport",
     "RotationInvariance",
+    "RunGuard",
     "SafeThinkMonitor",
     "StepStateProbe",
     "WatermarkCallback",
