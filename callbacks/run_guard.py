@@ -106,6 +106,20 @@ def next_logging_step(trainer: pl.Trainer) -> int:
     return step + 1 if progress.processed == progress.completed + 1 else step
 
 
+def continue_logging_steps(trainer: pl.Trainer, step: int) -> None:
+    """Make the first batch of a resumed fit log at ``step`` (recorded in the checkpoint by :func:`next_logging_step`).
+
+    Lightning adds one to the restored logging step when it resumes, because a checkpoint written at the end of a
+    training batch was written before that batch's step was counted; for a checkpoint written after the step was
+    counted (at the end of a fit that stopped at ``trainer.max_steps`` on an epoch's last batch) that skips one step
+    in the logs. Called at the first batch's start, before the learning-rate monitor logs (``run_guard`` comes first
+    in the callbacks).
+    """
+    loop = trainer.fit_loop.epoch_loop
+    if getattr(loop, "_batches_that_stepped", step) != step:
+        loop._batches_that_stepped = step
+
+
 class RunGuard(Callback):
     """Refuses non-finite checkpoints, stops at non-finite gradients, checkpoints on SIGINT/SIGTERM, and keeps
     resumed logs free of gaps and duplicates (see the module docstring).
@@ -124,6 +138,7 @@ class RunGuard(Callback):
         self.save_on_signal = bool(save_on_signal)
         self.received: int | None = None
         self.saved_step: int | None = None  # the global step of the latest checkpoint written in this fit
+        self.resume_logging_step: int | None = None  # the logging step a resumed fit continues at
         self._interrupted: RunInterrupted | None = None
         self._previous: dict[int, Any] = {}
 
@@ -187,6 +202,7 @@ class RunGuard(Callback):
         start_next_epoch_afresh(checkpoint)
         saved = checkpoint.get(LOG_ROWS_KEY) or {}
         rows, next_step = saved.get("rows") or {}, saved.get("next_step")
+        self.resume_logging_step = None if next_step is None else int(next_step)
         for logger in trainer.loggers:
             if hasattr(logger, "keep_rows") and logger_key(logger) in rows:
                 logger.keep_rows(int(rows[logger_key(logger)]), before_step=next_step)
@@ -243,6 +259,9 @@ class RunGuard(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if self.resume_logging_step is not None:
+            continue_logging_steps(trainer, self.resume_logging_step)
+            self.resume_logging_step = None
         # stop before the next step, once the interrupted step's metrics (and a validation due after it) are logged
         if self._interrupted is not None:
             interrupted, self._interrupted = self._interrupted, None
