@@ -37,6 +37,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from zoo.checkpoints import nonfinite_tensors, read_checkpoint
 from zoo.errors import CheckpointError, NaNLossError, RunInterrupted
+from zoo.loggers import CSVLogger
 
 log = logging.getLogger("zoo")
 
@@ -182,7 +183,7 @@ class RunGuard(Callback):
             )
         rows = {}
         for logger in trainer.loggers:
-            if hasattr(logger, "keep_rows"):
+            if isinstance(logger, CSVLogger):  # (not duck-typed: fast_dev_run's DummyLogger answers any name)
                 logger.save()  # the rows up to this checkpoint are on disk before it is
                 rows[logger_key(logger)] = int(logger.rows_logged)
         self.saved_step = trainer.global_step
@@ -204,7 +205,7 @@ class RunGuard(Callback):
         rows, next_step = saved.get("rows") or {}, saved.get("next_step")
         self.resume_logging_step = None if next_step is None else int(next_step)
         for logger in trainer.loggers:
-            if hasattr(logger, "keep_rows") and logger_key(logger) in rows:
+            if isinstance(logger, CSVLogger) and logger_key(logger) in rows:
                 logger.keep_rows(int(rows[logger_key(logger)]), before_step=next_step)
 
     # -- signals -------------------------------------------------------------------------------------------------
@@ -225,7 +226,7 @@ class RunGuard(Callback):
         every ``every_n_train_steps`` (or a resumed one, whose restored state counts as saved) would keep an older
         ``last.ckpt`` than its final weights."""
         callback, path = trainer.checkpoint_callback, last_checkpoint_path(trainer)
-        if path is None or not callback.save_last or self.saved_step == trainer.global_step:
+        if path is None or not callback.save_last or self.saved_step == trainer.global_step or trainer.fast_dev_run:
             return
         if not getattr(callback, "_last_checkpoint_saved", True):
             return  # ModelCheckpoint.on_train_end writes it (it runs after this callback)

@@ -178,6 +178,14 @@ def test_resuming_an_end_of_epoch_checkpoint_trains_the_next_epoch_and_keeps_the
     assert (run_dir / "resolved_config.1.yaml").is_file() and (run_dir / "resolved_config.yaml").is_file()
 
 
+def test_a_fast_dev_run_saves_its_checkpoint_without_log_rows(train_cfg, tmp_path):
+    """debug=fdr replaces the loggers by Lightning's DummyLogger, which answers any attribute: the run guard must not
+    take it for a resumable logger (README: ``python train.py debug=fdr``)."""
+    run(train_cfg(["debug=fdr"]))
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert saved["zoo_log_rows"]["rows"] == {}
+
+
 def test_resuming_past_the_end_of_the_saved_schedule_is_one_message(train_cfg):
     """The one-cycle schedule of a run stopped after 8 steps (one epoch of two) is planned for those 8 steps: a
     resumed run asked to train 16 cannot continue it."""
