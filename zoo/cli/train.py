@@ -289,10 +289,10 @@ def check_optimizer(cfg: DictConfig) -> None:
     try:
         factory = instantiate(node, _convert_="all")
         factory([torch.nn.Parameter(torch.zeros(1))])
-    except (ValueError, InstantiationException) as err:
+    except Exception as err:  # only a refused value is reported here; anything else is left to the run
         cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ is not None else err
         if not isinstance(cause, ValueError):
-            return  # not a value the optimizer refuses; left to the run
+            return
         values = {k: v for k, v in node.items() if k not in ("_target_", "_partial_")}
         raise ConfigError(f"module.optimizer ({node._target_}): {cause} (settings: {values})") from None
 
