@@ -12,6 +12,7 @@ from zoo.callbacks.eval_records import EvalRecords
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
+from zoo.callbacks.multiturn_eval import MultiTurnEvaluation
 from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.quant_report import QuantizationReport
@@ -19,6 +20,7 @@ from zoo.callbacks.run_guard import RunGuard
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
 from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
+from zoo.callbacks.training_clock import TrainingClock
 from zoo.callbacks.valr_probe import StepStateProbe
 from zoo.callbacks.watermark import WatermarkCallback
 from zoo.callbacks.wet import WETCallback
@@ -33,6 +35,7 @@ __all__ = [
     "LogGenerations",
     "LogLineProgress",
     "LogSamplerWeights",
+    "MultiTurnEvaluation",
     "NanoQuantExport",
     "QuantizationReport",
     "RotationInvariance",
@@ -41,5 +44,6 @@ __all__ = [
     "StepStateProbe",
     "WatermarkCallback",
     "WETCallback",
+    "TrainingClock",
     "auto_progress",
 ]

@@ -80,10 +80,21 @@ class SFTDataModule(RowDataModule):
             "columns": {k: v for k, v in row.items() if k not in (*self.encoded_fields, self.weight_column)},
         }
 
+    @staticmethod
+    def sequence(item: dict[str, Any]) -> tuple[list[int], list[int]]:
+        """The training sequence of an encoded item and its labels: prompt + completion with labels on the completion,
+        or the item's own ``input_ids`` and ``labels`` when it has them (a subclass that trains other tokens, e.g.
+        every assistant turn of a conversation)."""
+        if "labels" in item:
+            return item["input_ids"], item["labels"]
+        prompt, completion = item["prompt_ids"], item["completion_ids"]
+        return prompt + completion, [IGNORE_INDEX] * len(prompt) + completion
+
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         pad = self.tokenizer.pad_token_id
-        full = [it["prompt_ids"] + it["completion_ids"] for it in items]
-        labels = [[IGNORE_INDEX] * len(it["prompt_ids"]) + it["completion_ids"] for it in items]
+        sequences = [self.sequence(it) for it in items]
+        full = [ids for ids, _ in sequences]
+        labels = [lab for _, lab in sequences]
         input_ids = pad_sequences(full, pad, "right")
         attention_mask = pad_sequences([[1] * len(f) for f in full], 0, "right")
         return {

@@ -7,7 +7,10 @@ recipe, built through the artifact cache (:func:`zoo.cli.artifacts.train_artifac
 the task, the backbone (without ``init_from``, ``extra_tokens`` and ``lora``), the seed and the recipe, and not on any
 other option of the parent run.
 
-Recipe field -> option of the ``+method=sft`` build run: :data:`RECIPE_FIELDS`.
+Recipe field -> option of the ``+method=sft`` build run: :data:`RECIPE_FIELDS`. An optional ``datamodule`` field names
+the build run's datamodule option (default ``sft``: the task's prompt/completion rows), e.g. ``retry_feedback`` for a
+policy of multi-turn feedback episodes (DRIFT); the parent run's ``multiturn`` node (the episodes' environment, when
+it has one) is then passed to the build with the task.
 """
 
 from __future__ import annotations
@@ -43,9 +46,12 @@ def recipe_summary(recipe: Any) -> str:
 def base_policy_build(cfg: DictConfig) -> ArtifactBuild:
     """The ``+method=sft`` build run of the base policy that ``cfg`` (a run with ``init_from: base``) asks for."""
     recipe = OmegaConf.to_container(cfg.base_policy, resolve=True)
+    datamodule = recipe.pop("datamodule", None)
     unknown = sorted(set(recipe) - set(RECIPE_FIELDS))
     if unknown:
-        raise ConfigError(f"base_policy: unknown recipe fields {unknown}; known: {sorted(RECIPE_FIELDS)}")
+        raise ConfigError(
+            f"base_policy: unknown recipe fields {unknown}; known: {sorted(RECIPE_FIELDS)} and datamodule"
+        )
     backbone = OmegaConf.to_container(cfg.backbone, resolve=True)
     backbone.update(init_from=None, extra_tokens=[])
     if "lora" in backbone:  # the base policy is a full fine-tune, whatever adapters the parent run trains
@@ -56,9 +62,14 @@ def base_policy_build(cfg: DictConfig) -> ArtifactBuild:
         "backbone": backbone,
         **{RECIPE_FIELDS[field]: value for field, value in recipe.items()},
     }
+    overrides = ["+method=sft"]
+    if datamodule is not None:
+        overrides.append(f"datamodule={datamodule}")
+        if cfg.get("multiturn") is not None:
+            values["multiturn"] = OmegaConf.to_container(cfg.multiturn, resolve=True)
     return plan_artifact(
         "base_policy",
-        ["+method=sft"],
+        overrides,
         values,
         name=instantiate(cfg.task).name,
         cache_dir=cfg.paths.cache_dir,

@@ -56,6 +56,7 @@ from zoo.rl.advantages import AdvantageEstimator
 from zoo.rl.shapers import RewardShaper
 
 RewardFns = Mapping[str, Callable[..., Sequence[float]]] | Sequence[Callable[..., Sequence[float]]]
+RolloutSeam = Callable[[Any, dict[str, Any]], dict[str, Any]]
 
 #: Rollout entries with one row per completion (``[N, ...]`` tensors or lists), in group order.
 ROW_KEYS = ("prompt_mask", "prompts", "texts", "reward_components", "advantages", "correct")
@@ -145,6 +146,10 @@ class GRPOModule(GeneratingModule):
             decoder's sampling log-probs) instead of a second forward pass, when the decoder has no logits
             processors (whose log-probs are not the policy's) and the rows are the rollout's. Generation and
             training forwards agree to float rounding in float32; set ``False`` where they do not (e.g. bf16).
+        rollout: the rollout seam (``module/grpo/rollout``): ``None`` samples ``G`` single-turn completions per prompt
+            (:meth:`rollout`); a callable ``(module, batch) -> rollout dict`` replaces it, e.g. multi-turn feedback
+            episodes (:class:`~zoo.modules.multiturn.MultiTurnRollout`), and may give the token rows to train on as
+            ``rows``.
     """
 
     def __init__(
@@ -171,6 +176,7 @@ class GRPOModule(GeneratingModule):
         max_refill_rounds: int = 3,
         mask_truncated_completions: bool = False,
         reuse_rollout_logprobs: bool = True,
+        rollout: RolloutSeam | None = None,
     ) -> None:
         generation = {"do_sample": True, "temperature": 1.0, "max_new_tokens": 64, **(generation or {})}
         eval_generation = {
@@ -211,12 +217,18 @@ class GRPOModule(GeneratingModule):
         self.max_refill_rounds = int(max_refill_rounds)
         self.mask_truncated_completions = bool(mask_truncated_completions)
         self.reuse_rollout_logprobs = bool(reuse_rollout_logprobs)
+        self.rollout_seam = rollout
+        if self.dynamic_sampling and rollout is not None:
+            raise ConfigError(
+                "GRPOModule: dynamic_sampling refills single-turn rollouts only; use module/grpo/rollout=single_turn "
+                "or set module.dynamic_sampling=false"
+            )
         self.ref_model: torch.nn.Module | None = None
         self.last_rollout: dict[str, Any] = {}
         self._pending: list[dict[str, Any]] = []  # informative groups waiting for a full rollout step
         self._logits_to_keep: bool | None = None
         ignore = ["backbone", "quantizer", "optimizer", "scheduler", "rewards", "shaper", "advantage"]
-        self.save_hyperparameters(ignore=[*ignore, "policy_loss", "aggregation", "verifier", "decoder"])
+        self.save_hyperparameters(ignore=[*ignore, "policy_loss", "aggregation", "verifier", "decoder", "rollout"])
 
     # -- model ------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -231,6 +243,8 @@ class GRPOModule(GeneratingModule):
     # -- rollout ----------------------------------------------------------------------------------------------
     def rollout(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Sample ``G`` completions per prompt, score, shape and compute advantages (no gradient)."""
+        if self.rollout_seam is not None:
+            return self.rollout_seam(self, batch)
         g = self.group_size
         prompt_ids = batch["prompt_ids"].repeat_interleave(g, dim=0)
         prompt_mask = batch["prompt_attention_mask"].repeat_interleave(g, dim=0)
@@ -350,9 +364,10 @@ class GRPOModule(GeneratingModule):
 
     def update_policy(self, rollout: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One rollout step: ``num_iterations`` optimizer updates on the rollout, then one scheduler step."""
-        rows = self.sequences(rollout["result"], rollout["prompt_mask"])
+        own_rows = "rows" in rollout  # a rollout seam gave the token rows to train on (e.g. multi-turn episodes)
+        rows = rollout["rows"] if own_rows else self.sequences(rollout["result"], rollout["prompt_mask"])
         start = completion_start(rows[3])
-        old = self.rollout_logprobs(rollout, start) if self.num_iterations > 1 else None
+        old = self.rollout_logprobs(rollout, start) if self.num_iterations > 1 and not own_rows else None
         # With one update per rollout the old policy is the current one: its log-probs are the detached log-probs
         # of the loss forward (as TRL does), which saves a forward pass.
         recomputed, ref = self.reference_logprobs(rows, need_old=self.num_iterations > 1 and old is None)
