@@ -32,7 +32,7 @@ DOC_FILES = [
 ]
 # documented paths of a local model, replaced by a small model saved by save_pretrained
 MODEL_PLACEHOLDERS = re.compile(
-    r"(?<![\w/])(?:/models/[\w.-]+|/path/to/(?:llm|llama|local/causal-lm|export)|<(?:stage-1 )?run(?: dir)?>/export|"
+    r"(?<![\w/])(?:/models/[\w.-]+|/path/to/[\w./-]+|<(?:stage-1 )?run(?: dir)?>/export|"
     r"<run dir>|<export dir(?: of any model)?>|<save_pretrained dir>|<dir>)"
 )
 MODEL = "{model}"  # where a documented command names a local model (see MODEL_PLACEHOLDERS)
@@ -46,6 +46,7 @@ SKIPPED = {
     "backbone=hf_vlm": "needs a local LLaVA-style checkpoint",
     "callbacks.safethink.scorer=": "needs a trained safety classifier export",
     "module.reference=": "needs a trained reference policy export",
+    "+module.teacher.name_or_path=": "needs a local vision encoder (DINOv2)",
 }
 # cheap settings appended to every train.py command (a few steps; validation and tests limited)
 CHEAP = [

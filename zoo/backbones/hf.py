@@ -34,6 +34,11 @@ def in_hub_cache(repo_id: str, revision: str | None = None) -> bool:
     return isinstance(try_to_load_from_cache(repo_id, "config.json", revision=revision), str)
 
 
+def relative_to_cwd(path: Path) -> str:
+    """``' (relative paths start from <cwd>)'`` for a relative ``path``, else ``''`` (for messages)."""
+    return "" if path.is_absolute() else f" (relative paths start from {Path.cwd()})"
+
+
 class HFBackbone(Backbone):
     """A local directory or hub id; honours ``HF_HUB_OFFLINE``; ``trust_remote_code`` stays off unless asked.
 
@@ -79,8 +84,8 @@ class HFBackbone(Backbone):
             return str(path)
         if not looks_like_hub_id(name):
             raise CheckpointNotFoundError(
-                f"backbone.name_or_path={name}: no such directory {path.resolve()} (relative paths start from "
-                f"{Path.cwd()}); pass the directory of a model written by save_pretrained"
+                f"backbone.name_or_path={name}: no such directory {path.resolve()}{relative_to_cwd(path)}; pass the "
+                "directory of a model written by save_pretrained"
             )
         if hub_offline() and not in_hub_cache(name, self.revision):
             raise CheckpointNotFoundError(
