@@ -47,6 +47,8 @@ SKIPPED = {
     "callbacks.safethink.scorer=": "needs a trained safety classifier export",
     "module.reference=": "needs a trained reference policy export",
     "+module.teacher.name_or_path=": "needs a local vision encoder (DINOv2)",
+    "datamodule.source.path=rollouts.jsonl": "needs the rollouts of a +method=drift_rollouts run (drift.md)",
+    "module.output=/": "writes outside the working directory",
 }
 # cheap settings appended to every train.py command (a few steps; validation and tests limited)
 CHEAP = [
