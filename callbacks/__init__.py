@@ -21,6 +21,7 @@ from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
 from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
 from zoo.callbacks.training_clock import TrainingClock
+from zoo.callbacks.transition_tv import TransitionTV
 from zoo.callbacks.valr_probe import StepStateProbe
 from zoo.callbacks.watermark import WatermarkCallback
 from zoo.callbacks.wet import WETCallback
@@ -42,6 +43,7 @@ __all__ = [
     "RunGuard",
     "SafeThinkMonitor",
     "StepStateProbe",
+    "TransitionTV",
     "WatermarkCallback",
     "WETCallback",
     "TrainingClock",

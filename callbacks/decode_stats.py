@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
+from zoo.callbacks.evaluation import STAGES, EvaluationCallback
 from zoo.errors import ConfigError
 
-STAGES = ("validate", "test", "predict")
 # metric name -> (meta key, how a row's value becomes the metric)
 ROW_STATS: dict[str, tuple[str, Any]] = {
     "accuracy": ("correct", float),
@@ -47,7 +46,7 @@ def batch_stats(meta: dict[str, Any]) -> dict[str, tuple[float, int]]:
     return out
 
 
-class DecodeStats(Callback):
+class DecodeStats(EvaluationCallback):
     """Log decoding statistics of validation/test generations as ``{split}/decode/<name>`` (epoch means over
     problems) and write those of ``predict`` to ``decode_stats_predict.json`` in the run directory.
 
@@ -65,11 +64,7 @@ class DecodeStats(Callback):
     def __init__(
         self, stages: tuple[str, ...] | list[str] = STAGES, filename: str = "decode_stats_predict.json"
     ) -> None:
-        super().__init__()
-        unknown = [s for s in stages if s not in STAGES]
-        if unknown:
-            raise ConfigError(f"DecodeStats.stages: unknown {unknown}; choose among {STAGES}")
-        self.stages = tuple(stages)
+        super().__init__(stages)
         self.filename = filename
         self._predict: dict[str, list[float]] = {}
 
@@ -94,43 +89,17 @@ class DecodeStats(Callback):
                 f"{split}/decode/{name}", total / rows, batch_size=rows, on_step=False, on_epoch=True, sync_dist=True
             )
 
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if "validate" in self.stages and not trainer.sanity_checking:
-            self._log(pl_module, outputs, "val")
+    def eval_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "predict":
+            self._predict.clear()
 
-    def on_test_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+    def eval_batch(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
     ) -> None:
-        if "test" in self.stages:
-            self._log(pl_module, outputs, "test")
-
-    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._predict.clear()
-
-    def on_predict_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        meta = self._meta(pl_module, outputs) if "predict" in self.stages else None
+        if stage != "predict":
+            self._log(pl_module, outputs, "val" if stage == "validate" else stage)
+            return
+        meta = self._meta(pl_module, outputs)
         if meta is None:
             return
         for name, (total, rows) in batch_stats(meta).items():
@@ -142,9 +111,13 @@ class DecodeStats(Callback):
         """Means over the problems predicted so far."""
         return {f"predict/decode/{name}": total / rows for name, (total, rows) in self._predict.items() if rows}
 
+    def eval_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "predict":
+            self._write_predict(trainer)
+
     @rank_zero_only
-    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if "predict" not in self.stages or not self._predict:
+    def _write_predict(self, trainer: pl.Trainer) -> None:
+        if not self._predict:
             return
         stats = self.predict_stats()
         path = Path(trainer.default_root_dir) / self.filename

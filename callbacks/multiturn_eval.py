@@ -6,18 +6,18 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 
+from zoo.callbacks.evaluation import EvaluationCallback, require_generating_module
 from zoo.data.feedback import ChatPolicy, Episode, FeedbackEnvironment, run_episodes
 from zoo.errors import ConfigError
 from zoo.generation.sampling import SamplingParams
-from zoo.protocols import missing_generation_protocol
 from zoo.rl.multiturn import MultiTurnAccuracy
 
-SPLITS = {"val": "validation", "test": "test"}
+#: split name of the metrics -> evaluation stage
+SPLITS = {"val": "validate", "test": "test"}
 
 
-class MultiTurnEvaluation(Callback):
+class MultiTurnEvaluation(EvaluationCallback):
     """Plays the retry-with-feedback episodes of every validation/test prompt greedily (temperature 0, as DRIFT's
     released evaluation; or sampled) with the module's ``generate`` and logs
     :class:`~zoo.rl.multiturn.MultiTurnAccuracy`: ``{split}/{prefix}multi@k`` for ``k = 1..max_turns`` (solved within
@@ -51,10 +51,10 @@ class MultiTurnEvaluation(Callback):
         prefix: str = "",
         seed: int = 0,
     ) -> None:
-        super().__init__()
         unknown = sorted(set(splits) - set(SPLITS))
-        if unknown:
+        if unknown or not splits:
             raise ConfigError(f"callbacks.multiturn_eval.splits: unknown {unknown}; use {sorted(SPLITS)}")
+        super().__init__([SPLITS[split] for split in splits])
         if samples < 1 or (samples > 1 and not do_sample):
             raise ConfigError("callbacks.multiturn_eval.samples must be >= 1, and > 1 only with do_sample=true")
         self.environment = environment
@@ -67,13 +67,7 @@ class MultiTurnEvaluation(Callback):
         self._generator: torch.Generator | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        missing = missing_generation_protocol(pl_module)
-        if getattr(pl_module, "model", None) is None and hasattr(pl_module, "configure_model"):
-            missing = [m for m in missing if m != "model"]
-        if missing:
-            raise ConfigError(
-                f"MultiTurnEvaluation needs a generating module; {type(pl_module).__name__} lacks {missing}"
-            )
+        require_generating_module(pl_module, "MultiTurnEvaluation")
         for metric in self.metrics.values():
             metric.to(pl_module.device)
 
@@ -113,44 +107,18 @@ class MultiTurnEvaluation(Callback):
         """Every evaluation of a sampled instance draws the same noise (comparable across steps)."""
         self._generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
 
-    # -- hooks --------------------------------------------------------------------------------------------------------
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    # -- evaluation hooks -------------------------------------------------------------------------------------------
+    @staticmethod
+    def _split(stage: str) -> str:
+        return "val" if stage == "validate" else stage
+
+    def eval_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._seed(pl_module)
 
-    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._seed(pl_module)
-
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+    def eval_batch(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
     ) -> None:
-        if "val" in self.splits and not trainer.sanity_checking:
-            self.evaluate_batch(pl_module, batch, "val")
+        self.evaluate_batch(pl_module, batch, self._split(stage))
 
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if "val" in self.splits and not trainer.sanity_checking:
-            self.log_split(pl_module, "val")
-
-    def on_test_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if "test" in self.splits:
-            self.evaluate_batch(pl_module, batch, "test")
-
-    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if "test" in self.splits:
-            self.log_split(pl_module, "test")
-
-
-__all__ = ["MultiTurnEvaluation"]
+    def eval_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.log_split(pl_module, self._split(stage))

@@ -95,7 +95,7 @@ def test_batch_stats_and_bad_input():
         "tokens_per_problem": (28.0, 4),
         "decoded_tokens_per_problem": (28.0, 4),
     }
-    with pytest.raises(ConfigError, match="DecodeStats.stages"):
+    with pytest.raises(ConfigError, match="DecodeStats: stages"):
         DecodeStats(stages=["fit"])
     with pytest.raises(ConfigError, match=r"meta\['finished'\]"):
         DecodeStats._meta(torch.nn.Module(), {"texts": ["a"], "meta": {"prompts": ["p"]}})
