@@ -14,6 +14,7 @@ from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
 from zoo.callbacks.multiturn_eval import MultiTurnEvaluation
 from zoo.callbacks.nanoquant import NanoQuantExport
+from zoo.callbacks.offline_rows import OfflineRowWriter
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.quant_report import QuantizationReport
 from zoo.callbacks.run_guard import RunGuard
@@ -22,6 +23,7 @@ from zoo.callbacks.sampler_weights import LogSamplerWeights
 from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
 from zoo.callbacks.training_clock import TrainingClock
 from zoo.callbacks.transition_tv import TransitionTV
+from zoo.callbacks.undo_metrics import UndoMetrics
 from zoo.callbacks.valr_probe import StepStateProbe
 from zoo.callbacks.watermark import WatermarkCallback
 from zoo.callbacks.wet import WETCallback
@@ -38,14 +40,16 @@ __all__ = [
     "LogSamplerWeights",
     "MultiTurnEvaluation",
     "NanoQuantExport",
+    "OfflineRowWriter",
     "QuantizationReport",
     "RotationInvariance",
     "RunGuard",
     "SafeThinkMonitor",
     "StepStateProbe",
-    "TransitionTV",
-    "WatermarkCallback",
-    "WETCallback",
     "TrainingClock",
+    "TransitionTV",
+    "UndoMetrics",
+    "WETCallback",
+    "WatermarkCallback",
     "auto_progress",
 ]

@@ -78,7 +78,8 @@ class RowDataModule(pl.LightningDataModule, ABC):
     :class:`~zoo.data.samplers.ResumableSampler`), bound to the encoded training rows. The datamodule's
     ``state_dict`` records the position inside the epoch and the sampler's state (e.g. the domain weights in
     force), so that ``ckpt_path=last`` resumes mid-epoch on the exact next batch. A callback reaches the sampler
-    as ``trainer.datamodule.sampler``.
+    as ``trainer.datamodule.sampler``. ``predict_split`` names the split the predict stage reads (``test`` by
+    default; offline data stages read ``train``).
 
     Rows are limited to :attr:`token_limit` tokens: ``max_length``, or the backbone's context length when that is
     smaller (``train.py`` passes it with :meth:`set_context_length`). Subclasses call :meth:`check_length`; the rows
@@ -99,6 +100,7 @@ class RowDataModule(pl.LightningDataModule, ABC):
         seed: int = 0,
         shuffle: bool = True,
         sampler: TrainSampler | None = None,
+        predict_split: str = "test",
     ) -> None:
         super().__init__()
         for name, value in (
@@ -110,6 +112,9 @@ class RowDataModule(pl.LightningDataModule, ABC):
                 raise ConfigError(f"datamodule.{name} must be a positive whole number, got {value!r}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ConfigError(f"datamodule.num_workers must be a whole number >= 0, got {num_workers!r}")
+        if predict_split not in ("train", "val", "test"):
+            raise ConfigError(f"datamodule.predict_split must be train, val or test, got {predict_split!r}")
+        self.predict_split = predict_split
         self.tokenizer = tokenizer
         self.source = source
         self.batch_size = batch_size
@@ -248,8 +253,10 @@ class RowDataModule(pl.LightningDataModule, ABC):
             self.dataset("val")
         elif stage == "validate":
             self.dataset("val")
-        elif stage in ("test", "predict"):
+        elif stage == "test":
             self.dataset("test")
+        elif stage == "predict":
+            self.dataset(self.predict_split)
 
     def train_dataloader(self) -> DataLoader:
         data = self.dataset("train")
@@ -280,7 +287,7 @@ class RowDataModule(pl.LightningDataModule, ABC):
         return self._eval_loader("test")
 
     def predict_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")
+        return self._eval_loader(self.predict_split)
 
     # -- resume -------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -403,6 +403,9 @@ def test_method_dts_predicts_with_tree_statistics_per_problem(train_cfg, base_po
     assert stats["predict/decode/branch_events"] == pytest.approx(mean("branch_events"))
     assert stats["predict/decode/accuracy"] == pytest.approx(mean("correct"))
     assert all(r["decoded_tokens"] >= r["completion_tokens"] and r["max_active"] >= 1 for r in rows)
+    # H and V at every token of the returned completion
+    assert all(len(r["entropies"]) == len(r["varentropies"]) == r["completion_tokens"] for r in rows)
+    assert all(v >= 0 for r in rows for v in r["varentropies"])
     assert any(r["branch_events"] > 0 for r in rows), "the thresholds must let some trees branch"
 
 

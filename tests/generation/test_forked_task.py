@@ -36,6 +36,10 @@ def test_only_the_short_branch_is_correct_and_the_fork_is_the_first_reasoning_to
         assert len({ids[1] for ids in encoded.values()}) == 3  # the fork token
         assert [task.verify(task.branch_completion(word, b) + "<eos>", word) for b in BRANCHES] == [True, False, False]
         assert len(encoded["short"]) < len(encoded["wrong"]) < 48 < len(encoded["loop"])  # loop: no EOS in 48 tokens
+        for branch in BRANCHES:  # a generated completion (cut anywhere after the fork word) is read back
+            completion = task.branch_completion(word, branch)
+            assert task.branch_of(completion) == branch and task.branch_of(completion[:14]) == branch
+    assert ForkedTask.branch_of("<think>check abc</think>abc") is None and ForkedTask.branch_of("say abc") is None
 
 
 def test_held_out_splits_and_sft_rows_fit_the_default_max_length():

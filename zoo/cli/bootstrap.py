@@ -11,6 +11,10 @@ Recipe field -> option of the ``+method=sft`` build run: :data:`RECIPE_FIELDS`. 
 the build run's datamodule option (default ``sft``: the task's prompt/completion rows), e.g. ``retry_feedback`` for a
 policy of multi-turn feedback episodes (DRIFT); the parent run's ``multiturn`` node (the episodes' environment, when
 it has one) is then passed to the build with the task.
+
+``backbone.init_from`` may also be a node with a ``_target_`` (a function that returns the directory of a policy,
+typically built through the artifact cache, e.g. :func:`zoo.modules.nmars.undo_policy`): :func:`resolve_init_from`
+calls it with ``backbone=`` the rest of the backbone node (a plain dict) and puts the returned directory in its place.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from zoo.backbones.base import BASE_POLICY
 from zoo.cli.artifacts import ArtifactBuild, plan_artifact
 from zoo.errors import ConfigError
 
@@ -92,3 +97,24 @@ def ensure_base_policy(cfg: DictConfig) -> Path:
         f"{recipe_summary(cfg.base_policy)} (the run's trainer.max_steps does not apply to it; a quicker one: "
         f"{QUICK_RECIPE})"
     )
+
+
+def resolve_init_from(cfg: DictConfig) -> None:
+    """Replace ``backbone.init_from`` by a directory when it names a policy to build: ``base`` (the cached base SFT
+    policy, :func:`ensure_base_policy`) or a node with a ``_target_`` (called with ``backbone=`` the backbone node
+    without ``init_from``, as a plain dict; it returns the directory)."""
+    init_from = cfg.backbone.get("init_from")
+    if init_from == BASE_POLICY:
+        path = ensure_base_policy(cfg)
+    elif isinstance(init_from, DictConfig) and "_target_" in init_from:
+        backbone = OmegaConf.to_container(cfg.backbone, resolve=True)
+        backbone.pop("init_from")
+        path = instantiate(init_from, backbone=backbone)
+        if not isinstance(path, (str, Path)):
+            raise ConfigError(
+                f"backbone.init_from._target_={init_from._target_} returned {type(path).__name__}, not a directory"
+            )
+    else:
+        return
+    with open_dict(cfg):
+        cfg.backbone.init_from = str(path)

@@ -1,4 +1,5 @@
-"""Token-level encoding shared by the datamodules and the generation core: prompt ids and padding.
+"""Token-level encoding shared by the datamodules and the generation core: prompt ids, padding and the tokenizer
+fingerprint that pre-tokenized data carries.
 
 Plain Python + torch (no Lightning), so that :mod:`zoo.generation` can tokenize prompts exactly as the
 datamodules do without importing a Lightning layer. ``zoo.datamodules.base`` re-exports these functions.
@@ -6,6 +7,8 @@ datamodules do without importing a Lightning layer. ``zoo.datamodules.base`` re-
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Sequence
 
@@ -75,4 +78,14 @@ def encode_prompts(
     return ids.to(device), mask.to(device)
 
 
-__all__ = ["encode_prompt", "encode_prompts", "pad_sequences", "pad_token_id"]
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Short SHA-256 of the tokenizer's vocabulary (every ``token -> id`` pair, added tokens included).
+
+    Token ids written to disk (pre-tokenized rows, ``completion_ids``) carry it, so that data made with one
+    tokenizer is never read with another (ids would silently mean other tokens).
+    """
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+__all__ = ["encode_prompt", "encode_prompts", "pad_sequences", "pad_token_id", "tokenizer_fingerprint"]

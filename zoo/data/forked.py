@@ -23,10 +23,13 @@ from __future__ import annotations
 import math
 import random
 
+from zoo.backbones.tokenizer import THINK_OPEN
 from zoo.data.tasks import STEP_DELIMITER, Example, Task, format_reasoning
 from zoo.errors import ConfigError
 
 BRANCHES = ("short", "loop", "wrong")
+# first reasoning word of each branch (the fork token is its first letter)
+FIRST_WORDS = {"short": "say", "loop": "hmm", "wrong": "guess"}
 LOOP_ANSWER = "?"
 
 
@@ -84,16 +87,24 @@ class ForkedTask(Task):
     def branch_completion(self, word: str, branch: str) -> str:
         """The completion of ``word=`` along ``branch`` (``short``, ``loop`` or ``wrong``)."""
         if branch == "short":
-            return format_reasoning([f"say {word}"], word)
+            return format_reasoning([f"{FIRST_WORDS[branch]} {word}"], word)
         if branch == "loop":
-            return format_reasoning([f"hmm {word}"] * self.loop_lines, LOOP_ANSWER)
+            return format_reasoning([f"{FIRST_WORDS[branch]} {word}"] * self.loop_lines, LOOP_ANSWER)
         if branch == "wrong":
             wrong = self.wrong_answer(word)
-            lines = [f"guess {wrong}", *[f"check {wrong}"] * max(self.wrong_lines - 2, 0)]
+            lines = [f"{FIRST_WORDS[branch]} {wrong}", *[f"check {wrong}"] * max(self.wrong_lines - 2, 0)]
             if self.wrong_lines > 1:
                 lines.append(f"so {wrong}")
             return format_reasoning(lines, wrong)
         raise ValueError(f"branch must be one of {BRANCHES}, got {branch!r}")
+
+    @staticmethod
+    def branch_of(completion: str) -> str | None:
+        """Which branch a (generated) completion took, read from its first reasoning word (``say`` / ``hmm`` /
+        ``guess``); ``None`` when it starts otherwise."""
+        body = completion.split(THINK_OPEN, 1)[1] if completion.startswith(THINK_OPEN) else ""
+        word = body.split(" ", 1)[0]
+        return next((branch for branch, first in FIRST_WORDS.items() if first == word), None)
 
     def sample(self, rng: random.Random) -> Example:
         word = "".join(rng.choice(self.alphabet) for _ in range(rng.randint(self.min_length, self.max_length)))
@@ -103,4 +114,4 @@ class ForkedTask(Task):
         return Example(f"{word}=", completion, word, meta)
 
 
-__all__ = ["BRANCHES", "LOOP_ANSWER", "ForkedTask"]
+__all__ = ["BRANCHES", "FIRST_WORDS", "LOOP_ANSWER", "ForkedTask"]

@@ -1,6 +1,7 @@
 """Decoding: the decoder seam (:mod:`zoo.generation.decoders`), its primitives (:mod:`zoo.generation.sampling`), the
-step-wise decoder (:mod:`zoo.generation.stepwise`), answer voting and self-consistency (:mod:`zoo.generation.voting`)
-and DTS tree decoding (:mod:`zoo.generation.dts`). A core: no Lightning, no datamodule import."""
+step-wise decoder (:mod:`zoo.generation.stepwise`), answer voting and self-consistency (:mod:`zoo.generation.voting`),
+DTS tree decoding (:mod:`zoo.generation.dts`) and N-MARS's undo-aware decoding with its cores
+(:mod:`zoo.generation.undo`). A core: no Lightning, no datamodule import."""
 
 from zoo.generation.decoders import (
     Decoder,
@@ -30,6 +31,12 @@ from zoo.generation.stepwise import (
     StepwiseResult,
     stepwise_generate,
 )
+from zoo.generation.undo import (
+    UndoDecoder,
+    UndoResult,
+    augment_with_undo,
+    resolve_undo,
+)
 from zoo.generation.voting import SelfConsistencyDecoder, VotedResult, majority_vote
 
 __all__ = [
@@ -53,12 +60,16 @@ __all__ = [
     "StepHook",
     "StepwiseDecoder",
     "StepwiseResult",
+    "UndoDecoder",
+    "UndoResult",
+    "augment_with_undo",
     "VotedResult",
     "decode_completion",
     "entropy_varentropy",
     "generate",
     "generate_text",
     "majority_vote",
+    "resolve_undo",
     "sample_next",
     "stepwise_generate",
 ]

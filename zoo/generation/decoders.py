@@ -163,7 +163,15 @@ class Decoder(ABC):
     Args:
         processors: logits processors ``(input_ids [B, t], scores [B, V]) -> scores``, applied in order.
         hooks: forward hooks ``model -> context manager``, entered in order around each decode.
+
+    Attributes:
+        consistent_with_forward: whether one forward pass over prompt + ``completion_ids`` of the result shows every
+            completion token the context it was sampled in (True for the loops here). Trainers that score
+            completions with such a pass (GRPO) refuse a decoder that says False (e.g. undo decoding with KV-cache
+            cropping, where retracted tokens left the context).
     """
+
+    consistent_with_forward: bool = True
 
     def __init__(self, processors: Iterable[LogitsProcessor] = (), hooks: Iterable[ForwardHook] = ()) -> None:
         self.processors: list[LogitsProcessor] = list(processors)

@@ -186,6 +186,8 @@ class DTSResult(VotedResult):
             "max_active": [max(c, default=0) for c in self.active_counts],
             "mean_active": [sum(c) / len(c) if c else 0.0 for c in self.active_counts],
             "num_finished": [len(lengths) for lengths in self.finished_lengths],
+            "entropies": self.entropies,
+            "varentropies": self.varentropies,
         }
 
 

@@ -150,6 +150,20 @@ def cache_kwarg_name(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def crop_cache(cache: object, num_tokens: int) -> bool:
+    """Remove the last ``num_tokens`` positions of a transformers ``Cache`` with its public ``crop`` (both call
+    conventions: ``crop(-n)`` in recent transformers 5 releases, ``crop(max_length)`` before); False when the cache
+    has no ``crop`` or says it is not croppable."""
+    crop = getattr(cache, "crop", None)
+    if crop is None or getattr(cache, "is_croppable", True) is False:
+        return False
+    if "tokens_to_remove" in inspect.signature(crop).parameters:
+        crop(-num_tokens)
+    else:
+        crop(cache.get_seq_length() - num_tokens)
+    return True
+
+
 def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether ``model.forward`` (of the base model under a PEFT wrapper) takes ``logits_to_keep``."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -240,6 +254,17 @@ class IncrementalDecoder:
         if self.hidden_states is not None:
             self.hidden_states = tuple(h[indices] for h in self.hidden_states)
         return True
+
+    def drop_masked_tail(self) -> int:
+        """Remove the trailing positions that are masked out in every row (e.g. tokens a decoder retracted) from the
+        attention mask and, with the cache's public ``crop``, from the KV cache; returns how many were removed (0
+        when none, or when the cache cannot be cropped). Outputs are unchanged: those positions were invisible."""
+        masked = (self.attention_mask == 0).all(0).flip(0).long()
+        count = int(masked.cumprod(0).sum())
+        if count == 0 or count >= self.attention_mask.shape[1] or not crop_cache(self.cache, count):
+            return 0
+        self.attention_mask = self.attention_mask[:, :-count]
+        return count
 
     @property
     def reorderable(self) -> bool:

@@ -133,7 +133,8 @@ class GRPOModule(GeneratingModule):
         eval_generation: validation decoding (greedy by default, with the rollout ``max_new_tokens``).
         verifier: ``(completion, answer) -> bool`` for the true accuracy tracked beside the reward (the task's,
             ``verifier: ${task}``).
-        decoder: the decoder of rollouts and evaluation (``module/decoder``; default plain sampling).
+        decoder: the decoder of rollouts and evaluation (``module/decoder``; default plain sampling). It must show
+            every completion token its sampling context in one forward pass (``consistent_with_forward``).
         dynamic_sampling: DAPO dynamic sampling -- drop groups whose shaped rewards are all equal and refill the
             rollout step with the informative groups of the next batches until it holds as many groups as a
             batch has prompts (extra groups are dropped). [assumed] verl filters on a configured metric (accuracy
@@ -150,6 +151,11 @@ class GRPOModule(GeneratingModule):
             (:meth:`rollout`); a callable ``(module, batch) -> rollout dict`` replaces it, e.g. multi-turn feedback
             episodes (:class:`~zoo.modules.multiturn.MultiTurnRollout`), and may give the token rows to train on as
             ``rows``.
+
+    Reward functions receive ``prompts``, ``completions`` (the result's texts), ``completion_ids`` (each rollout's
+    generated token ids, as TRL passes them), the dataset columns and ``step``. A reward function with a
+    ``bind_tokenizer(tokenizer)`` method gets the policy's tokenizer when the module is built (TRL's
+    ``reward_processing_classes`` in spirit; e.g. :class:`zoo.rl.nmars.NMarsReward`).
     """
 
     def __init__(
@@ -201,6 +207,15 @@ class GRPOModule(GeneratingModule):
             )
         if num_iterations < 1 or micro_batch_size < 1:
             raise ConfigError("module.num_iterations and module.micro_batch_size must be >= 1")
+        if not self.decoder.consistent_with_forward:
+            raise ConfigError(
+                f"module.decoder {self.decoder!r} samples tokens in contexts a forward pass over the completion "
+                "does not show (e.g. undo decoding with mode=crop), so GRPO cannot score its rollouts; use a decoder "
+                "that keeps them (module.decoder.mode=keep)"
+            )
+        for fn in rewards.values() if isinstance(rewards, Mapping) else rewards:
+            if callable(getattr(fn, "bind_tokenizer", None)):
+                fn.bind_tokenizer(self.tokenizer)
         if max_refill_rounds < 0:
             raise ConfigError(f"module.max_refill_rounds must be >= 0, got {max_refill_rounds}")
         self.rewards = rewards
@@ -254,6 +269,9 @@ class GRPOModule(GeneratingModule):
         prompts = repeat_rows(batch["prompts"], g)
         columns = {k: repeat_rows(v, g) for k, v in batch.get("columns", {}).items()}
         columns["step"] = [self.global_step] * len(prompts)
+        columns["completion_ids"] = [
+            row[: int(n)] for row, n in zip(result.completion_ids.tolist(), result.completion_mask.sum(-1).tolist())
+        ]
         matrix = reward_matrix(self.rewards, prompts, result.texts, columns)
         weights = self._reward_weights(matrix.shape[1]).to(matrix)
         rewards = (matrix @ weights).to(self.device)
