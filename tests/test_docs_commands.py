@@ -123,7 +123,7 @@ def documented_commands(path: Path) -> list[Command]:
 
 def skip_reason(command: Command) -> str | None:
     text = command.text
-    if "..." in text or "[--" in text or re.search(r"<(?:paper|date|run|m)>", text):
+    if "..." in text or "[--" in text or re.search(r"<(?:paper|date|run|m)>|<[^<>]* [^<>]*>", text):
         return "a template with placeholders, not a runnable command"
     for option, reason in SKIPPED.items():
         if any(a.startswith(option) for a in command.argv):
