@@ -136,8 +136,9 @@ def main() -> None:
         "",
         *table(multi, "launcher"),
         "",
-        "Episodes/s of the basic multirun over the single process (random agent; the gap is the app's start-up "
-        "and one Trainer per job, so put many episodes in a job): "
+        "Episodes/s of the basic multirun over the single process (random agent; the multirun also pays Python, "
+        "Hydra and Lightning start-up "
+        "and a Trainer per job, so put many episodes in a job): "
         + ", ".join(
             f"{env.split('/')[-1]} {ratio(multi[(env, 'basic')], single[(env, 'random')]):.2f}x" for env in ENVS
         )

@@ -2,8 +2,9 @@
 
     python benchmarks/watermark.py [--policy <export dir>] [--rows 16] [--sentences 5] [--repeats 3] [--threads 1]
 
-Generation: the tiny LM trained on multi-topic text (``+method=sft task=topic_text``, built once through the
-artifact cache, or ``--policy``) writes ``--sentences`` sentences after each of ``--rows`` prompts, in one batch:
+Generation: the tiny LM trained on multi-topic text (``+method=sft task=topic_text``, the X-Guard demo's recipe,
+built once through the artifact cache, or ``--policy``) writes ``--sentences`` sentences after each of ``--rows``
+prompts, in one batch:
 
 * ``sentences`` -- :class:`~zoo.watermark.SemanticWatermarkDecoder` with ``max_trials = 1``: the same sentence loop
   without rejection (the unwatermarked baseline of the watermark);
@@ -36,12 +37,22 @@ METHODS = {"semstamp": ("lsh", 0.01), "ksemstamp": ("kmeans", 0.01), "xguard": (
 SENTENCE_TOKENS = 110
 
 
+# the generator's recipe of the X-Guard demo (conf/demo/xguard.yaml, backbone.init_from): the same cached model
+TOPIC_LM = [
+    "+method=sft",
+    "task=topic_text",
+    "datamodule.max_length=208",
+    "module.generate_on_eval=false",
+    "datamodule.source.num_train=6400",
+    "trainer.max_epochs=1",
+]
+
+
 def topic_lm() -> str:
     """The export of the tiny LM trained on ``task=topic_text`` (the artifact cache builds it on first use)."""
     from zoo.cli.artifacts import train_artifact
 
-    overrides = ["+method=sft", "task=topic_text", "datamodule.max_length=208", "module.generate_on_eval=false"]
-    return str(train_artifact("topic_lm", overrides, name="topic_text", reason="the watermark benchmark"))
+    return str(train_artifact("topic_lm", TOPIC_LM, name="topic_text", reason="the watermark benchmark"))
 
 
 def timed(fn: Callable[[], float]) -> tuple[float, float]:

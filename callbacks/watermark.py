@@ -22,10 +22,13 @@ the loggers after predict), under ``<log_prefix>/``:
 * ``mean_trials`` -- candidates drawn per accepted sentence;
 * ``sentences`` -- sentences per watermarked text;
 * ``sampled_per_kept_token`` -- tokens sampled over all candidates per token kept (the rejection overhead);
+* ``nll`` -- text quality: the mean negative log-probability of the kept tokens under the model's sampling
+  distribution (``softmax(logits / temperature)``; lower = more typical text for the model);
 * ``z`` / ``detection_rate`` -- mean z over texts with a defined z, and the fraction of texts detected
   (``z > threshold``; a text with fewer than two sentences is never detected);
 * ``undefined_rate`` -- texts whose z is undefined (fewer than two sentences);
-* ``plain_z`` / ``plain_detection_rate`` -- the same on the unwatermarked texts;
+* ``plain_z`` / ``plain_detection_rate`` / ``plain_nll`` -- the same on the unwatermarked texts (``nll -
+  plain_nll`` is the quality cost of the watermark);
 * ``<attack>/z`` / ``<attack>/detection_rate`` -- the watermarked texts after each attack.
 
 With ``human`` (unwatermarked reference texts, :func:`zoo.watermark.evaluation.human_texts`) also:
@@ -88,11 +91,14 @@ _BASE_COUNTERS = (
     "passed",
     "trials",
     "kept_tokens",
+    "kept_nll",
     "sampled_tokens",
     "z_sum",
     "z_defined",
     "detected",
     "plain_texts",
+    "plain_kept_tokens",
+    "plain_kept_nll",
     "plain_z_sum",
     "plain_z_defined",
     "plain_detected",
@@ -267,7 +273,8 @@ class WatermarkCallback(StageCallback):
             num_regions = scheme.partitioner.num_regions
             p = green_probability_per_key(transition_counts(regions, num_regions), range(self.keys), scheme.gamma)
             fpr = torch.tensor(
-                [false_positive_rate(float(x), self.human_sentences - 1, scheme.gamma, self.threshold) for x in p]
+                [false_positive_rate(float(x), self.human_sentences - 1, scheme.gamma, self.threshold) for x in p],
+                dtype=torch.float64,
             )
             self._calibration = {
                 "occupancy_entropy": occupancy_entropy(torch.tensor([r for rs in regions for r in rs]), num_regions),
@@ -313,6 +320,7 @@ class WatermarkCallback(StageCallback):
             pl_module.configure_model()
         result = self._generate(pl_module, prompts, self.seed + batch_idx)
         c = self.counts
+        c["kept_nll"] += _kept_nll(result)
         for text, kept in zip(result.watermarked, result.completion_mask.sum(-1).tolist()):
             c["texts"] += 1
             c["sentences"] += len(text.samples)
@@ -326,8 +334,11 @@ class WatermarkCallback(StageCallback):
         plain_texts: list[str] = []
         plain_z: list[float | None] = []
         if self.plain_baseline:
-            plain_texts = self._generate(pl_module, prompts, self.seed + 1_000_003 + batch_idx, plain=True).texts
+            plain = self._generate(pl_module, prompts, self.seed + 1_000_003 + batch_idx, plain=True)
+            plain_texts = plain.texts
             c["plain_texts"] += len(plain_texts)
+            c["plain_kept_tokens"] += float(plain.completion_mask.sum())
+            c["plain_kept_nll"] += _kept_nll(plain)
             plain_z = self._detect(plain_texts, "plain_")
         if stage == "predict" and isinstance(outputs, dict):
             self._annotate(outputs, result, z, plain_texts, plain_z)
@@ -367,6 +378,8 @@ class WatermarkCallback(StageCallback):
             "mean_trials": ("trials", "sentences"),
             "sentences": ("sentences", "texts"),
             "sampled_per_kept_token": ("sampled_tokens", "kept_tokens"),
+            "nll": ("kept_nll", "kept_tokens"),
+            "plain_nll": ("plain_kept_nll", "plain_kept_tokens"),
             "z": ("z_sum", "z_defined"),
             "detection_rate": ("detected", "texts"),
             "plain_z": ("plain_z_sum", "plain_z_defined"),
@@ -402,6 +415,11 @@ class WatermarkCallback(StageCallback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.last_metrics = {k: float(v) for k, v in state_dict.get("last_metrics", {}).items()}
+
+
+def _kept_nll(result: WatermarkGenerationResult) -> float:
+    """Summed negative log-probability of the kept (completion) tokens of a generation."""
+    return -float((result.logprobs * result.completion_mask).sum())
 
 
 def _prompts(outputs: Any, batch: Any) -> list[str]:

@@ -21,14 +21,23 @@ Logged at the end of each validation/test epoch (``predict``: written to the log
   position for predicting a misattribution, when both outcomes occur);
 * ``fit/probe_accuracy``, ``fit/probe_entropy`` -- in-sample diagnostics of the probe in use.
 
+With ``records_file`` it also writes one JSON line per scored row at the end of each epoch (``stage``, ``step``,
+``prompt``, ``world``, ``entity``, ``distance``, ``conflict_world``, ``completion``, ``answer``, ``correct``,
+``misattributed``, ``attributed_world``, ``entropy``, ``gate``): breakdowns by distractor distance or by a late
+conflicting mention, and the entropy AUROC on any subset, come from it. With ``fit_file`` it writes the fit in use
+(tethering heads, every head's score, the ranker, the probe's diagnostics, ``alpha``/``eta``/``beta``) as JSON when
+a stage starts.
+
 Under DDP the counters are summed over ranks; ``entropy_auroc`` uses the rows of each rank separately (rank 0's
 value is logged).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -38,6 +47,7 @@ from zoo.artifacts import ensure, model_fingerprint
 from zoo.callbacks.evaluation import (
     STAGES,
     StageCallback,
+    append_jsonl,
     log_stage_metrics,
     ratios,
     require_generating_module,
@@ -102,6 +112,10 @@ class WETCallback(StageCallback):
         stages: among ``validate`` (also validation during fit), ``test``, ``predict``.
         batch_size: rows per forward when fitting.
         log_prefix: metric name prefix.
+        records_file: write one JSON line per scored row (needs ``task``) to this file at the end of each epoch
+            (appended; ``<stem>.rank<r><suffix>`` on rank ``r > 0``); ``None``: no records.
+        fit_file: write the fit in use (heads, head scores, ranker, probe diagnostics, gate settings) to this JSON
+            file when a stage starts; ``None``: not written.
     """
 
     def __init__(
@@ -124,6 +138,8 @@ class WETCallback(StageCallback):
         stages: Sequence[str] = STAGES,
         batch_size: int = 64,
         log_prefix: str = "wet",
+        records_file: str | None = None,
+        fit_file: str | None = None,
     ) -> None:
         super().__init__()
         if isinstance(probe_layer, bool) or not isinstance(probe_layer, int) or probe_layer < 0:
@@ -168,6 +184,9 @@ class WETCallback(StageCallback):
         self.stages = tuple(stages)
         self.batch_size = batch_size
         self.log_prefix = log_prefix
+        self.records_file = Path(records_file) if records_file else None
+        self.fit_file = Path(fit_file) if fit_file else None
+        self._records: list[dict[str, Any]] = []
         self.artifact: WETArtifact | None = None
         self.hook: WETHook | None = None
         self.fingerprint: str | None = None  # of the weights the artifact in use was fitted on
@@ -283,6 +302,25 @@ class WETCallback(StageCallback):
         hook.controller(pl_module.model)  # every setting checked against the model before any decode
         self.hook = hook
         pl_module.decoder.hooks.append(hook)
+        self._write_fit(trainer, stage)
+
+    def _write_fit(self, trainer: pl.Trainer, stage: str) -> None:
+        if self.fit_file is None or not trainer.is_global_zero or self.artifact is None:
+            return
+        record = {
+            "stage": stage,
+            "step": trainer.global_step,
+            "heads": [list(h) for h in self.heads],
+            "head_scores": self.artifact.head_scores.tolist(),
+            "ranker": self.artifact.ranker,
+            "probe_layer": self.probe_layer,
+            "fit_metrics": dict(self.artifact.metrics),
+            "alpha": self.alpha,
+            "eta": self.eta,
+            "beta": self.beta,
+        }
+        self.fit_file.parent.mkdir(parents=True, exist_ok=True)
+        self.fit_file.write_text(json.dumps(record, indent=2))
 
     def _detach(self, pl_module: Any) -> None:
         hooks = getattr(getattr(pl_module, "decoder", None), "hooks", None)
@@ -306,6 +344,7 @@ class WETCallback(StageCallback):
     def _reset(self) -> None:
         self._epoch = dict.fromkeys(_COUNTERS, 0.0)
         self._entropies, self._misattributed = [], []
+        self._records = []
 
     def stage_batch_end(
         self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
@@ -327,19 +366,19 @@ class WETCallback(StageCallback):
         c["step_gate_sum"] += float(steps.sum())
         c["step_gate_open"] += float((steps > 0).sum())
         if self.task is not None:
-            self._score_answers(outputs, entropy)
+            self._score_answers(outputs, entropy, gate)
 
-    def _score_answers(self, outputs: Any, entropy: torch.Tensor) -> None:
+    def _score_answers(self, outputs: Any, entropy: torch.Tensor, gate: torch.Tensor) -> None:
         meta = outputs.get("meta", {}) if isinstance(outputs, dict) else {}
         prompts, texts = meta.get("prompts"), outputs.get("texts") if isinstance(outputs, dict) else None
         if prompts is None or texts is None or len(prompts) != len(texts):
             return
         per_row = len(prompts) == entropy.numel()
         for i, (prompt, text) in enumerate(zip(prompts, texts)):
-            parsed = self.task.parse_prompt(prompt)
-            if parsed is None:
+            described = self.task.describe_prompt(prompt)
+            if described is None:
                 continue
-            world, entity = parsed
+            world, entity = described["world"], described["entity"]
             answer = self.task.extract_answer(text) or ""
             correct = answer == self.task.value_text(self.task.value(world, entity))
             wrong_world = self.task.misattributed(world, entity, answer)
@@ -349,6 +388,21 @@ class WETCallback(StageCallback):
             if per_row:
                 self._entropies.append(float(entropy[i]))
                 self._misattributed.append(wrong_world)
+            if self.records_file is not None and per_row:
+                attributed = self.task.attribute(entity, answer) if answer else None
+                self._records.append(
+                    {
+                        "prompt": prompt,
+                        **described,
+                        "completion": text,
+                        "answer": answer,
+                        "correct": bool(correct),
+                        "misattributed": bool(wrong_world),
+                        "attributed_world": -1 if attributed is None else attributed,
+                        "entropy": float(entropy[i]),
+                        "gate": float(gate[i]),
+                    }
+                )
 
     # -- per epoch --------------------------------------------------------------------------------------------
     def compute_metrics(self, c: dict[str, float]) -> dict[str, float]:
@@ -378,6 +432,10 @@ class WETCallback(StageCallback):
         fit = {f"fit/{k}": v for k, v in self.artifact.metrics.items() if k != "rows"} if self.artifact else {}
         self.last_metrics = {**self.compute_metrics(counters), **fit}
         log_stage_metrics(trainer, pl_module, self.last_metrics, self.log_prefix, stage)
+        if self.records_file is not None and self._records:
+            rows = ({"stage": stage, "step": trainer.global_step, **r} for r in self._records)
+            append_jsonl(self.records_file, rows, trainer.global_rank)
+        self._records = []
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

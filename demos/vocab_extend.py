@@ -115,11 +115,16 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     def lab(arm: str) -> str:
         return labels.get(arm, arm)
 
-    arms = list(dict.fromkeys(r.arm.get(ARM_KEY, "all") for r in sweep.runs))
+    arms = list(dict.fromkeys(r.arm.get(ARM_KEY, "all") for r in sweep.runs if r.finished))
     ns = sorted({int(r.get(N_KEY)) for r in sweep.runs})
 
     def runs_of(arm: str, n: int | None = None) -> list[Run]:
-        return [r for r in sweep.runs if r.arm.get(ARM_KEY, "all") == arm and (n is None or int(r.get(N_KEY)) == n)]
+        """The arm's finished runs (at ``n``)."""
+        return [
+            r
+            for r in sweep.runs
+            if r.finished and r.arm.get(ARM_KEY, "all") == arm and (n is None or int(r.get(N_KEY)) == n)
+        ]
 
     method_arms = sorted((a for a in arms if a not in BASELINES), key=lambda a: dictionary_size(runs_of(a)[0]))
     seeds = sweep.seeds
@@ -310,6 +315,12 @@ def reading(
             runs = runs_of(a)
             moved = sum(r.last(FORGETTING[0]) > 0 for r in runs)
             notes.append(f"- {lab(a)}: old-context logits moved in {moved} of {len(runs)} runs.")
+    if "lora" in arms:
+        notes.append(
+            "- For LoRA, `remove()` drops the new rows only; the adapters stay, which is why the model is not "
+            "restored. Dropping the adapters as well would restore the base: LoRA is reversible too, but it "
+            "forgets while it is attached (the numbers above)."
+        )
     if reference:
         for a in BASELINES:
             if a not in arms:
@@ -375,12 +386,12 @@ def plot(
     axes[0].set(xscale="log", xlabel="n (new-token transitions)", ylabel="TV to true new rows", title="TV vs n")
     axes[0].legend(fontsize=7)
     xs = [dictionary_size(runs_of(a)[0]) for a in method_arms]
-    for color, (eps, needed, _, (slope, _half, intercept, _k), _ss) in enumerate(thresholds):
+    for color, (eps, needed, _, (slope, _half, intercept, _k), ss) in enumerate(thresholds):
         points = [(x, v) for x, a in zip(xs, method_arms) for v in needed[a] if not math.isnan(v) and v > ns[0]]
         if points:
             axes[1].scatter(*zip(*points), color=f"C{color}", alpha=0.7, label=f"TV < {eps}")
         if not math.isnan(slope):
-            grid = [min(xs), max(xs)]
+            grid = [min(ss), max(ss)]  # the s values the fit used
             axes[1].plot(
                 grid, [math.exp(intercept) * g**slope for g in grid], color=f"C{color}", label=f"fit, slope {slope:.2f}"
             )

@@ -15,7 +15,8 @@ sweep under ``<log dir>/demos/<paper>/``) by calling ``build(sweep, out)`` of th
 * the prerequisites the runs used -> :func:`artifact_values` (their build metrics, from ``run_info.json``);
 * aggregating over seeds -> :func:`stat` (mean, sd and a Student-t 95% confidence interval of the mean),
   :func:`compare` (Welch interval of a difference of means) and :func:`contrast` (a templated sentence that says
-  "not shown" when the interval of the difference contains 0);
+  "not shown" when the interval of the difference contains 0); :func:`paired_contrast` for arms measured on the same
+  seeds (the interval of the per-seed differences);
 * curves with confidence bands -> :func:`curve`, :func:`plot_curves`;
 * markdown -> :func:`table`, :func:`fmt`, :func:`fmt_stat`;
 * the page header -> :func:`provenance` (the exact command, date, machine and wall time, read from the runs);
@@ -537,6 +538,24 @@ def contrast(name_a: str, a: Iterable[float], name_b: str, b: Iterable[float], w
         direction = "higher" if d.delta > 0 else "lower"
         return f"{what} is {direction} with {name_a} than with {name_b} ({numbers}; {interval})"
     return f"{what}: {name_a} vs {name_b} not shown, within noise ({numbers}; {interval} contains 0)"
+
+
+def paired_contrast(
+    name_a: str, a: dict[Any, float], name_b: str, b: dict[Any, float], what: str, digits: int = 3
+) -> str:
+    """A sentence comparing two arms measured on the same units (``{seed: value}``: arms of one seed sharing the
+    policy and the prompts, or before/after within one run), from the per-unit differences ``a - b``: their mean and
+    Student-t interval; ``"not shown"`` when the interval contains 0 (units present on one side only are left out)."""
+    diffs = [a[k] - b[k] for k in a if k in b and not math.isnan(a[k] - b[k])]
+    d = stat(diffs)
+    level = round(100 * CONFIDENCE)
+    if d.n < 2:
+        return f"{what}: {name_a} − {name_b} not shown (fewer than two paired seeds)"
+    interval = f"mean paired difference {d.mean:+.{digits}f}, {level}% CI [{d.lo:+.{digits}f}, {d.hi:+.{digits}f}]"
+    if d.lo > 0 or d.hi < 0:
+        direction = "higher" if d.mean > 0 else "lower"
+        return f"{what} is {direction} with {name_a} than with {name_b}, paired by seed ({interval}; n={d.n})"
+    return f"{what}: {name_a} − {name_b} not shown, paired by seed ({interval} contains 0; n={d.n})"
 
 
 def artifact_values(runs: Iterable[Run], kind: str, metric: str, name: str | None = None) -> list[float]:

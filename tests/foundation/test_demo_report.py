@@ -21,6 +21,7 @@ from zoo.report import (
     fmt_stat,
     latest_sweep,
     main,
+    paired_contrast,
     provenance,
     stat,
     t_critical,
@@ -159,6 +160,18 @@ def sweep_dir(tmp_path: Path) -> Path:
                 )
                 num += 1
     return root
+
+
+def test_paired_contrast_uses_per_seed_differences():
+    # a seed effect that Welch's interval cannot separate; the per-seed differences are all +0.01
+    a, b = {0: 0.31, 1: 0.51, 2: 0.71}, {0: 0.30, 1: 0.50, 2: 0.70}
+    assert not compare(list(a.values()), list(b.values())).shown
+    resolved = paired_contrast("WET", a, "none", b, "WMR")
+    assert resolved.startswith("WMR is higher with WET than with none, paired by seed") and "+0.010" in resolved
+    noisy = paired_contrast("WET", {0: 0.3, 1: 0.5, 2: 0.7}, "none", {0: 0.31, 1: 0.49, 2: 0.7}, "WMR")
+    assert "not shown" in noisy and "n=3" in noisy
+    # only seeds present on both sides are paired
+    assert "fewer than two paired seeds" in paired_contrast("a", {0: 1.0, 1: 2.0}, "b", {1: 1.0, 5: 0.0}, "x")
 
 
 def test_sweep_groups_runs_into_arms_and_seeds(sweep_dir):

@@ -10,6 +10,7 @@ fits are reused or redone as configured; nothing stays attached after a run; bad
 
 from __future__ import annotations
 
+import json
 import math
 from functools import partial
 
@@ -148,7 +149,15 @@ def test_wet_hook_acts_in_module_validation_like_a_controller(tmp_path, task, so
     artifact = uniform_artifact(module.model.config.hidden_size)
     artifact.save(tmp_path / "wet")
     callback = WETCallback(
-        probe_layer=0, num_worlds=K, artifact_dir=str(tmp_path / "wet"), num_heads=2, alpha=3.0, eta=0.5, task=task
+        probe_layer=0,
+        num_worlds=K,
+        artifact_dir=str(tmp_path / "wet"),
+        num_heads=2,
+        alpha=3.0,
+        eta=0.5,
+        task=task,
+        records_file=str(tmp_path / "run" / "wet_records.jsonl"),
+        fit_file=str(tmp_path / "run" / "wet_fit.json"),
     )
     hooked = validate(module, dm, callback)
     assert callback.heads == [(2, 1), (3, 2)]
@@ -175,6 +184,21 @@ def test_wet_hook_acts_in_module_validation_like_a_controller(tmp_path, task, so
     wrong_world = [a in r["world_values"] and a != r["answer"] for a, r in zip(answers, rows)]
     assert metrics["accuracy"] == pytest.approx(sum(correct) / len(rows))
     assert metrics["misattribution_rate"] == pytest.approx(sum(wrong_world) / len(rows))
+    # the per-row records: one per validation row, in order, with the row's ground truth and the same judgements
+    records = [json.loads(line) for line in (tmp_path / "run" / "wet_records.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in records] == [r["prompt"] for r in rows]
+    for record, row, answer, ok, wrong in zip(records, rows, answers, correct, wrong_world):
+        assert record["stage"] == "validate"
+        assert {k: record[k] for k in ("world", "entity", "distance", "conflict_world")} == {
+            k: row[k] for k in ("world", "entity", "distance", "conflict_world")
+        }
+        assert (record["answer"], record["correct"], record["misattributed"]) == (answer, ok, wrong)
+        attributed = task.attribute(row["entity"], answer) if answer else None
+        assert record["attributed_world"] == (-1 if attributed is None else attributed)
+        assert record["entropy"] == pytest.approx(math.log(K), abs=1e-5) and record["gate"] == pytest.approx(1.0)
+    fit = json.loads((tmp_path / "run" / "wet_fit.json").read_text())
+    assert fit["heads"] == [[2, 1], [3, 2]] and fit["head_scores"] == artifact.head_scores.tolist()
+    assert (fit["alpha"], fit["eta"], fit["beta"], fit["probe_layer"]) == (3.0, 0.5, 0.0, 0)
 
 
 def test_alpha_zero_is_the_model_and_fits_follow_the_weights(tmp_path, task, source):
@@ -352,6 +376,17 @@ def test_sft_trains_on_the_multiworld_task(train_cfg):
     row = TaskSource(task, num_train=4, num_val=4, num_test=4).rows("val")[0]
     assert task.parse_prompt(row["prompt"]) == (row["world"], row["entity"])
     assert task.verify(row["answer"] + "<eos>", row["answer"])
+
+
+def test_describe_prompt_reads_back_what_sample_recorded():
+    task = MultiWorldRecallTask(min_distractors=0, max_distractors=30, conflict_prob=0.5)
+    rows = TaskSource(task, num_train=200, seed=3).rows("train")
+    assert {r["conflict_world"] >= 0 for r in rows} == {True, False}
+    for row in rows:
+        assert task.describe_prompt(row["prompt"]) == {
+            k: row[k] for k in ("world", "entity", "distance", "conflict_world")
+        }
+    assert task.describe_prompt("not a prompt") is None
 
 
 def test_method_wet_on_a_hugging_face_model_saved_locally(train_cfg, tmp_path):

@@ -96,6 +96,20 @@ def test_test_stage_logs_success_trials_and_detection_clean_attacked_and_unwater
     assert logged["watermark/wsr"] == 1.0 and logged["watermark/z"] == pytest.approx(m["z"])
 
 
+def test_quality_is_the_mean_negative_log_probability_of_the_kept_tokens(tmp_path):
+    module, datamodule, callback, trainer = make(tmp_path, attacks={}, human=None)
+    trainer.test(module, datamodule)
+    m = callback.last_metrics
+    prompts = list(next(iter(datamodule.test_dataloader()))["prompts"][:3])
+    # the callback's two generations of batch 0, redrawn with the same seeds: their kept tokens' mean -log p
+    for metric, seed, plain in (("nll", 0, False), ("plain_nll", 1_000_003, True)):
+        result = callback._generate(module, prompts, seed, plain=plain)
+        kept = result.completion_mask.bool()
+        assert kept.sum() > 0 and (result.logprobs[~kept] == 0).all()
+        assert m[metric] == pytest.approx(-float(result.logprobs[kept].mean()), rel=1e-5)
+        assert m[metric] > 0.0
+
+
 def test_predict_writes_watermark_columns_and_the_partition_detects_them_from_the_command_line(tmp_path, capsys):
     module, datamodule, callback, trainer = make(tmp_path)
     predictions = trainer.predict(module, datamodule)

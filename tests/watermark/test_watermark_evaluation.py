@@ -30,6 +30,9 @@ def test_false_positive_rate_is_the_binomial_tail_above_the_z_threshold():
     # more green mass, more false positives; gamma itself gives the nominal tail
     rates = [false_positive_rate(q, 19, 0.25, 3.0) for q in (0.2, 0.25, 0.3, 0.36)]
     assert rates == sorted(rates) and rates[1] < 0.01 < rates[3]
+    # two scored sentences cannot reach z > 3 (cut 2.34): the rate is a float 0.0 whatever p, also for p = 1
+    assert [false_positive_rate(q, 2, 0.25, 3.0) for q in (0.25, 1.0)] == [0.0, 0.0]
+    assert isinstance(false_positive_rate(1.0, 2, 0.25, 3.0), float)
     with pytest.raises(ConfigError, match="num_scored"):
         false_positive_rate(0.2, 0, 0.25, 3.0)
 

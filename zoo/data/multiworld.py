@@ -112,6 +112,23 @@ class MultiWorldRecallTask(PlainAnswerVerifier, Task):
         world, entity = int(match.group(1)), int(match.group(2))
         return (world, entity) if world < self.num_worlds and entity < self.num_entities else None
 
+    def describe_prompt(self, prompt: str) -> dict[str, int] | None:
+        """``world``, ``entity``, ``distance`` (distractor characters, a late mention included) and
+        ``conflict_world`` (the world of a late ``" see W<k>"`` mention, -1 for none) of a prompt written by
+        :meth:`prompt`, as :meth:`sample` records them (``None`` when ``prompt`` is not one)."""
+        parsed = self.parse_prompt(prompt)
+        if parsed is None:
+            return None
+        world, entity = parsed
+        distractors = prompt[len(f"W{world}:") : -len(f" E{entity:02d}=")]
+        conflict = re.search(r" see W(\d+)$", distractors)
+        return {
+            "world": world,
+            "entity": entity,
+            "distance": len(distractors),
+            "conflict_world": int(conflict.group(1)) if conflict else -1,
+        }
+
     def sample(self, rng: random.Random) -> Example:
         if rng.random() < self.dominant_prob:
             world = self.dominant_world

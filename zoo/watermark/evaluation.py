@@ -62,14 +62,15 @@ def green_probability_per_key(counts: torch.Tensor, keys: Sequence[int], gamma: 
 
 def false_positive_rate(p: float, num_scored: int, gamma: float, threshold: float) -> float:
     """``P(z > threshold)`` when each of ``num_scored`` sentences is green with probability ``p`` (binomial tail),
-    ``z = (n_g - gamma n) / sqrt(n gamma (1 - gamma))``."""
+    ``z = (n_g - gamma n) / sqrt(n gamma (1 - gamma))``; 0.0 when even ``n_g = n`` stays at or below the threshold."""
     gamma = check_gamma(gamma)
     if num_scored < 1:
         raise ConfigError(f"num_scored must be >= 1, got {num_scored}")
     if not 0.0 <= p <= 1.0:
         raise ConfigError(f"p must be a probability, got {p}")
     cut = gamma * num_scored + threshold * math.sqrt(num_scored * gamma * (1.0 - gamma))
-    return sum(
+    # a float also when no count can pass the threshold (too few scored sentences): the FPR is then 0.0
+    return math.fsum(
         math.comb(num_scored, g) * p**g * (1.0 - p) ** (num_scored - g)
         for g in range(num_scored + 1)
         if g > cut + 1e-12
