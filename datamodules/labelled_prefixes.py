@@ -51,7 +51,7 @@ class LabelledPrefixDataModule(RowDataModule):
         if not ids:
             raise DataError(f"{split} row {index}: empty text")
         return {
-            "input_ids": ids[-self.max_length :],
+            "input_ids": ids[-self.token_limit :],
             "label": self.parse_label(row["label"], split, index),
             "text": row["text"],
         }

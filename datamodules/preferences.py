@@ -6,7 +6,6 @@ from typing import Any
 
 from zoo.data.sources import Row
 from zoo.datamodules.base import IGNORE_INDEX, RowDataModule, encode_completion, encode_prompt, pad_sequences
-from zoo.errors import DataError
 
 
 class PreferenceDataModule(RowDataModule):
@@ -25,11 +24,7 @@ class PreferenceDataModule(RowDataModule):
         item: dict[str, Any] = {"prompt": row["prompt"]}
         for side in ("chosen", "rejected"):
             ids = encode_completion(self.tokenizer, row[side])
-            if len(prompt_ids) + len(ids) > self.max_length:
-                raise DataError(
-                    f"{split} row {index}: prompt + {side} = {len(prompt_ids) + len(ids)} tokens > "
-                    f"datamodule.max_length={self.max_length}"
-                )
+            self.check_length(split, index, len(prompt_ids) + len(ids), f"prompt + {side}")
             item[side] = (prompt_ids + ids, [IGNORE_INDEX] * len(prompt_ids) + ids)
         return item
 

@@ -125,12 +125,7 @@ class SFTDataModule(RowDataModule):
         prompt_ids = encode_prompt(self.tokenizer, row["prompt"])
         completion_ids = self.completion_tokens(row, index, split)
         mask = self.loss_mask(row, index, split, len(completion_ids))
-        if len(prompt_ids) + len(completion_ids) > self.max_length:
-            raise DataError(
-                f"{split} row {index}: {len(prompt_ids) + len(completion_ids)} tokens exceed "
-                f"datamodule.max_length={self.max_length} (prompt {row['prompt'][:40]!r}); raise max_length or "
-                "shorten the row"
-            )
+        self.check_length(split, index, len(prompt_ids) + len(completion_ids), f"prompt {row['prompt'][:40]!r}")
         keep = mask if mask is not None and self.use_loss_mask else [True] * len(completion_ids)
         return {
             "prompt_ids": prompt_ids,

@@ -157,11 +157,7 @@ class StructureDataModule(RowDataModule):
                 f"(id {self.placeholder_id}), expected exactly one"
             )
         completion_ids = encode_completion(self.tokenizer, row["completion"])
-        if len(prompt_ids) + len(completion_ids) > self.max_length:
-            raise DataError(
-                f"structure sample {sample.sample_id!r}: {len(prompt_ids) + len(completion_ids)} text tokens exceed "
-                f"datamodule.max_length={self.max_length}"
-            )
+        self.check_length(split, index, len(prompt_ids) + len(completion_ids), f"structure sample {sample.sample_id!r}")
         return {
             "prompt_ids": prompt_ids,
             "completion_ids": completion_ids,

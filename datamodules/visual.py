@@ -148,11 +148,9 @@ class VisualReasoningDataModule(RowDataModule):
         tail = (self._ids(THINK_CLOSE) if has_think else []) + self._ids(tail_text)
         tail = tail + [self.tokenizer.eos_token_id] if not tail_text.endswith(EOS) else tail
         completion_ids = head + [t for s in step_ids for t in s] + tail
-        if len(prompt_ids) + len(completion_ids) > self.max_length:
-            raise DataError(
-                f"{where}: {len(prompt_ids) + len(completion_ids)} tokens exceed datamodule.max_length="
-                f"{self.max_length}; raise max_length"
-            )
+        self.check_length(
+            split, index, len(prompt_ids) + len(completion_ids), "prompt (with image tokens) + completion"
+        )
         return {
             "prompt_ids": prompt_ids,
             "completion_ids": completion_ids,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -55,6 +56,28 @@ def train_cfg(tmp_path: Path) -> Iterator[Callable[..., DictConfig]]:
         return compose_train(list(overrides or []), tmp_path, cache_dir)
 
     yield make
+    GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def zoo_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> Iterator[Callable[..., tuple]]:
+    """Factory: ``zoo_main(args, cwd)`` runs ``python train.py <args>`` from ``cwd`` in this process (the console entry
+    point ``zoo.cli.train.main``, Hydra included) and returns ``(exit status, stdout, stderr)``."""
+    from zoo.cli.train import main
+
+    def call(args: list[str], cwd: Path) -> tuple[int, str, str]:
+        monkeypatch.chdir(cwd)
+        monkeypatch.setattr(sys, "argv", ["train.py", *args])
+        capsys.readouterr()
+        code = 0
+        try:
+            main()
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    yield call
     GlobalHydra.instance().clear()
 
 

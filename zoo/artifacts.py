@@ -12,7 +12,8 @@
   never visible. A build that raises removes its temporary directory; one that was killed (``SIGKILL``, power loss)
   leaves it behind, and the next call for the same kind (cached or not) removes it: a temporary directory whose key
   lock is free belongs to a dead build;
-* **logged**: one line says what is built, why and where; one says which cached artifact is used.
+* **logged**: one warning says what is built, why and where (a build may take long); one line says which cached
+  artifact is used.
 
 A finished artifact holds ``artifact.json`` (kind, name, key, reason, build time, the spec and what the builder
 returned); its presence marks the directory as complete.
@@ -195,7 +196,7 @@ def ensure(
         if target.exists():  # not an artifact of this cache (no artifact.json): replace it
             shutil.rmtree(target)
         tmp = kind_dir / f"{target.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-        log.info(
+        log.warning(
             "building the %s artifact '%s': %s, and none is cached for this config (key %s); it is written to %s and "
             "moved to %s when complete",
             kind,

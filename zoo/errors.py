@@ -24,4 +24,20 @@ class CheckpointNotFoundError(ZooError, FileNotFoundError):
 
 
 class NaNLossError(ZooError, FloatingPointError):
-    """Training produced a non-finite loss; the message names the step."""
+    """Training produced a non-finite loss, gradient or weight; the message names the step."""
+
+
+class CheckpointError(ZooError, ValueError):
+    """A checkpoint file exists but cannot be used (truncated, corrupt, not a checkpoint, or holding non-finite
+    values); the message names the file."""
+
+
+class RunInterrupted(ZooError):
+    """Training was stopped by a signal (SIGINT/SIGTERM); the message says where the checkpoint is and how to resume.
+
+    ``exit_code`` is the conventional status of a process ended by that signal (128 + signal number).
+    """
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -1,6 +1,7 @@
 """LoRA through ``peft`` for any family module: inject adapters (the only trainable weights) and merge them back.
 
-Used by the Cuttlefish LLM-adaptation stage and by the LoRA baseline of the vocabulary extension.
+Used by the backbones (``backbone.lora``: adapters on any family module's model, e.g. QLoRA with ``quant=bnb_nf4``,
+``+preset=qlora``), the Cuttlefish LLM-adaptation stage and the LoRA baseline of the vocabulary extension.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def inject_lora(model: nn.Module, settings: Mapping[str, Any], seed: int = 0) ->
     return model
 
 
+def has_lora(model: nn.Module) -> bool:
+    """Whether ``model`` holds ``peft`` LoRA layers (added by :func:`inject_lora`)."""
+    return any("lora_" in name for name, _ in model.named_parameters())
+
+
 def merged_copy(model: nn.Module) -> nn.Module:
     """A copy of ``model`` with its LoRA adapters merged and the ``peft`` layers replaced by plain base layers
     (so ``save_pretrained`` writes ordinary weights); ``model`` itself is unchanged."""
@@ -61,4 +67,4 @@ def merged_copy(model: nn.Module) -> nn.Module:
     return model
 
 
-__all__ = ["DEFAULT_LORA", "inject_lora", "merged_copy"]
+__all__ = ["DEFAULT_LORA", "has_lora", "inject_lora", "merged_copy"]

@@ -14,7 +14,7 @@ import json
 import os
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,14 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.backbones.tokenizer import add_special_tokens
+from zoo.checkpoints import read_checkpoint
 from zoo.errors import CheckpointNotFoundError, ConfigError
+from zoo.lora import inject_lora
 from zoo.quant.base import NoQuantizer, Quantizer
 
 BASE_POLICY = "base"
+# config fields that hold a model's context length, by architecture (the first one present wins)
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
@@ -47,6 +51,28 @@ def hub_offline() -> bool:
     )
 
 
+def load_pretrained(loader: Any, source: str, what: str, **kwargs: Any) -> Any:
+    """``loader.from_pretrained(source, **kwargs)`` (a transformers Auto class), with a missing or unreadable model
+    reported as one :class:`CheckpointNotFoundError` naming ``what`` (the option it came from) and the source,
+    instead of transformers' chain of tracebacks."""
+    try:
+        return loader.from_pretrained(source, **kwargs)
+    except OSError as err:
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        offline = " (HF_HUB_OFFLINE is set: the Hub was not asked)" if hub_offline() else ""
+        raise CheckpointNotFoundError(f"{what}={source}: cannot load it{offline}: {detail}") from None
+
+
+def context_length_of(config: Any) -> int | None:
+    """The context length (positions) a ``transformers`` config declares for its text model, if it declares one."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name in CONTEXT_FIELDS:
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 class Backbone(ABC):
     """A causal-LM backbone specification.
 
@@ -56,6 +82,9 @@ class Backbone(ABC):
             directory before the backbone is built).
         extra_tokens: special tokens a method needs (added to the tokenizer; embeddings are resized).
         dtype: parameter dtype of the built model.
+        lora: LoRA adapters to add to the built model (``r``, ``alpha``, ``dropout``, ``target_modules``; see
+            :func:`zoo.lora.inject_lora`): they become its only trainable weights, after the quantizer acted, so
+            ``quant=bnb_nf4`` + ``lora`` is QLoRA (``+preset=qlora``). ``None``: no adapters. Exports merge them.
 
     The base vocabulary is the tokenizer as built (``extra_tokens`` included): :attr:`base_vocab_size`. Tokens
     added to the tokenizer afterwards (a vocabulary extension, :mod:`zoo.vocab`) are not rows of the built model.
@@ -66,10 +95,12 @@ class Backbone(ABC):
         init_from: str | None = None,
         extra_tokens: Sequence[str] = (),
         dtype: str | None = "float32",
+        lora: Mapping[str, Any] | None = None,
     ) -> None:
         self.init_from = None if init_from in (None, "", "none") else str(init_from)
         self.extra_tokens = tuple(extra_tokens)
         self.dtype = resolve_dtype(dtype)
+        self.lora = dict(lora) if lora else None
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._base_vocab_size: int | None = None
 
@@ -100,17 +131,33 @@ class Backbone(ABC):
         pretrained = self._pretrained_dir()
         if pretrained is None:
             return self.base_vocab_size
-        config = AutoConfig.from_pretrained(
+        vocab = getattr(self._pretrained_config(pretrained).get_text_config(), "vocab_size", None)
+        return max(int(vocab or 0), self.base_vocab_size)
+
+    def context_length(self) -> int | None:
+        """Tokens the model can attend over (its config's ``max_position_embeddings`` or equivalent), read without
+        building it; ``None`` when the architecture declares none. Datamodules limit their rows to it."""
+        pretrained = self._pretrained_dir()
+        if pretrained is None:
+            return self.fresh_context_length()
+        return context_length_of(self._pretrained_config(pretrained))
+
+    def _pretrained_config(self, pretrained: str) -> Any:
+        return load_pretrained(
+            AutoConfig,
             pretrained,
+            self.source_option(),
             local_files_only=True if Path(pretrained).is_dir() else hub_offline(),
             trust_remote_code=bool(self.from_pretrained_options().get("trust_remote_code", False)),
         )
-        vocab = getattr(config.get_text_config(), "vocab_size", None)
-        return max(int(vocab or 0), self.base_vocab_size)
 
     # -- model ------------------------------------------------------------------------------------------------
     def build_model(self, quantizer: Quantizer | None = None) -> PreTrainedModel:
-        """Build the model: from ``init_from``/a checkpoint if set, else from the fresh source."""
+        """Build the model: from ``init_from``/a checkpoint if set, else from the fresh source.
+
+        The model is returned in train mode (``from_pretrained`` returns it in eval mode, which would keep dropout
+        off during training); Lightning switches it to eval mode for validation, and frozen copies call ``eval()``.
+        """
         quantizer = quantizer or NoQuantizer()
         pretrained = self._pretrained_dir()
         if pretrained is not None:
@@ -128,9 +175,11 @@ class Backbone(ABC):
         if self.base_vocab_size > model.get_input_embeddings().num_embeddings:
             model.resize_token_embeddings(self.base_vocab_size)
         model = quantizer.apply(model)
+        if self.lora:
+            model = inject_lora(model, self.lora)
         if model.generation_config is not None:
             model.generation_config.pad_token_id = self.tokenizer.pad_token_id
-        return model
+        return model.train()
 
     def _from_pretrained(self, path: str, quantizer: Quantizer) -> PreTrainedModel:
         kwargs: dict[str, Any] = {"local_files_only": True if Path(path).is_dir() else hub_offline()}
@@ -138,7 +187,7 @@ class Backbone(ABC):
             kwargs["dtype"] = self.dtype
         kwargs.update(self.from_pretrained_options())
         kwargs.update(quantizer.from_pretrained_kwargs())
-        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        return load_pretrained(AutoModelForCausalLM, path, self.source_option(), **kwargs)
 
     def _pretrained_dir(self) -> str | None:
         """Where weights come from through ``from_pretrained`` (``init_from`` dir beats the source)."""
@@ -162,10 +211,15 @@ class Backbone(ABC):
             )
         return str(path)
 
-    @staticmethod
-    def _load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    def _load_tokenizer(self, path: str) -> PreTrainedTokenizerBase:
         local = Path(path).is_dir()
-        return AutoTokenizer.from_pretrained(path, local_files_only=True if local else hub_offline())
+        return load_pretrained(
+            AutoTokenizer, path, self.source_option(), local_files_only=True if local else hub_offline()
+        )
+
+    def source_option(self) -> str:
+        """The option the weights come from, for messages (``backbone.init_from`` or the source's option)."""
+        return "backbone.init_from" if self.init_from is not None else "backbone"
 
     # -- hooks of the concrete sources -------------------------------------------------------------------------
     def source_pretrained(self) -> str | None:
@@ -175,6 +229,10 @@ class Backbone(ABC):
     def from_pretrained_options(self) -> dict[str, Any]:
         """Extra ``from_pretrained`` options (attention implementation, trust_remote_code, ...)."""
         return {}
+
+    def fresh_context_length(self) -> int | None:
+        """The context length of the freshly initialised model (``None``: unknown)."""
+        return None
 
     @abstractmethod
     def _fresh_tokenizer(self) -> PreTrainedTokenizerBase: ...
@@ -202,7 +260,7 @@ class Backbone(ABC):
 
 def load_module_checkpoint_weights(model: torch.nn.Module, ckpt_path: str, prefix: str = "model.") -> None:
     """Load the backbone weights of a zoo Lightning checkpoint (``weights_only=True``)."""
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    checkpoint = read_checkpoint(ckpt_path, what="backbone.init_from", mmap=False)
     state = {k[len(prefix) :]: v for k, v in checkpoint.get("state_dict", {}).items() if k.startswith(prefix)}
     if not state:
         raise CheckpointNotFoundError(f"{ckpt_path}: no weights under '{prefix}' in its state_dict")

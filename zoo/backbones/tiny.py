@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -33,8 +33,9 @@ class TinyBackbone(Backbone):
         init_from: str | None = None,
         extra_tokens: Sequence[str] = (),
         dtype: str | None = "float32",
+        lora: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(init_from=init_from, extra_tokens=extra_tokens, dtype=dtype)
+        super().__init__(init_from=init_from, extra_tokens=extra_tokens, dtype=dtype, lora=lora)
         self.arch = {
             "hidden_size": hidden_size,
             "intermediate_size": intermediate_size,
@@ -48,6 +49,9 @@ class TinyBackbone(Backbone):
 
     def _fresh_tokenizer(self) -> PreTrainedTokenizerBase:
         return build_char_tokenizer()
+
+    def fresh_context_length(self) -> int:
+        return int(self.arch["max_position_embeddings"])
 
     def model_config(self) -> LlamaConfig:
         """The ``LlamaConfig`` of the fresh model (vocabulary: :attr:`base_vocab_size`)."""

@@ -4,8 +4,8 @@ Methods that start from a trained policy (GRPO, GR3, SafeThink, ...) set ``backb
 the export of a ``+method=sft`` run on the parent run's task and backbone architecture with the ``base_policy``
 recipe, built through the artifact cache (:func:`zoo.cli.artifacts.train_artifact`) on first use and kept at
 ``<paths.cache_dir>/base_policy/<task>-<key>/export``. The key is the build run's composed config, so it depends on
-the task, the backbone (without ``init_from`` and ``extra_tokens``), the seed and the recipe, and not on any other
-option of the parent run.
+the task, the backbone (without ``init_from``, ``extra_tokens`` and ``lora``), the seed and the recipe, and not on any
+other option of the parent run.
 
 Recipe field -> option of the ``+method=sft`` build run: :data:`RECIPE_FIELDS`. An optional ``datamodule`` field names
 the build run's datamodule option (default ``sft``: the task's prompt/completion rows), e.g. ``retry_feedback`` for a
@@ -38,6 +38,16 @@ RECIPE_FIELDS = {
 }
 
 
+QUICK_RECIPE = "base_policy.num_train=512 base_policy.max_epochs=1"
+
+
+def recipe_summary(recipe: Any) -> str:
+    """``'3 epochs of 16000 rows at batch 64 = 750 optimizer steps'`` for a ``base_policy`` recipe."""
+    epochs, rows, batch = (recipe.get(k) for k in ("max_epochs", "num_train", "batch_size"))
+    steps = f" = {int(rows) // int(batch) * int(epochs)} optimizer steps" if rows and batch and epochs else ""
+    return f"{epochs} epochs of {rows} rows at batch {batch}{steps}"
+
+
 def base_policy_build(cfg: DictConfig) -> ArtifactBuild:
     """The ``+method=sft`` build run of the base policy that ``cfg`` (a run with ``init_from: base``) asks for."""
     recipe = OmegaConf.to_container(cfg.base_policy, resolve=True)
@@ -49,6 +59,8 @@ def base_policy_build(cfg: DictConfig) -> ArtifactBuild:
         )
     backbone = OmegaConf.to_container(cfg.backbone, resolve=True)
     backbone.update(init_from=None, extra_tokens=[])
+    if "lora" in backbone:  # the base policy is a full fine-tune, whatever adapters the parent run trains
+        backbone["lora"] = None
     values: dict[str, Any] = {
         "seed": cfg.seed,
         "task": OmegaConf.to_container(cfg.task, resolve=True),
@@ -81,8 +93,9 @@ def ensure_base_policy(cfg: DictConfig) -> Path:
     build = base_policy_build(cfg)
     task = build.name
     return build.ensure(
-        f"backbone.init_from=base asks for the base SFT policy of task '{task}' "
-        f"({cfg.base_policy.max_epochs} epochs of {cfg.base_policy.num_train} rows)"
+        f"backbone.init_from=base asks for the base SFT policy of task '{task}', trained before this run starts: "
+        f"{recipe_summary(cfg.base_policy)} (the run's trainer.max_steps does not apply to it; a quicker one: "
+        f"{QUICK_RECIPE})"
     )
 
 

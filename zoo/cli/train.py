@@ -1,17 +1,30 @@
 """``python train.py`` / ``zoo-train``: compose ``pkg://zoo.conf/train.yaml`` and run one stage.
 
-Errors a researcher can act on (unknown options, malformed data, missing checkpoints, NaN losses, two
-training methods in one run) are printed as one message, without a traceback through Hydra internals,
-and the process exits with status 2.
+Errors a researcher can act on (unknown options or keys, malformed data, missing or corrupt checkpoints, NaN losses,
+an unwritable output directory, two training methods in one run) are printed as one message (``error: ...``),
+without a traceback through Hydra internals, and the process exits with status 2; a run directory that the failed
+launch created is removed. Inputs are checked before anything is written to the run directory where that is
+possible (the optimizer's settings, the checkpoint to resume, the data files).
+
+A run stopped by SIGINT/SIGTERM writes ``last.ckpt`` at the end of its current step (:class:`zoo.callbacks.RunGuard`),
+prints the command that resumes it and exits with status 128 + the signal number. A run resumed in its own directory
+(``run_id=<id> ckpt_path=last``) appends to its metrics and keeps the files of its earlier launches
+(``run_info.<n>.json``, ``resolved_config.<n>.yaml``).
 """
 
 from __future__ import annotations
 
 import datetime
+import difflib
+import inspect
 import json
 import logging
 import os
 import platform
+import re
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -20,15 +33,21 @@ from typing import Any
 
 import hydra
 import lightning.pytorch as pl
+import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.errors import ConfigCompositionException, HydraException, InstantiationException
+from hydra.types import RunMode
+from hydra.utils import get_object, instantiate
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from zoo.artifacts import artifacts_mark, artifacts_used
+from zoo.callbacks.run_guard import describe_checkpoint, last_checkpoint_path
 from zoo.catalogue import KINDS, check_entries
-from zoo.errors import CheckpointNotFoundError, ConfigError, ZooError
+from zoo.checkpoints import read_checkpoint
+from zoo.cli.resolvers import register_resolvers
+from zoo.errors import CheckpointNotFoundError, ConfigError, NaNLossError, RunInterrupted, ZooError
 
 log = logging.getLogger("zoo")
 METHOD_KINDS = KINDS
@@ -70,7 +89,8 @@ def instantiate_named(node: DictConfig | None) -> list[Any]:
 
 
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
-    """``null`` -> None; ``last`` -> ``<run dir>/checkpoints/last.ckpt``; else the path (must exist)."""
+    """``null`` -> None; ``last`` -> ``<run dir>/checkpoints/last.ckpt``; else the path (must exist and be a readable
+    checkpoint: a truncated or corrupt file is reported here, before anything is written)."""
     ckpt = cfg.get("ckpt_path")
     if ckpt in (None, "", "none"):
         return None
@@ -82,6 +102,7 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
             else ""
         )
         raise CheckpointNotFoundError(f"ckpt_path={ckpt}: no checkpoint at {path.resolve()}{hint}")
+    read_checkpoint(path, what=f"ckpt_path={ckpt}")
     return str(path)
 
 
@@ -96,7 +117,19 @@ def git_commit(root: Path) -> dict[str, Any]:
         return {"commit": None, "dirty": None}
 
 
-def _is_rank_zero() -> bool:
+def keep_previous(path: Path) -> Path | None:
+    """Move the file of an earlier launch in this run directory to ``<stem>.<n><suffix>`` (``n`` = 1, 2, ...: the
+    launches in order) so that the new launch does not overwrite it; returns where it went."""
+    if not path.exists():
+        return None
+    number = 1
+    while (target := path.with_name(f"{path.stem}.{number}{path.suffix}")).exists():
+        number += 1
+    path.rename(target)
+    return target
+
+
+def is_rank_zero() -> bool:
     return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0"
 
 
@@ -106,8 +139,6 @@ def _now() -> str:
 
 def machine_info() -> dict[str, Any]:
     """The machine a run ran on: CPU model and cores, torch/OpenMP threads, accelerator, load average at start."""
-    import torch
-
     processor = platform.processor()
     try:
         with open("/proc/cpuinfo") as handle:
@@ -129,20 +160,25 @@ def machine_info() -> dict[str, Any]:
 
 def save_run_info(cfg: DictConfig) -> None:
     """Write the resolved config, the overrides, the git commit, versions, the machine and the start time to the run
-    directory (``resolved_config.yaml``, ``run_info.json``)."""
-    if not _is_rank_zero():
+    directory (``resolved_config.yaml``, ``run_info.json``); the files of an earlier launch in the same directory (a
+    resumed run) are kept as ``run_info.<n>.json`` and ``resolved_config.<n>.yaml``."""
+    if not is_rank_zero():
         return
     import lightning
-    import torch
     import transformers
 
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    earlier = keep_previous(out / "run_info.json")
+    keep_previous(out / "resolved_config.yaml")
     (out / "resolved_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(resolved(cfg))))
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     info = {
         "overrides": overrides,
         "argv": sys.argv,
+        "stage": cfg.stage,
+        "ckpt_path": cfg.get("ckpt_path"),
+        "launch": 1 if earlier is None else int(earlier.stem.rsplit(".", 1)[1]) + 1,
         "started_at": _now(),
         "machine": machine_info(),
         **git_commit(Path(cfg.paths.root_dir)),
@@ -161,7 +197,7 @@ def finish_run_info(cfg: DictConfig, start: float, artifacts_mark: int) -> None:
     """Add the finish time, the wall time and the artifacts the run used (:func:`zoo.artifacts.artifacts_used`) to
     ``run_info.json``."""
     path = Path(cfg.paths.output_dir) / "run_info.json"
-    if not _is_rank_zero() or not path.is_file():
+    if not is_rank_zero() or not path.is_file():
         return
     info = json.loads(path.read_text())
     info.update(
@@ -192,9 +228,30 @@ def build(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningDataModule, 
     backbone = instantiate(cfg.backbone, _convert_="all")
     quantizer = instantiate(cfg.quant, _convert_="all")
     datamodule = instantiate(cfg.datamodule, tokenizer=backbone.tokenizer, _convert_="all")
+    if hasattr(datamodule, "set_context_length"):
+        datamodule.set_context_length(backbone.context_length())
     module = instantiate(cfg.module, backbone=backbone, quantizer=quantizer, _convert_="all")
     module.run_config = resolved(cfg)
+    warn_random_init(cfg, backbone, quantizer)
     return module, datamodule, build_trainer(cfg)
+
+
+def warn_random_init(cfg: DictConfig, backbone: Any, quantizer: Any) -> None:
+    """Say loudly when a run evaluates or quantizes a randomly initialised model (no ``init_from``, no checkpoint),
+    whose numbers measure nothing but noise."""
+    if cfg.stage == "fit" or cfg.get("ckpt_path") not in (None, "", "none"):
+        return
+    if backbone.init_from is not None or backbone.source_pretrained() is not None:
+        return
+    what = f"quantizes (quant={quantizer.name}) and evaluates" if quantizer.name != "none" else "evaluates"
+    log.warning(
+        "stage=%s %s a randomly initialised %s (backbone.init_from is null and no ckpt_path): its numbers measure "
+        "noise. Start from a trained model: backbone.init_from=base (the cached base SFT policy of the task), an "
+        "exported directory or a .ckpt",
+        cfg.stage,
+        what,
+        type(backbone).__name__,
+    )
 
 
 def build_without_backbone(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningDataModule, pl.Trainer]:
@@ -221,19 +278,40 @@ def build_trainer(cfg: DictConfig) -> pl.Trainer:
     return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
 
+def check_optimizer(cfg: DictConfig) -> None:
+    """Build the configured optimizer on a dummy parameter, so that a value it refuses (``module.optimizer.lr=nan``,
+    a negative weight decay, ...) is reported before anything is built or written."""
+    node = OmegaConf.select(cfg, "module.optimizer")
+    if not isinstance(node, DictConfig) or "_target_" not in node:
+        return
+    try:
+        factory = instantiate(node, _convert_="all")
+        factory([torch.nn.Parameter(torch.zeros(1))])
+    except Exception as err:  # only a refused value is reported here; anything else is left to the run
+        cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ is not None else err
+        if not isinstance(cause, ValueError):
+            return
+        values = {k: v for k, v in node.items() if k not in ("_target_", "_partial_")}
+        raise ConfigError(f"module.optimizer ({node._target_}): {cause} (settings: {values})") from None
+
+
 def run(cfg: DictConfig) -> dict[str, float]:
     """Run ``cfg.stage`` and return the final metrics."""
     if cfg.stage not in STAGES:
         raise ConfigError(f"stage={cfg.stage!r}; use one of {STAGES}")
     check_methods(cfg)
     check_slurm(cfg)
+    check_optimizer(cfg)
     start, mark = time.monotonic(), artifacts_mark()
-    pl.seed_everything(cfg.seed, workers=True)
-    save_run_info(cfg)
     ckpt_path = resolve_ckpt_path(cfg)
+    pl.seed_everything(cfg.seed, workers=True)
     module, datamodule, trainer = build(cfg)
+    if hasattr(datamodule, "setup"):
+        # build the datasets now (Lightning reuses them): malformed data fails before the run directory is written
+        datamodule.setup(cfg.stage)
+    save_run_info(cfg)
     if cfg.stage == "fit":
-        trainer.fit(module, datamodule, ckpt_path=ckpt_path)
+        fit(cfg, module, datamodule, trainer, ckpt_path)
         if cfg.get("export") and trainer.is_global_zero and not trainer.fast_dev_run:
             path = module.export_pretrained(Path(cfg.paths.output_dir) / "export")
             log.info("exported the trained %s to %s", type(module).__name__, path)
@@ -247,9 +325,115 @@ def run(cfg: DictConfig) -> dict[str, float]:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
     finish_run_info(cfg, start, mark)
     if trainer.is_global_zero:
-        summary = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if not k.startswith(("train/", "lr-")))
-        print(f"[zoo] {cfg.stage} done in {cfg.paths.output_dir}: {summary}")
+        print(f"[zoo] {cfg.stage} done in {cfg.paths.output_dir}: {summary_text(cfg, trainer, metrics)}")
     return metrics
+
+
+def fit(
+    cfg: DictConfig, module: pl.LightningModule, datamodule: Any, trainer: pl.Trainer, ckpt_path: str | None
+) -> None:
+    """``trainer.fit``, with an interruption or a non-finite value reported with what to do next."""
+    try:
+        trainer.fit(module, datamodule, ckpt_path=ckpt_path)
+    except RunInterrupted as err:
+        raise RunInterrupted(f"{err}. {resume_advice(cfg, trainer)}", err.exit_code) from None
+    except SIGTERMException:  # Lightning's own SIGTERM stop (no RunGuard in the callbacks, or before training)
+        raise RunInterrupted(
+            f"interrupted by SIGTERM at global step {trainer.global_step}, outside a training step: no checkpoint "
+            f"was written now. {resume_advice(cfg, trainer)}",
+            exit_code=128 + signal.SIGTERM,
+        ) from None
+    except NaNLossError as err:
+        raise NaNLossError(f"{err}. {nan_advice(cfg, module, trainer)}") from None
+    except ValueError as err:
+        schedule_end = re.fullmatch(
+            r"Tried to step (\d+) times?\. The specified number of total steps is (\d+)", str(err)
+        )
+        if schedule_end is None or ckpt_path is None:
+            raise
+        raise ConfigError(
+            f"ckpt_path={cfg.ckpt_path}: the learning-rate schedule restored from the checkpoint ends after "
+            f"{schedule_end.group(2)} steps (it was planned for the trainer.max_epochs/max_steps of the run that "
+            "wrote it), so the resumed run cannot train past it. Resume with the original trainer.max_epochs/"
+            "max_steps, or start a new run from its weights: backbone.init_from=<the checkpoint>"
+        ) from None
+
+
+def program() -> str:
+    """How this app was launched, for the commands printed in messages."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    return "zoo-train" if Path(argv0).name == "zoo-train" else "python train.py"
+
+
+def task_overrides(drop: tuple[str, ...] = ()) -> list[str]:
+    """The run's command-line overrides (without those setting a key in ``drop``)."""
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in drop]
+
+
+def command(overrides: list[str]) -> str:
+    return " ".join([program(), *(shlex.quote(o) for o in overrides)])
+
+
+def run_location(cfg: DictConfig) -> str:
+    """The override that puts a new launch in this run's directory: ``run_id=<id>`` where that is enough."""
+    output = Path(cfg.paths.output_dir).resolve()
+    default = (Path(cfg.paths.log_dir) / str(cfg.task_name) / "runs" / str(cfg.run_id)).resolve()
+    multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    return f"run_id={cfg.run_id}" if output == default and not multirun else f"hydra.run.dir={output}"
+
+
+def resume_advice(cfg: DictConfig, trainer: pl.Trainer) -> str:
+    last = last_checkpoint_path(trainer)
+    if last is None or not last.is_file():
+        return "There is no checkpoint to resume from; start the run again"
+    resume = command([*task_overrides(("run_id", "ckpt_path", "hydra.run.dir")), run_location(cfg), "ckpt_path=last"])
+    return f"Resume with: {resume}"
+
+
+def nan_advice(cfg: DictConfig, module: pl.LightningModule, trainer: pl.Trainer) -> str:
+    """What to do after a non-finite loss/gradient/weight, true for the settings of this run (ends with a command)."""
+    last = last_checkpoint_path(trainer)
+    lr = OmegaConf.select(cfg, "module.optimizer.lr", default=None)
+    lower = f"module.optimizer.lr={lr / 10:g}" if isinstance(lr, (int, float)) else "module.optimizer.lr=<lower>"
+    keep = task_overrides(("run_id", "ckpt_path", "backbone.init_from", "module.optimizer.lr", "hydra.run.dir"))
+    clip = cfg.trainer.get("gradient_clip_val") if getattr(module, "automatic_optimization", True) else None
+    if not getattr(module, "automatic_optimization", True):
+        clipping = ""
+    elif clip:
+        clipping = f"Gradient clipping is already on (trainer.gradient_clip_val={clip}). "
+    else:
+        clipping = "Gradient clipping is off: trainer.gradient_clip_val=1.0 may help too. "
+    restart = f"Start again with a lower learning rate: {command([*keep, lower])}"
+    if last is None or not last.is_file():
+        return f"No checkpoint was written before this step. {clipping}{restart}"
+    return (
+        f"{clipping}{restart}. The last checkpoint with finite values is {describe_checkpoint(last)}; its weights "
+        "were trained at this learning rate and may already be unusable (compare its train/loss with the first "
+        "ones). To continue from them with a lower learning rate, start a new run from its weights: "
+        f"{command([*keep, f'backbone.init_from={last}', lower])} (resuming it with ckpt_path=last would restore its "
+        "optimizer state and learning-rate schedule as saved, so a new module.optimizer.lr would not apply)"
+    )
+
+
+def summary_text(cfg: DictConfig, trainer: pl.Trainer, metrics: dict[str, float]) -> str:
+    """The final metrics of the stage; after a fit that ran no validation, the last training metrics and why."""
+    shown = {k: v for k, v in metrics.items() if not k.startswith(("train/", "lr-"))}
+    if shown:
+        return " ".join(f"{k}={v:.4f}" for k, v in sorted(shown.items()))
+    if cfg.stage != "fit":
+        return "no metrics were logged"
+    train = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if k.startswith("train/"))
+    last = last_checkpoint_path(trainer)
+    validate = command(["stage=validate", f"ckpt_path={last}"]) if last is not None and last.is_file() else None
+    why = (
+        f"trainer.max_steps={trainer.max_steps} ended training at step {trainer.global_step}, before the first "
+        "validation"
+        if trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps
+        else "training ended before the first validation"
+    )
+    hint = f"; validate it with: {validate}" if validate else ""
+    return f"{train + ' ' if train else ''}(no validation ran: {why}{hint})"
 
 
 def write_predictions(batches: list[dict[str, Any]], path: Path) -> None:
@@ -268,8 +452,14 @@ def user_message(err: BaseException) -> str | None:
     while seen is not None:
         if isinstance(seen, ZooError):
             return str(seen)
+        if isinstance(seen, ConfigCompositionException):
+            return composition_message(seen)
         if isinstance(seen, OmegaConfBaseException):
             return str(seen).strip().splitlines()[0] + _full_key(seen)
+        if isinstance(seen, InstantiationException) and isinstance(seen.__cause__, TypeError):
+            message = signature_message(seen, seen.__cause__)
+            if message is not None:
+                return message
         if isinstance(seen, InstantiationException) and seen.__cause__ is None:
             return str(seen).strip()
         seen = seen.__cause__ or seen.__context__
@@ -281,14 +471,133 @@ def _full_key(err: OmegaConfBaseException) -> str:
     return f" (config key: {key})" if key else ""
 
 
+def closest(name: str, candidates: list[str]) -> list[str]:
+    return difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
+
+
+def unknown_key_message(err: OmegaConfBaseException) -> str:
+    """``trainer.max_step: no such key ...; did you mean trainer.max_steps?`` for a key missing from the config."""
+    full_key = str(getattr(err, "full_key", "") or getattr(err, "key", ""))
+    key = str(getattr(err, "key", "") or full_key.rsplit(".", 1)[-1])
+    parent = getattr(err, "parent_node", None)
+    prefix = full_key[: -len(key)] if full_key.endswith(key) else ""
+    keys = [str(k) for k in parent] if isinstance(parent, DictConfig) else []
+    matches = closest(key, keys)
+    if matches:
+        hint = "did you mean " + " or ".join(f"{prefix}{m}" for m in matches) + "?"
+    elif keys:
+        shown = sorted(k for k in keys if not k.startswith("_"))
+        hint = f"the keys under {prefix.rstrip('.') or 'the top level'} are: {', '.join(shown[:30])}"
+    else:
+        hint = "check its spelling"
+    return (
+        f"{full_key}: no such key in the config; {hint} (+{full_key}=... would add it, which only works where the "
+        "object it configures accepts it)"
+    )
+
+
+def composition_message(err: ConfigCompositionException) -> str:
+    cause = err.__cause__
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and "not in struct" in str(cause):
+        return unknown_key_message(cause)
+    text = str(err).strip()
+    if isinstance(cause, OmegaConfBaseException):
+        text += ": " + str(cause).strip().splitlines()[0] + _full_key(cause)
+    return text
+
+
+def signature_message(err: InstantiationException, cause: TypeError) -> str | None:
+    """One message for a config node whose keys do not match its ``_target_``'s arguments (an unexpected or a
+    missing argument), with the closest argument names; ``None`` for other type errors (bugs)."""
+    text = str(cause)
+    unexpected = re.search(r"unexpected keyword argument '(\w+)'", text)
+    if unexpected is None and "required positional argument" not in text and "required keyword" not in text:
+        return None
+    target = re.search(r"target '([^']+)'", str(err))
+    node = re.search(r"full_key: (\S+)", str(err))
+    where = node.group(1) if node else (target.group(1) if target else "a config node")
+    if unexpected is None:
+        return f"{where}: {text}"
+    name = unexpected.group(1)
+    hint = ""
+    if target is not None:
+        try:
+            parameters = list(inspect.signature(get_object(target.group(1))).parameters)
+        except (ValueError, TypeError, ImportError, AttributeError):
+            parameters = []
+        matches = closest(name, parameters)
+        if matches:
+            hint = "; did you mean " + " or ".join(f"{where}.{m}" for m in matches) + "?"
+    owner = target.group(1) if target else where
+    return f"{where}.{name}: {owner} takes no argument '{name}'{hint}"
+
+
+def launch_message(err: BaseException) -> str | None:
+    """The one-line message for an error raised by Hydra before or around the task (composition, overrides, creating
+    the run directory); None for anything else (a bug: keep the traceback)."""
+    if isinstance(err, ConfigCompositionException):
+        return composition_message(err)
+    if isinstance(err, HydraException) and not isinstance(err, InstantiationException):
+        return str(err).strip()
+    if isinstance(err, OmegaConfBaseException):
+        return str(err).strip().splitlines()[0] + _full_key(err)
+    if isinstance(err, OSError) and not _TASK_STARTED:
+        where = f" {err.filename}" if err.filename else ""
+        return (
+            f"cannot create the run directory{where}: {err.strerror or err}; set paths.log_dir (or ZOO_LOG_DIR) to "
+            "a writable directory"
+        )
+    return user_message(err)
+
+
+# what a launch writes to its run directory before its stage starts (Hydra's files, then save_run_info's)
+HYDRA_FILES = (".hydra",)
+RUN_INFO_FILES = ("run_info.json", "resolved_config.yaml")
+
+
+def holds_only(path: Path, names: tuple[str, ...]) -> bool:
+    """Whether the directory ``path`` holds nothing but entries named in ``names`` (and the Hydra job's log)."""
+    if not path.is_dir():
+        return False
+    job_log = f"{HydraConfig.get().job.name}.log" if HydraConfig.initialized() else "train.log"
+    return all(entry.name in (*names, job_log) for entry in path.iterdir())
+
+
+def remove_run_dir(path: Path, stop: Path) -> None:
+    """Remove a run directory and its parents that became empty, up to (not including) ``stop``."""
+    shutil.rmtree(path, ignore_errors=True)
+    parent, stop = path.parent.resolve(), stop.resolve()
+    while parent != stop and stop in parent.parents and parent.is_dir() and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
+
+
+_TASK_STARTED = False
+
+
 def task_function(cfg: DictConfig) -> float | None:
-    """The Hydra task: run, print actionable errors plainly, return the optimized metric for sweepers."""
+    """The Hydra task: run, print actionable errors plainly, return the optimized metric for sweepers.
+
+    After an actionable error (exit status 2) the run directory is removed when this launch created it (it held only
+    Hydra's own files when the task started) and the stage wrote nothing to it yet (no logs, no checkpoint): a bad
+    input leaves nothing behind, a run that failed while training keeps its logs and checkpoints. An earlier run's
+    directory is left as it was.
+    """
+    global _TASK_STARTED
+    _TASK_STARTED = True
+    output = Path(cfg.paths.output_dir)
+    fresh = holds_only(output, HYDRA_FILES)
     try:
         metrics = run(cfg)
+    except RunInterrupted as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code) from None
     except Exception as err:
         message = user_message(err)
         if message is None:
             raise
+        if fresh and is_rank_zero() and holds_only(output, (*HYDRA_FILES, *RUN_INFO_FILES)):
+            remove_run_dir(output, Path(cfg.paths.log_dir))
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
     metric = cfg.get("optimized_metric")
@@ -296,10 +605,30 @@ def task_function(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
-    """Console entry point (``zoo-train``)."""
+    """Console entry point (``zoo-train``).
+
+    Hydra is asked to raise its errors (``HYDRA_FULL_ERROR=1`` for the call, unless the user set it) so that they are
+    reported here as one message with exit status 2: an unknown group option (with the choices), a misspelled key
+    (with the closest existing keys), an unwritable output directory. Anything else keeps its traceback.
+    """
+    global _TASK_STARTED
+    _TASK_STARTED = False
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-    hydra.main(config_path="pkg://zoo.conf", config_name="train", version_base="1.3")(task_function)()
+    register_resolvers()
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        hydra.main(config_path="pkg://zoo.conf", config_name="train", version_base="1.3")(task_function)()
+    except Exception as err:
+        message = None if full_error else launch_message(err)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
+    finally:
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
 
 
 if __name__ == "__main__":

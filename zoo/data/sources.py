@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,35 +22,51 @@ from zoo.errors import DataError
 Row = dict[str, Any]
 
 
-def read_jsonl(path: str | Path, required_fields: Sequence[str]) -> list[Row]:
-    """Read a JSONL file, one JSON object per line; blank lines are skipped.
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed value)`` of each non-blank line of a JSONL file (UTF-8; a byte-order mark is allowed).
 
     Raises:
-        DataError: naming the file, the line number and the field, for a missing file, a line that is not
-            a JSON object, a missing required field or a required field that is not a string.
+        DataError: naming the file and the line, for a missing file, bytes that are not UTF-8 (with the column of
+            the first bad byte) or a line that is not valid JSON (with the column of the error in that line).
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: data file not found")
-    rows: list[Row] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(
+                    f"{path}:{line_no}: not valid UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
+                    "save the file as UTF-8"
+                ) from None
+            line = line.rstrip("\r\n")  # an error at the end of the line is then reported at its column
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                yield line_no, json.loads(line)
             except json.JSONDecodeError as err:
                 raise DataError(f"{path}:{line_no}: not valid JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
-            for name in required_fields:
-                if name not in row:
-                    raise DataError(f"{path}:{line_no}: missing field '{name}' (required: {list(required_fields)})")
-                if not isinstance(row[name], str):
-                    raise DataError(
-                        f"{path}:{line_no}: field '{name}' must be a string, got {type(row[name]).__name__}"
-                    )
-            rows.append(row)
+
+
+def read_jsonl(path: str | Path, required_fields: Sequence[str]) -> list[Row]:
+    """Read a JSONL file, one JSON object per line; blank lines are skipped (see :func:`iter_jsonl`).
+
+    Raises:
+        DataError: naming the file, the line number and the field, for a missing file, bytes that are not UTF-8,
+            a line that is not a JSON object, a missing required field or a required field that is not a string.
+    """
+    rows: list[Row] = []
+    for line_no, row in iter_jsonl(path):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
+        for name in required_fields:
+            if name not in row:
+                raise DataError(f"{path}:{line_no}: missing field '{name}' (required: {list(required_fields)})")
+            if not isinstance(row[name], str):
+                raise DataError(f"{path}:{line_no}: field '{name}' must be a string, got {type(row[name]).__name__}")
+        rows.append(row)
     if not rows:
         raise DataError(f"{path}: no rows")
     return rows

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from zoo.backbones.base import Backbone
 from zoo.errors import NaNLossError
 from zoo.generation.sampling import SamplingParams
+from zoo.lora import has_lora, merged_copy
 from zoo.quant.base import NoQuantizer, Quantizer
+
+log = logging.getLogger("zoo")
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 SchedulerFactory = Callable[..., Any]
@@ -64,18 +68,57 @@ class ZooBaseModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def check_finite(self, loss: torch.Tensor) -> None:
-        """Stop with the step number when the loss is NaN/inf (checkpoints already written are kept)."""
+        """Stop with the step number when the loss is NaN/inf (checkpoints already written are kept; ``train.py``
+        adds where the last good one is and what to change for the settings of the run)."""
         if not torch.isfinite(loss.detach()).all():
             raise NaNLossError(
-                f"non-finite loss ({loss.item()}) at global step {self.global_step}; training stopped. "
-                "The last good checkpoint (if any) is kept in the run's checkpoints/ folder; lower the learning "
-                "rate or enable gradient clipping (trainer.gradient_clip_val) and resume with ckpt_path=last"
+                f"non-finite loss ({loss.item()}) at global step {self.global_step}; training stopped before the "
+                "optimizer step"
             )
+
+    def on_fit_start(self) -> None:
+        """Say what trains: how many parameters of how many, and why the rest is frozen when a quantizer froze it."""
+        self.report_trainable()
+
+    def report_trainable(self) -> tuple[int, int]:
+        """Log the trainable and total parameter counts; warn when quantized layers are frozen. Returns both counts."""
+        total = sum(p.numel() for p in self.parameters())
+        trainable = sum(p.numel() for p in {id(p): p for p in self.trainable_parameters()}.values())
+        names = sorted({n.split(".")[-2] for n, p in self.named_parameters() if p.requires_grad and "." in n})
+        kinds = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        log.info(
+            "%s trains %s of %s parameters (%.1f%%)%s",
+            type(self).__name__,
+            human_count(trainable),
+            human_count(total),
+            100.0 * trainable / max(total, 1),
+            f": {kinds}" if kinds else "",
+        )
+        quantizer = getattr(self, "quantizer", None)
+        frozen_by_quant = quantizer is not None and quantizer.name != "none" and trainable < total
+        if frozen_by_quant and not has_lora(self):
+            log.warning(
+                "quant=%s: the quantized layers are frozen, so only %s of %s parameters train (%s). To train "
+                "adapters on the quantized model (QLoRA), add +preset=qlora (or set backbone.lora)",
+                quantizer.name,
+                human_count(trainable),
+                human_count(total),
+                kinds or "none",
+            )
+        return trainable, total
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.run_config is not None:
             checkpoint["zoo_config"] = self.run_config
+
+
+def human_count(n: int) -> str:
+    """``1234567`` -> ``'1.23M'``, ``14208`` -> ``'14.2K'``."""
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
 
 
 class ZooModule(ZooBaseModule):
@@ -114,11 +157,13 @@ class ZooModule(ZooBaseModule):
             self.model = self.backbone.build_model(self.quantizer)
 
     def export_pretrained(self, directory: str | Path) -> Path:
-        """Write model and tokenizer with ``save_pretrained`` (safetensors)."""
+        """Write model and tokenizer with ``save_pretrained`` (safetensors); LoRA adapters (``backbone.lora``) are
+        merged into the written weights."""
         self.configure_model()
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory, safe_serialization=True)
+        model = merged_copy(self.model) if has_lora(self.model) else self.model
+        model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
         return directory
 

@@ -28,7 +28,6 @@ No Lightning or Hydra import here.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zoo.data.sources import iter_jsonl
 from zoo.errors import ConfigError, DataError
 from zoo.quant.base import Quantizer
 from zoo.quant.baselines import quantize_onebit, quantize_sign
@@ -98,20 +98,13 @@ def _jsonl_texts(path: Path) -> list[tuple[str, str]]:
     if not path.is_file():
         raise DataError(f"{path}: calibration file not found")
     rows: list[tuple[str, str]] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
-            if isinstance(row, dict) and isinstance(row.get("text"), str):
-                rows.append(("", row["text"]))
-            elif isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("prompt", "completion")):
-                rows.append((row["prompt"], row["completion"]))
-            else:
-                raise DataError(f"{path}:{line_no}: calibration rows need a string 'text' or 'prompt' + 'completion'")
+    for line_no, row in iter_jsonl(path):
+        if isinstance(row, dict) and isinstance(row.get("text"), str):
+            rows.append(("", row["text"]))
+        elif isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("prompt", "completion")):
+            rows.append((row["prompt"], row["completion"]))
+        else:
+            raise DataError(f"{path}:{line_no}: calibration rows need a string 'text' or 'prompt' + 'completion'")
     if not rows:
         raise DataError(f"{path}: no calibration rows")
     return rows

@@ -1,0 +1,94 @@
+"""Checkpoint files: read one with a single clear error, and find non-finite values before one is written.
+
+Plain torch (no Lightning): :func:`read_checkpoint` is how the zoo opens a ``.ckpt`` it was given (``ckpt_path``,
+``backbone.init_from``), always with ``weights_only=True``; :func:`nonfinite_tensors` is what the run guard
+(:class:`zoo.callbacks.RunGuard`) checks a checkpoint with before it is written, so that ``last.ckpt`` is always one
+that a run can resume from.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zoo.errors import CheckpointError, CheckpointNotFoundError
+
+# torch.load's complaint when a weights_only load meets an object that is not a tensor or a plain container
+_REFUSED = "Weights only load failed"
+_NOT_ZIP = "mmap can only be used with files saved with"
+
+
+def nonfinite_tensors(tree: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the floating-point tensors in ``tree`` (nested dicts, lists, tuples) that hold a NaN or an
+    infinity, in traversal order. ``tree`` is e.g. a Lightning checkpoint dict (``state_dict``,
+    ``optimizer_states``, ...) or a module's ``named_parameters()`` turned into a dict."""
+    found: list[str] = []
+    if isinstance(tree, torch.Tensor):
+        if (tree.is_floating_point() or tree.is_complex()) and tree.numel() and not torch.isfinite(tree).all():
+            found.append(prefix or "<tensor>")
+    elif isinstance(tree, Mapping):
+        for key, value in tree.items():
+            found.extend(nonfinite_tensors(value, f"{prefix}.{key}" if prefix else str(key)))
+    elif isinstance(tree, Sequence) and not isinstance(tree, (str, bytes)):
+        for index, value in enumerate(tree):
+            found.extend(nonfinite_tensors(value, f"{prefix}.{index}" if prefix else str(index)))
+    return found
+
+
+def read_checkpoint(path: str | Path, what: str = "ckpt_path", mmap: bool = True) -> dict[str, Any]:
+    """Load a checkpoint on the CPU with ``weights_only=True``, or raise one error naming the file.
+
+    Args:
+        path: the ``.ckpt`` (or any ``torch.save`` file).
+        what: the option it came from, for the message (``ckpt_path``, ``backbone.init_from``).
+        mmap: map the tensors instead of reading them (cheap check of a large file; needs the zip format that
+            ``torch.save`` has written since torch 1.6, else the file is read whole).
+
+    Raises:
+        CheckpointNotFoundError: no file at ``path``.
+        CheckpointError: the file is truncated, corrupt, not a checkpoint, or holds objects that a
+            ``weights_only`` load refuses (a pickled class: possibly code that would run on load).
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CheckpointNotFoundError(f"{what}: no checkpoint file at {path.resolve()}")
+    try:
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        except RuntimeError as err:
+            if not (mmap and _NOT_ZIP in str(err)):
+                raise
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if _REFUSED in str(err):
+            raise CheckpointError(
+                f"{what}: refused to load {path.resolve()}: it holds Python objects other than tensors and plain "
+                "containers, which torch.load(weights_only=True) does not unpickle (loading them could run code). "
+                "Use a checkpoint written by this zoo, or an export directory (save_pretrained)"
+            ) from None
+        raise CheckpointError(_invalid(path, what, err)) from None
+    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, OSError, AttributeError, KeyError) as err:
+        raise CheckpointError(_invalid(path, what, err)) from None
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(
+            f"{what}: {path.resolve()} holds a {type(checkpoint).__name__}, not a checkpoint dict (a Lightning .ckpt)"
+        )
+    return checkpoint
+
+
+def _invalid(path: Path, what: str, err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    detail = f"{type(err).__name__}: {text.split('. ')[0][:160]}" if text else type(err).__name__
+    return (
+        f"{what}: {path.resolve()} is not a valid checkpoint ({detail}); the file may be truncated or corrupt (an "
+        f"interrupted write or copy: it is {path.stat().st_size} bytes). Use another checkpoint, e.g. the previous "
+        "one of the run, or start the run again"
+    )
+
+
+__all__ = ["nonfinite_tensors", "read_checkpoint"]
