@@ -62,7 +62,8 @@ class BnbQuantizer(Quantizer):
             import bitsandbytes  # noqa: F401
         except ImportError as err:  # no silent fallback to full precision
             raise ConfigError(
-                f"quant=bnb_{mode} needs bitsandbytes (pip install 'paperzoo[bnb]' or 'bitsandbytes>=0.45')"
+                f"quant=bnb_{mode} needs bitsandbytes, a core dependency of paperzoo: reinstall it "
+                "(pip install -e .) or pip install 'bitsandbytes>=0.45'"
             ) from err
         self.mode = mode
         self.name = f"bnb_{mode}"

@@ -53,6 +53,7 @@ from zoo.errors import ConfigError, DataError
 from zoo.quant.base import Quantizer
 from zoo.quant.baselines import quantize_onebit, quantize_sign
 from zoo.quant.nanoquant import (
+    FORWARD_MODES,
     NanoQuantReport,
     collect_linear_stats,
     default_layer_filter,
@@ -61,6 +62,7 @@ from zoo.quant.nanoquant import (
     quantize_model,
     rank_for_bits,
     replace_linears,
+    set_forward_mode,
     shrink_stats,
 )
 
@@ -293,6 +295,9 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
         tokenizer: the backbone's tokenizer (or the backbone) for calibration text.
         calib_input_ids, calib_mask: ready calibration ids ``[N, T]`` and real-token mask (Python use).
         seed: seed of ADMM init and of the reconstruction shuffles.
+        forward, chunk_size: run-time forward of the quantized layers once quantization is done: ``"cached"``
+            (unpacked +-1 factors kept, as large as the dense weight at ~1 bpw) or ``"chunked"`` (``chunk_size``
+            rows unpacked at a time into a bounded workspace; the memory win kept at run time).
 
     After :meth:`apply`, ``self.report`` holds the :class:`~zoo.quant.nanoquant.NanoQuantReport`.
     """
@@ -322,8 +327,16 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
         calib_input_ids: torch.Tensor | None = None,
         calib_mask: torch.Tensor | None = None,
         seed: int = 0,
+        forward: str = "cached",
+        chunk_size: int = 256,
     ) -> None:
         super().__init__(calibration, tokenizer, calib_input_ids, calib_mask)
+        if forward not in FORWARD_MODES:
+            raise ConfigError(f"quant.forward={forward!r}; use one of {FORWARD_MODES}")
+        if int(chunk_size) < 1:
+            raise ConfigError(f"quant.chunk_size={chunk_size} must be >= 1")
+        self.forward = str(forward)
+        self.chunk_size = int(chunk_size)
         if kd_schedule not in ("cosine", "constant"):
             raise ConfigError(f"quant.kd_schedule={kd_schedule!r}; use 'cosine' or 'constant'")
         if not float(bits) > 0:
@@ -416,6 +429,7 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
         )
         for p in model.parameters():  # a post-training quantized model is for evaluation/export
             p.requires_grad_(False)
+        set_forward_mode(model, self.forward, self.chunk_size)
         return model
 
 
@@ -471,10 +485,13 @@ class OneBitQuantizer(_BaselineQuantizer):
     _fn = staticmethod(quantize_onebit)
 
 
-def load_nanoquant_causal_lm(directory: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+def load_nanoquant_causal_lm(
+    directory: str | Path, dtype: torch.dtype = torch.float32, forward: str = "cached", chunk_size: int = 256
+) -> tuple[Any, Any]:
     """Rebuild ``(model, tokenizer)`` from a ``NanoQuantExport`` directory (``+method=nanoquant``): the
     architecture from its ``config.json`` (no weights are read from anywhere else), every tensor strictly from the
-    packed file (:func:`zoo.quant.nanoquant.load_quantized`; a missing or mismatched tensor raises, naming it)."""
+    packed file (:func:`zoo.quant.nanoquant.load_quantized`; a missing or mismatched tensor raises, naming it).
+    ``forward``/``chunk_size``: the run-time forward of the quantized layers (see :class:`NanoQuantQuantizer`)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = Path(directory)
@@ -484,5 +501,6 @@ def load_nanoquant_causal_lm(directory: str | Path, dtype: torch.dtype = torch.f
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
     model = load_quantized(path, build).eval()
+    set_forward_mode(model, forward, chunk_size)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return model, tokenizer
