@@ -55,7 +55,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         return [float(r.info.get("wall_seconds", math.nan)) for r in arms.get(arm, [])]
 
     rows = []
-    for name, runs in arms.items():
+    canonical = [*BASELINES, *(f"{v}_{b}" for b in BUDGETS for v in VARIANTS)]
+    ordered = sorted(arms, key=lambda a: canonical.index(a) if a in canonical else len(canonical))
+    for name, runs in ((a, arms[a]) for a in ordered):
         kl_before, kl_after = (
             stat(values(name, "quant/kl_before_distill")),
             stat(values(name, "quant/kl_after_distill")),
