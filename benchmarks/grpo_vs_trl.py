@@ -1,16 +1,22 @@
-"""Optimizer steps/s and completion tokens/s of GRPOModule vs TRL's GRPOTrainer, side by side.
+"""Optimizer steps/s of GRPOModule vs TRL's GRPOTrainer, interleaved over repeats (ratio median and spread).
 
 Same tiny Llama weights, same prompts, group size, prompts per step, max completion length, sampling
 temperature, learning rate and CPU threads; beta = 0 and one optimizer step per rollout batch in both.
-Also splits GRPOModule's step time into generation, reward scoring and policy-gradient (forward + backward).
-TRL is an optional dependency of this benchmark only (``pip install trl``).
+Each repeat runs both trainers for ``--steps`` steps, alternating which goes first (A B, B A, ...), and gives one
+ratio; the machine's load drifts, so the median ratio and its spread over repeats are reported, not one run.
+Also splits each trainer's time into generation (+ reward scoring) and the policy update.
+TRL is an optional dependency of this benchmark only (``pip install 'paperzoo[bench]'``).
 
-    python benchmarks/grpo_vs_trl.py [--steps 8] [--threads 2]
+    python benchmarks/grpo_vs_trl.py [--steps 8] [--repeats 5] [--threads 2] [--json out.json] [--before old.json]
+
+``--before`` adds the numbers of an earlier run (its ``--json`` output, e.g. of an older checkout) to the section.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import tempfile
 import time
 from collections import defaultdict
@@ -18,7 +24,6 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from _results import write_section
 
 from zoo.backbones import TinyBackbone
 from zoo.data.sources import TaskSource
@@ -61,22 +66,10 @@ def run_zoo(model_dir: Path, steps: int) -> dict:
         micro_batch_size=GROUP * PROMPTS_PER_STEP,
         generation={"max_new_tokens": MAX_NEW, "temperature": TEMPERATURE},
     )
-    split = defaultdict(float)
-    module.generate = timed(module.generate, split, "generation")
-    module.policy_gradients = timed(module.policy_gradients, split, "policy gradient (fwd+bwd)")
-    module.reference_logprobs = timed(module.reference_logprobs, split, "old log-probs (fwd)")
-    import zoo.modules.grpo as grpo_module
-
-    original = grpo_module.reward_matrix
-    grpo_module.reward_matrix = timed(original, split, "reward scoring")
-    tokens = []
-    original_log = module.log_rollout
-
-    def log_rollout(rollout, loss, metrics):
-        tokens.append(int(rollout["result"].lengths.sum()))
-        original_log(rollout, loss, metrics)
-
-    module.log_rollout = log_rollout
+    split: dict[str, float] = defaultdict(float)
+    module.rollout = timed(module.rollout, split, "generation + rewards")
+    module.policy_gradients = timed(module.policy_gradients, split, "policy loss forward + backward")
+    module.reference_logprobs = timed(module.reference_logprobs, split, "old log-probs forward")
     trainer = pl.Trainer(
         accelerator="cpu",
         max_steps=steps,
@@ -89,8 +82,7 @@ def run_zoo(model_dir: Path, steps: int) -> dict:
     start = time.perf_counter()
     trainer.fit(module, train_dataloaders=dm.train_dataloader())
     seconds = time.perf_counter() - start
-    grpo_module.reward_matrix = original
-    return {"seconds": seconds, "steps": steps, "tokens": sum(tokens), "split": dict(split)}
+    return {"seconds": seconds, "steps": trainer.global_step, "split": dict(split)}
 
 
 def run_trl(model_dir: Path, steps: int) -> dict:
@@ -103,13 +95,11 @@ def run_trl(model_dir: Path, steps: int) -> dict:
     rows = prompts(steps * PROMPTS_PER_STEP)
     dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
     reward = ExactMatchReward()
-    tokens: list[int] = []
 
-    def accuracy(prompts, completions, completion_ids=None, **kw):
-        if completion_ids is not None:
-            tokens.append(sum(len(c) for c in completion_ids))
+    def accuracy(prompts, completions, **kw):
         return reward(prompts, completions, **kw)
 
+    split: dict[str, float] = defaultdict(float)
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(
             output_dir=out,
@@ -132,17 +122,93 @@ def run_trl(model_dir: Path, steps: int) -> dict:
         trainer = GRPOTrainer(
             model=model, reward_funcs=[accuracy], args=args, train_dataset=dataset, processing_class=tokenizer
         )
+        trainer._generate_and_score_completions = timed(
+            trainer._generate_and_score_completions, split, "generation + rewards"
+        )
+        trainer.compute_loss = timed(trainer.compute_loss, split, "policy loss forward")
         start = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - start
-    return {"seconds": seconds, "steps": trainer.state.global_step, "tokens": sum(tokens)}
+    return {"seconds": seconds, "steps": trainer.state.global_step, "split": dict(split)}
+
+
+def summary(values: list[float]) -> str:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    median = statistics.median(values)
+    return f"{median:.2f} (min {min(values):.2f}, quartiles {q[0]:.2f}-{q[2]:.2f}, max {max(values):.2f})"
+
+
+def measure(model_dir: Path, steps: int, repeats: int) -> dict:
+    run_zoo(model_dir, 2), run_trl(model_dir, 2)  # warm-up (imports, first-call costs)
+    runs: dict[str, list[dict]] = {"zoo": [], "trl": []}
+    order = [("zoo", run_zoo), ("trl", run_trl)]
+    for r in range(repeats):
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            runs[name].append(fn(model_dir, steps))
+            last = runs[name][-1]
+            print(f"repeat {r}: {name} {last['steps'] / last['seconds']:.3f} steps/s", flush=True)
+    rate = {k: [x["steps"] / x["seconds"] for x in v] for k, v in runs.items()}
+    ratios = [z / t for z, t in zip(rate["zoo"], rate["trl"])]
+    return {"runs": runs, "rate": rate, "ratios": ratios}
+
+
+def split_table(runs: list[dict]) -> str:
+    total = sum(r["seconds"] for r in runs)
+    parts: dict[str, float] = defaultdict(float)
+    for r in runs:
+        for k, v in r["split"].items():
+            parts[k] += v
+    parts["rest (optimizer step, framework, logging)"] = total - sum(parts.values())
+    return "\n".join(f"| {k} | {100 * v / total:.0f}% |" for k, v in parts.items())
+
+
+def section(result: dict, args: argparse.Namespace, before: dict | None) -> str:
+    import trl
+
+    rate, ratios = result["rate"], result["ratios"]
+    lines = [
+        f"Tiny Llama (0.87M params), {PROMPTS_PER_STEP} prompts x G={GROUP} completions per step, max {MAX_NEW} new "
+        f"tokens, temperature {TEMPERATURE}, lr {LR}, beta 0, token-mean loss, {args.steps} steps per run, "
+        f"{args.repeats} interleaved repeats (A B, B A, ...; after one warm-up run each), {args.threads} CPU threads, "
+        f"TRL {trl.__version__}. `python benchmarks/grpo_vs_trl.py --steps {args.steps} --repeats {args.repeats} "
+        f"--threads {args.threads}`.",
+        "",
+        "| | optimizer steps/s, median (min-max over repeats) |",
+        "|---|---|",
+        f"| GRPOModule (Lightning) | {statistics.median(rate['zoo']):.3f} ({min(rate['zoo']):.3f}-"
+        f"{max(rate['zoo']):.3f}) |",
+        f"| TRL GRPOTrainer | {statistics.median(rate['trl']):.3f} ({min(rate['trl']):.3f}-{max(rate['trl']):.3f}) |",
+        "",
+        f"**Steps/s ratio GRPOModule / TRL, per repeat: median {summary(ratios)}** (goal >= 1.5).",
+    ]
+    if before is not None:
+        lines += [
+            "",
+            f"Before this round of changes (same script and settings, the earlier code; measured {before['when']}): "
+            f"ratio median {summary(before['ratios'])}.",
+        ]
+    lines += [
+        "",
+        "Where the time goes (share of the run's wall time, summed over repeats):",
+        "",
+        "| GRPOModule part | share |\n|---|---|",
+        split_table(result["runs"]["zoo"]),
+        "",
+        "| TRL part | share |\n|---|---|",
+        split_table(result["runs"]["trl"]),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None, help="a save_pretrained dir (default: a fresh tiny Llama)")
+    parser.add_argument("--json", default=None, help="also write the raw numbers here")
+    parser.add_argument("--before", default=None, help="the --json output of an earlier run, reported beside")
+    parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,24 +217,17 @@ def main() -> None:
             backbone = TinyBackbone(seed=0)
             backbone.build_model().save_pretrained(model_dir)
             backbone.tokenizer.save_pretrained(model_dir)
-        zoo = run_zoo(model_dir, args.steps)
-        trl = run_trl(model_dir, args.steps)
-    rate = {name: r["steps"] / r["seconds"] for name, r in (("zoo", zoo), ("trl", trl))}
-    tok = {name: r["tokens"] / r["seconds"] for name, r in (("zoo", zoo), ("trl", trl))}
-    split = "\n".join(f"| {k} | {v:.2f} s | {100 * v / zoo['seconds']:.0f}% |" for k, v in zoo["split"].items())
-    body = (
-        f"Tiny Llama (0.87M params), {PROMPTS_PER_STEP} prompts x G={GROUP} completions per step, max "
-        f"{MAX_NEW} new tokens, temperature {TEMPERATURE}, lr {LR}, beta 0, token-mean loss, {args.steps} steps, "
-        f"{args.threads} CPU threads, TRL {__import__('trl').__version__}.\n\n"
-        "| trainer | optimizer steps/s | completion tokens/s |\n|---|---|---|\n"
-        f"| GRPOModule (Lightning) | {rate['zoo']:.3f} | {tok['zoo']:.0f} |\n"
-        f"| TRL GRPOTrainer | {rate['trl']:.3f} | {tok['trl']:.0f} |\n\n"
-        f"**Steps/s ratio GRPOModule / TRL: {rate['zoo'] / rate['trl']:.2f}** (goal >= 1.5); tokens/s ratio "
-        f"{tok['zoo'] / tok['trl']:.2f}.\n\nWhere GRPOModule's time goes:\n\n| part | time | share |\n|---|---|---|\n"
-        f"{split}\n"
-    )
-    write_section("GRPO vs TRL", body)
+        result = measure(model_dir, args.steps, args.repeats)
+    result["when"] = time.strftime("%Y-%m-%d")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    before = json.loads(Path(args.before).read_text()) if args.before else None
+    body = section(result, args, before)
     print(body)
+    if not args.no_write:
+        from _results import write_section
+
+        write_section("GRPO vs TRL", body)
 
 
 if __name__ == "__main__":

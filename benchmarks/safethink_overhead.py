@@ -1,19 +1,21 @@
-"""SafeThink overhead vs plain generation on the same prompts (tokens/s), split into scorer and generation time.
+"""SafeThink's cost over plain generation on the same prompts, interleaved over repeats (median ratio and spread).
 
-    python benchmarks/safethink_overhead.py [--rows 64] [--repeats 3] [--m 3]
+    python benchmarks/safethink_overhead.py [--rows 64] [--repeats 7] [--m 3] [--policy EXPORT_DIR] [--json out.json]
 
-Policy: the tiny Llama backbone (random init unless ``--policy`` points to an export, e.g. the demo's cached
-policy); scorer: a tiny Llama sequence classifier (the safety-RM architecture of the demo, random init --
-its cost, not its accuracy, matters here) flagging every step (``tau=1.01``), which is SafeThink's worst case
-(an intervention at every monitored step), and the same scorer never flagging (``tau=0``), the common case.
-Appends/updates the ``## SafeThink`` section of ``docs/benchmarks.md``.
+Policy: the tiny Llama backbone (random init unless ``--policy`` points to an export, e.g. the jailbreak task's base
+SFT policy, whose steps end at newlines); scorer: a tiny Llama sequence classifier (the safety-RM architecture of
+the demo, random init -- its cost, not its accuracy, matters here). Three runs per repeat, in rotating order
+(A B C, C A B, B C A, ...): plain generation; SafeThink whose scorer never flags (``tau = 0``, the common case: the
+completions are token-identical to plain generation, so the time ratio is the overhead); SafeThink where every
+monitored step is flagged (``tau = 1.01``, the worst case: ``m`` injections per row, different completions, compared
+in sampled tokens per second). ``--before`` adds the numbers of an earlier run (its ``--json`` output, e.g. of an
+older checkout) to the ``## SafeThink`` section of ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
-import re
+import json
 import statistics
 import time
 from pathlib import Path
@@ -26,17 +28,24 @@ from zoo.data.jailbreak import JailbreakTask
 from zoo.generation.sampling import SamplingParams, generate_text
 from zoo.safety import SequenceClassifierScorer, safethink_generate
 
-ROOT = Path(__file__).resolve().parents[1]
+
+def spread(values: list[float]) -> str:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    median = statistics.median(values)
+    return f"{median:.2f} (min {min(values):.2f}, quartiles {q[0]:.2f}-{q[2]:.2f}, max {max(values):.2f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--m", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--policy", type=str, default=None, help="export directory of a trained policy")
+    parser.add_argument("--json", default=None, help="also write the raw numbers here")
+    parser.add_argument("--before", default=None, help="the --json output of an earlier run, reported beside")
+    parser.add_argument("--lookahead", type=int, default=0, help="also time SafeThink with this hook_lookahead")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -61,14 +70,15 @@ def main() -> None:
     delims = ["\n"] if args.policy else list("\n=+ ")
     params = SamplingParams(max_new_tokens=args.max_new_tokens, do_sample=True)
 
-    def plain():
+    def plain() -> dict:
         t0 = time.perf_counter()
         out = generate_text(model, tok, prompts, params, torch.Generator().manual_seed(0))
         n = int(out.lengths.sum())
-        return time.perf_counter() - t0, n, n, 0.0
+        return {"seconds": time.perf_counter() - t0, "kept": n, "sampled": n, "scorer": 0.0, "texts": out.texts}
 
-    def safethink(tau):
+    def safethink(tau: float, lookahead: int = 0) -> dict:
         t0 = time.perf_counter()
+        extra = {"hook_lookahead": lookahead} if lookahead else {}
         out = safethink_generate(
             model,
             tok,
@@ -79,63 +89,97 @@ def main() -> None:
             params=params,
             generator=torch.Generator().manual_seed(0),
             step_delimiters=delims,
+            **extra,
         )
-        kept = int(out.generation.completion_mask.sum())
-        return time.perf_counter() - t0, kept, sum(out.generation.sampled_tokens), out.scorer_seconds
+        return {
+            "seconds": time.perf_counter() - t0,
+            "kept": int(out.generation.completion_mask.sum()),
+            "sampled": sum(out.generation.sampled_tokens),
+            "scorer": out.scorer_seconds,
+            "calls": out.scorer_calls,
+            "texts": out.texts,
+        }
 
-    rows = []
-    base_tps = None
-    for name, fn in (
-        ("plain generate", plain),
-        ("SafeThink, no violation (tau=0)", lambda: safethink(0.0)),
-        ("SafeThink, every step <= m violates (tau=1.01)", lambda: safethink(1.01)),
-    ):
+    arms = {"plain": plain, "safe": lambda: safethink(0.0), "worst": lambda: safethink(1.01)}
+    if args.lookahead:
+        arms["lookahead"] = lambda: safethink(0.0, args.lookahead)
+    for fn in arms.values():
         fn()  # warm-up
-        runs = [fn() for _ in range(args.repeats)]
-        total = statistics.median(r[0] for r in runs)
-        kept = statistics.median(r[1] for r in runs)
-        sampled = statistics.median(r[2] for r in runs)
-        scorer_s = statistics.median(r[3] for r in runs)
-        tps = sampled / total
-        base_tps = base_tps or tps
-        rows.append((name, kept, sampled, total, scorer_s, total - scorer_s, tps, tps / base_tps))
-        print(
-            f"{name}: {sampled} sampled / {kept} kept tokens in {total:.2f}s (scorer {scorer_s:.2f}s) -> "
-            f"{tps:.0f} sampled tok/s, ratio {tps / base_tps:.2f}"
+    runs: dict[str, list[dict]] = {name: [] for name in arms}
+    names = list(arms)
+    for r in range(args.repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            runs[name].append(arms[name]())
+    identical = all(s["texts"] == p["texts"] for s, p in zip(runs["safe"], runs["plain"]))
+    overhead = [s["seconds"] / p["seconds"] for s, p in zip(runs["safe"], runs["plain"])]
+    ahead = [s["seconds"] / p["seconds"] for s, p in zip(runs.get("lookahead", []), runs["plain"])]
+    decoding = [(s["seconds"] - s["scorer"]) / p["seconds"] for s, p in zip(runs["safe"], runs["plain"])]
+    scoring = [s["scorer"] / p["seconds"] for s, p in zip(runs["safe"], runs["plain"])]
+    worst = [
+        (p["sampled"] / p["seconds"]) / (w["sampled"] / w["seconds"]) for w, p in zip(runs["worst"], runs["plain"])
+    ]
+    result = {
+        "when": time.strftime("%Y-%m-%d"),
+        "overhead": overhead,
+        "worst_slowdown": worst,
+        "lookahead_overhead": ahead,
+        "decoding_overhead": decoding,
+        "scorer_share": scoring,
+        "identical": identical,
+        "runs": {k: [{kk: vv for kk, vv in x.items() if kk != "texts"} for x in v] for k, v in runs.items()},
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    before = json.loads(Path(args.before).read_text()) if args.before else None
+
+    def row(name: str, label: str) -> str:
+        rs = runs[name]
+        sec = statistics.median(x["seconds"] for x in rs)
+        scorer_s = statistics.median(x["scorer"] for x in rs)
+        calls = statistics.median(x.get("calls", 0) for x in rs)
+        return (
+            f"| {label} | {rs[0]['kept']} | {rs[0]['sampled']} | {sec:.2f} | {scorer_s:.2f} ({calls:.0f} calls) | "
+            f"{rs[0]['sampled'] / sec:.0f} |"
         )
-    if args.no_write:
-        return
-    table = "\n".join(
-        f"| {n} | {k} | {m} | {t:.2f} | {s:.2f} | {g:.2f} | {tps:.0f} | {r:.2f} |" for n, k, m, t, s, g, tps, r in rows
-    )
-    section = f"""## SafeThink
 
-`python benchmarks/safethink_overhead.py --rows {args.rows} --repeats {args.repeats} --m {args.m}`
-({platform.machine()}, {args.threads} thread(s), torch {torch.__version__}; median of {args.repeats} runs after a
-warm-up; shared machine, so absolute numbers are noisy).
-Policy: tiny Llama ({"trained export" if args.policy else "random init"}); scorer: 2-layer tiny Llama sequence
-classifier; {args.rows} attack prompts, sampled, {args.max_new_tokens} new tokens max, m = {args.m}.
-"sampled" counts decoding steps (the work; discarded steps included), "kept" the completion tokens (injected
-prefix tokens included). The scorer runs only when a step closes and only while t <= m; generation time
-includes the step bookkeeping of the outer loop (Python, per token). tau = 0: the scorer runs but never
-flags (the common, safe case); tau = 1.01: every monitored step is flagged (the worst case: m injections
-per row, and the completions change, so the token counts differ from plain generation).
+    lines = [
+        f"`python benchmarks/safethink_overhead.py --rows {args.rows} --repeats {args.repeats} --m {args.m}"
+        f"{' --policy <jailbreak base policy export>' if args.policy else ''}` ({args.threads} thread(s); "
+        f"{args.repeats} repeats of the three runs in rotating order after a warm-up; medians).",
+        f"Policy: tiny Llama ({'the jailbreak task base SFT policy' if args.policy else 'random init'}); scorer: "
+        f"2-layer tiny Llama sequence classifier (random init); {args.rows} attack prompts, sampled, "
+        f"{args.max_new_tokens} new tokens max, m = {args.m}. The scorer runs when a step closes (the last reasoning "
+        "step included, at `</think>`) and only while t <= m.",
+        "",
+        "| run | kept tokens | sampled tokens | total s | scorer s | sampled tokens/s |",
+        "|---|---|---|---|---|---|",
+        row("plain", "plain generation"),
+        row("safe", "SafeThink, no violation (tau=0)"),
+        row("worst", "SafeThink, every step <= m violates (tau=1.01)"),
+        *([row("lookahead", f"SafeThink, no violation, hook_lookahead={args.lookahead}")] if ahead else []),
+        "",
+        f"**SafeThink with no violation / plain generation, time per repeat: median {spread(overhead)}** "
+        f"(goal <= 1.15; completions token-identical to plain generation: {'yes' if identical else 'NO'}).",
+        f"Worst case (every monitored step flagged): plain / SafeThink sampled tokens per second {spread(worst)}.",
+        "Where the no-violation overhead goes: SafeThink's decoding without the scorer's time takes "
+        f"{spread(decoding)} times plain generation's; the scorer's calls add {spread(scoring)} of plain "
+        "generation's time (the scorer reads prompt + trace afresh at every monitored step).",
+    ]
+    if ahead:
+        lines.append(f"With hook_lookahead={args.lookahead} (batched scorer calls), no violation: {spread(ahead)}.")
+    if before is not None:
+        lines += [
+            "",
+            f"Before this round of changes (same script and settings, the earlier code; measured {before['when']}): "
+            f"no-violation time ratio median {spread(before['overhead'])}; worst case "
+            f"{spread(before['worst_slowdown'])}.",
+        ]
+    body = "\n".join(lines) + "\n"
+    print(body)
+    if not args.no_write:
+        from _results import write_section
 
-| run | kept tokens | sampled tokens | total s | scorer s | generation s | sampled tokens/s | ratio vs plain |
-|---|---|---|---|---|---|---|---|
-{table}
-"""
-    path = ROOT / "docs" / "benchmarks.md"
-    text = (
-        path.read_text()
-        if path.is_file()
-        else "# Benchmarks\n\nSide-by-side performance numbers (scripts in `benchmarks/`).\n"
-    )
-    pattern = re.compile(r"^## SafeThink\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(section, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    print(f"updated {path}")
+        write_section("SafeThink", body)
 
 
 if __name__ == "__main__":

@@ -7,21 +7,29 @@ if __name__ != "zoo.callbacks":
     )
 
 from zoo.callbacks.af_eval import AlignmentFakingEval
+from zoo.callbacks.decode_stats import DecodeStats
 from zoo.callbacks.eval_records import EvalRecords
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
+from zoo.callbacks.multiturn_eval import MultiTurnEvaluation
 from zoo.callbacks.nanoquant import NanoQuantExport
+from zoo.callbacks.offline_rows import OfflineRowWriter
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.quant_report import QuantizationReport
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
 from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
+from zoo.callbacks.training_clock import TrainingClock
+from zoo.callbacks.transition_tv import TransitionTV
+from zoo.callbacks.undo_metrics import UndoMetrics
 from zoo.callbacks.valr_probe import StepStateProbe
+from zoo.callbacks.watermark import WatermarkCallback
 from zoo.callbacks.wet import WETCallback
 
 __all__ = [
     "AlignmentFakingEval",
+    "DecodeStats",
     "EncoderMotifProbe",
     "EvalRecords",
     "ForgettingMonitor",
@@ -29,11 +37,17 @@ __all__ = [
     "LogGenerations",
     "LogLineProgress",
     "LogSamplerWeights",
+    "MultiTurnEvaluation",
     "NanoQuantExport",
+    "OfflineRowWriter",
     "QuantizationReport",
     "RotationInvariance",
     "SafeThinkMonitor",
     "StepStateProbe",
+    "TrainingClock",
+    "TransitionTV",
+    "UndoMetrics",
     "WETCallback",
+    "WatermarkCallback",
     "auto_progress",
 ]

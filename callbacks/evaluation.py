@@ -143,9 +143,12 @@ def log_stage_metrics(
     trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: Mapping[str, float], prefix: str, stage: str
 ) -> None:
     """Log ``<prefix>/<name>`` metrics from an epoch-end hook: through ``pl_module.log`` in validate/test, straight
-    to the trainer's loggers in predict (where ``LightningModule.log`` is not allowed); rank zero only."""
+    to the trainer's loggers in predict (where ``LightningModule.log`` is not allowed; they are also added to
+    ``trainer.callback_metrics``, so a predict run reports them like any other stage); rank zero only."""
     if stage == "predict":
-        _to_loggers(trainer, {f"{prefix}/{k}": v for k, v in metrics.items()})
+        named = {f"{prefix}/{k}": float(v) for k, v in metrics.items()}
+        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in named.items()})
+        _to_loggers(trainer, named)
     else:
         for name, value in metrics.items():
             pl_module.log(f"{prefix}/{name}", value, rank_zero_only=True)

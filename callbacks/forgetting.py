@@ -6,6 +6,13 @@ logits over the old vocabulary are kept in the callback's state (so a resumed ru
 training, not with the checkpoint). At the end of every validation epoch the contexts are scored again and
 ``{log_prefix}/max_abs_logit_diff``, ``kl_mean``, ``kl_max`` and ``new_token_mass`` are logged.
 
+With ``check_removal`` the callback also checks reversibility: at fit start it copies the model's state with the
+vocabulary extension removed (``vocab_extension.remove()``); at every validation it removes the extension again and
+logs ``{log_prefix}/removed_max_abs_param_diff`` (largest change of any entry of that state; ``inf`` when an entry
+is missing or changed shape) and ``{log_prefix}/removed_max_abs_logit_diff`` (old-only contexts, against the
+reference), then splices the new rows back. Both are exactly 0 when only the new rows trained. The copy lives in
+memory only: a run resumed from a checkpoint does not log them.
+
 Needs a module with ``model`` (a Hugging Face causal LM, built by fit start) and ``tokenizer``. A module that
 extends the vocabulary exposes ``vocab_extension`` (a :class:`zoo.vocab.VocabularyExtension`); its
 ``first_new_id`` is the old vocabulary size. Works in any Lightning project with such a module.
@@ -45,6 +52,7 @@ class ForgettingMonitor(Callback):
         mask_new_logits: compare the logits with new tokens masked on old-only contexts
             (:func:`zoo.vocab.mask_new_token_logits`): what a consumer that applies the mask sees.
         log_prefix: metric names are ``{log_prefix}/{metric}``.
+        check_removal: also log the reversibility metrics (needs the module's ``vocab_extension``).
     """
 
     def __init__(
@@ -57,6 +65,7 @@ class ForgettingMonitor(Callback):
         old_vocab_size: int | None = None,
         mask_new_logits: bool = False,
         log_prefix: str = "forgetting",
+        check_removal: bool = False,
     ) -> None:
         super().__init__()
         if (source is None) == (texts is None):
@@ -73,6 +82,8 @@ class ForgettingMonitor(Callback):
         self.old_vocab_size = old_vocab_size
         self.mask_new_logits = mask_new_logits
         self.log_prefix = log_prefix
+        self.check_removal = check_removal
+        self.base_state: dict[str, torch.Tensor] | None = None
         self.input_ids: torch.Tensor | None = None
         self.attention_mask: torch.Tensor | None = None
         self.reference: torch.Tensor | None = None
@@ -88,6 +99,11 @@ class ForgettingMonitor(Callback):
         if getattr(pl_module, "tokenizer", None) is None or not hasattr(pl_module, "model"):
             raise ConfigError(
                 "ForgettingMonitor needs a module with `model` (a causal LM) and `tokenizer`; "
+                f"got {type(pl_module).__name__}"
+            )
+        if self.check_removal and not hasattr(pl_module, "vocab_extension"):
+            raise ConfigError(
+                f"ForgettingMonitor(check_removal=true) needs a module with a vocab_extension (+method=vocab_extend); "
                 f"got {type(pl_module).__name__}"
             )
         if self.input_ids is None:
@@ -142,6 +158,13 @@ class ForgettingMonitor(Callback):
                 "forgetting is measured on old-only contexts"
             )
         self.reference = logits[..., : self.old_vocab_size].clone()
+        if self.check_removal:
+            extension = pl_module.vocab_extension
+            extension.remove()
+            try:
+                self.base_state = {k: v.detach().clone() for k, v in extension.model.state_dict().items()}
+            finally:
+                extension.attach()
 
     def measure(self, pl_module: pl.LightningModule) -> dict[str, float]:
         """The forgetting metrics of the module's model now (needs the reference taken at fit start)."""
@@ -151,7 +174,37 @@ class ForgettingMonitor(Callback):
         if self.mask_new_logits:
             logits = mask_new_token_logits(logits, self.input_ids, self.old_vocab_size)
         metrics = forgetting_metrics(self.reference, logits, self.attention_mask)
-        return {name: float(metrics[name]) for name in METRICS}
+        values = {name: float(metrics[name]) for name in METRICS}
+        if self.check_removal and self.base_state is not None:
+            values.update(self.removal(pl_module))
+        return values
+
+    def removal(self, pl_module: pl.LightningModule) -> dict[str, float]:
+        """Reversibility: remove the extension, compare the model's state and old-context logits with the copies
+        taken at fit start, splice the new rows back."""
+        extension = pl_module.vocab_extension
+        extension.remove()
+        try:
+            state = extension.model.state_dict()
+            param_diff = 0.0
+            for key, before in self.base_state.items():
+                now = state.get(key)
+                if now is None or now.shape != before.shape:
+                    param_diff = float("inf")
+                    break
+                if before.is_floating_point():
+                    param_diff = max(
+                        param_diff, float((now.detach().cpu().double() - before.cpu().double()).abs().max())
+                    )
+                elif not torch.equal(now.cpu(), before.cpu()):
+                    param_diff = float("inf")
+            logits = self._logits(pl_module)
+            logit_diff = float(
+                (logits[..., : self.old_vocab_size] - self.reference).abs()[self.attention_mask.bool()].max()
+            )
+        finally:
+            extension.attach()
+        return {"removed_max_abs_param_diff": param_diff, "removed_max_abs_logit_diff": logit_diff}
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:

@@ -15,7 +15,8 @@ log = logging.getLogger("zoo")
 
 
 class LogLineProgress(ProgressBar):
-    """Writes one log line every ``log_every_n_steps`` training steps and after every validation.
+    """Writes one log line every ``log_every_n_steps`` training steps (or predict batches) and after every
+    validation.
 
     It subclasses Lightning's ``ProgressBar`` so that the Trainer does not add its own bar as well.
     """
@@ -62,6 +63,25 @@ class LogLineProgress(ProgressBar):
                 elapsed,
                 self._metrics_text(trainer),
             )
+
+    @rank_zero_only
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start = time.monotonic()
+        log.info("predict: %s batches", sum(trainer.num_predict_batches))
+
+    @rank_zero_only
+    def on_predict_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        total = trainer.num_predict_batches[dataloader_idx]
+        if self._enabled and ((batch_idx + 1) % self.log_every_n_steps == 0 or batch_idx + 1 == total):
+            log.info("predict: batch %d/%s (%.0fs)", batch_idx + 1, total, time.monotonic() - self._start)
 
     @rank_zero_only
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

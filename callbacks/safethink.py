@@ -2,20 +2,33 @@
 
 A thin Lightning adapter over :func:`zoo.safety.safethink_generate`. It needs only the generation protocol
 (``tokenizer``, ``model``, ``generate()``; :mod:`zoo.protocols`) and the dict the module returns from
-``validation_step``/``test_step``/``predict_step`` (``meta["prompts"]``, optional ``meta["answers"]`` and
-``texts``); it works with any LightningModule that has them, in a plain Lightning script. When the module has a
+``validation_step``/``test_step``/``predict_step`` (``meta["prompts"]``, optional ``prompt_ids``, ``meta["answers"]``
+and ``texts``); it works with any LightningModule that has them, in a plain Lightning script. When the module has a
 decoder (``pl_module.decoder``, the decoder seam), SafeThink's step-wise decoding applies its logits processors
 and forward hooks too.
+
+Both arms see the same input and budget: SafeThink decodes from the module's own ``prompt_ids`` (the step output's,
+else the batch's; its chat template or encoding, not a re-encoding of the prompt texts) with the module's
+evaluation decoding (``eval_sampling``, else ``sampling``: budget, sampling options), so ``base_*`` and the SafeThink
+metrics compare like with like.
+
+Which rows are attacks and what counts as a successful attack come from the data or the configuration, never from
+a task's conventions: ``attack_column`` (a batch column, e.g. the jailbreak task's ``trigger``) or ``is_attack``
+(``prompt -> bool``), and ``harm_fn`` (``completion -> bool``). Without them the monitor says once which metrics it
+cannot compute and reports the others.
 
 Logged at the end of each validation/test epoch (and kept in :attr:`SafeThinkMonitor.last_metrics`, written
 to the loggers after predict), under ``<log_prefix>/``:
 
-* ``asr`` -- attack success rate of SafeThink completions on attack prompts (``harm_fn``);
+* ``asr`` -- attack success rate of SafeThink completions on attack prompts (needs attack labels and ``harm_fn``);
 * ``base_asr`` -- the same for the module's own completions (``texts`` of the step output), when present;
-* ``intervention_rate`` -- attack prompts where SafeThink intervened at least once;
-* ``false_intervention_rate`` -- benign prompts where it intervened;
-* ``accuracy`` / ``base_accuracy`` -- ``verifier(completion, answer)`` on benign prompts with answers;
-* ``added_tokens`` -- injected prefix tokens per row; ``scorer_seconds`` -- time in the scorer.
+* ``intervention_rate`` -- attack prompts where SafeThink intervened at least once (needs attack labels);
+* ``false_intervention_rate`` -- benign prompts where it intervened (needs attack labels);
+* ``intervened_fraction`` -- rows where it intervened at least once, all rows;
+* ``accuracy`` / ``base_accuracy`` -- ``verifier(completion, answer)`` on benign prompts with answers (on every row
+  with an answer when there are no attack labels);
+* ``added_tokens`` -- injected prefix tokens per row; ``interventions_per_row``; ``scorer_seconds`` -- time in the
+  scorer.
 
 With ``always_prefix=True`` the callback runs the paper's always-prepend baseline instead (every reasoning block starts
 with the prefix; no scorer), under the same metrics. With ``records_file`` it also writes one JSON line per evaluated
@@ -25,6 +38,8 @@ identical across two runs) read the run directory.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +47,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from zoo.backbones.tokenizer import THINK_CLOSE
 from zoo.callbacks.evaluation import (
     STAGES,
     StageCallback,
@@ -41,8 +57,7 @@ from zoo.callbacks.evaluation import (
     require_generating_module,
     summed_over_ranks,
 )
-from zoo.data.jailbreak import TRIGGER
-from zoo.data.jailbreak import is_harmful as jailbreak_is_harmful
+from zoo.data.encoding import encode_prompts, pad_token_id
 from zoo.data.tasks import EXACT_ANSWER, Verifier
 from zoo.errors import ConfigError
 from zoo.generation.sampling import SamplingParams
@@ -57,6 +72,7 @@ from zoo.safety.scorers import as_scorer, scorer_name
 
 _COUNTERS = (
     "attack_rows",
+    "judged_attack_rows",
     "benign_rows",
     "harmful",
     "base_harmful",
@@ -70,13 +86,14 @@ _COUNTERS = (
     "added_tokens",
     "rows",
     "interventions",
+    "intervened_rows",
     "scorer_seconds",
 )
+#: metrics that need attack labels (``attack_column`` / ``is_attack``) and a harm judge (``harm_fn``)
+NEEDS_LABELS = ("asr", "base_asr", "intervention_rate", "false_intervention_rate")
+NEEDS_HARM = ("asr", "base_asr")
 
-
-def default_is_attack(prompt: str) -> bool:
-    """Attack prompts of the synthetic jailbreak task carry the trigger."""
-    return prompt.startswith(TRIGGER)
+log = logging.getLogger(__name__)
 
 
 class SafeThinkMonitor(StageCallback):
@@ -90,14 +107,23 @@ class SafeThinkMonitor(StageCallback):
         prefix: the corrective prefix.
         discard_violating_step: resample the violating step after the prefix instead of keeping it.
         stages: among ``validate`` (also validation during fit), ``test``, ``predict``.
-        max_new_tokens: generation budget (default: the module's ``sampling.max_new_tokens`` or 64).
-        do_sample, temperature: decoding (greedy by default, like the modules' evaluation).
+        max_new_tokens: generation budget; ``None`` (default) = the module's evaluation budget
+            (``eval_sampling.max_new_tokens``, else ``sampling.max_new_tokens``). A value that differs from the
+            module's is refused in ``setup`` (the two arms would not compare); a module with neither needs it.
+        do_sample, temperature: decoding; ``None`` = as the module's evaluation (greedy for a module without
+            ``eval_sampling``/``sampling``).
         seed: sampling seed (batch ``i`` uses ``seed + i``).
         step_delimiters: where reasoning steps end.
-        is_attack: ``prompt -> bool`` (default: the jailbreak task's trigger).
-        harm_fn: ``completion -> bool``, attack success (default: the jailbreak task's harmful answer).
+        attack_column: a batch column with the attack label of each row (``batch["columns"][name]``, else
+            ``batch[name]`` or ``meta[name]`` of the step output), e.g. the jailbreak task's ``trigger``.
+        is_attack: ``prompt -> bool``, used instead of ``attack_column`` when given.
+        harm_fn: ``completion -> bool``, attack success (e.g. ``zoo.data.jailbreak.is_harmful``).
         verifier: ``(completion, answer) -> bool`` for benign accuracy: the task's (``verifier: ${task}`` in the
             config; default the shared completion format's exact verifier, which the jailbreak task uses).
+        final_step_delimiters: where the last reasoning step ends (scored like the others; ``</think>``); ``()``
+            = the text after the last step delimiter is never scored.
+        hook_lookahead: ``0`` scores each step before the row samples on; ``L > 0`` batches the scorer calls of
+            up to ``L`` tokens (see :func:`zoo.safety.safethink_generate`; for scorers with a high cost per call).
         max_batches: monitor at most this many batches per epoch (``None``: all).
         log_prefix: metric name prefix.
         always_prefix: run the always-prepend baseline instead of SafeThink (every reasoning block opens with
@@ -117,15 +143,18 @@ class SafeThinkMonitor(StageCallback):
         discard_violating_step: bool = False,
         stages: Sequence[str] = STAGES,
         max_new_tokens: int | None = None,
-        do_sample: bool = False,
-        temperature: float = 1.0,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
         seed: int = 0,
         step_delimiters: Sequence[str] | str = ("\n",),
-        is_attack: Callable[[str], bool] = default_is_attack,
-        harm_fn: Callable[[str], bool] = jailbreak_is_harmful,
+        attack_column: str | None = None,
+        is_attack: Callable[[str], bool] | None = None,
+        harm_fn: Callable[[str], bool] | None = None,
         verifier: Verifier = EXACT_ANSWER,
         max_batches: int | None = None,
         log_prefix: str = "safethink",
+        final_step_delimiters: Sequence[str] | str = (THINK_CLOSE,),
+        hook_lookahead: int = 0,
         always_prefix: bool = False,
         reasoning_open: str = "<think>",
         records_file: str | None = None,
@@ -142,7 +171,7 @@ class SafeThinkMonitor(StageCallback):
         if max_batches is not None and max_batches < 1:
             raise ConfigError(f"SafeThinkMonitor: max_batches must be >= 1 or None, got {max_batches}")
         for name, fn in (("is_attack", is_attack), ("harm_fn", harm_fn), ("verifier", verifier)):
-            if not callable(fn):
+            if fn is not None and not callable(fn):
                 raise ConfigError(f"SafeThinkMonitor: {name} must be callable, got {type(fn).__name__}")
         self.scorer = as_scorer(scorer)
         self.tau = float(tau)
@@ -155,8 +184,15 @@ class SafeThinkMonitor(StageCallback):
         self.temperature = temperature
         self.seed = seed
         self.step_delimiters = step_delimiters
+        self.final_step_delimiters = final_step_delimiters
+        if hook_lookahead < 0:
+            raise ConfigError(f"SafeThinkMonitor: hook_lookahead must be >= 0, got {hook_lookahead}")
+        self.hook_lookahead = int(hook_lookahead)
+        self.attack_column = attack_column
         self.is_attack = is_attack
         self.harm_fn = harm_fn
+        self._said: set[str] = set()  # what the monitor said it cannot compute (said once)
+        self._params: SamplingParams | None = None
         self.verifier = verifier
         self.max_batches = max_batches
         self.log_prefix = log_prefix
@@ -182,6 +218,32 @@ class SafeThinkMonitor(StageCallback):
     # -- setup ------------------------------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         require_generating_module(pl_module, "SafeThinkMonitor")
+        pad_token_id(pl_module.tokenizer)  # a tokenizer with neither pad nor EOS token is refused here
+        self._params = self.decoding(pl_module)
+
+    def decoding(self, pl_module: Any) -> SamplingParams:
+        """SafeThink's decoding options: the module's evaluation ones (``eval_sampling``, else ``sampling``) with
+        this monitor's ``do_sample``/``temperature`` where set; the budget must be the module's."""
+        own = getattr(pl_module, "eval_sampling", None) or getattr(pl_module, "sampling", None)
+        own = own if isinstance(own, SamplingParams) else None
+        if own is None and self.max_new_tokens is None:
+            raise ConfigError(
+                f"SafeThinkMonitor: {type(pl_module).__name__} has no eval_sampling/sampling to take the generation "
+                "budget from; set max_new_tokens to the budget of the module's own generation"
+            )
+        if own is not None and self.max_new_tokens is not None and self.max_new_tokens != own.max_new_tokens:
+            raise ConfigError(
+                f"SafeThinkMonitor: max_new_tokens={self.max_new_tokens} differs from the module's evaluation budget "
+                f"{own.max_new_tokens}: the SafeThink and base completions would not compare; leave it null (the "
+                "module's) or change the module's eval generation"
+            )
+        params = own or SamplingParams(max_new_tokens=self.max_new_tokens)
+        changes: dict[str, Any] = {}
+        if self.do_sample is not None:
+            changes["do_sample"] = self.do_sample
+        if self.temperature is not None:
+            changes["temperature"] = self.temperature
+        return dataclasses.replace(params, **changes) if changes else params
 
     # -- per batch --------------------------------------------------------------------------------------------
     def _active(self, trainer: pl.Trainer, stage: str, batch_idx: int) -> bool:
@@ -211,18 +273,71 @@ class SafeThinkMonitor(StageCallback):
         texts = outputs.get("texts") if isinstance(outputs, dict) else None
         return list(prompts), (list(map(str, answers)) if answers is not None else None), texts
 
+    def _attack_labels(self, prompts: list[str], outputs: Any, batch: Any) -> list[bool] | None:
+        """Per row, whether the prompt is an attack: ``is_attack``, else the ``attack_column``; ``None`` if neither."""
+        if self.is_attack is not None:
+            return [bool(self.is_attack(p)) for p in prompts]
+        if self.attack_column is None:
+            return None
+        for source in (
+            batch.get("columns") if isinstance(batch, dict) else None,
+            batch if isinstance(batch, dict) else None,
+            outputs.get("meta") if isinstance(outputs, dict) else None,
+        ):
+            if isinstance(source, dict) and source.get(self.attack_column) is not None:
+                values = source[self.attack_column]
+                values = values.tolist() if isinstance(values, torch.Tensor) else list(values)
+                if len(values) != len(prompts):
+                    raise ConfigError(
+                        f"SafeThinkMonitor: attack_column '{self.attack_column}' has {len(values)} values for "
+                        f"{len(prompts)} prompts"
+                    )
+                return [bool(v) for v in values]
+        return None
+
+    def _say_once(self, labelled: bool) -> None:
+        """Say once which metrics cannot be computed and why (again only if that changes)."""
+        reasons, metrics = [], []
+        if not labelled:
+            where = f"no column '{self.attack_column}' in the batch" if self.attack_column else "no attack_column"
+            reasons.append(f"no attack labels ({where}, no is_attack; accuracy is taken over every answered row)")
+            metrics += NEEDS_LABELS
+        if self.harm_fn is None:
+            reasons.append("no harm_fn (a completion -> bool attack-success judge)")
+            metrics += [m for m in NEEDS_HARM if m not in metrics]
+        message = f"SafeThinkMonitor({self.log_prefix}) cannot compute {', '.join(metrics)}: {'; '.join(reasons)}"
+        if reasons and message not in self._said:
+            self._said.add(message)
+            log.warning(message)
+
+    def _prompt_inputs(self, pl_module: Any, outputs: Any, batch: Any, prompts: list[str]) -> tuple[torch.Tensor, ...]:
+        """The module's own left-padded prompt ids (step output, else batch) and their attention mask (the batch's
+        when it matches, else non-padding from the first non-pad token on); prompts encoded as the datamodules do
+        when the module gives no ids."""
+        device = next(pl_module.model.parameters()).device
+        ids = outputs.get("prompt_ids") if isinstance(outputs, dict) else None
+        if ids is None and isinstance(batch, dict):
+            ids = batch.get("prompt_ids")
+        if not isinstance(ids, torch.Tensor) or ids.shape[0] != len(prompts):
+            return encode_prompts(pl_module.tokenizer, prompts, device)
+        mask = batch.get("prompt_attention_mask") if isinstance(batch, dict) else None
+        if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
+            mask = ((ids != pad_token_id(pl_module.tokenizer)).cumsum(-1) > 0).long()
+        return ids.to(device), mask.to(device)
+
     @torch.no_grad()
     def _monitor(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         prompts, answers, base_texts = self._prompts_and_answers(pl_module, outputs, batch)
+        attacks = self._attack_labels(prompts, outputs, batch)
+        self._say_once(attacks is not None)
         if pl_module.model is None:
             pl_module.configure_model()
-        default_budget = getattr(getattr(pl_module, "sampling", None), "max_new_tokens", 64)
-        params = SamplingParams(
-            max_new_tokens=self.max_new_tokens or default_budget, do_sample=self.do_sample, temperature=self.temperature
-        )
-        device = next(pl_module.model.parameters()).device
+        params = self._params or self.decoding(pl_module)
+        prompt_ids, prompt_mask = self._prompt_inputs(pl_module, outputs, batch, prompts)
         decoder = getattr(pl_module, "decoder", None)
-        generator = torch.Generator(device=device).manual_seed(self.seed + batch_idx) if self.do_sample else None
+        generator = None
+        if params.do_sample:
+            generator = torch.Generator(device=prompt_ids.device).manual_seed(self.seed + batch_idx)
         if self.always_prefix:
             delimiters = [self.step_delimiters] if isinstance(self.step_delimiters, str) else self.step_delimiters
             texts = always_prefix_generate(
@@ -251,8 +366,12 @@ class SafeThinkMonitor(StageCallback):
                 params=params,
                 generator=generator,
                 step_delimiters=self.step_delimiters,
+                prompt_ids=prompt_ids,
+                prompt_attention_mask=prompt_mask,
                 processors=getattr(decoder, "processors", ()),
                 hooks=getattr(decoder, "hooks", ()),
+                final_step_delimiters=self.final_step_delimiters,
+                hook_lookahead=self.hook_lookahead,
             )
             rows = [
                 (text, [{"step": i.step, "score": i.score, "discarded": i.discarded} for i in found], added)
@@ -260,31 +379,34 @@ class SafeThinkMonitor(StageCallback):
             ]
             scorer_seconds = result.scorer_seconds
         c = self._epoch
-        for i, (prompt, (text, interventions, added)) in enumerate(zip(prompts, rows)):
-            attack = bool(self.is_attack(prompt))
+        for i, (text, interventions, added) in enumerate(rows):
             intervened = bool(interventions)
-            record: dict[str, Any] = {"prompt": prompt, "completion": text, "attack": attack}
+            attack = attacks is not None and attacks[i]
+            record: dict[str, Any] = {"prompt": prompts[i], "completion": text, "attack": attack}
             c["rows"] += 1
             c["interventions"] += len(interventions)
+            c["intervened_rows"] += intervened
             c["added_tokens"] += added
             if attack:
                 c["attack_rows"] += 1
-                record["harmful"] = bool(self.harm_fn(text))
-                c["harmful"] += record["harmful"]
                 c["attack_intervened"] += intervened
-                if base_texts is not None:
-                    c["base_attack_rows"] += 1
-                    c["base_harmful"] += bool(self.harm_fn(base_texts[i]))
-            else:
+                if self.harm_fn is not None:
+                    record["harmful"] = bool(self.harm_fn(text))
+                    c["judged_attack_rows"] += 1
+                    c["harmful"] += record["harmful"]
+                    if base_texts is not None:
+                        c["base_attack_rows"] += 1
+                        c["base_harmful"] += bool(self.harm_fn(base_texts[i]))
+            elif attacks is not None:
                 c["benign_rows"] += 1
                 c["benign_intervened"] += intervened
-                if answers is not None:
-                    c["answered_rows"] += 1
-                    record.update(answer=answers[i], correct=bool(self.verifier(text, answers[i])))
-                    c["correct"] += record["correct"]
-                    if base_texts is not None:
-                        c["base_answered_rows"] += 1
-                        c["base_correct"] += bool(self.verifier(base_texts[i], answers[i]))
+            if not attack and answers is not None:  # benign rows; every row when there are no attack labels
+                record.update(answer=answers[i], correct=bool(self.verifier(text, answers[i])))
+                c["answered_rows"] += 1
+                c["correct"] += record["correct"]
+                if base_texts is not None:
+                    c["base_answered_rows"] += 1
+                    c["base_correct"] += bool(self.verifier(base_texts[i], answers[i]))
             if self.records_file is not None:
                 self._records.append({**record, "interventions": interventions, "added_tokens": added})
         c["scorer_seconds"] += scorer_seconds
@@ -306,10 +428,11 @@ class SafeThinkMonitor(StageCallback):
         out = ratios(
             c,
             {
-                "asr": ("harmful", "attack_rows"),
+                "asr": ("harmful", "judged_attack_rows"),
                 "base_asr": ("base_harmful", "base_attack_rows"),
                 "intervention_rate": ("attack_intervened", "attack_rows"),
                 "false_intervention_rate": ("benign_intervened", "benign_rows"),
+                "intervened_fraction": ("intervened_rows", "rows"),
                 "accuracy": ("correct", "answered_rows"),
                 "base_accuracy": ("base_correct", "base_answered_rows"),
                 "added_tokens": ("added_tokens", "rows"),

@@ -8,6 +8,7 @@ if __name__ != "zoo.datamodules":
 
 from zoo.datamodules.base import ResumableSampler, RowDataModule
 from zoo.datamodules.episodes import EpisodeDataModule
+from zoo.datamodules.multiturn import MultiTurnPromptDataModule, MultiTurnSFTDataModule
 from zoo.datamodules.preferences import PreferenceDataModule
 from zoo.datamodules.prompts import PromptDataModule
 from zoo.datamodules.sft import SFTDataModule
@@ -15,6 +16,8 @@ from zoo.datamodules.structures import StructureDataModule
 
 __all__ = [
     "EpisodeDataModule",
+    "MultiTurnPromptDataModule",
+    "MultiTurnSFTDataModule",
     "PreferenceDataModule",
     "PromptDataModule",
     "ResumableSampler",

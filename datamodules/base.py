@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from zoo.data.encoding import encode_prompt, pad_sequences
 from zoo.data.samplers import ResumableSampler, TrainSampler
 from zoo.data.sources import Row, RowSource
+from zoo.errors import ConfigError
 
 __all__ = [
     "IGNORE_INDEX",
@@ -20,6 +21,7 @@ __all__ = [
     "ResumableSampler",
     "RowDataModule",
     "TrainSampler",
+    "collate_columns",
     "encode_completion",
     "encode_prompt",
     "pad_sequences",
@@ -41,6 +43,13 @@ class ListDataset(Dataset):
         return self.items[index]
 
 
+def collate_columns(items: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The ``columns`` of a batch: for every field that some item's ``columns`` holds, the list of its values over
+    the items (``None`` where an item lacks it)."""
+    keys = sorted({k for it in items for k in it["columns"]})
+    return {k: [it["columns"].get(k) for it in items] for k in keys}
+
+
 def encode_completion(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Completion token ids followed by EOS."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
@@ -54,7 +63,8 @@ class RowDataModule(pl.LightningDataModule, ABC):
     :class:`~zoo.data.samplers.ResumableSampler`), bound to the encoded training rows. The datamodule's
     ``state_dict`` records the position inside the epoch and the sampler's state (e.g. the domain weights in
     force), so that ``ckpt_path=last`` resumes mid-epoch on the exact next batch. A callback reaches the sampler
-    as ``trainer.datamodule.sampler``.
+    as ``trainer.datamodule.sampler``. ``predict_split`` names the split the predict stage reads (``test`` by
+    default; offline data stages read ``train``).
     """
 
     required_fields: tuple[str, ...] = ("prompt",)
@@ -70,8 +80,12 @@ class RowDataModule(pl.LightningDataModule, ABC):
         seed: int = 0,
         shuffle: bool = True,
         sampler: TrainSampler | None = None,
+        predict_split: str = "test",
     ) -> None:
         super().__init__()
+        if predict_split not in ("train", "val", "test"):
+            raise ConfigError(f"datamodule.predict_split must be train, val or test, got {predict_split!r}")
+        self.predict_split = predict_split
         self.tokenizer = tokenizer
         self.source = source
         self.batch_size = batch_size
@@ -113,8 +127,10 @@ class RowDataModule(pl.LightningDataModule, ABC):
             self.dataset("val")
         elif stage == "validate":
             self.dataset("val")
-        elif stage in ("test", "predict"):
+        elif stage == "test":
             self.dataset("test")
+        elif stage == "predict":
+            self.dataset(self.predict_split)
 
     def train_dataloader(self) -> DataLoader:
         data = self.dataset("train")
@@ -145,7 +161,7 @@ class RowDataModule(pl.LightningDataModule, ABC):
         return self._eval_loader("test")
 
     def predict_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")
+        return self._eval_loader(self.predict_split)
 
     # -- resume -------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

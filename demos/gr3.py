@@ -2,7 +2,7 @@
 
 Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=gr3`` (``conf/demo/gr3.yaml``: setting × shaper × seed); page:
 ``python -m zoo.report demo gr3``. Read from the sweep: the GRPO module's logged ``train/completion_length``,
-``train/accuracy``, ``train/reward`` and ``val/exact_match`` series and the resolved configs.
+``train/accuracy``, ``train/reward``, ``train/gr3_alpha`` and ``val/exact_match`` series and the resolved configs.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from zoo.report import (
 PAPER = "gr3"
 LENGTH = "train/completion_length"
 CURVES = (LENGTH, "train/accuracy", "val/exact_match")
-SHAPERS = ("none", "additive_length", "gr3")
+ARMS = ("grpo", "additive", "additive_strong", "gr3")
 
 
 def early_length(run: Run, first: int = 5, last: int = 25) -> float:
@@ -41,17 +41,17 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     first = sweep.runs[0]
     labels = first.get("demo.labels", {}) or {}
     setting_key = next((k for k in sweep.swept if k.endswith("setting")), None)
-    shaper_key = next((k for k in sweep.swept if k.endswith("shaper")), None)
+    arm_key = next((k for k in sweep.swept if k.endswith("/arm")), None)
 
-    def runs_of(setting: str | None, shaper: str) -> list[Run]:
+    def runs_of(setting: str | None, arm: str) -> list[Run]:
         return [
             r
             for r in sweep.runs
-            if (setting_key is None or r.arm.get(setting_key) == setting) and r.arm.get(shaper_key) == shaper
+            if (setting_key is None or r.arm.get(setting_key) == setting) and r.arm.get(arm_key) == arm
         ]
 
     settings = list(dict.fromkeys(r.arm.get(setting_key) for r in sweep.runs)) if setting_key else [None]
-    shapers = [s for s in SHAPERS if any(r.arm.get(shaper_key) == s for r in sweep.runs)]
+    shapers = [s for s in ARMS if any(r.arm.get(arm_key) == s for r in sweep.runs)]
     png = plot(settings, shapers, runs_of, labels, out / f"{PAPER}.png")
     seeds = len(sweep.seeds) or 1
     task = str(first.get("task._target_", "")).rsplit(".", 1)[-1]
@@ -82,6 +82,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                     fmt_stat(stat(r.last("train/accuracy") for r in runs)),
                     fmt_stat(stat(r.last("train/reward") for r in runs)),
                     fmt_stat(stat(r.last("val/exact_match") for r in runs)),
+                    fmt_stat(stat(r.last("train/gr3_alpha") for r in runs), 2, ci=False) if shaper == "gr3" else "",
                 ]
             )
         text += [
@@ -95,6 +96,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                     "train accuracy (last)",
                     "reward (last)",
                     "val exact match (last)",
+                    "GR3 alpha (last, calibrated)",
                 ],
                 rows,
             ),
@@ -109,32 +111,24 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
 
 
 def reading(setting: str | None, runs_of: Any, labels: dict[str, str]) -> list[str]:
-    """Templated contrasts for one setting."""
+    """Templated contrasts for one setting (Welch 95% intervals over seeds; "not shown" when they contain 0)."""
 
-    def last(shaper: str, metric: str) -> list[float]:
-        return [r.last(metric) for r in runs_of(setting, shaper)]
+    def last(arm: str, metric: str) -> list[float]:
+        return [r.last(metric) for r in runs_of(setting, arm)]
 
-    gr3, add, none = (labels.get(s, s) for s in SHAPERS[::-1])
-    return [
-        "- " + contrast(gr3, last("gr3", LENGTH), none, last("none", LENGTH), "Final completion length") + ".",
-        "- "
-        + contrast(add, last("additive_length", LENGTH), none, last("none", LENGTH), "Final completion length")
-        + ".",
-        "- "
-        + contrast(
-            gr3,
-            last("gr3", "val/exact_match"),
-            add,
-            last("additive_length", "val/exact_match"),
-            "Final validation exact match",
-        )
-        + ".",
-        "- "
-        + contrast(
-            gr3, last("gr3", "val/exact_match"), none, last("none", "val/exact_match"), "Final validation exact match"
-        )
-        + ".",
+    def line(a: str, b: str, metric: str, what: str) -> str:
+        if not last(a, metric) or not last(b, metric):
+            return ""
+        return "- " + contrast(labels.get(a, a), last(a, metric), labels.get(b, b), last(b, metric), what) + "."
+
+    lines = [
+        line("gr3", "grpo", LENGTH, "Final completion length"),
+        line("additive", "grpo", LENGTH, "Final completion length"),
+        line("gr3", "additive", "val/exact_match", "Final validation exact match"),
+        line("gr3", "additive_strong", "val/exact_match", "Final validation exact match"),
+        line("gr3", "grpo", "val/exact_match", "Final validation exact match"),
     ]
+    return [x for x in lines if x]
 
 
 def plot(settings: list[Any], shapers: list[str], runs_of: Any, labels: dict[str, str], path: Path) -> Path:

@@ -85,3 +85,26 @@ def plain_trainer(callbacks: list | tuple = (), **kwargs: Any) -> Any:
         **kwargs,
     }
     return pl.Trainer(callbacks=list(callbacks), **options)
+
+
+def char_tokenizer(pad: bool = True):
+    """A character-level Hugging Face tokenizer built from ``tokenizers`` (printable ASCII and newline).
+
+    ``pad=True``: ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>`` special tokens. ``pad=False``: the GPT-2 / Llama-3
+    convention, one ``<|endoftext|>`` token for BOS and EOS and no pad token.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>"] if pad else ["<|endoftext|>", "<unk>"]
+    chars = [chr(i) for i in range(32, 127)] + ["\n"]
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate([*specials, *chars])}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    if pad:
+        return PreTrainedTokenizerFast(
+            tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<unk>"
+    )

@@ -21,6 +21,9 @@ from zoo.errors import ConfigError
 
 IGNORE_INDEX = -100
 
+#: Largest number of half-precision logits upcast to float32 at once by :func:`masked_token_logprobs` (64M: 256 MiB).
+UPCAST_BLOCK_ELEMENTS = 1 << 26
+
 
 def _align(logits: Tensor, labels: Tensor, shift: bool) -> tuple[Tensor, Tensor]:
     if logits.dim() != 3:
@@ -41,7 +44,7 @@ def masked_token_logprobs(
     """Log-probability of each label token, ``log softmax(logits)[label]``, with ignored positions set to 0.
 
     Computed as ``logit[label] - logsumexp(logits)`` (no ``[B, T, V]`` log-softmax copy); half-precision
-    logits are upcast to float32 one row at a time.
+    logits are upcast to float32 in blocks of rows of at most :data:`UPCAST_BLOCK_ELEMENTS` logits.
 
     Args:
         logits: ``[B, T, V]``.
@@ -54,15 +57,13 @@ def masked_token_logprobs(
     logits, labels = _align(logits, labels, shift)
     mask = labels != ignore_index
     safe = labels.masked_fill(~mask, 0).long()
+    picked = logits.gather(-1, safe.unsqueeze(-1)).squeeze(-1).float()
     if logits.dtype in (torch.float16, torch.bfloat16):
-        rows = []
-        for row_logits, row_labels in zip(logits, safe):
-            lp = torch.log_softmax(row_logits.float(), dim=-1)
-            rows.append(lp.gather(-1, row_labels.unsqueeze(-1)).squeeze(-1))
-        logp = torch.stack(rows)
+        block = max(1, UPCAST_BLOCK_ELEMENTS // max(1, logits.shape[1] * logits.shape[2]))
+        normalizer = torch.cat([torch.logsumexp(part.float(), dim=-1) for part in logits.split(block)])
     else:
-        picked = logits.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
-        logp = picked - torch.logsumexp(logits, dim=-1)
+        normalizer = torch.logsumexp(logits, dim=-1)
+    logp = picked - normalizer
     return logp.masked_fill(~mask, 0.0), mask
 
 
@@ -84,12 +85,14 @@ def masked_token_entropy(
 
     Same alignment as :func:`masked_token_logprobs`. Returns ``(entropy [B, T'], mask [B, T'])`` with
     entropy 0 at masked positions. Uniform logits over ``V`` give ``log V``; one-hot-like logits give ~0.
+    Only the labelled positions are computed (a float32 ``[n_labelled, V]`` copy, not ``[B, T', V]``).
     """
     logits, labels = _align(logits, labels, shift)
     mask = labels != ignore_index
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    entropy = -(logp.exp() * logp).sum(-1)
-    return entropy.masked_fill(~mask, 0.0), mask
+    logp = torch.log_softmax(logits[mask].float(), dim=-1)
+    entropy = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)
+    entropy[mask] = -(logp.exp() * logp).sum(-1)
+    return entropy, mask
 
 
 def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

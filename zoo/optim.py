@@ -38,6 +38,13 @@ def constant(optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:
     return LambdaLR(optimizer, lambda _: 1.0)
 
 
+def constant_with_warmup(optimizer: torch.optim.Optimizer, total_steps: int, pct_start: float = 0.1) -> LRScheduler:
+    """Linear warm-up over the first ``pct_start`` of the steps (at least one), then constant (transformers'
+    ``constant_with_warmup``; ``pct_start`` as in :func:`one_cycle`)."""
+    warmup = max(int(pct_start * max(int(total_steps), 1)), 1)
+    return LambdaLR(optimizer, lambda step: min((step + 1) / warmup, 1.0))
+
+
 def linear_warmup(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 150) -> LRScheduler:
     """Linear warm-up from 0 to the optimizer's learning rate over ``warmup_steps``, then constant (DPO, App. B)."""
     warmup = max(int(warmup_steps), 1)

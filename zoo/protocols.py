@@ -25,7 +25,8 @@ class GenerationOutput(TypedDict, total=False):
 
     Keys: ``prompt_ids [B, P]`` (left-padded), ``completion_ids [B, L]``, ``texts`` (list of completions),
     ``logprobs [B, L]`` (optional), ``meta`` (dict of per-row lists: ``prompts``, ``answers``,
-    ``correct``, ...).
+    ``correct``, and from the zoo's generating modules the decoder's statistics ``finished``,
+    ``completion_tokens``, ..., see :meth:`zoo.generation.sampling.GenerationResult.row_meta`).
     """
 
     prompt_ids: torch.Tensor

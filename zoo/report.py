@@ -548,14 +548,14 @@ def contrast(name_a: str, a: Iterable[float], name_b: str, b: Iterable[float], w
     return f"{what}: {name_a} vs {name_b} not shown, within noise ({numbers}; {interval} contains 0)"
 
 
-def artifact_values(runs: Iterable[Run], kind: str, metric: str) -> list[float]:
-    """A build metric of the prerequisites of ``kind`` the runs used (``run_info.json`` -> ``artifacts``), one value
-    per distinct artifact (several runs of a seed share one)."""
+def artifact_values(runs: Iterable[Run], kind: str, metric: str, name: str | None = None) -> list[float]:
+    """A build metric of the prerequisites of ``kind`` (and, when given, of that ``name``) the runs used
+    (``run_info.json`` -> ``artifacts``), one value per distinct artifact (several runs of a seed share one)."""
     seen: dict[str, float] = {}
     for run in runs:
         for used in run.info.get("artifacts", []):
             value = (used.get("metrics") or {}).get(metric)
-            if used.get("kind") == kind and value is not None:
+            if used.get("kind") == kind and (name is None or used.get("name") == name) and value is not None:
                 seen[used["path"]] = float(value)
     return list(seen.values())
 

@@ -43,6 +43,16 @@ def test_prompts_columns_reach_the_batch(tok, tmp_path):
     assert batch["columns"]["level"] == [0, 1, 2]
 
 
+def test_sft_columns_carry_the_other_fields_of_the_rows(tok, tmp_path):
+    """Evaluation callbacks read row labels from the batch (e.g. SafeThinkMonitor's attack_column)."""
+    path = tmp_path / "s.jsonl"
+    rows = [{"prompt": f"{i}+1=", "completion": str(i + 1), "trigger": i % 2 == 0, "level": i} for i in range(6)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    dm = SFTDataModule(tok, JsonlSource(train_path=str(path), val_path=str(path)), batch_size=3)
+    batch = next(iter(dm.val_dataloader()))
+    assert batch["columns"] == {"trigger": [True, False, True], "level": [0, 1, 2]}
+
+
 def test_long_prompt_is_an_error_naming_the_row(tok, tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"prompt": "x" * 50}) + "\n")

@@ -150,8 +150,9 @@ def test_method_runs_from_the_cached_base_policy_and_logs_diagnostics(method, tr
     generations = [json.loads(x) for x in (tmp_path / "run" / "generations.jsonl").read_text().splitlines()]
     assert {"train", "val"} <= {g["split"] for g in generations}
     if method == "gr3":
-        assert metrics["train/gr3_alpha"] == pytest.approx(0.3)
-        assert 0.0 <= metrics["train/gr3_satisfaction"] <= 1.0
+        assert metrics["train/gr3_alpha"] == pytest.approx(0.3)  # calibration first runs at step 10
+        if metrics["train/gr3_calibration_groups"] > 0:  # the rate is taken over groups with an advantage
+            assert 0.0 <= metrics["train/gr3_satisfaction"] <= 1.0
 
 
 def test_grpo_step_on_a_saved_hf_model(train_cfg, tmp_path, base_policy_cache):
@@ -196,7 +197,9 @@ def test_gr3_calibration_callback_adapts_alpha_and_round_trips_state():
     assert module.logged["train/gr3_satisfaction"] == 1.0
     # all-correct groups with unequal lengths violate the constraint for every alpha > 0 (rl.md 2(e))
     module.last_rollout = {"rewards": torch.ones(4, 4), "lengths": torch.tensor([[10.0, 20.0, 30.0, 40.0]] * 4)}
-    fresh = GR3AlphaCalibration(alpha_grid=(0.0, 0.1, 0.3), target_fraction=0.99, adapt=True, every_n_steps=5)
+    fresh = GR3AlphaCalibration(
+        alpha_grid=(0.0, 0.1, 0.3), target_fraction=0.99, adapt=True, every_n_steps=5, exclude_constant_groups=False
+    )
     fresh.on_train_batch_end(Trainer(), module, None, None, 0)
     assert module.shaper.alpha == 0.0
     restored = GR3AlphaCalibration(alpha_grid=(0.0, 0.1, 0.3), target_fraction=0.99, adapt=True)

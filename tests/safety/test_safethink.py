@@ -32,7 +32,7 @@ def always(value):
     return lambda prompts, traces: [value] * len(traces)
 
 
-def _run(lm, scorer, m=3, tau=0.5, discard=False, seed=0, sample=True, n=48):
+def _run(lm, scorer, m=3, tau=0.5, discard=False, seed=0, sample=True, n=48, lookahead=0):
     model, tok = lm
     return safethink_generate(
         model,
@@ -45,6 +45,7 @@ def _run(lm, scorer, m=3, tau=0.5, discard=False, seed=0, sample=True, n=48):
         params=SamplingParams(max_new_tokens=n, do_sample=sample),
         generator=torch.Generator().manual_seed(seed),
         step_delimiters=DELIMS,
+        hook_lookahead=lookahead,
     )
 
 
@@ -55,10 +56,11 @@ def _plain(lm, seed=0, sample=True, n=48):
     )
 
 
+@pytest.mark.parametrize("lookahead", [0, 4])
 @pytest.mark.parametrize("sample", [False, True])
-def test_always_safe_scorer_is_token_identical_to_plain_generation(lm, sample):
+def test_always_safe_scorer_is_token_identical_to_plain_generation(lm, sample, lookahead):
     plain = _plain(lm, sample=sample)
-    out = _run(lm, always(1.0), m=None, sample=sample)
+    out = _run(lm, always(1.0), m=None, sample=sample, lookahead=lookahead)
     assert out.scorer_calls > 0
     assert torch.equal(out.generation.completion_ids, plain.completion_ids)
     assert out.texts == plain.texts
@@ -75,11 +77,12 @@ def test_m_zero_is_the_baseline_and_never_calls_the_scorer(lm):
     assert out.scorer_calls == 0
 
 
+@pytest.mark.parametrize("lookahead", [0, 4])
 @pytest.mark.parametrize("discard", [False, True])
 @pytest.mark.parametrize("m", [1, 2, 3])
-def test_interventions_only_at_steps_le_m_and_at_most_m(lm, m, discard):
+def test_interventions_only_at_steps_le_m_and_at_most_m(lm, m, discard, lookahead):
     model, tok = lm
-    out = _run(lm, always(0.0), m=m, discard=discard)
+    out = _run(lm, always(0.0), m=m, discard=discard, lookahead=lookahead)
     prefix_ids = out.prefix_ids
     assert any(out.intervened)
     for i, records in enumerate(out.interventions):
@@ -93,33 +96,60 @@ def test_interventions_only_at_steps_le_m_and_at_most_m(lm, m, discard):
         assert out.added_tokens[i] == len(prefix_ids) * len(records)
 
 
-def test_prefix_is_injected_at_step_starts(lm):
-    """Keep mode: the prefix follows the violating step, i.e. starts right after a delimiter."""
+@pytest.mark.parametrize("lookahead", [0, 4])
+def test_prefix_is_injected_at_step_starts(lm, lookahead):
+    """Keep mode: the prefix follows the violating step, i.e. starts right after a delimiter; a violating final step
+    (closed by </think>) is replaced: the prefix starts where that step started (a step start too)."""
     model, tok = lm
-    out = _run(lm, always(0.0), m=2, discard=False)
+    out = _run(lm, always(0.0), m=2, discard=False, lookahead=lookahead)
+    assert any(r.discarded for records in out.interventions for r in records), "the test must see a final step"
     for i, records in enumerate(out.interventions):
         ids = out.generation.completion_ids[i].tolist()
         inj = out.generation.injected_mask[i].tolist()
         starts = [j for j in range(len(ids)) if inj[j] and (j == 0 or not inj[j - 1])]
         assert len(starts) == len(records)
-        for j in starts:
-            assert any(d in tok.decode(ids[j - 1 : j]) for d in DELIMS)
+        for j, record in zip(starts, records):
+            assert record.discarded == record.step_text.endswith("</think>")
+            assert (j == 0 and record.discarded) or any(d in tok.decode(ids[j - 1 : j]) for d in DELIMS)
 
 
 def test_raising_tau_never_lowers_the_intervention_count(lm):
-    """Scores depend on the step index only (a scripted R_safe), so the count is #{t <= m: s_t < tau}."""
+    """Scores depend on the step index only (a scripted R_safe), so the count is #{t <= m: s_t < tau}.
+
+    The scripted R_safe reads the step index off the trace: steps close at digits, which neither the injected prefix
+    nor the special tokens contain, so the index is the number of digits (+ 1 for a final step closed by </think>);
+    every recorded score is checked against the schedule at the decoder's own step index."""
     schedule = [0.9, 0.2, 0.6, 0.4, 0.8, 0.1]
+    digits = list("0123456789")
+
+    def step_index(trace):
+        return sum(trace.count(d) for d in digits) + trace.endswith("</think>")
 
     def by_step(prompts, traces):
-        return [schedule[min(sum(t.count(d) for d in DELIMS), len(schedule)) - 1] for t in traces]
+        return [schedule[min(step_index(t), len(schedule)) - 1] for t in traces]
 
+    model, tok = lm
     previous = None
     for tau in (0.0, 0.15, 0.3, 0.5, 0.7, 0.95, 1.01):
-        counts = _run(lm, by_step, m=None, tau=tau).num_interventions
+        out = safethink_generate(
+            model,
+            tok,
+            PROMPTS,
+            by_step,
+            tau=tau,
+            max_steps_monitored=None,
+            params=SamplingParams(max_new_tokens=64, do_sample=True),
+            generator=torch.Generator().manual_seed(0),
+            step_delimiters=digits,
+        )
+        for scores in out.step_scores:
+            assert all(score == schedule[min(t, len(schedule)) - 1] for t, score in scores)
+        counts = out.num_interventions
         if previous is not None:
             assert all(c >= p for c, p in zip(counts, previous)), (tau, counts, previous)
         previous = counts
     assert sum(previous) > 0
+    assert max(len(scores) for scores in out.step_scores) >= 3, "the test must see several steps per row"
 
 
 def test_raising_tau_never_lowers_the_set_of_rows_intervened(lm):
@@ -179,3 +209,58 @@ def test_invalid_arguments(lm):
     model, tok = lm
     with pytest.raises(ValueError, match="prefix"):
         safethink_generate(model, tok, PROMPTS, always(1.0), prefix="")
+
+
+def test_the_final_reasoning_step_is_monitored(lm):
+    """The step closed by </think> is scored (final_step_delimiters, on by default) and a violation there resamples
+    it after the prefix; with no final delimiter it is never scored. The closing tag is forced at a row's fifth
+    completion token (if the row has not sampled it before); the step delimiters share no character with it."""
+    model, tok = lm
+    close = tok.convert_tokens_to_ids("</think>")
+    prompt_width = 0
+
+    def force_close(ids, scores):
+        kept = (ids[:, prompt_width:] != tok.pad_token_id).sum(-1)  # each row's completion so far
+        forced = torch.full_like(scores, float("-inf"))
+        forced[:, close] = 0.0
+        return torch.where((kept == 4)[:, None], forced, scores)
+
+    scored: list[str] = []
+
+    def flag_final(prompts, traces):
+        scored.extend(traces)
+        return [0.0 if t.endswith("</think>") else 1.0 for t in traces]
+
+    def run(**kw):
+        nonlocal prompt_width
+        from zoo.data.encoding import encode_prompts
+
+        ids, mask = encode_prompts(tok, PROMPTS)
+        prompt_width = ids.shape[1]
+        scored.clear()
+        return safethink_generate(
+            model,
+            tok,
+            PROMPTS,
+            flag_final,
+            tau=0.5,
+            max_steps_monitored=None,
+            params=SamplingParams(max_new_tokens=30, do_sample=True),
+            generator=torch.Generator().manual_seed(0),
+            step_delimiters=list("aeou "),
+            prompt_ids=ids,
+            prompt_attention_mask=mask,
+            processors=[force_close],
+            **kw,
+        )
+
+    out = run()
+    assert any(t.endswith("</think>") for t in scored)
+    for i, records in enumerate(out.interventions):
+        assert len(records) == 1, out.texts[i]
+        assert records[0].discarded and records[0].step_text.endswith("</think>")
+        assert out.texts[i].count("Wait, think safely") == 1
+        assert out.generation.discarded[i] == [records[0].step_text]
+    off = run(final_step_delimiters=())
+    assert not any(t.endswith("</think>") for t in scored)
+    assert not any(off.intervened)

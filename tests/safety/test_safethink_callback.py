@@ -8,15 +8,20 @@ model" is a random tiny Llama, and frequent characters are the step delimiters.
 from __future__ import annotations
 
 import json
+import logging
 
 import lightning.pytorch as pl
 import pytest
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from torch.utils.data import DataLoader
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from zoo.callbacks.safethink import SafeThinkMonitor
+from zoo.errors import ConfigError
+from zoo.generation.decoders import SampleDecoder
+from zoo.generation.sampling import SamplingParams
+
+from conftest import char_tokenizer
 
 torch.set_num_threads(1)
 PROMPTS = ["JB q1=", "q2=", "JB q3=", "q4="]
@@ -24,15 +29,8 @@ ANSWERS = ["1", "2", "3", "4"]
 DELIMS = [chr(i) for i in range(32, 127)] + ["\n"]  # every character closes a step
 
 
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    chars = [chr(i) for i in range(32, 127)] + ["\n"]
-    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", *chars])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
-    )
+def make_tokenizer():
+    return char_tokenizer(pad=True)
 
 
 class TinyGenerator(pl.LightningModule):
@@ -84,11 +82,16 @@ class TinyGenerator(pl.LightningModule):
 
 
 def loader():
-    rows = [{"prompt": p, "answer": a} for p, a in zip(PROMPTS, ANSWERS)]
+    """Batches of prompts, answers and a column ``attack`` (the attack label of each row)."""
+    rows = [{"prompt": p, "answer": a, "attack": p.startswith("JB")} for p, a in zip(PROMPTS, ANSWERS)]
     return DataLoader(
         rows,
         batch_size=2,
-        collate_fn=lambda b: {"prompts": [r["prompt"] for r in b], "answers": [r["answer"] for r in b]},
+        collate_fn=lambda b: {
+            "prompts": [r["prompt"] for r in b],
+            "answers": [r["answer"] for r in b],
+            "columns": {"attack": [r["attack"] for r in b]},
+        },
     )
 
 
@@ -104,6 +107,7 @@ def monitor(**kw):
         "max_steps_monitored": 2,
         "max_new_tokens": 12,
         "step_delimiters": DELIMS,
+        "attack_column": "attack",
         "harm_fn": lambda text: "Wait" not in text,
     }
     return SafeThinkMonitor(**{**base, **kw})
@@ -243,3 +247,108 @@ def test_always_prefix_baseline_opens_every_reasoning_block_with_the_prefix(tmp_
     prefix_tokens = len(module.tokenizer("Wait, think safely", add_special_tokens=False)["input_ids"])
     assert metrics["safethink/added_tokens"] == prefix_tokens
     assert cb.state_key != monitor().state_key
+
+
+def test_attack_labels_from_a_callable_equal_those_from_the_column(tmp_path):
+    by_column = trainer([monitor()], tmp_path).validate(TinyGenerator(), loader(), verbose=False)[0]
+    by_callable = monitor(attack_column=None, is_attack=lambda prompt: prompt.startswith("JB"))
+    metrics = trainer([by_callable], tmp_path).validate(TinyGenerator(), loader(), verbose=False)[0]
+    timing = "safethink/scorer_seconds"
+    assert {k: v for k, v in metrics.items() if k != timing} == {k: v for k, v in by_column.items() if k != timing}
+    assert by_column["safethink/intervention_rate"] == 1.0
+
+
+def test_without_attack_labels_or_harm_judge_the_monitor_says_once_what_it_cannot_compute(tmp_path, caplog):
+    """No task-specific defaults: without labels the 'JB' prompts are not taken for attacks, and attack metrics are
+    not reported (interventions on them are not false interventions either)."""
+    cb = monitor(attack_column=None, harm_fn=None)
+    tr = trainer([cb], tmp_path)
+    with caplog.at_level(logging.WARNING, logger="zoo.callbacks.safethink"):
+        metrics = tr.validate(TinyGenerator(), loader(), verbose=False)[0]
+        tr.test(TinyGenerator(), loader(), verbose=False)
+    for name in ("asr", "base_asr", "intervention_rate", "false_intervention_rate"):
+        assert f"safethink/{name}" not in metrics
+        assert name not in cb.last_metrics
+    assert metrics["safethink/intervened_fraction"] == 0.5  # the two 'JB' rows of four
+    assert metrics["safethink/base_accuracy"] == 1.0  # over every answered row
+    said = [r.getMessage() for r in caplog.records if "cannot compute" in r.getMessage()]
+    assert len(said) == 1
+    assert "asr" in said[0] and "intervention_rate" in said[0] and "harm_fn" in said[0]
+
+    labelled = monitor(harm_fn=None)  # labels but no harm judge: only the attack success is missing
+    metrics = trainer([labelled], tmp_path).validate(TinyGenerator(), loader(), verbose=False)[0]
+    assert metrics["safethink/intervention_rate"] == 1.0
+    assert "safethink/asr" not in metrics
+
+
+class TemplateGenerator(pl.LightningModule):
+    """A module with its own prompt encoding (a template, no BOS), a GPT-2 style tokenizer without pad token, and
+    greedy evaluation with a 7-token budget; it returns the prompt ids it generated from."""
+
+    TEMPLATE = "User: {}\nAssistant:"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokenizer = char_tokenizer(pad=False)
+        torch.manual_seed(0)
+        config = GPT2Config(vocab_size=len(self.tokenizer), n_positions=128, n_embd=32, n_layer=1, n_head=2)
+        self.model = GPT2LMHeadModel(config)
+        self.eval_sampling = SamplingParams(max_new_tokens=7)
+
+    def generate(self, prompt_ids, prompt_attention_mask, params=None, generator=None):
+        return SampleDecoder()(
+            self.model, self.tokenizer, prompt_ids, prompt_attention_mask, params=params or self.eval_sampling
+        )
+
+    def encode(self, prompts):
+        ids = [self.tokenizer(self.TEMPLATE.format(p), add_special_tokens=False)["input_ids"] for p in prompts]
+        width = max(len(i) for i in ids)
+        eos = self.tokenizer.eos_token_id
+        return (
+            torch.tensor([[eos] * (width - len(i)) + i for i in ids]),
+            torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids]),
+        )
+
+    def validation_step(self, batch, batch_idx):
+        result = self.generate(batch["prompt_ids"], batch["prompt_attention_mask"])
+        meta = {"prompts": batch["prompts"], "answers": batch["answers"]}
+        return {"prompt_ids": result.prompt_ids, "texts": result.texts, "meta": meta}
+
+
+def test_safethink_decodes_from_the_module_prompt_ids_with_its_budget(tmp_path):
+    """With a scorer that never flags, SafeThink's completion of every row equals the module's own: same input ids
+    (its template, EOS-padded), same budget (the module's eval_sampling, 7 tokens)."""
+    module = TemplateGenerator()
+    rows = [{"prompt": p, "answer": a} for p, a in zip(PROMPTS, ANSWERS)]
+
+    def collate(batch):
+        ids, mask = module.encode([r["prompt"] for r in batch])
+        return {
+            "prompt_ids": ids,
+            "prompt_attention_mask": mask,
+            "prompts": [r["prompt"] for r in batch],
+            "answers": [r["answer"] for r in batch],
+            "columns": {"attack": [True] * len(batch)},
+        }
+
+    judged: list[str] = []
+    cb = SafeThinkMonitor(
+        scorer=lambda prompts, traces: [1.0] * len(traces),
+        tau=0.5,
+        max_steps_monitored=None,
+        step_delimiters=DELIMS,
+        attack_column="attack",
+        harm_fn=lambda text: judged.append(text) or False,
+    )
+    trainer([cb], tmp_path).validate(module, DataLoader(rows, batch_size=3, collate_fn=collate), verbose=False)
+    safethink, base = judged[0::2], judged[1::2]  # per attack row: SafeThink's completion, then the module's
+    assert len(base) == len(PROMPTS)
+    assert safethink == base
+    assert all(len(module.tokenizer(t)["input_ids"]) <= 7 for t in base)
+
+
+def test_a_budget_other_than_the_module_one_is_refused(tmp_path):
+    cb = monitor(max_new_tokens=12)
+    module = TemplateGenerator()  # evaluates with 7 new tokens
+    with pytest.raises(ConfigError, match="max_new_tokens=12.*7"):
+        cb.setup(None, module, "validate")

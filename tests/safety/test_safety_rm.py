@@ -17,6 +17,7 @@ from zoo.backbones import TinyBackbone, build_char_tokenizer
 from zoo.data.jailbreak import JailbreakTask, SafetyPrefixSource
 from zoo.datamodules.labelled_prefixes import LabelledPrefixDataModule
 from zoo.errors import DataError
+from zoo.generation.sampling import SamplingParams
 from zoo.modules.sequence_classifier import SequenceClassifierModule
 from zoo.safety import ScorerError, SequenceClassifierScorer, load_safety_rm, safethink_generate
 from zoo.safety.scorers import SCORER_CONFIG
@@ -99,18 +100,34 @@ def test_export_loads_as_a_scorer_matching_the_in_memory_model(trained):
 
 
 def test_export_drives_safethink(trained):
+    """The export path as SafeThink's scorer: every monitored step is scored by the exported RM (its P(safe) of the
+    prompt and the trace so far), and with tau above any probability the first step of every row is flagged once
+    and followed by the prefix."""
     _, path, _ = trained
     bb = TinyBackbone(**SMALL)
+    prompts = ["JB add 12=", "add 34="]
     out = safethink_generate(
         bb.build_model(),
         bb.tokenizer,
-        ["JB add 12="],
+        prompts,
         str(path),
         tau=1.01,
         max_steps_monitored=1,
+        params=SamplingParams(max_new_tokens=24, do_sample=True),  # greedy decoding of a random model repeats "="
+        generator=torch.Generator().manual_seed(0),
         step_delimiters=list("abcdefghijklmnopqrstuvwxyz0123456789 "),
+        final_step_delimiters=(),
     )
-    assert len(out.texts) == 1
+    assert out.num_interventions == [1, 1]
+    rm = load_safety_rm(path)
+    for i, prompt in enumerate(prompts):
+        [(step, score)] = out.step_scores[i]  # m = 1: only the first step is scored
+        assert step == 1
+        trace = out.texts[i][: out.texts[i].index("Wait, think safely")]  # keep mode: the prefix follows step 1
+        assert trace.endswith(out.interventions[i][0].step_text)
+        assert score == pytest.approx(rm([prompt], [trace])[0], abs=1e-5)
+        injected = out.generation.completion_ids[i][out.generation.injected_mask[i].bool()].tolist()
+        assert injected == out.prefix_ids
 
 
 def test_any_local_sequence_classifier_with_one_logit(tmp_path):

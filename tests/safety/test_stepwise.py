@@ -36,23 +36,54 @@ def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+@pytest.mark.parametrize("lookahead", [0, 3])
 @pytest.mark.parametrize("do_sample", [False, True])
-def test_no_op_hook_is_token_identical_to_generate(lm, do_sample):
+def test_no_op_hook_is_token_identical_to_generate(lm, do_sample, lookahead):
     model, tok, ids, mask, _ = lm
     params = SamplingParams(max_new_tokens=40, do_sample=do_sample)
     plain = generate(model, tok, ids, mask, params, _gen())
     calls = []
-    step = stepwise_generate(model, tok, ids, mask, lambda ev: calls.append(ev) or {}, params, DELIMS, _gen())
+    step = stepwise_generate(
+        model, tok, ids, mask, lambda ev: calls.append(ev) or {}, params, DELIMS, _gen(), hook_lookahead=lookahead
+    )
     assert torch.equal(plain.completion_ids, step.completion_ids)
     assert torch.equal(plain.completion_mask, step.completion_mask)
     assert plain.texts == step.texts
     assert torch.allclose(plain.logprobs, step.logprobs, atol=1e-5)
     assert calls, "the hook must have been called at step closes"
     assert sum(step.steps_closed) == sum(len(ev) for ev in calls)
+    assert all(len({e.row for e in ev}) == len(ev) for ev in calls)  # one event per row per call
+    for ev in calls:  # each event's trace is the row's completion up to that step
+        for e in ev:
+            assert step.texts[e.row].startswith(e.trace)
 
 
-def test_cached_continuation_equals_fresh_forward_after_injection_and_rollback(lm):
-    """Log-probs of every sampled token (after injections and rolled-back steps) == a fresh full forward."""
+def test_lookahead_hands_the_hook_fewer_larger_batches(lm):
+    model, tok, ids, mask, _ = lm
+    params = SamplingParams(max_new_tokens=40, do_sample=True)
+    sizes = {}
+    for lookahead in (0, 4):
+        calls = []
+        stepwise_generate(
+            model,
+            tok,
+            ids,
+            mask,
+            lambda ev, calls=calls: calls.append(len(ev)) or {},
+            params,
+            DELIMS,
+            _gen(),
+            hook_lookahead=lookahead,
+        )
+        sizes[lookahead] = calls
+    assert sum(sizes[0]) == sum(sizes[4])  # the same steps reach the hook
+    assert len(sizes[4]) < len(sizes[0])
+
+
+@pytest.mark.parametrize("lookahead", [0, 3])
+def test_cached_continuation_equals_fresh_forward_after_injection_and_rollback(lm, lookahead):
+    """Log-probs of every sampled token (after injections and rolled-back steps) == a fresh full forward; with a
+    lookahead the tokens sampled after an acted-on step are discarded first."""
     model, tok, ids, mask, enc = lm
     inject = tok("XYZ", add_special_tokens=False)["input_ids"]
 
@@ -68,7 +99,15 @@ def test_cached_continuation_equals_fresh_forward_after_injection_and_rollback(l
         return acts
 
     out = stepwise_generate(
-        model, tok, ids, mask, hook, SamplingParams(max_new_tokens=48, do_sample=True), DELIMS, _gen(1)
+        model,
+        tok,
+        ids,
+        mask,
+        hook,
+        SamplingParams(max_new_tokens=48, do_sample=True),
+        DELIMS,
+        _gen(1),
+        hook_lookahead=lookahead,
     )
     assert any(out.discarded), "the test must exercise a rollback"
     assert sum(out.added_tokens) > 0, "the test must exercise an injection"
@@ -83,7 +122,8 @@ def test_cached_continuation_equals_fresh_forward_after_injection_and_rollback(l
         torch.testing.assert_close(out.logprobs[i, :n][sampled], ref[sampled], atol=1e-4, rtol=0)
 
 
-def test_only_the_row_the_hook_acts_on_changes(lm):
+@pytest.mark.parametrize("lookahead", [0, 3])
+def test_only_the_row_the_hook_acts_on_changes(lm, lookahead):
     model, tok, ids, mask, _ = lm
     params = SamplingParams(max_new_tokens=40, do_sample=True)
     plain = generate(model, tok, ids, mask, params, _gen(2))
@@ -95,7 +135,7 @@ def test_only_the_row_the_hook_acts_on_changes(lm):
             target.append(events[0].row)  # the first row that closes a step
         return {e.row: StepAction(inject) for e in events if e.row == target[0]}
 
-    out = stepwise_generate(model, tok, ids, mask, hook, params, DELIMS, _gen(2))
+    out = stepwise_generate(model, tok, ids, mask, hook, params, DELIMS, _gen(2), hook_lookahead=lookahead)
     t = target[0]
     assert out.texts[t] != plain.texts[t]
     assert [x for i, x in enumerate(out.texts) if i != t] == [x for i, x in enumerate(plain.texts) if i != t]

@@ -150,6 +150,7 @@ class ArtifactBuild:
     spec: dict[str, Any]
     cache_dir: Path
     overrides: tuple[str, ...]
+    product: str = "export"
 
     @property
     def path(self) -> Path:
@@ -160,6 +161,12 @@ class ArtifactBuild:
     def export_dir(self) -> Path:
         """The run's ``export/`` inside the artifact: what consumers load."""
         return self.path / "export"
+
+    @property
+    def product_path(self) -> Path:
+        """What consumers use inside the artifact: the run's ``product`` (``export/`` for a trained model, e.g.
+        ``rollouts.jsonl`` for a data-collection run)."""
+        return self.path / self.product
 
     def __call__(self, directory: Path) -> dict[str, Any]:
         """Run the build with ``directory`` as the run's output directory (the builder of :func:`ensure`)."""
@@ -173,16 +180,16 @@ class ArtifactBuild:
 
             metrics = run(cfg)
         shutil.rmtree(directory / "checkpoints", ignore_errors=True)
-        if not (directory / "export").is_dir():
+        if not (directory / self.product).exists():
             raise ZooError(
-                f"the {self.kind} build run exported nothing to {directory / 'export'} (is export=false or "
+                f"the {self.kind} build run wrote nothing to {directory / self.product} (is export=false or "
                 "trainer.fast_dev_run set among its overrides?)"
             )
         return {"overrides": list(self.overrides), "metrics": metrics}
 
     def ensure(self, reason: str = "first use") -> Path:
-        """The artifact's ``export/``, built first if it is not cached."""
-        return ensure(self.kind, self.spec, self, self.cache_dir, name=self.name, reason=reason) / "export"
+        """The artifact's ``product`` (``export/``), built first if it is not cached."""
+        return ensure(self.kind, self.spec, self, self.cache_dir, name=self.name, reason=reason) / self.product
 
 
 def plan_artifact(
@@ -194,6 +201,7 @@ def plan_artifact(
     cache_dir: str | Path | None = None,
     root_dir: str | Path | None = None,
     execution: Mapping[str, Any] | None = None,
+    product: str = "export",
 ) -> ArtifactBuild:
     """Compose the build run of an artifact (see :func:`compose_config`) and compute its key, without running it.
 
@@ -205,6 +213,8 @@ def plan_artifact(
         cache_dir, root_dir: as in :func:`compose_config`.
         execution: values of :data:`EXECUTION_FIELDS` (e.g. ``{"trainer.accelerator": "gpu"}``): set on the run,
             not part of the key.
+        product: the path, inside the run's output directory, that is the artifact (``export`` for a trained model;
+            e.g. ``rollouts.jsonl`` for a run that collects data).
     """
     unknown = sorted(set(execution or {}) - set(EXECUTION_FIELDS))
     if unknown:
@@ -216,7 +226,7 @@ def plan_artifact(
     with open_dict(cfg):
         for key, value in (execution or {}).items():
             OmegaConf.update(cfg, key, value, merge=False)
-    return ArtifactBuild(kind, name, cfg, spec, cache, tuple(all_overrides))
+    return ArtifactBuild(kind, name, cfg, spec, cache, tuple(all_overrides), product)
 
 
 def train_artifact(

@@ -7,7 +7,14 @@ recipe, built through the artifact cache (:func:`zoo.cli.artifacts.train_artifac
 the task, the backbone (without ``init_from`` and ``extra_tokens``), the seed and the recipe, and not on any other
 option of the parent run.
 
-Recipe field -> option of the ``+method=sft`` build run: :data:`RECIPE_FIELDS`.
+Recipe field -> option of the ``+method=sft`` build run: :data:`RECIPE_FIELDS`. An optional ``datamodule`` field names
+the build run's datamodule option (default ``sft``: the task's prompt/completion rows), e.g. ``retry_feedback`` for a
+policy of multi-turn feedback episodes (DRIFT); the parent run's ``multiturn`` node (the episodes' environment, when
+it has one) is then passed to the build with the task.
+
+``backbone.init_from`` may also be a node with a ``_target_`` (a function that returns the directory of a policy,
+typically built through the artifact cache, e.g. :func:`zoo.modules.nmars.undo_policy`): :func:`resolve_init_from`
+calls it with ``backbone=`` the rest of the backbone node (a plain dict) and puts the returned directory in its place.
 """
 
 from __future__ import annotations
@@ -16,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from zoo.backbones.base import BASE_POLICY
 from zoo.cli.artifacts import ArtifactBuild, plan_artifact
 from zoo.errors import ConfigError
 
@@ -33,9 +41,12 @@ RECIPE_FIELDS = {
 def base_policy_build(cfg: DictConfig) -> ArtifactBuild:
     """The ``+method=sft`` build run of the base policy that ``cfg`` (a run with ``init_from: base``) asks for."""
     recipe = OmegaConf.to_container(cfg.base_policy, resolve=True)
+    datamodule = recipe.pop("datamodule", None)
     unknown = sorted(set(recipe) - set(RECIPE_FIELDS))
     if unknown:
-        raise ConfigError(f"base_policy: unknown recipe fields {unknown}; known: {sorted(RECIPE_FIELDS)}")
+        raise ConfigError(
+            f"base_policy: unknown recipe fields {unknown}; known: {sorted(RECIPE_FIELDS)} and datamodule"
+        )
     backbone = OmegaConf.to_container(cfg.backbone, resolve=True)
     backbone.update(init_from=None, extra_tokens=[])
     values: dict[str, Any] = {
@@ -44,9 +55,14 @@ def base_policy_build(cfg: DictConfig) -> ArtifactBuild:
         "backbone": backbone,
         **{RECIPE_FIELDS[field]: value for field, value in recipe.items()},
     }
+    overrides = ["+method=sft"]
+    if datamodule is not None:
+        overrides.append(f"datamodule={datamodule}")
+        if cfg.get("multiturn") is not None:
+            values["multiturn"] = OmegaConf.to_container(cfg.multiturn, resolve=True)
     return plan_artifact(
         "base_policy",
-        ["+method=sft"],
+        overrides,
         values,
         name=instantiate(cfg.task).name,
         cache_dir=cfg.paths.cache_dir,
@@ -68,3 +84,24 @@ def ensure_base_policy(cfg: DictConfig) -> Path:
         f"backbone.init_from=base asks for the base SFT policy of task '{task}' "
         f"({cfg.base_policy.max_epochs} epochs of {cfg.base_policy.num_train} rows)"
     )
+
+
+def resolve_init_from(cfg: DictConfig) -> None:
+    """Replace ``backbone.init_from`` by a directory when it names a policy to build: ``base`` (the cached base SFT
+    policy, :func:`ensure_base_policy`) or a node with a ``_target_`` (called with ``backbone=`` the backbone node
+    without ``init_from``, as a plain dict; it returns the directory)."""
+    init_from = cfg.backbone.get("init_from")
+    if init_from == BASE_POLICY:
+        path = ensure_base_policy(cfg)
+    elif isinstance(init_from, DictConfig) and "_target_" in init_from:
+        backbone = OmegaConf.to_container(cfg.backbone, resolve=True)
+        backbone.pop("init_from")
+        path = instantiate(init_from, backbone=backbone)
+        if not isinstance(path, (str, Path)):
+            raise ConfigError(
+                f"backbone.init_from._target_={init_from._target_} returned {type(path).__name__}, not a directory"
+            )
+    else:
+        return
+    with open_dict(cfg):
+        cfg.backbone.init_from = str(path)

@@ -184,11 +184,9 @@ def build(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningDataModule, 
     """Instantiate backbone, quantizer, datamodule, module, callbacks, loggers and trainer from ``cfg``."""
     if cfg.get("backbone") is None:
         return build_without_backbone(cfg)
-    from zoo.backbones.base import BASE_POLICY
-    from zoo.cli.bootstrap import ensure_base_policy
+    from zoo.cli.bootstrap import resolve_init_from
 
-    if cfg.backbone.get("init_from") == BASE_POLICY:
-        cfg.backbone.init_from = str(ensure_base_policy(cfg))
+    resolve_init_from(cfg)
     # _convert_="all": plain dicts/lists reach the objects (checkpoints then hold no OmegaConf types and load with
     # torch.load(weights_only=True)).
     backbone = instantiate(cfg.backbone, _convert_="all")

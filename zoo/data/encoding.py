@@ -1,4 +1,5 @@
-"""Token-level encoding shared by the datamodules and the generation core: prompt ids and padding.
+"""Token-level encoding shared by the datamodules and the generation core: prompt ids, padding and the tokenizer
+fingerprint that pre-tokenized data carries.
 
 Plain Python + torch (no Lightning), so that :mod:`zoo.generation` can tokenize prompts exactly as the
 datamodules do without importing a Lightning layer. ``zoo.datamodules.base`` re-exports these functions.
@@ -6,10 +7,18 @@ datamodules do without importing a Lightning layer. ``zoo.datamodules.base`` re-
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase
+
+from zoo.errors import ConfigError
+
+log = logging.getLogger(__name__)
+_EOS_AS_PAD: set[int] = set()
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_value: int, side: str = "right") -> torch.Tensor:
@@ -27,6 +36,31 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_value: int, side: str = "ri
     return out
 
 
+def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id that pads batches: the tokenizer's pad token, else its EOS token (GPT-2 / Llama-3 style tokenizers have
+    no pad token; padding is masked out, so any id works; said once per tokenizer in the log).
+
+    Raises:
+        ConfigError: the tokenizer has neither a pad nor an EOS token.
+    """
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(
+            f"the tokenizer {type(tokenizer).__name__} ({tokenizer.name_or_path or 'in memory'}) has neither a pad "
+            "token nor an EOS token to pad batches with; set tokenizer.pad_token"
+        )
+    if id(tokenizer) not in _EOS_AS_PAD:
+        _EOS_AS_PAD.add(id(tokenizer))
+        log.info(
+            "tokenizer %s has no pad token: padding with its EOS token %r (id %d), masked out of attention",
+            tokenizer.name_or_path or type(tokenizer).__name__,
+            tokenizer.eos_token,
+            tokenizer.eos_token_id,
+        )
+    return int(tokenizer.eos_token_id)
+
+
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Prompt token ids, with the tokenizer's BOS token first when it has one."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -39,9 +73,19 @@ def encode_prompts(
     """Left-padded ``(prompt_ids, attention_mask)``, both ``[B, P]``: :func:`encode_prompt` of every prompt, as the
     datamodules batch prompts for generation."""
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
-    ids = pad_sequences(encoded, tokenizer.pad_token_id, "left")
+    ids = pad_sequences(encoded, pad_token_id(tokenizer), "left")
     mask = pad_sequences([[1] * len(e) for e in encoded], 0, "left")
     return ids.to(device), mask.to(device)
 
 
-__all__ = ["encode_prompt", "encode_prompts", "pad_sequences"]
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Short SHA-256 of the tokenizer's vocabulary (every ``token -> id`` pair, added tokens included).
+
+    Token ids written to disk (pre-tokenized rows, ``completion_ids``) carry it, so that data made with one
+    tokenizer is never read with another (ids would silently mean other tokens).
+    """
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+__all__ = ["encode_prompt", "encode_prompts", "pad_sequences", "pad_token_id", "tokenizer_fingerprint"]

@@ -12,6 +12,9 @@ new tokens are strings such as ``<v0>`` that the vocabulary extension adds.
   states, ``completion`` = the rest), the base policy's training data; it also defines the new tokens and their
   dictionaries (``new_tokens``, ``dictionaries``: what ``+method=vocab_extend`` reads).
 - :class:`NewTokenSource`: rows holding one transition out of a new token each (the data of the extension).
+- :func:`transition_tv` (with :func:`state_token_ids` and :meth:`MarkovChainTask.successor_context`): the total
+  variation between a model's next-token distribution and a true row (``P'_j`` or ``P_i``), the demo's measure of
+  how well the new rows learned their transitions (:class:`zoo.callbacks.TransitionTV`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import bisect
 import random
 import string
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -157,6 +161,50 @@ def total_variation(p: Tensor, q: Tensor) -> Tensor:
     return 0.5 * (p - q).abs().sum(-1)
 
 
+def state_token_ids(tokenizer: Any, num_states: int) -> list[int]:
+    """The token id of each of the first ``num_states`` states (one character each) in ``tokenizer``.
+
+    Raises:
+        ConfigError: a state character is not a single token of the tokenizer (e.g. a BPE tokenizer that merges
+            or splits characters).
+    """
+    ids = []
+    for state, char in enumerate(STATE_ALPHABET[:num_states]):
+        encoded = list(tokenizer(char, add_special_tokens=False)["input_ids"])
+        if len(encoded) != 1:
+            raise ConfigError(
+                f"state {state} ({char!r}) is {len(encoded)} tokens of this tokenizer, not one: the Markov task "
+                "needs a tokenizer with one token per character (the tiny backbone's)"
+            )
+        ids.append(int(encoded[0]))
+    return ids
+
+
+def transition_tv(probs: Tensor, rows: Tensor, state_ids: Sequence[int]) -> Tensor:
+    """Total variation between a model's next-token distributions and true successor rows of the chain.
+
+    ``TV(p_hat(. | context), P_row) = 1/2 sum_k |p_hat_k - q_k|`` where ``q`` is the true row placed on the
+    states' token ids (0 on every other token, so mass on non-state tokens counts as error). In the reading of
+    arXiv 2605.04308 this is the distance of the learned transition row from ``P'_j`` (new token ``j``) or
+    ``P_i`` (old state ``i``).
+
+    Args:
+        probs: ``[N, V]`` next-token probabilities (any vocabulary ``V`` holding the state ids).
+        rows: ``[N, T]`` true successor distributions over the ``T`` states.
+        state_ids: ``T`` token ids of the states.
+
+    Returns:
+        ``[N]`` float64 total variations in ``[0, 1]``.
+    """
+    if probs.dim() != 2 or rows.dim() != 2 or probs.shape[0] != rows.shape[0] or rows.shape[1] != len(state_ids):
+        raise ValueError(
+            f"probs {tuple(probs.shape)} and rows {tuple(rows.shape)} do not match {len(state_ids)} state ids"
+        )
+    target = torch.zeros(probs.shape, dtype=torch.float64, device=probs.device)
+    target[:, torch.as_tensor(list(state_ids), device=probs.device)] = rows.to(probs.device, torch.float64)
+    return total_variation(probs.double(), target)
+
+
 class MarkovChainTask(Task):
     """Sequences of a random sparse Markov chain, plus new tokens defined by dictionaries of old states.
 
@@ -252,6 +300,19 @@ class MarkovChainTask(Task):
         prompt = self.text(prefix) + self.new_tokens[j]
         return Example(prompt, completion, completion, {"new_token": self.new_tokens[j], "new_token_index": j})
 
+    def successor_context(self, rng: random.Random, token: int | None = None) -> tuple[str, Tensor]:
+        """A context and the true distribution of what follows it: ``k`` chain states (``k`` uniform in
+        ``[prompt_length, length - 2]``, as in :meth:`new_token_example`), then new token ``token`` (row
+        ``P'_token``), or, with ``token=None``, nothing more (row ``P_i`` of the last state ``i``).
+
+        Returns:
+            the context text and its ``[T]`` float64 successor row.
+        """
+        prefix = self._chain.sample(rng, rng.randint(self.prompt_length, self.length - 2))
+        if token is None:
+            return self.text(prefix), self._chain.transition[prefix[-1]]
+        return self.text(prefix) + self.new_tokens[int(token)], self._new.rows[int(token)]
+
 
 class NewTokenSource(GeneratedSource):
     """Rows with one transition out of a new token each, balanced over the new tokens (row ``r`` uses token
@@ -288,5 +349,7 @@ __all__ = [
     "MarkovChainTask",
     "NewTokenSource",
     "NewTokens",
+    "state_token_ids",
     "total_variation",
+    "transition_tv",
 ]

@@ -26,8 +26,10 @@ into a :class:`Prefill`, checked the context length, put the model in eval mode 
 attached the hooks. Inside the loop use :meth:`Prefill.start` for a KV-cached
 :class:`~zoo.generation.sampling.IncrementalDecoder` (token ids or ``inputs_embeds``, extra model inputs),
 :meth:`Decoder.next_tokens` to apply the processors and sample (greedy or :func:`~zoo.generation.sampling.sample_next`
-with the seeded generator), and return a :class:`~zoo.generation.sampling.GenerationResult` (or a dataclass
-subclass of it with the decoder's extra fields, like :class:`~zoo.generation.stepwise.StepwiseResult`).
+with the seeded generator), or :meth:`Decoder.sample_loop` for the whole standard token loop with an extra per-row
+stop test, and return a :class:`~zoo.generation.sampling.GenerationResult` (or a dataclass subclass of it with the
+decoder's extra fields, like :class:`~zoo.generation.stepwise.StepwiseResult`). A decoder that does not keep the
+whole completion in the model's context (e.g. a sliding window) overrides :meth:`Decoder.check_length`.
 """
 
 from __future__ import annotations
@@ -36,27 +38,28 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.data.encoding import encode_prompts
+from zoo.data.encoding import encode_prompts, pad_token_id
 from zoo.generation.sampling import (
     GenerationResult,
     IncrementalDecoder,
     SamplingParams,
+    TokenTextMatcher,
     check_context,
     decode_completion,
-    ends_with_stop,
-    max_token_length,
     sample_next,
 )
 
 LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ForwardHook = Callable[[nn.Module], AbstractContextManager[Any]]
+# ``(row, completion ids so far) -> stop``: a per-row stop test of :meth:`Decoder.sample_loop`.
+RowStop = Callable[[int, list[int]], bool]
 
 
 @dataclass
@@ -88,6 +91,22 @@ class Prefill:
     @property
     def device(self) -> torch.device:
         return self.attention_mask.device
+
+    def repeat_interleave(self, repeats: int) -> Prefill:
+        """Each row ``repeats`` times in a row (``[B, ...]`` -> ``[B * repeats, ...]``): several independent samples
+        of every prompt in one batch. Extra model inputs that are batch-first tensors are repeated too."""
+        batch = self.batch_size
+
+        def rep(value: Any) -> Any:
+            is_rows = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch
+            return value.repeat_interleave(repeats, dim=0) if is_rows else value
+
+        return Prefill(
+            rep(self.prompt_ids),
+            rep(self.attention_mask),
+            None if self.inputs_embeds is None else rep(self.inputs_embeds),
+            {key: rep(value) for key, value in self.model_inputs.items()},
+        )
 
     def start(self, model: PreTrainedModel, output_hidden_states: bool = False) -> IncrementalDecoder:
         """Run the prefill: a KV-cached :class:`~zoo.generation.sampling.IncrementalDecoder` of the batch."""
@@ -144,7 +163,15 @@ class Decoder(ABC):
     Args:
         processors: logits processors ``(input_ids [B, t], scores [B, V]) -> scores``, applied in order.
         hooks: forward hooks ``model -> context manager``, entered in order around each decode.
+
+    Attributes:
+        consistent_with_forward: whether one forward pass over prompt + ``completion_ids`` of the result shows every
+            completion token the context it was sampled in (True for the loops here). Trainers that score
+            completions with such a pass (GRPO) refuse a decoder that says False (e.g. undo decoding with KV-cache
+            cropping, where retracted tokens left the context).
     """
+
+    consistent_with_forward: bool = True
 
     def __init__(self, processors: Iterable[LogitsProcessor] = (), hooks: Iterable[ForwardHook] = ()) -> None:
         self.processors: list[LogitsProcessor] = list(processors)
@@ -178,8 +205,7 @@ class Decoder(ABC):
         """
         params = params or SamplingParams()
         prefill = as_prefill(prompt_ids, attention_mask, inputs_embeds, model_inputs)
-        what = "prompt" if inputs_embeds is None else "prefill (inputs_embeds)"
-        check_context(model, prefill.length, params, what)
+        self.check_length(model, prefill, params)
         was_training = model.training
         model.eval()
         try:
@@ -187,6 +213,13 @@ class Decoder(ABC):
                 return self.decode(model, tokenizer, prefill, params, generator)
         finally:
             model.train(was_training)
+
+    def check_length(self, model: PreTrainedModel, prefill: Prefill, params: SamplingParams) -> None:
+        """Refuse a decode the model's positions cannot hold (:class:`~zoo.errors.ConfigError`). Default: the
+        prefill plus ``params.max_new_tokens``; a decoder that adds tokens of its own (injections) or does not keep
+        the whole completion in the model's context overrides it."""
+        what = "prompt" if prefill.inputs_embeds is None else "prefill (inputs_embeds)"
+        check_context(model, prefill.length, params, what)
 
     @contextlib.contextmanager
     def attached(self, model: nn.Module) -> Iterator[None]:
@@ -229,43 +262,39 @@ class Decoder(ABC):
             logits = self.process(context_ids, logits)
         return sample_next(logits, params, generator, rows=rows, num_rows=num_rows)
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(processors={len(self.processors)}, hooks={len(self.hooks)})"
-
-
-def padded_context(prompt_ids: torch.Tensor, rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
-    """``[B, P + max len]``: the prompt ids followed by each row's kept tokens, right-padded with ``pad_id``."""
-    width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), width), pad_id, dtype=torch.long, device=prompt_ids.device)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, : len(r)] = torch.tensor(list(r), dtype=torch.long, device=prompt_ids.device)
-    return torch.cat([prompt_ids, out], dim=1)
-
-
-class SampleDecoder(Decoder):
-    """The standard loop (``module/decoder=sample``): one token per row per step until EOS, a stop string or
-    ``max_new_tokens``; greedy or sampled (temperature / top-k / top-p, Gumbel-max with per-row noise).
-
-    Rows that finished leave the KV-cached batch once a quarter of them are done (the sampling noise is drawn per
-    batch row, so seeded outputs do not depend on it); with logits processors the batch is kept whole, so that
-    processors always see every row.
-    """
-
-    def decode(
+    def sample_loop(
         self,
-        model: PreTrainedModel,
+        state: IncrementalDecoder,
+        context_ids: torch.Tensor,
         tokenizer: PreTrainedTokenizerBase,
-        prefill: Prefill,
         params: SamplingParams,
         generator: torch.Generator | None,
+        row_stop: RowStop | None = None,
     ) -> GenerationResult:
-        device, batch = prefill.device, prefill.batch_size
-        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        window = max_token_length(tokenizer, params.stop_strings)
-        state = prefill.start(model)
+        """Sample from a prefilled ``state`` one token per row per step until every row has stopped.
+
+        A row stops at EOS, when its completion ends with one of ``params.stop_strings``, when
+        ``row_stop(row, ids)`` (called after each sampled token with the row's completion ids so far, EOS
+        excluded) is true, or after ``params.max_new_tokens`` tokens. Rows that stopped leave the KV-cached batch
+        once a quarter of them are done unless there are logits processors (they always see every row).
+
+        Args:
+            state: the prefilled batch (:meth:`Prefill.start`); ``B`` rows.
+            context_ids: ``[B, P]`` the processors' context before the first sampled token (the prompt ids),
+                returned as the result's ``prompt_ids``.
+            tokenizer, params, generator: as :meth:`__call__`.
+            row_stop: an extra per-row stop test (e.g. a sentence end).
+
+        Returns:
+            a :class:`~zoo.generation.sampling.GenerationResult`; ``finished`` is true for rows stopped by EOS, a
+            stop string or ``row_stop``.
+        """
+        batch, device = int(context_ids.shape[0]), context_ids.device
+        eos, pad = tokenizer.eos_token_id, pad_token_id(tokenizer)
+        stops = TokenTextMatcher(tokenizer, params.stop_strings) if params.stop_strings else None
+        track = stops is not None or row_stop is not None
         compact = not self.processors
-        context = prefill.prompt_ids
+        context = context_ids
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         out_ids, out_lp, out_mask = [], [], []
@@ -286,10 +315,12 @@ class SampleDecoder(Decoder):
             if self.processors:
                 context = torch.cat([context, tokens[:, None]], dim=1)
             hit_eos = active & (tokens == eos)
-            if params.stop_strings:
+            if track:
+                token_list = tokens.tolist()
                 for i in torch.nonzero(active & ~hit_eos).flatten().tolist():
-                    rows[i].append(int(tokens[i]))
-                    if ends_with_stop(tokenizer, rows[i], params.stop_strings, window + 2):
+                    rows[i].append(token_list[i])
+                    stop = stops is not None and stops.ends_with(rows[i])
+                    if stop or (row_stop is not None and row_stop(i, rows[i])):
                         hit_eos[i] = True
             finished |= hit_eos
             done |= hit_eos
@@ -301,13 +332,62 @@ class SampleDecoder(Decoder):
             state.feed(tokens[live][:, None], (~done[live]).long()[:, None])
         completion_ids = torch.stack(out_ids, dim=1)
         return GenerationResult(
-            prompt_ids=prefill.prompt_ids,
+            prompt_ids=context_ids,
             completion_ids=completion_ids,
             completion_mask=torch.stack(out_mask, dim=1),
             logprobs=torch.stack(out_lp, dim=1),
             texts=[decode_completion(tokenizer, row.tolist()) for row in completion_ids],
             finished=finished,
         )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(processors={len(self.processors)}, hooks={len(self.hooks)})"
+
+
+def padded_context(prompt_ids: torch.Tensor, rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """``[B, P + max len]``: the prompt ids followed by each row's kept tokens, right-padded with ``pad_id``."""
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), width), pad_id, dtype=torch.long, device=prompt_ids.device)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(list(r), dtype=torch.long, device=prompt_ids.device)
+    return torch.cat([prompt_ids, out], dim=1)
+
+
+class SampleDecoder(Decoder):
+    """The standard loop (``module/decoder=sample``): one token per row per step until EOS, a stop string or
+    ``max_new_tokens``; greedy or sampled (temperature / top-k / top-p, Gumbel-max with per-row noise).
+
+    Rows that finished leave the KV-cached batch once a quarter of them are done (the sampling noise is drawn per
+    batch row, so seeded outputs do not depend on it); with logits processors the batch is kept whole, so that
+    processors always see every row. The loop is :meth:`Decoder.sample_loop`.
+    """
+
+    def decode(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        prefill: Prefill,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> GenerationResult:
+        return self.sample_loop(prefill.start(model), prefill.prompt_ids, tokenizer, params, generator)
+
+
+class GreedyDecoder(SampleDecoder):
+    """``module/decoder=greedy``: the standard loop taking the most likely token at every step, whatever the
+    module's sampling settings say (``do_sample`` is ignored; budget and stop strings apply). The greedy anchor of
+    decoding comparisons."""
+
+    def decode(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        prefill: Prefill,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> GenerationResult:
+        return super().decode(model, tokenizer, prefill, replace(params, do_sample=False), generator)
 
 
 @dataclass
@@ -368,9 +448,11 @@ def generate_text(
 __all__ = [
     "Decoder",
     "ForwardHook",
+    "GreedyDecoder",
     "LogitsProcessor",
     "ModuleHook",
     "Prefill",
+    "RowStop",
     "SampleDecoder",
     "as_prefill",
     "generate",

@@ -18,8 +18,10 @@ decoders of individual methods (e.g. VaLR's :class:`~zoo.multimodal.valr.LatentD
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -54,6 +56,17 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
+    def with_temperature(self, temperature: float | None) -> SamplingParams:
+        """These options with a decoder's own temperature: ``None`` keeps them, ``0`` decodes greedily, ``t > 0``
+        samples at ``t`` (budget, top-k/top-p and stop strings are kept)."""
+        if temperature is None:
+            return self
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy) or None, got {temperature}")
+        if temperature == 0:
+            return replace(self, do_sample=False)
+        return replace(self, do_sample=True, temperature=float(temperature))
+
 
 @dataclass
 class GenerationResult:
@@ -82,10 +95,79 @@ class GenerationResult:
         """``[B]`` number of generated tokens per row."""
         return self.completion_mask.sum(-1)
 
+    def row_meta(self) -> dict[str, list[Any]]:
+        """Per-row statistics for the generation protocol's ``meta`` (one list entry per row): ``finished``
+        (ended by EOS or a stop string within the budget) and ``completion_tokens`` (generated tokens, EOS included).
+        Decoders with more to say (branch events, votes, ...) extend it in their result class."""
+        return {
+            "finished": [bool(x) for x in self.finished.tolist()],
+            "completion_tokens": [int(x) for x in self.lengths.tolist()],
+        }
+
+    def select(self, rows: torch.Tensor | Sequence[int]) -> GenerationResult:
+        """The rows ``rows`` (indices, in that order) as a plain :class:`GenerationResult`."""
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.completion_ids.device)
+        return GenerationResult(
+            prompt_ids=self.prompt_ids[index],
+            completion_ids=self.completion_ids[index],
+            completion_mask=self.completion_mask[index],
+            logprobs=self.logprobs[index],
+            texts=[self.texts[i] for i in index.tolist()],
+            finished=self.finished[index],
+        )
+
+    @staticmethod
+    def concat(results: Sequence[GenerationResult], pad_id: int) -> GenerationResult:
+        """Rows of several results, one after the other: prompts left-padded and completions right-padded
+        (``pad_id``; masks and log-probs with 0) to the widest of them."""
+        if not results:
+            raise ValueError("GenerationResult.concat: no results")
+        prompt_width = max(r.prompt_ids.shape[1] for r in results)
+        width = max(r.completion_ids.shape[1] for r in results)
+        return GenerationResult(
+            prompt_ids=torch.cat([pad_width(r.prompt_ids, prompt_width, pad_id, "left") for r in results]),
+            completion_ids=torch.cat([pad_width(r.completion_ids, width, pad_id, "right") for r in results]),
+            completion_mask=torch.cat([pad_width(r.completion_mask, width, 0, "right") for r in results]),
+            logprobs=torch.cat([pad_width(r.logprobs, width, 0.0, "right") for r in results]),
+            texts=[t for r in results for t in r.texts],
+            finished=torch.cat([r.finished for r in results]),
+        )
+
+
+def pad_width(values: torch.Tensor, width: int, value: float, side: str) -> torch.Tensor:
+    """``values [B, W]`` padded with ``value`` on the ``left`` or ``right`` to ``[B, width]`` (``width >= W``)."""
+    missing = width - values.shape[1]
+    if missing < 0:
+        raise ValueError(f"pad_width: tensor is wider ({values.shape[1]}) than {width}")
+    if not missing:
+        return values
+    pad = torch.full((values.shape[0], missing), value, dtype=values.dtype, device=values.device)
+    return torch.cat([pad, values] if side == "left" else [values, pad], dim=1)
+
 
 def cache_kwarg_name(model: torch.nn.Module) -> str:
     """Name of the KV-cache argument of ``model.forward``: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def crop_cache(cache: object, num_tokens: int) -> bool:
+    """Remove the last ``num_tokens`` positions of a transformers ``Cache`` with its public ``crop`` (both call
+    conventions: ``crop(-n)`` in recent transformers 5 releases, ``crop(max_length)`` before); False when the cache
+    has no ``crop`` or says it is not croppable."""
+    crop = getattr(cache, "crop", None)
+    if crop is None or getattr(cache, "is_croppable", True) is False:
+        return False
+    if "tokens_to_remove" in inspect.signature(crop).parameters:
+        crop(-num_tokens)
+    else:
+        crop(cache.get_seq_length() - num_tokens)
+    return True
+
+
+def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether ``model.forward`` (of the base model under a PEFT wrapper) takes ``logits_to_keep``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 class IncrementalDecoder:
@@ -127,27 +209,32 @@ class IncrementalDecoder:
         self.hidden_states: tuple[torch.Tensor, ...] | None = None
         self.next_logits: torch.Tensor | None = None
         self._cache_kwarg = cache_kwarg_name(model)
+        self._logits_to_keep = accepts_logits_to_keep(model)
         inputs = {"input_ids": input_ids} if input_ids is not None else {"inputs_embeds": inputs_embeds}
         self.next_logits = self._forward(attention_mask, **inputs, **model_inputs)
 
     def _forward(self, chunk_mask: torch.Tensor, **inputs: object) -> torch.Tensor:
         full_mask = self.attention_mask
         positions = (full_mask.cumsum(-1) - 1).clamp(min=0)[:, -chunk_mask.shape[1] :]
+        # Only the last position's logits are needed when every row's last fed token is its last valid one (a
+        # one-token feed, a left-padded prefill): no [B, P, V] logits for a prompt.
+        last_only = self._logits_to_keep and (chunk_mask.shape[1] == 1 or bool(chunk_mask[:, -1].all()))
         out = self.model(
             attention_mask=full_mask,
             position_ids=positions,
             use_cache=True,
+            **({"logits_to_keep": 1} if last_only else {}),
             **({"output_hidden_states": True} if self.output_hidden_states else {}),
             **{self._cache_kwarg: self.cache},
             **inputs,
         )
         self.cache = out[self._cache_kwarg]
-        logits = out.logits.float()
+        logits = out.logits
         # Outputs after the last valid token of each row; rows that fed only padding keep their old ones.
         last = (chunk_mask * torch.arange(1, chunk_mask.shape[1] + 1, device=chunk_mask.device)).argmax(-1)
         rows = torch.arange(logits.shape[0], device=logits.device)
         fed = chunk_mask.any(-1)[:, None]
-        picked = logits[rows, last]
+        picked = (logits[:, -1] if logits.shape[1] == 1 else logits[rows, last]).float()
         if self.next_logits is not None:
             picked = torch.where(fed, picked, self.next_logits)
         if self.output_hidden_states:
@@ -167,6 +254,52 @@ class IncrementalDecoder:
         if self.hidden_states is not None:
             self.hidden_states = tuple(h[indices] for h in self.hidden_states)
         return True
+
+    def drop_masked_tail(self) -> int:
+        """Remove the trailing positions that are masked out in every row (e.g. tokens a decoder retracted) from the
+        attention mask and, with the cache's public ``crop``, from the KV cache; returns how many were removed (0
+        when none, or when the cache cannot be cropped). Outputs are unchanged: those positions were invisible."""
+        masked = (self.attention_mask == 0).all(0).flip(0).long()
+        count = int(masked.cumprod(0).sum())
+        if count == 0 or count >= self.attention_mask.shape[1] or not crop_cache(self.cache, count):
+            return 0
+        self.attention_mask = self.attention_mask[:, :-count]
+        return count
+
+    @property
+    def reorderable(self) -> bool:
+        """Whether the cache can be reordered by row (a transformers ``Cache`` with ``reorder_cache``)."""
+        return callable(getattr(self.cache, "reorder_cache", None))
+
+    def reorder_rows(self, indices: torch.Tensor) -> None:
+        """Row ``i`` of the state becomes a copy of row ``indices[i]``: rows may repeat (a hypothesis that branches
+        into several children) or disappear (finished ones). Cache (``Cache.reorder_cache``, the public
+        transformers API that beam search uses), attention mask, next logits and hidden states follow.
+
+        Raises:
+            ConfigError: the model's cache cannot be reordered (e.g. a remote-code model returning legacy tuples).
+        """
+        self.check_reorderable()
+        try:
+            self.cache.reorder_cache(indices.to(self.attention_mask.device))
+        except (NotImplementedError, TypeError, AttributeError) as err:
+            raise ConfigError(
+                f"the KV cache of {type(self.model).__name__} ({type(self.cache).__name__}) refused to be reordered "
+                f"by row ({err}); use a model with a dynamic transformers Cache"
+            ) from err
+        self.attention_mask = self.attention_mask[indices]
+        self.next_logits = self.next_logits[indices]
+        if self.hidden_states is not None:
+            self.hidden_states = tuple(h[indices] for h in self.hidden_states)
+
+    def check_reorderable(self) -> None:
+        """Raise :class:`~zoo.errors.ConfigError` when the cache cannot be reordered by row."""
+        if not self.reorderable:
+            raise ConfigError(
+                f"the KV cache of {type(self.model).__name__} ({type(self.cache).__name__}) cannot be reordered by "
+                "row: decoders that branch or drop hypotheses need a transformers Cache object with reorder_cache "
+                "(transformers-native models return one; a remote-code model returning legacy tuples does not)"
+            )
 
     def feed(
         self,
@@ -196,14 +329,24 @@ def context_length(model: PreTrainedModel) -> int | None:
     return int(value) if value is not None else None
 
 
-def check_context(model: PreTrainedModel, prompt_length: int, params: SamplingParams, what: str = "prompt") -> None:
-    """Raise :class:`~zoo.errors.ConfigError` when ``prompt_length`` + ``max_new_tokens`` exceeds the model's
-    positions (``what`` names the prefill in the message, e.g. ``"prompt + 12 structure tokens"``)."""
+def check_context(
+    model: PreTrainedModel,
+    prompt_length: int,
+    params: SamplingParams,
+    what: str = "prompt",
+    injected: int = 0,
+    injected_what: str = "injected tokens",
+) -> None:
+    """Raise :class:`~zoo.errors.ConfigError` when ``prompt_length`` + ``max_new_tokens`` (+ ``injected``, tokens a
+    decoder adds besides the sampled ones) exceeds the model's positions (``what`` names the prefill in the
+    message, e.g. ``"prompt + 12 structure tokens"``; ``injected_what`` the added tokens)."""
     max_ctx = context_length(model)
-    if max_ctx is not None and prompt_length + params.max_new_tokens > max_ctx:
+    if max_ctx is not None and prompt_length + params.max_new_tokens + injected > max_ctx:
+        extra = f" + up to {injected} {injected_what}" if injected else ""
         raise ConfigError(
-            f"{what} length {prompt_length} + max_new_tokens {params.max_new_tokens} exceeds the model context "
-            f"({max_ctx} positions); shorten the prompts or lower max_new_tokens (module.generation.max_new_tokens)"
+            f"{what} length {prompt_length} + max_new_tokens {params.max_new_tokens}{extra} exceeds the model "
+            f"context ({max_ctx} positions); shorten the prompts or lower max_new_tokens "
+            f"(module.generation.max_new_tokens){' or the injections' if injected else ''}"
         )
 
 
@@ -261,6 +404,86 @@ def ends_with_stop(tokenizer: PreTrainedTokenizerBase, ids: list[int], stops: Se
     """Whether the text of the last ``window`` tokens of ``ids`` ends with one of ``stops``."""
     tail = tokenizer.decode(ids[-window:], skip_special_tokens=False)
     return any(tail.endswith(s) for s in stops)
+
+
+_TOKEN_TEXTS: weakref.WeakKeyDictionary[PreTrainedTokenizerBase, tuple[int, list[str], list[str]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def token_texts(tokenizer: PreTrainedTokenizerBase) -> tuple[list[str], list[str]]:
+    """The text of every token id, decoded alone and after an anchor token (the text it adds in context, which
+    differs for tokenizers that drop a leading space when decoding one token); special tokens kept. Cached per
+    tokenizer and vocabulary size."""
+    cached = _TOKEN_TEXTS.get(tokenizer)
+    size = len(tokenizer)
+    if cached is None or cached[0] != size:
+        alone = tokenizer.batch_decode([[i] for i in range(size)], skip_special_tokens=False)
+        anchor_ids = tokenizer("a", add_special_tokens=False)["input_ids"][:1] or [0]
+        anchor = tokenizer.decode(anchor_ids, skip_special_tokens=False)
+        paired = tokenizer.batch_decode([[*anchor_ids, i] for i in range(size)], skip_special_tokens=False)
+        in_context = [t[len(anchor) :] if t.startswith(anchor) else t for t in paired]
+        cached = (size, alone, in_context)
+        _TOKEN_TEXTS[tokenizer] = cached
+    return cached[1], cached[2]
+
+
+class TokenTextMatcher:
+    """Where a row's generated text comes to contain (or end with) one of ``texts``, decoding only when the newest
+    token could complete one of them (step delimiters, stop strings).
+
+    A text newly appears in a row's text only with a token whose own text holds the text's last character, so the
+    vocabulary is split once (:func:`token_texts`): tokens that hold a whole text (certain hits), tokens that hold
+    a last character or whose text is unreliable alone (empty, a partial UTF-8 byte: decode the row's tail to
+    decide), and all others (certain misses, the common case: no decoding).
+
+    Args:
+        tokenizer: the decoding tokenizer.
+        texts: non-empty strings.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> None:
+        self.texts = tuple(texts)
+        if not self.texts or any(not t for t in self.texts):
+            raise ValueError(f"TokenTextMatcher needs non-empty strings, got {texts!r}")
+        self.tokenizer = tokenizer
+        alone, in_context = token_texts(tokenizer)
+        lasts = {t[-1] for t in self.texts}
+
+        def unreliable(text: str) -> bool:
+            return not text or "\ufffd" in text
+
+        self.whole = frozenset(
+            i for i, (a, c) in enumerate(zip(alone, in_context)) if any(t in a and t in c for t in self.texts)
+        )
+        self.may_contain = frozenset(
+            i
+            for i, (a, c) in enumerate(zip(alone, in_context))
+            if unreliable(a) or unreliable(c) or any(ch in a or ch in c for ch in lasts)
+        )
+        self.may_end = frozenset(
+            i
+            for i, (a, c) in enumerate(zip(alone, in_context))
+            if unreliable(a) or unreliable(c) or any(a.endswith(ch) or c.endswith(ch) for ch in lasts)
+        )
+        self.window = max_token_length(tokenizer, self.texts) + 2
+
+    def contains(self, ids: Sequence[int], start: int = 0) -> bool:
+        """Whether the text of ``ids[start:]`` contains one of the texts, for a text that did not before the last
+        id was appended (the check runs after every token)."""
+        token = ids[-1]
+        if token in self.whole:
+            return True
+        if token not in self.may_contain:
+            return False
+        tail = self.tokenizer.decode(list(ids[max(start, len(ids) - self.window) :]), skip_special_tokens=False)
+        return any(t in tail for t in self.texts)
+
+    def ends_with(self, ids: Sequence[int]) -> bool:
+        """Whether the text of ``ids`` ends with one of the texts."""
+        if ids[-1] not in self.may_end:
+            return False
+        return ends_with_stop(self.tokenizer, list(ids), self.texts, self.window)
 
 
 def __getattr__(name: str) -> object:

@@ -6,19 +6,32 @@ processors cannot see model outputs (#34265), so :class:`StepwiseDecoder` is a d
 (:mod:`zoo.generation.decoders`; logits processors and forward hooks apply as in every decoder) whose loop sits on
 :class:`~zoo.generation.sampling.IncrementalDecoder`:
 
-* one :meth:`~zoo.generation.decoders.Decoder.next_tokens` call per iteration over the whole batch, exactly as in
+* one :meth:`~zoo.generation.decoders.Decoder.next_tokens` call per iteration over the batch, exactly as in
   :class:`~zoo.generation.decoders.SampleDecoder` -- with no step hook, or one that never acts, the output is
   token-identical to plain decoding with the same seed (same RNG consumption, same shapes fed to the model);
-* a step of a row closes when its text since the last close contains a delimiter; the hook receives every
-  row that closed a step at this token (:class:`StepEvent`) and returns a :class:`StepAction` per row it acts on;
+  finished rows leave the KV-cached batch as in ``SampleDecoder`` (not with logits processors, which see every row);
+* a step of a row closes when its text since the last close contains a delimiter (``step_delimiters``), or a
+  final-step delimiter (``final_step_delimiters``, ``</think>`` by default: the last reasoning step closes at the
+  closing tag; after it the row's text -- the answer -- is not split into steps); the hook receives every row that
+  closed a step at this token (:class:`StepEvent`, with ``final`` set for a final step) and returns a
+  :class:`StepAction` per row it acts on;
+* whether a token closes a step is read from per-token tables (:class:`~zoo.generation.sampling.TokenTextMatcher`):
+  text is decoded only for tokens that could complete a delimiter, and the trace of a step only if the hook reads it;
 * appended tokens are fed together with the row's sampled token in one chunk whose width varies per row
-  (per-row padding mask), so rows diverge freely;
+  (per-row padding mask), so rows diverge freely; iterations where the hook acts on no row feed the sampled tokens
+  as one column, like plain decoding;
 * ``rollback`` discards the step just generated: its cached positions are masked out of the attention mask
   (positions come from the running mask, so the continuation is exactly a fresh forward over the kept
-  tokens -- the cache is never rewritten);
+  tokens -- the cache is never rewritten); a row left with nothing new to feed feeds its last kept token again
+  (its old column masked) to get the logits after it;
+* with ``hook_lookahead > 0`` rows keep decoding while their closed steps wait for the hook, which then sees the
+  steps of many rows in one call (fewer calls of an expensive scorer); an action discards what was sampled after
+  its step first;
 * generation ends per row at EOS (or a stop string), and for everyone at ``max_new_tokens`` sampled tokens;
   a row whose delimiter never appeared is reported (``steps_closed == 0``, ``open_step``) and a warning
-  names the delimiter.
+  names the delimiter;
+* the context check counts injected tokens: a hook that declares ``max_appended_tokens`` (per row) is checked
+  before decoding; any other injection that would run past the model's positions raises a ``ConfigError``.
 
 The step hook is an attribute (:attr:`StepwiseDecoder.step_hook`) so that a callback can set it on a module's
 decoder at run time. Used by SafeThink (:mod:`zoo.safety.safethink`); written for any step-level monitor.
@@ -30,13 +43,24 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.backbones.tokenizer import THINK_OPEN
+from zoo.backbones.tokenizer import THINK_CLOSE, THINK_OPEN
+from zoo.data.encoding import pad_token_id
+from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill, padded_context
-from zoo.generation.sampling import GenerationResult, SamplingParams, decode_completion, max_token_length
+from zoo.generation.sampling import (
+    GenerationResult,
+    IncrementalDecoder,
+    SamplingParams,
+    TokenTextMatcher,
+    check_context,
+    context_length,
+    decode_completion,
+)
 
 
 @dataclass(frozen=True)
@@ -47,16 +71,30 @@ class StepEvent:
         row: batch row.
         step_index: 1-based index of the step (steps rolled back are not counted; a resampled step keeps
             the index of the step it replaces).
-        step_text: text of the step, delimiter included.
-        trace: the completion so far (decoded, special tokens kept), this step included.
         attempt: 0 for the first sample of this step index, ``k`` for the k-th resample after a rollback.
+        final: the step closed at a final-step delimiter (the end of the reasoning, e.g. ``</think>``).
+        ids: the row's completion ids so far, this step included.
+        step_start: where the step starts in ``ids``.
+        tokenizer: decodes :attr:`step_text` and :attr:`trace` when they are read.
     """
 
     row: int
     step_index: int
-    step_text: str
-    trace: str
     attempt: int = 0
+    final: bool = False
+    ids: tuple[int, ...] = ()
+    step_start: int = 0
+    tokenizer: PreTrainedTokenizerBase | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def step_text(self) -> str:
+        """Text of the step, delimiter included."""
+        return self.tokenizer.decode(list(self.ids[self.step_start :]), skip_special_tokens=False)
+
+    @cached_property
+    def trace(self) -> str:
+        """The completion so far (decoded, special tokens kept), this step included."""
+        return decode_completion(self.tokenizer, self.ids)
 
 
 @dataclass(frozen=True)
@@ -82,7 +120,7 @@ class StepwiseResult(GenerationResult):
 
     Attributes:
         injected_mask: ``[B, L]`` 1 on tokens appended by the hook (0 on sampled tokens and padding).
-        steps_closed: per row, number of kept steps closed by a delimiter.
+        steps_closed: per row, number of kept steps closed by a delimiter (a final step included).
         open_step: per row, whether the row ended inside a step that never reached a delimiter.
         discarded: per row, texts of the steps rolled back.
         hook_seconds: wall time spent inside the hook.
@@ -105,60 +143,72 @@ class StepwiseResult(GenerationResult):
 
 
 class _Row:
-    """Book-keeping of one row: kept tokens, where the current step starts, and its cache columns."""
+    """Book-keeping of one row: kept tokens (with the cache column each was fed at, ``-1`` while not yet fed), where
+    the current step starts, and the step event waiting for the hook."""
 
     def __init__(self) -> None:
         self.ids: list[int] = []
         self.injected: list[bool] = []
         self.logprobs: list[float] = []
+        self.cols: list[int] = []
         self.step_start = 0  # index in ``ids`` where the current step starts
-        self.step_cols: list[int] = []  # decoder columns of the current step's fed tokens
         self.steps_closed = 0
         self.attempt = 0
         self.done = False
         self.finished = False
+        self.reasoning_done = False  # a final step was kept: the rest is not split into steps
         self.discarded: list[str] = []
         self.sampled = 0
+        self.pending: StepEvent | None = None  # a closed step the hook has not seen yet (lookahead)
+        self.pending_age = 0
+        self.stale = False  # rolled back with nothing new to feed: the logits after the last kept token are stale
+
+    def append(self, ids: Sequence[int], injected: bool, logprobs: Sequence[float] | None = None) -> None:
+        self.ids.extend(ids)
+        self.injected.extend([injected] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.cols.extend([-1] * len(ids))
+
+    def truncate(self, length: int, state: IncrementalDecoder, k: int) -> None:
+        """Drop the tokens from ``length`` on, masking the cache columns they were fed at (state row ``k``)."""
+        fed = [c for c in self.cols[length:] if c >= 0]
+        if fed:
+            state.attention_mask[k, fed] = 0
+        del self.ids[length:], self.injected[length:], self.logprobs[length:], self.cols[length:]
 
 
-def _as_tuple(delimiters: str | Sequence[str]) -> tuple[str, ...]:
+def _as_tuple(
+    delimiters: str | Sequence[str], what: str = "step delimiters", empty_ok: bool = False
+) -> tuple[str, ...]:
     out = (delimiters,) if isinstance(delimiters, str) else tuple(delimiters)
-    if not out or any(not d for d in out):
-        raise ValueError(f"step delimiters must be non-empty strings, got {delimiters!r}")
+    if (not out and not empty_ok) or any(not d for d in out):
+        raise ValueError(f"{what} must be non-empty strings, got {delimiters!r}")
     return out
-
-
-_FAST_PATH_CACHE: dict[tuple[int, int, tuple[str, ...]], frozenset[int] | None] = {}
-
-
-def _single_token_delimiters(tokenizer: PreTrainedTokenizerBase, delimiters: tuple[str, ...]) -> frozenset[int] | None:
-    """Token ids that close a step, when that test is exact: every delimiter is one token and no other token's
-    text contains a delimiter (else ``None``: fall back to checking decoded text, e.g. BPE ``".\\n"`` tokens)."""
-    key = (id(tokenizer), len(tokenizer), delimiters)
-    if key not in _FAST_PATH_CACHE:
-        encoded = [tokenizer(d, add_special_tokens=False)["input_ids"] for d in delimiters]
-        ids: frozenset[int] | None = None
-        if all(len(e) == 1 for e in encoded):
-            ids = frozenset(e[0] for e in encoded)
-            texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
-            if any(i not in ids and any(d in t for d in delimiters) for i, t in enumerate(texts)):
-                ids = None
-        _FAST_PATH_CACHE[key] = ids
-    return _FAST_PATH_CACHE[key]
 
 
 class StepwiseDecoder(Decoder):
     """Decoder with a hook called whenever rows close a reasoning step (the loop of the module docstring).
 
     Args:
-        step_hook: ``events -> {row: StepAction}``; ``None`` = plain decoding (token-identical to
-            :class:`~zoo.generation.decoders.SampleDecoder` with the same seed).
+        step_hook: ``events -> {row: StepAction}`` (at most one event per row per call); ``None`` = plain decoding
+            (token-identical to :class:`~zoo.generation.decoders.SampleDecoder` with the same seed). A hook may
+            declare ``max_appended_tokens`` (an int: the most tokens it appends to one row), which the context check
+            counts, and ``wants(row, step_index, attempt) -> bool``, the steps it looks at (others make no event).
         step_delimiters: a step closes when its text contains one of these (default: newline, the zoo's
             ``STEP_DELIMITER``).
         step_openers: tokens that open the reasoning block (``<think>``); sampled at the start of a step they are
             not part of it, so a rollback of the first step keeps the reasoning block open.
         warn_no_delimiter: warn when a row reaches ``max_new_tokens`` without ever closing a step.
         processors, hooks: as :class:`~zoo.generation.decoders.Decoder`.
+        final_step_delimiters: a step also closes at these, as the last step of the reasoning (``StepEvent.final``);
+            default the closing tag ``</think>``; ``()`` = none (the text after the last ``step_delimiters`` is then
+            never a step).
+        hook_lookahead: ``0`` (default): the hook sees each closed step before the row samples on. ``L > 0``: rows
+            keep decoding while a closed step waits, and the hook gets the waiting steps of all rows in one call
+            once the oldest is ``L`` tokens old (or its row finished, closed another step, or the budget ends); an
+            action first discards the tokens sampled after that step (their cache columns masked). Fewer, larger
+            hook calls; the kept text has the same distribution (discarded tokens never condition what is kept),
+            but seeded samples differ from ``L = 0`` after an action, and discarded tokens use up the budget.
 
     ``params.max_new_tokens`` bounds the *sampled* tokens; injected tokens are extra. Returns a
     :class:`StepwiseResult`.
@@ -172,12 +222,28 @@ class StepwiseDecoder(Decoder):
         warn_no_delimiter: bool = True,
         processors: Iterable[LogitsProcessor] = (),
         hooks: Iterable[ForwardHook] = (),
+        final_step_delimiters: str | Sequence[str] = (THINK_CLOSE,),
+        hook_lookahead: int = 0,
     ) -> None:
         super().__init__(processors, hooks)
+        if hook_lookahead < 0:
+            raise ConfigError(f"hook_lookahead must be >= 0, got {hook_lookahead}")
+        self.hook_lookahead = int(hook_lookahead)
         self.step_hook = step_hook
         self.step_delimiters = _as_tuple(step_delimiters)
+        self.final_step_delimiters = _as_tuple(final_step_delimiters, "final step delimiters", empty_ok=True)
         self.step_openers = tuple(step_openers)
         self.warn_no_delimiter = warn_no_delimiter
+
+    def max_injected_tokens(self) -> int:
+        """The most tokens the step hook may append to one row (its ``max_appended_tokens``; 0 without a hook or
+        when it does not say, in which case injections are checked as they happen)."""
+        return int(getattr(self.step_hook, "max_appended_tokens", None) or 0)
+
+    def check_length(self, model: PreTrainedModel, prefill: Prefill, params: SamplingParams) -> None:
+        """The prefill + ``max_new_tokens`` + the hook's declared injections must fit the model's positions."""
+        what = "prompt" if prefill.inputs_embeds is None else "prefill (inputs_embeds)"
+        check_context(model, prefill.length, params, what, self.max_injected_tokens(), "tokens injected by the hook")
 
     def decode(
         self,
@@ -188,154 +254,253 @@ class StepwiseDecoder(Decoder):
         generator: torch.Generator | None,
     ) -> StepwiseResult:
         start = time.perf_counter()
-        hook, delimiters = self.step_hook, self.step_delimiters
+        hook, lookahead = self.step_hook, self.hook_lookahead
+        wants = getattr(hook, "wants", None)
         device, batch = prefill.device, prefill.batch_size
-        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        stop_window = max_token_length(tokenizer, params.stop_strings)
-        delim_window = max_token_length(tokenizer, delimiters) + 1
-        delim_ids = _single_token_delimiters(tokenizer, delimiters)
+        eos, pad = tokenizer.eos_token_id, pad_token_id(tokenizer)
+        steps = TokenTextMatcher(tokenizer, self.step_delimiters)
+        finals = TokenTextMatcher(tokenizer, self.final_step_delimiters) if self.final_step_delimiters else None
+        stops = TokenTextMatcher(tokenizer, params.stop_strings) if params.stop_strings else None
         vocab = tokenizer.get_vocab()
         opener_ids = {vocab[t] for t in self.step_openers if t in vocab}
-        decoder = prefill.start(model)
+        max_positions = context_length(model)
+        prompt_lengths = prefill.attention_mask.sum(-1).tolist()
+        state = prefill.start(model)
         rows = [_Row() for _ in range(batch)]
-        # next-token logits at the start of each row's current step (to resample after a bare rollback)
-        step_start_logits = decoder.next_logits.clone()
-        hook_seconds = 0.0
-        for _ in range(params.max_new_tokens):
+        compact = not self.processors
+        # ``live[k]`` is the batch row of the state's row ``k`` (finished rows leave the state when compact)
+        live = list(range(batch))
+        live_index = torch.arange(batch, device=device)
+        prompt_logits = state.next_logits.clone()  # to resample a row rolled back to its first token
+        self._hook_seconds = 0.0
+        for iteration in range(params.max_new_tokens):
+            last = iteration == params.max_new_tokens - 1
             context = padded_context(prefill.prompt_ids, [r.ids for r in rows], pad) if self.processors else None
-            tokens, logprobs = self.next_tokens(decoder.next_logits, context, params, generator)
-            events: list[StepEvent] = []
-            closed: set[int] = set()
-            for i, row in enumerate(rows):
+            sampled, logprobs_t = self.next_tokens(state.next_logits, context, params, generator, live_index, batch)
+            tokens, logprobs = sampled.tolist(), logprobs_t.tolist()
+            fresh: dict[int, StepEvent] = {}  # rows that closed a step the hook wants, at this token
+            for k, i in enumerate(live):
+                row = rows[i]
                 if row.done:
                     continue
-                tok = int(tokens[i])
-                row.ids.append(tok)
-                row.injected.append(False)
-                row.logprobs.append(float(logprobs[i]))
+                row.pending_age += row.pending is not None
+                row.append((tokens[k],), False, (logprobs[k],))
                 row.sampled += 1
-                if tok == eos:
+                if tokens[k] == eos or (stops is not None and stops.ends_with(row.ids)):
                     row.done = row.finished = True
                     continue
-                if params.stop_strings:
-                    tail = tokenizer.decode(row.ids[-(stop_window + 2) :], skip_special_tokens=False)
-                    if any(tail.endswith(s) for s in params.stop_strings):
-                        row.done = row.finished = True
-                        continue
-                step_ids = row.ids[row.step_start :]
-                if delim_ids is not None:
-                    closes = tok in delim_ids
-                else:
-                    tail = tokenizer.decode(step_ids[-delim_window:], skip_special_tokens=False)
-                    closes = any(d in tail for d in delimiters)
-                if closes:
-                    closed.add(i)
-                    if hook is not None:
-                        events.append(
-                            StepEvent(
-                                row=i,
-                                step_index=row.steps_closed + 1,
-                                step_text=tokenizer.decode(step_ids, skip_special_tokens=False),
-                                trace=decode_completion(tokenizer, row.ids),
-                                attempt=row.attempt,
-                            )
-                        )
-            actions: dict[int, StepAction] = {}
-            if events:
-                t0 = time.perf_counter()
-                actions = hook(events) or {}
-                hook_seconds += time.perf_counter() - t0
-                unknown = set(actions) - {e.row for e in events}
-                if unknown:
-                    raise ValueError(f"step hook returned actions for rows {sorted(unknown)} that closed no step")
-            if all(r.done for r in rows):
-                break
-            # Build the per-row chunk to feed: [sampled token] + appended ids, or appended ids after a rollback.
-            chunks: list[list[int]] = []
-            for i, row in enumerate(rows):
-                if row.done:
-                    chunks.append([])
+                if row.reasoning_done:
                     continue
-                action = actions.get(i)
-                if action is not None and action.rollback:
-                    row.discarded.append(tokenizer.decode(row.ids[row.step_start :], skip_special_tokens=False))
-                    for col in row.step_cols:
-                        decoder.attention_mask[i, col] = 0
-                    del row.ids[row.step_start :], row.injected[row.step_start :], row.logprobs[row.step_start :]
-                    row.attempt += 1
-                    decoder.next_logits[i] = step_start_logits[i]
-                    chunk = []
-                else:
-                    chunk = [int(tokens[i])]
-                    if i in closed:
-                        row.steps_closed += 1
-                        row.attempt = 0
-                if action is not None and action.append_ids:
-                    appended = [int(t) for t in action.append_ids]
-                    row.ids.extend(appended)
-                    row.injected.extend([True] * len(appended))
-                    row.logprobs.extend([0.0] * len(appended))
-                    chunk += appended
-                chunks.append(chunk)
-            width = max(len(c) for c in chunks)
-            if width:
-                chunk_ids = torch.full((batch, width), pad, dtype=torch.long, device=device)
-                chunk_mask = torch.zeros((batch, width), dtype=torch.long, device=device)
-                base_col = decoder.attention_mask.shape[1]
-                for i, chunk in enumerate(chunks):
-                    if chunk:
-                        chunk_ids[i, : len(chunk)] = torch.tensor(chunk, dtype=torch.long, device=device)
-                        chunk_mask[i, : len(chunk)] = 1
-                        rows[i].step_cols.extend(range(base_col, base_col + len(chunk)))
-                decoder.feed(chunk_ids, chunk_mask)
-            for i, row in enumerate(rows):
-                # The next step's sampled text starts here (after a closed step, or after an opener such as
-                # <think> that began the current step); injected tokens before it are kept on a rollback.
-                opened = len(row.ids) > row.step_start and all(t in opener_ids for t in row.ids[row.step_start :])
-                if i in closed or (opened and not row.done):
+                final = finals is not None and finals.contains(row.ids, row.step_start)
+                if not (final or steps.contains(row.ids, row.step_start)):
+                    continue
+                index = row.steps_closed + 1
+                if hook is not None and (wants is None or wants(i, index, row.attempt)):
+                    fresh[i] = StepEvent(i, index, row.attempt, final, tuple(row.ids), row.step_start, tokenizer)
+                # the step is kept unless the hook acts on it (then _act restores the row as it was here)
+                row.steps_closed, row.attempt, row.reasoning_done, row.step_start = index, 0, final, len(row.ids)
+            if hook is not None:
+                self._deliver_events(rows, live, fresh, lookahead, last, state, prompt_logits, tokenizer)
+            if all(rows[i].done for i in live) or last:
+                break
+            if compact:  # as SampleDecoder: finished rows leave the batch once a quarter of it is done
+                keep = [k for k, i in enumerate(live) if not rows[i].done]
+                if len(keep) <= 0.75 * len(live):
+                    index_t = torch.tensor(keep, dtype=torch.long, device=device)
+                    if state.select_rows(index_t):
+                        live = [live[k] for k in keep]
+                        live_index = live_index[index_t]
+                        prompt_logits = prompt_logits[index_t]
+            if max_positions is not None:
+                for i in live:
+                    self._check_positions(i, prompt_lengths[i], rows[i], max_positions)
+            self._feed(state, rows, live, pad, prompt_logits)
+            for i in live:
+                row = rows[i]
+                # An opener such as <think> that began the current step is not part of it
+                opener = not row.done and len(row.ids) > row.step_start
+                if opener and all(t in opener_ids for t in row.ids[row.step_start :]):
                     row.step_start = len(row.ids)
-                    row.step_cols = []
-                    step_start_logits[i] = decoder.next_logits[i]
-        width = max((len(r.ids) for r in rows), default=0)
-        completion_ids = torch.full((batch, max(width, 1)), pad, dtype=torch.long, device=device)
-        completion_mask = torch.zeros_like(completion_ids)
-        injected_mask = torch.zeros_like(completion_ids)
-        out_lp = torch.zeros(completion_ids.shape, dtype=torch.float32, device=device)
-        for i, row in enumerate(rows):
-            n = len(row.ids)
+        return self._result(tokenizer, prefill, params, rows, pad, self._hook_seconds, time.perf_counter() - start)
+
+    def _deliver_events(
+        self,
+        rows: list[_Row],
+        live: list[int],
+        fresh: dict[int, StepEvent],
+        lookahead: int,
+        last: bool,
+        state: IncrementalDecoder,
+        prompt_logits: torch.Tensor,
+        tokenizer: PreTrainedTokenizerBase,
+    ) -> None:
+        """Hand closed steps to the hook: at once (``lookahead == 0``), or once the oldest waiting one is
+        ``lookahead`` tokens old, its row finished or closed another step, or the budget ends."""
+        position = {i: k for k, i in enumerate(live)}
+        waiting = {i: rows[i].pending for i in live if rows[i].pending is not None}
+        flush = bool(waiting) and (
+            last or any(rows[i].pending_age >= lookahead or rows[i].done or i in fresh for i in waiting)
+        )
+        now = list(waiting.values()) if flush else []
+        later: dict[int, StepEvent] = {}
+        for i, event in fresh.items():
+            if i in waiting and flush:
+                later[i] = event  # its fate depends on the earlier step's
+            elif lookahead == 0 or last or flush:
+                now.append(event)
+            else:
+                rows[i].pending, rows[i].pending_age = event, 0
+        if flush:
+            for i in waiting:
+                rows[i].pending, rows[i].pending_age = None, 0
+        acted = self._call_hook(now, rows, position, state, prompt_logits, tokenizer) if now else set()
+        survivors = [event for i, event in later.items() if i not in acted]  # else it lay in the discarded part
+        if survivors and (lookahead == 0 or last):
+            self._call_hook(survivors, rows, position, state, prompt_logits, tokenizer)
+        else:
+            for event in survivors:
+                rows[event.row].pending, rows[event.row].pending_age = event, 0
+
+    def _call_hook(
+        self,
+        events: list[StepEvent],
+        rows: list[_Row],
+        position: dict[int, int],
+        state: IncrementalDecoder,
+        prompt_logits: torch.Tensor,
+        tokenizer: PreTrainedTokenizerBase,
+    ) -> set[int]:
+        """Call the hook on ``events`` (one per row) and apply its actions; returns the rows acted on."""
+        t0 = time.perf_counter()
+        actions = self.step_hook(events) or {}
+        self._hook_seconds += time.perf_counter() - t0
+        by_row = {e.row: e for e in events}
+        unknown = set(actions) - set(by_row)
+        if unknown:
+            raise ValueError(f"step hook returned actions for rows {sorted(unknown)} that closed no step")
+        for i, action in actions.items():
+            self._act(rows[i], position[i], by_row[i], action, state, tokenizer)
+        return set(actions)
+
+    @staticmethod
+    def _act(
+        row: _Row,
+        k: int,
+        event: StepEvent,
+        action: StepAction,
+        state: IncrementalDecoder,
+        tokenizer: PreTrainedTokenizerBase,
+    ) -> None:
+        """Apply ``action`` to the step of ``event``: tokens sampled after it are discarded (lookahead), then the
+        step is kept (and counted) or rolled back, then ``append_ids`` are appended."""
+        end = len(event.ids)
+        row.truncate(end, state, k)
+        row.done = row.finished = False
+        row.step_start, row.attempt = event.step_start, event.attempt
+        if action.rollback:
+            row.discarded.append(tokenizer.decode(row.ids[event.step_start :], skip_special_tokens=False))
+            row.truncate(event.step_start, state, k)
+            row.steps_closed, row.reasoning_done = event.step_index - 1, False
+            row.attempt += 1
+        else:
+            row.steps_closed, row.reasoning_done = event.step_index, event.final
+        row.append([int(t) for t in action.append_ids], True)
+        row.step_start = len(row.ids)
+        row.stale = not row.ids or row.cols[-1] >= 0  # nothing new to feed: the last kept token is fed again
+
+    @staticmethod
+    def _feed(
+        state: IncrementalDecoder, rows: list[_Row], live: list[int], pad: int, prompt_logits: torch.Tensor
+    ) -> None:
+        """Feed every live row's tokens not yet in the cache (the sampled token, or injected ids; per-row padding);
+        a row rolled back with nothing new re-feeds its last kept token (its old column masked), or gets the logits
+        after its prompt back."""
+        chunks: list[list[int]] = []
+        for k, i in enumerate(live):
+            row = rows[i]
+            if row.stale:
+                row.stale = False
+                if not row.ids:
+                    state.next_logits[k] = prompt_logits[k]
+                else:
+                    state.attention_mask[k, row.cols[-1]] = 0
+                    row.cols[-1] = -1
+            first = len(row.cols)
+            while first and row.cols[first - 1] < 0:
+                first -= 1
+            chunks.append([] if row.done else row.ids[first:])
+        width = max((len(c) for c in chunks), default=0)
+        if not width:
+            return
+        device = state.attention_mask.device
+        base_col = state.attention_mask.shape[1]
+        chunk_ids = torch.tensor([c + [pad] * (width - len(c)) for c in chunks], dtype=torch.long, device=device)
+        chunk_mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in chunks], dtype=torch.long)
+        for k, i in enumerate(live):
+            n = len(chunks[k])
             if n:
-                completion_ids[i, :n] = torch.tensor(row.ids, dtype=torch.long, device=device)
-                completion_mask[i, :n] = 1
-                injected_mask[i, :n] = torch.tensor(row.injected, dtype=torch.long, device=device)
-                out_lp[i, :n] = torch.tensor(row.logprobs, dtype=torch.float32, device=device)
-        if width == 0:
-            completion_ids, completion_mask, injected_mask, out_lp = (
-                t[:, :0] for t in (completion_ids, completion_mask, injected_mask, out_lp)
-            )
+                rows[i].cols[-n:] = range(base_col, base_col + n)
+        state.feed(chunk_ids, chunk_mask.to(device))
+
+    @staticmethod
+    def _check_positions(row_index: int, prompt_length: int, row: _Row, limit: int) -> None:
+        """A row's prompt + kept tokens (sampled and injected) must stay within the model's positions."""
+        if prompt_length + len(row.ids) <= limit:
+            return
+        raise ConfigError(
+            f"row {row_index}: prompt {prompt_length} + {len(row.ids)} completion tokens ({sum(row.injected)} of them "
+            f"injected by the step hook) exceed the model context ({limit} positions); lower max_new_tokens or the "
+            "injections (e.g. SafeThink's max_steps_monitored)"
+        )
+
+    def _result(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prefill: Prefill,
+        params: SamplingParams,
+        rows: list[_Row],
+        pad: int,
+        hook_seconds: float,
+        total_seconds: float,
+    ) -> StepwiseResult:
+        batch, device = len(rows), prefill.device
+        width = max((len(r.ids) for r in rows), default=0)
+        completion_ids = torch.tensor(
+            [r.ids + [pad] * (width - len(r.ids)) for r in rows], dtype=torch.long, device=device
+        ).reshape(batch, width)
+        completion_mask = torch.tensor(
+            [[1] * len(r.ids) + [0] * (width - len(r.ids)) for r in rows], dtype=torch.long, device=device
+        ).reshape(batch, width)
+        injected_mask = torch.tensor(
+            [[int(x) for x in r.injected] + [0] * (width - len(r.ids)) for r in rows], dtype=torch.long, device=device
+        ).reshape(batch, width)
+        logprobs = torch.tensor(
+            [r.logprobs + [0.0] * (width - len(r.ids)) for r in rows], dtype=torch.float32, device=device
+        ).reshape(batch, width)
         open_step = [not r.finished and len(r.ids) > r.step_start for r in rows]
         never = [i for i, r in enumerate(rows) if not r.finished and r.steps_closed == 0]
         if self.warn_no_delimiter and never:
             warnings.warn(
-                f"step delimiter {list(delimiters)!r} never appeared in {len(never)} of {batch} rows "
+                f"step delimiter {list(self.step_delimiters)!r} never appeared in {len(never)} of {batch} rows "
                 f"(rows {never[:8]}{' ...' if len(never) > 8 else ''}) before max_new_tokens="
                 f"{params.max_new_tokens}; those rows were generated as one unfinished step (see "
                 "StepwiseResult.open_step / steps_closed)",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
         return StepwiseResult(
             prompt_ids=prefill.prompt_ids,
             completion_ids=completion_ids,
             completion_mask=completion_mask,
             injected_mask=injected_mask,
-            logprobs=out_lp,
+            logprobs=logprobs,
             texts=[decode_completion(tokenizer, r.ids) for r in rows],
             finished=torch.tensor([r.finished for r in rows], dtype=torch.bool, device=device),
             steps_closed=[r.steps_closed for r in rows],
             open_step=open_step,
             discarded=[r.discarded for r in rows],
             hook_seconds=hook_seconds,
-            total_seconds=time.perf_counter() - start,
+            total_seconds=total_seconds,
             sampled_tokens=[r.sampled for r in rows],
         )
 
@@ -351,7 +516,16 @@ def stepwise_generate(
     generator: torch.Generator | None = None,
     warn_no_delimiter: bool = True,
     step_openers: Sequence[str] = (THINK_OPEN,),
+    final_step_delimiters: str | Sequence[str] = (THINK_CLOSE,),
+    hook_lookahead: int = 0,
 ) -> StepwiseResult:
     """:class:`StepwiseDecoder` with ``hook`` (no processors or hooks) on left-padded prompts."""
-    decoder = StepwiseDecoder(hook, step_delimiters, step_openers, warn_no_delimiter)
+    decoder = StepwiseDecoder(
+        hook,
+        step_delimiters,
+        step_openers,
+        warn_no_delimiter,
+        final_step_delimiters=final_step_delimiters,
+        hook_lookahead=hook_lookahead,
+    )
     return decoder(model, tokenizer, prompt_ids, prompt_attention_mask, params=params, generator=generator)

@@ -5,6 +5,7 @@ from zoo.modules.causal_lm import CausalLMModule, exact_answer_match
 from zoo.modules.episodes import EpisodeModule
 from zoo.modules.generating import GeneratingModule
 from zoo.modules.grpo import GRPOModule
+from zoo.modules.multiturn import MultiTurnRollout, MultiTurnRolloutModule
 from zoo.modules.preference import PreferenceModule
 from zoo.modules.sequence_classifier import SequenceClassifierModule
 from zoo.modules.structure_lm import StructureLMModule
@@ -16,6 +17,8 @@ __all__ = [
     "EpisodeModule",
     "GRPOModule",
     "GeneratingModule",
+    "MultiTurnRollout",
+    "MultiTurnRolloutModule",
     "PreferenceModule",
     "SequenceClassifierModule",
     "StructureLMModule",

@@ -7,7 +7,9 @@ One constructor piece and one evaluation step instead of a copy per family (SFT,
 * the **verifier** (the task's, ``verifier: ${task}`` in the configs; :class:`zoo.data.tasks.AnswerVerifier`);
 * the **evaluation sampling** (``eval_generation``; the ``generation`` settings when not given);
 * the evaluation step: family losses -> generate -> verify -> ``{split}/exact_match`` -> a
-  :class:`~zoo.protocols.GenerationOutput` (the dict callbacks rely on); ``predict_step`` generates and verifies.
+  :class:`~zoo.protocols.GenerationOutput` (the dict callbacks rely on; its ``meta`` holds the decoder's per-row
+  statistics, :meth:`~zoo.generation.sampling.GenerationResult.row_meta`: ``finished``, ``completion_tokens``, and e.g.
+  DTS's branch events); ``predict_step`` generates and verifies.
 
 A family customises it through four small hooks: :meth:`~GeneratingModule.eval_losses` (its evaluation losses),
 :meth:`~GeneratingModule.generate_batch` (how a batch is decoded, plus per-row meta),
@@ -121,7 +123,7 @@ class GeneratingModule(ZooModule):
             completion_ids=result.completion_ids,
             texts=result.texts,
             logprobs=result.logprobs,
-            meta={"prompts": prompts, "answers": answers or [], "correct": correct, **extra},
+            meta={"prompts": prompts, "answers": answers or [], "correct": correct, **result.row_meta(), **extra},
         )
         return output, result
 

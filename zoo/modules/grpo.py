@@ -5,14 +5,25 @@ Every stage is a core passed in through the constructor (a Hydra group each, own
 ``module/grpo/aggregation``), so GR3, DAPO's overlong punishment, Dr.GRPO, RLOO and later methods are configs, not
 subclasses.
 
-One training step (manual optimization, GRPO / DAPO, see ``zoo.rl``):
+One training step -- a **rollout step**, the unit of ``trainer.max_steps``, of the learning-rate schedule and of
+``trainer.global_step`` (manual optimization, GRPO / DAPO, see ``zoo.rl``):
 
 1. sample ``G`` completions per prompt through the module's decoder (``module/decoder``, :mod:`zoo.generation`);
 2. score them with the reward functions (TRL signature; dataset columns and ``step`` reach them);
 3. shape the ``[num_groups, G]`` rewards (e.g. GR3 ``r / (1 + alpha * l / mean_l)``) and compute advantages;
-4. for ``num_iterations`` optimizer steps, over micro-batches: per-token clipped loss against the rollout's
-   old log-probs (+ ``beta`` * k3 KL to a frozen reference when ``beta > 0``), aggregated with a normalizer
-   computed **once per optimizer step** from the whole batch's completion mask (micro-batch invariant).
+   with DAPO's ``dynamic_sampling``, groups whose shaped rewards are all equal (advantage 0 everywhere) are dropped
+   and the batch is refilled from the next batches of prompts (at most ``max_refill_rounds`` more);
+4. ``num_iterations`` optimizer updates on the rollout, over micro-batches: per-token clipped loss against the
+   rollout's old log-probs (+ ``beta`` * k3 KL to a frozen reference when ``beta > 0``), aggregated with a
+   normalizer computed **once per update** from the whole batch's completion mask (micro-batch invariant);
+   ``mask_truncated_completions`` takes completions cut at ``max_new_tokens`` out of the loss (DAPO);
+5. one learning-rate scheduler step.
+
+The ``num_iterations`` updates of a rollout step are one Lightning step: the first ``num_iterations - 1`` go through
+``trainer.strategy.optimizer_step`` (the strategy's and precision plugin's handling, ``on_before_optimizer_step``
+hooks) without counting a step, the last through the ``LightningOptimizer``, which counts it. So ``max_steps=6,
+num_iterations=2`` is 6 rollouts and 12 updates, and callbacks keyed on ``global_step`` fire per rollout step.
+(TRL counts the updates instead: its ``max_steps`` is this module's ``max_steps * num_iterations``.)
 """
 
 from __future__ import annotations
@@ -26,8 +37,8 @@ from zoo.backbones.base import Backbone
 from zoo.data.tasks import Verifier
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder
-from zoo.generation.sampling import GenerationResult
-from zoo.losses import masked_token_entropy, masked_token_logprobs
+from zoo.generation.sampling import GenerationResult, accepts_logits_to_keep, pad_width
+from zoo.losses import IGNORE_INDEX, masked_token_entropy, masked_token_logprobs
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
 from zoo.modules.generating import GeneratingModule
 from zoo.protocols import GenerationOutput
@@ -37,6 +48,7 @@ from zoo.rl import (
     GRPOAdvantage,
     LossAggregator,
     NoShaping,
+    constant_groups,
     reward_group_stats,
     reward_matrix,
 )
@@ -44,6 +56,12 @@ from zoo.rl.advantages import AdvantageEstimator
 from zoo.rl.shapers import RewardShaper
 
 RewardFns = Mapping[str, Callable[..., Sequence[float]]] | Sequence[Callable[..., Sequence[float]]]
+RolloutSeam = Callable[[Any, dict[str, Any]], dict[str, Any]]
+
+#: Rollout entries with one row per completion (``[N, ...]`` tensors or lists), in group order.
+ROW_KEYS = ("prompt_mask", "prompts", "texts", "reward_components", "advantages", "correct")
+#: Rollout entries with one row per group (``[num_groups, G]``).
+GROUP_KEYS = ("rewards", "shaped", "lengths")
 
 
 def repeat_rows(values: Sequence[Any], times: int) -> list[Any]:
@@ -51,11 +69,56 @@ def repeat_rows(values: Sequence[Any], times: int) -> list[Any]:
     return [v for v in values for _ in range(times)]
 
 
+def select_groups(rollout: dict[str, Any], groups: torch.Tensor, group_size: int) -> dict[str, Any]:
+    """The rollout restricted to the groups ``groups`` (indices into ``[num_groups]``), every entry kept aligned."""
+    groups = groups.to(torch.long).flatten()
+    rows = (groups[:, None] * group_size + torch.arange(group_size, device=groups.device)).flatten()
+    row_list = rows.tolist()
+    out = dict(rollout)
+    out["result"] = rollout["result"].select(rows)
+    for key in ROW_KEYS:
+        value = rollout.get(key)
+        if isinstance(value, torch.Tensor):
+            out[key] = value[rows.to(value.device)]
+        elif value is not None:
+            out[key] = [value[i] for i in row_list]
+    for key in GROUP_KEYS:
+        out[key] = rollout[key][groups.to(rollout[key].device)]
+    return out
+
+
+def concat_rollouts(rollouts: Sequence[dict[str, Any]], pad_id: int) -> dict[str, Any]:
+    """Groups of several rollouts as one rollout (prompts left-padded, completions right-padded to the widest)."""
+    first = rollouts[0]
+    out = dict(first)
+    out["result"] = GenerationResult.concat([r["result"] for r in rollouts], pad_id)
+    prompt_width = out["result"].prompt_ids.shape[1]
+    out["prompt_mask"] = torch.cat([pad_width(r["prompt_mask"], prompt_width, 0, "left") for r in rollouts])
+    for key in (*ROW_KEYS, *GROUP_KEYS):
+        if key == "prompt_mask" or first.get(key) is None:
+            continue
+        if isinstance(first[key], torch.Tensor):
+            out[key] = torch.cat([r[key] for r in rollouts])
+        else:
+            out[key] = [v for r in rollouts for v in r[key]]
+    return out
+
+
+def completion_start(labels: torch.Tensor) -> int:
+    """First column of ``labels [N, T]`` that holds a label in some row (``T - 1`` when none does), at least 1:
+    the logits of positions ``start - 1 .. T - 2`` are all a loss needs."""
+    labelled = (labels != IGNORE_INDEX).any(dim=0)
+    if not bool(labelled.any()):
+        return max(labels.shape[1] - 1, 1)
+    return max(int(labelled.to(torch.int8).argmax()), 1)
+
+
 class GRPOModule(GeneratingModule):
     """Group Relative Policy Optimization with pluggable seams.
 
     Args:
-        backbone, quantizer, optimizer, scheduler: as :class:`~zoo.modules.base.ZooModule`.
+        backbone, quantizer, optimizer, scheduler: as :class:`~zoo.modules.base.ZooModule` (the scheduler's
+            ``total_steps`` is the number of rollout steps).
         rewards: reward functions (TRL signature), a mapping name -> function.
         reward_weights: weight per reward function (mapping by name); ``None`` = 1 each.
         shaper: reward shaper applied to ``[num_groups, G]`` rewards (``NoShaping``, ``GR3Shaper``, ...).
@@ -63,14 +126,36 @@ class GRPOModule(GeneratingModule):
         policy_loss: per-token clipped objective (``eps_low``, ``eps_high``, ``beta``).
         aggregation: loss aggregation mode with its normalizer.
         group_size: ``G`` completions per prompt.
-        num_iterations: optimizer steps per rollout batch (``mu``; 1 = strictly on-policy).
+        num_iterations: optimizer updates per rollout step (``mu``; 1 = strictly on-policy).
         micro_batch_size: completions per forward/backward pass (memory knob; does not change the gradient).
         max_grad_norm: gradient clipping (manual optimization; keep ``trainer.gradient_clip_val`` null).
         generation: rollout sampling (``do_sample``, ``temperature``, ``max_new_tokens``, ...).
         eval_generation: validation decoding (greedy by default, with the rollout ``max_new_tokens``).
         verifier: ``(completion, answer) -> bool`` for the true accuracy tracked beside the reward (the task's,
             ``verifier: ${task}``).
-        decoder: the decoder of rollouts and evaluation (``module/decoder``; default plain sampling).
+        decoder: the decoder of rollouts and evaluation (``module/decoder``; default plain sampling). It must show
+            every completion token its sampling context in one forward pass (``consistent_with_forward``).
+        dynamic_sampling: DAPO dynamic sampling -- drop groups whose shaped rewards are all equal and refill the
+            rollout step with the informative groups of the next batches until it holds as many groups as a
+            batch has prompts (extra groups are dropped). [assumed] verl filters on a configured metric (accuracy
+            by default); here the criterion is "advantage 0 everywhere", the same for an unshaped binary reward.
+        max_refill_rounds: at most this many extra batches per rollout step; then the step trains on the groups it
+            has (none at all: no update, the batches are skipped and logged).
+        mask_truncated_completions: no loss on completions that reached ``max_new_tokens`` without EOS or a stop
+            string (DAPO; TRL ``mask_truncated_completions``); they still count in the group's reward statistics.
+        reuse_rollout_logprobs: with ``num_iterations > 1``, take the old-policy log-probs from the rollout (the
+            decoder's sampling log-probs) instead of a second forward pass, when the decoder has no logits
+            processors (whose log-probs are not the policy's) and the rows are the rollout's. Generation and
+            training forwards agree to float rounding in float32; set ``False`` where they do not (e.g. bf16).
+        rollout: the rollout seam (``module/grpo/rollout``): ``None`` samples ``G`` single-turn completions per prompt
+            (:meth:`rollout`); a callable ``(module, batch) -> rollout dict`` replaces it, e.g. multi-turn feedback
+            episodes (:class:`~zoo.modules.multiturn.MultiTurnRollout`), and may give the token rows to train on as
+            ``rows``.
+
+    Reward functions receive ``prompts``, ``completions`` (the result's texts), ``completion_ids`` (each rollout's
+    generated token ids, as TRL passes them), the dataset columns and ``step``. A reward function with a
+    ``bind_tokenizer(tokenizer)`` method gets the policy's tokenizer when the module is built (TRL's
+    ``reward_processing_classes`` in spirit; e.g. :class:`zoo.rl.nmars.NMarsReward`).
     """
 
     def __init__(
@@ -93,6 +178,11 @@ class GRPOModule(GeneratingModule):
         eval_generation: dict[str, Any] | None = None,
         verifier: Verifier | None = None,
         decoder: Decoder | None = None,
+        dynamic_sampling: bool = False,
+        max_refill_rounds: int = 3,
+        mask_truncated_completions: bool = False,
+        reuse_rollout_logprobs: bool = True,
+        rollout: RolloutSeam | None = None,
     ) -> None:
         generation = {"do_sample": True, "temperature": 1.0, "max_new_tokens": 64, **(generation or {})}
         eval_generation = {
@@ -117,6 +207,17 @@ class GRPOModule(GeneratingModule):
             )
         if num_iterations < 1 or micro_batch_size < 1:
             raise ConfigError("module.num_iterations and module.micro_batch_size must be >= 1")
+        if not self.decoder.consistent_with_forward:
+            raise ConfigError(
+                f"module.decoder {self.decoder!r} samples tokens in contexts a forward pass over the completion "
+                "does not show (e.g. undo decoding with mode=crop), so GRPO cannot score its rollouts; use a decoder "
+                "that keeps them (module.decoder.mode=keep)"
+            )
+        for fn in rewards.values() if isinstance(rewards, Mapping) else rewards:
+            if callable(getattr(fn, "bind_tokenizer", None)):
+                fn.bind_tokenizer(self.tokenizer)
+        if max_refill_rounds < 0:
+            raise ConfigError(f"module.max_refill_rounds must be >= 0, got {max_refill_rounds}")
         self.rewards = rewards
         self.reward_weights = reward_weights
         self.shaper = shaper or NoShaping()
@@ -127,10 +228,22 @@ class GRPOModule(GeneratingModule):
         self.num_iterations = num_iterations
         self.micro_batch_size = micro_batch_size
         self.max_grad_norm = max_grad_norm
+        self.dynamic_sampling = bool(dynamic_sampling)
+        self.max_refill_rounds = int(max_refill_rounds)
+        self.mask_truncated_completions = bool(mask_truncated_completions)
+        self.reuse_rollout_logprobs = bool(reuse_rollout_logprobs)
+        self.rollout_seam = rollout
+        if self.dynamic_sampling and rollout is not None:
+            raise ConfigError(
+                "GRPOModule: dynamic_sampling refills single-turn rollouts only; use module/grpo/rollout=single_turn "
+                "or set module.dynamic_sampling=false"
+            )
         self.ref_model: torch.nn.Module | None = None
         self.last_rollout: dict[str, Any] = {}
+        self._pending: list[dict[str, Any]] = []  # informative groups waiting for a full rollout step
+        self._logits_to_keep: bool | None = None
         ignore = ["backbone", "quantizer", "optimizer", "scheduler", "rewards", "shaper", "advantage"]
-        self.save_hyperparameters(ignore=[*ignore, "policy_loss", "aggregation", "verifier", "decoder"])
+        self.save_hyperparameters(ignore=[*ignore, "policy_loss", "aggregation", "verifier", "decoder", "rollout"])
 
     # -- model ------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -142,35 +255,29 @@ class GRPOModule(GeneratingModule):
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def configure_optimizers(self) -> Any:
-        config = super().configure_optimizers()
-        if isinstance(config, dict) and self.num_iterations > 1:
-            # one scheduler step per optimizer step: rebuild with num_iterations x batches
-            optimizer = config["optimizer"]
-            total = int(self.trainer.estimated_stepping_batches) * self.num_iterations
-            config["lr_scheduler"]["scheduler"] = self.scheduler_factory(optimizer, total_steps=total)
-        return config
-
     # -- rollout ----------------------------------------------------------------------------------------------
     def rollout(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Sample ``G`` completions per prompt, score, shape and compute advantages (no gradient)."""
+        if self.rollout_seam is not None:
+            return self.rollout_seam(self, batch)
         g = self.group_size
         prompt_ids = batch["prompt_ids"].repeat_interleave(g, dim=0)
         prompt_mask = batch["prompt_attention_mask"].repeat_interleave(g, dim=0)
-        generator = torch.Generator(device=prompt_ids.device).manual_seed(
-            int(torch.initial_seed()) % (2**31) + self.global_step
-        )
+        seed = int(torch.initial_seed()) % (2**31) + self.global_step + 100_003 * len(self._pending)
+        generator = torch.Generator(device=prompt_ids.device).manual_seed(seed % (2**63))
         result = self.generate(prompt_ids, prompt_mask, self.sampling, generator)
         prompts = repeat_rows(batch["prompts"], g)
         columns = {k: repeat_rows(v, g) for k, v in batch.get("columns", {}).items()}
         columns["step"] = [self.global_step] * len(prompts)
+        columns["completion_ids"] = [
+            row[: int(n)] for row, n in zip(result.completion_ids.tolist(), result.completion_mask.sum(-1).tolist())
+        ]
         matrix = reward_matrix(self.rewards, prompts, result.texts, columns)
         weights = self._reward_weights(matrix.shape[1]).to(matrix)
         rewards = (matrix @ weights).to(self.device)
         lengths = result.lengths.to(rewards)
         num_groups = len(batch["prompts"])
         shaped = self.shaper(rewards.view(num_groups, g), lengths.view(num_groups, g), self.sampling.max_new_tokens)
-        advantages = self.advantage(shaped).reshape(-1)
         answers = columns.get("answer")
         correct = [self.verifier(t, a) for t, a in zip(result.texts, answers)] if answers else None
         return {
@@ -182,7 +289,7 @@ class GRPOModule(GeneratingModule):
             "reward_components": matrix,
             "shaped": shaped,
             "lengths": lengths.view(num_groups, g),
-            "advantages": advantages,
+            "advantages": self.advantage(shaped).reshape(-1),
             "correct": correct,
         }
 
@@ -195,47 +302,118 @@ class GRPOModule(GeneratingModule):
             raise ConfigError(f"module.reward_weights names unknown reward functions {sorted(unknown)}; known {names}")
         return torch.tensor([float(self.reward_weights.get(n, 1.0)) for n in names])
 
-    @staticmethod
-    def sequences(result: GenerationResult, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``(input_ids, attention_mask, position_ids, labels)`` of prompt + completion rows."""
+    def fill_from_informative_groups(self, rollout: dict[str, Any], target_groups: int) -> dict[str, Any] | None:
+        """DAPO dynamic sampling: keep the rollout's informative groups; return a rollout of ``target_groups`` of
+        them (advantages recomputed over it) once enough are collected or the refill rounds are used up, else
+        ``None`` (the step only collected)."""
+        informative = torch.nonzero(~constant_groups(rollout["shaped"])).flatten()
+        self._pending.append(select_groups(rollout, informative, self.group_size))
+        collected = sum(p["shaped"].shape[0] for p in self._pending)
+        rounds = len(self._pending) - 1
+        if collected < target_groups and rounds < self.max_refill_rounds:
+            return None
+        pending, self._pending = self._pending, []
+        if collected == 0:
+            self.log("train/dynamic_sampling_skipped", float(rounds + 1), batch_size=1)
+            return None
+        merged = concat_rollouts([p for p in pending if p["shaped"].shape[0]], self.tokenizer.pad_token_id)
+        if collected > target_groups:
+            merged = select_groups(merged, torch.arange(target_groups), self.group_size)
+        merged["advantages"] = self.advantage(merged["shaped"]).reshape(-1)
+        merged["refill_rounds"] = rounds
+        return merged
+
+    # -- token rows -------------------------------------------------------------------------------------------
+    def sequences(self, result: GenerationResult, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(input_ids, attention_mask, position_ids, labels)`` of prompt + completion rows; labels are the
+        completion tokens (none on a truncated completion with ``mask_truncated_completions``)."""
         input_ids = torch.cat([result.prompt_ids, result.completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, result.completion_mask], dim=1)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        labels = input_ids.masked_fill(attention_mask == 0, -100)
-        labels[:, : result.prompt_ids.shape[1]] = -100
+        labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
+        labels[:, : result.prompt_ids.shape[1]] = IGNORE_INDEX
+        if self.mask_truncated_completions:
+            labels[~result.finished.to(labels.device)] = IGNORE_INDEX
         return input_ids, attention_mask, position_ids, labels
 
     def token_logprobs(
-        self, model: torch.nn.Module, rows: tuple[torch.Tensor, ...], with_entropy: bool = False
+        self,
+        model: torch.nn.Module,
+        rows: tuple[torch.Tensor, ...],
+        with_entropy: bool = False,
+        start: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Per-token log-probs (temperature-scaled, as sampled) of the completion tokens: ``[N, T-1]``."""
+        """Per-token log-probs (temperature-scaled, as sampled) of the labelled tokens from column ``start`` on:
+        ``logp [N, T - start]``, ``mask [N, T - start]`` and, with ``with_entropy``, the summed entropy of the
+        labelled positions (detached scalar).
+
+        ``start`` defaults to :func:`completion_start`; logits are computed for positions ``start - 1 ..`` only
+        (``logits_to_keep`` where the model takes it, else sliced).
+        """
         input_ids, attention_mask, position_ids, labels = rows
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        start = completion_start(labels) if start is None else start
+        keep = input_ids.shape[1] - start + 1
+        if self._logits_to_keep is None:
+            self._logits_to_keep = accepts_logits_to_keep(model)
+        extra = {"logits_to_keep": keep} if self._logits_to_keep else {}
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra).logits
+        logits = logits[:, -keep:]
         if self.sampling.temperature != 1.0:
             logits = logits / self.sampling.temperature
-        logp, mask = masked_token_logprobs(logits, labels)
-        entropy = masked_token_entropy(logits.detach(), labels)[0] if with_entropy else None
+        targets = labels[:, start - 1 :]
+        logp, mask = masked_token_logprobs(logits, targets)
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = masked_token_entropy(logits.detach(), targets)[0].sum()
         return logp, mask, entropy
 
     # -- training ---------------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         rollout = self.rollout(batch)
         self.last_rollout = rollout
-        rows = self.sequences(rollout["result"], rollout["prompt_mask"])
-        # With one optimizer step per rollout the old policy is the current one: its log-probs are the detached
-        # log-probs of the loss forward (as TRL does), which saves a forward pass.
-        old, ref = self.reference_logprobs(rows, need_old=self.num_iterations > 1)
+        self.log_rollout(rollout)
+        if self.dynamic_sampling:
+            rollout = self.fill_from_informative_groups(rollout, target_groups=len(batch["prompts"]))
+            if rollout is None:
+                return
+        loss, metrics = self.update_policy(rollout)
+        self.log_update(rollout, loss, metrics)
+
+    def update_policy(self, rollout: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One rollout step: ``num_iterations`` optimizer updates on the rollout, then one scheduler step."""
+        own_rows = "rows" in rollout  # a rollout seam gave the token rows to train on (e.g. multi-turn episodes)
+        rows = rollout["rows"] if own_rows else self.sequences(rollout["result"], rollout["prompt_mask"])
+        start = completion_start(rows[3])
+        old = self.rollout_logprobs(rollout, start) if self.num_iterations > 1 and not own_rows else None
+        # With one update per rollout the old policy is the current one: its log-probs are the detached log-probs
+        # of the loss forward (as TRL does), which saves a forward pass.
+        recomputed, ref = self.reference_logprobs(rows, need_old=self.num_iterations > 1 and old is None)
+        old = recomputed if old is None else old
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
-        for _ in range(self.num_iterations):
+        for iteration in range(self.num_iterations):
             loss, metrics = self.policy_gradients(rows, rollout["advantages"], old, ref)
             if self.max_grad_norm:
                 self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
-            optimizer.step()
+            if iteration < self.num_iterations - 1:
+                # an update inside the rollout step: the strategy's optimizer step, not counted as a Lightning step
+                self.trainer.strategy.optimizer_step(optimizer.optimizer, closure=lambda: None)
+            else:
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
-                scheduler.step()
-        self.log_rollout(rollout, loss, metrics)
+        if scheduler is not None:
+            scheduler.step()
+        return loss, metrics
+
+    def rollout_logprobs(self, rollout: dict[str, Any], start: int) -> torch.Tensor | None:
+        """The old-policy log-probs of the rollout's sampling, aligned with :meth:`token_logprobs` from ``start``,
+        when they are the policy's (see ``reuse_rollout_logprobs``); ``None`` otherwise."""
+        result: GenerationResult = rollout["result"]
+        prompt_width = result.prompt_ids.shape[1]
+        if not self.reuse_rollout_logprobs or self.decoder.processors or start < prompt_width:
+            return None
+        return (result.logprobs * result.completion_mask)[:, start - prompt_width :].to(self.device)
 
     def micro_batches(self, num_rows: int) -> list[slice]:
         """Row slices of at most ``micro_batch_size``."""
@@ -246,14 +424,15 @@ class GRPOModule(GeneratingModule):
         self, rows: tuple[torch.Tensor, ...], need_old: bool = True
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Old-policy log-probs (the rollout policy, before any update; ``None`` unless ``need_old``) and
-        reference log-probs (``None`` unless ``beta > 0``)."""
+        reference log-probs (``None`` unless ``beta > 0``), ``[N, T - start]`` (:func:`completion_start`)."""
         chunks = self.micro_batches(rows[0].shape[0])
-        old = None
-        if need_old:
-            old = torch.cat([self.token_logprobs(self.model, tuple(t[c] for t in rows))[0] for c in chunks])
-        if self.ref_model is None:
-            return old, None
-        return old, torch.cat([self.token_logprobs(self.ref_model, tuple(t[c] for t in rows))[0] for c in chunks])
+        start = completion_start(rows[3])
+
+        def logprobs(model: torch.nn.Module) -> torch.Tensor:
+            return torch.cat([self.token_logprobs(model, tuple(t[c] for t in rows), start=start)[0] for c in chunks])
+
+        old = logprobs(self.model) if need_old else None
+        return old, (None if self.ref_model is None else logprobs(self.ref_model))
 
     def policy_gradients(
         self,
@@ -262,19 +441,24 @@ class GRPOModule(GeneratingModule):
         old_logp: torch.Tensor | None,
         ref_logp: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Accumulate the gradient of one optimizer step over micro-batches.
+        """Accumulate the gradient of one optimizer update over micro-batches.
 
-        The aggregation normalizer is computed once from the whole step's completion mask, so the summed
+        The aggregation normalizer is computed once from the whole batch's completion mask, so the summed
         micro-batch gradients equal the full-batch gradient whatever ``micro_batch_size`` is.
         ``old_logp=None`` means on-policy: the old log-probs are the detached current ones (ratio 1).
-        Returns the step's loss (sum over micro-batches) and the mean of the per-micro-batch metrics.
+        Returns the update's loss (sum over micro-batches) and the metrics: the per-micro-batch metrics of the
+        policy loss averaged, and ``entropy``, the mean entropy over all completion tokens.
         """
-        completion_mask = rows[3][:, 1:] != -100
+        start = completion_start(rows[3])
+        completion_mask = rows[3][:, start:] != IGNORE_INDEX
         normalizer = self.aggregation.normalizer(completion_mask, max_length=self.sampling.max_new_tokens)
         total = torch.zeros((), device=rows[0].device)
+        entropy = torch.zeros((), device=rows[0].device)
         metrics: dict[str, list[torch.Tensor]] = {}
         for chunk in self.micro_batches(rows[0].shape[0]):
-            logp, mask, entropy = self.token_logprobs(self.model, tuple(t[chunk] for t in rows), with_entropy=True)
+            logp, mask, chunk_entropy = self.token_logprobs(
+                self.model, tuple(t[chunk] for t in rows), with_entropy=True, start=start
+            )
             ref = None if ref_logp is None else ref_logp[chunk]
             old = logp.detach() if old_logp is None else old_logp[chunk]
             per_token, info = self.policy_loss(logp, old, advantages[chunk], mask, ref)
@@ -285,21 +469,23 @@ class GRPOModule(GeneratingModule):
             else:  # used outside a Trainer (tests, notebooks)
                 loss.backward()
             total = total + loss.detach()
-            info["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
+            entropy = entropy + chunk_entropy
             for key, value in info.items():
                 metrics.setdefault(key, []).append(value.detach())
-        return total, {k: torch.stack(v).mean() for k, v in metrics.items()}
+        out = {k: torch.stack(v).mean() for k, v in metrics.items()}
+        out["entropy"] = entropy / completion_mask.sum().clamp(min=1)
+        return total, out
 
-    def log_rollout(self, rollout: dict[str, Any], loss: torch.Tensor, loss_metrics: dict[str, torch.Tensor]) -> None:
-        """Diagnostics every step: lengths, truncation, zero-std groups, rewards before/after shaping, the loss
-        metrics, and the ``metrics()`` of the shaper and advantage seams."""
+    # -- logging ----------------------------------------------------------------------------------------------
+    def log_rollout(self, rollout: dict[str, Any]) -> None:
+        """Diagnostics of every generated batch: lengths, truncation, zero-std groups, rewards before/after
+        shaping, accuracy, and the ``metrics()`` of the shaper and advantage seams."""
         result: GenerationResult = rollout["result"]
         lengths = result.lengths.float()
         finished = result.finished
         stats = reward_group_stats(rollout["rewards"])
         shaped = rollout["shaped"]
         values = {
-            "loss": loss,
             "completion_length": lengths.mean(),
             "completion_length_min": lengths.min(),
             "completion_length_max": lengths.max(),
@@ -310,17 +496,29 @@ class GRPOModule(GeneratingModule):
             "reward_std": rollout["rewards"].std(),
             "shaped_reward": shaped.mean(),
             "shaped_reward_std": shaped.std(),
-            "advantage_abs": rollout["advantages"].abs().mean(),
-            **loss_metrics,
         }
         if rollout["correct"] is not None:
             values["accuracy"] = torch.tensor(rollout["correct"], dtype=torch.float).mean()
         for seam in (self.shaper, self.advantage):  # each seam reports its own state (e.g. GR3: gr3_alpha)
             values.update({k: torch.as_tensor(v, dtype=torch.float) for k, v in seam.metrics().items()})
-        size = len(rollout["texts"])
+        self._log_train(values, len(rollout["texts"]))
+
+    def log_update(self, rollout: dict[str, Any], loss: torch.Tensor, loss_metrics: dict[str, torch.Tensor]) -> None:
+        """Diagnostics of a policy update: the loss and its metrics, the advantages trained on and, with dynamic
+        sampling, the groups kept and the refill rounds used."""
+        values = {"loss": loss, "advantage_abs": rollout["advantages"].abs().mean(), **loss_metrics}
+        if self.dynamic_sampling:
+            values["groups_kept"] = torch.tensor(float(rollout["shaped"].shape[0]))
+            values["refill_rounds"] = torch.tensor(float(rollout.get("refill_rounds", 0)))
+        self._log_train(values, len(rollout["texts"]))
+
+    def _log_train(self, values: dict[str, torch.Tensor], size: int) -> None:
         for key, value in values.items():
             prog = key in ("reward", "completion_length", "accuracy")
             self.log(f"train/{key}", value.float().to(self.device), prog_bar=prog, batch_size=size)
+
+    def on_train_start(self) -> None:
+        self._pending = []
 
     # -- evaluation -------------------------------------------------------------------------------------------
     def log_generation(self, output: GenerationOutput, result: GenerationResult, split: str) -> None:

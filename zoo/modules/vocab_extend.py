@@ -72,6 +72,9 @@ class VocabExtendModule(CausalLMModule):
         pad_tokenizer: when the model's embedding has more rows than its tokenizer has tokens (padded
             vocabularies), reserve the gap with placeholder tokens so the new ids follow the model's rows.
         delta_init: a delta file (or a directory holding ``vocab_delta.safetensors``) to start the new rows from.
+        export_merged: :meth:`export_pretrained` writes one plain checkpoint whose vocabulary includes the new tokens
+            (:meth:`~zoo.vocab.VocabularyExtension.merge_into`; needs ``output_rows``), loadable by any later stage
+            with ``backbone.init_from``, instead of the base model + delta.
         seed: seed of the LoRA initialisation.
         **causal_lm: further :class:`~zoo.modules.CausalLMModule` arguments (``normalizer``, ``generate_on_eval``,
             ``verifier``, ...).
@@ -99,6 +102,7 @@ class VocabExtendModule(CausalLMModule):
         lora: dict[str, Any] | None = None,
         pad_tokenizer: bool = True,
         delta_init: str | None = None,
+        export_merged: bool = False,
         seed: int = 0,
         **causal_lm: Any,
     ) -> None:
@@ -127,6 +131,12 @@ class VocabExtendModule(CausalLMModule):
         self.new_tokens = [str(t) for t in new_tokens]
         self.mode = mode
         self.output_rows = bool(output_rows)
+        if export_merged and not self.output_rows:
+            raise ConfigError(
+                "module.export_merged=true writes the new tokens as ordinary rows, which needs output rows "
+                "(module.output_rows=true)"
+            )
+        self.export_merged = bool(export_merged)
         self.tie_output_rows = tie_output_rows
         self.tuning = tuning
         self.lora = {**DEFAULT_LORA, **dict(lora or {})}
@@ -214,16 +224,27 @@ class VocabExtendModule(CausalLMModule):
         """Write the base model (``save_pretrained``; LoRA merged) with the tokenizer *before* the new tokens, and
         the delta ``vocab_delta.safetensors`` (new rows + token strings). Reload with
         ``backbone.init_from=<directory> module.delta_init=<directory>``, or in Python with
-        :func:`zoo.vocab.apply_delta`. With ``tuning=new_rows`` the base written is bit-identical to the original."""
+        :func:`zoo.vocab.apply_delta`. With ``tuning=new_rows`` the base written is bit-identical to the original.
+
+        With ``export_merged``: one plain checkpoint of ``V + m`` tokens and the tokenizer *with* the new tokens
+        (reload with ``backbone.init_from=<directory>`` alone)."""
         self.configure_model()
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.vocab_extension.remove()
         try:
-            model = merged_copy(self.model) if self.tuning == "lora" else self.model
-            model.save_pretrained(directory, safe_serialization=True)
+            if self.tuning == "lora":
+                model = merged_copy(self.model)
+            else:
+                model = copy.deepcopy(self.model) if self.export_merged else self.model
+            if not self.export_merged:
+                model.save_pretrained(directory, safe_serialization=True)
         finally:
             self.vocab_extension.attach()
+        if self.export_merged:
+            self.vocab_extension.merge_into(model).save_pretrained(directory, safe_serialization=True)
+            self.tokenizer.save_pretrained(directory)
+            return directory
         self.base_tokenizer.save_pretrained(directory)
         save_delta(self.vocab_extension, directory, new_tokens=self.new_tokens)
         return directory

@@ -49,9 +49,17 @@ def _check_rewards(rewards: Tensor, who: str) -> Tensor:
     return rewards.float() if not rewards.is_floating_point() else rewards
 
 
+def constant_groups(rewards: Tensor) -> Tensor:
+    """``bool [num_groups]``: groups of ``rewards [num_groups, G]`` whose rewards are all equal (zero variance).
+
+    Every estimator here gives such a group advantage 0 everywhere: it carries no policy-gradient signal (DAPO's
+    dynamic sampling drops them; GR3's calibration leaves them out).
+    """
+    return (rewards == rewards[:, :1]).all(dim=1)
+
+
 def _zero_constant_groups(adv: Tensor, rewards: Tensor) -> Tensor:
-    constant = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
-    return adv.masked_fill(constant, 0.0)
+    return adv.masked_fill(constant_groups(rewards)[:, None], 0.0)
 
 
 def grpo_advantages(rewards: Tensor, scale: Scale = "group", eps: float = 1e-4) -> Tensor:
@@ -158,7 +166,7 @@ def reward_group_stats(rewards: Tensor) -> dict[str, Tensor]:
     """Diagnostics of ``rewards [num_groups, G]`` (notes §0.7): ``frac_reward_zero_std`` (groups that carry
     no GRPO signal), ``reward_mean``, ``reward_std`` (mean within-group std). Detached scalar tensors."""
     r = rewards.detach().float()
-    constant = (r == r[:, :1]).all(dim=1)
+    constant = constant_groups(r)
     std = r.std(dim=1) if r.shape[1] > 1 else torch.zeros(r.shape[0], device=r.device)
     return {
         "frac_reward_zero_std": constant.float().mean(),

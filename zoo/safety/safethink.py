@@ -27,8 +27,11 @@ Equation / algorithm line -> function:
 
 Conventions fixed here (the sources are silent; see inference.md 1(f)):
 
-* steps end at ``step_delimiters`` (newline by default); the text after the last delimiter (the end of the
-  reasoning and the answer, closed by EOS) is not a monitored step;
+* steps end at ``step_delimiters`` (newline by default); the last reasoning step ends at a final-step delimiter
+  (``final_step_delimiters``, the closing tag ``</think>`` by default) and is monitored like the others; the text
+  after it (the answer) is not a step;
+* [assumed] a violation at the final step always discards that step and resamples it after the prefix (line 4b),
+  also in keep mode: keeping it would put the prefix after the closing tag, in the answer;
 * the prefix stays visible in the returned text; in keep mode (4a) it opens the next step, so with the
   default newline delimiter the prefix and what the model writes after it form step t + 1;
 * at most one intervention per step index (a resampled step is not checked again), so a row gets at most
@@ -46,6 +49,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from zoo.backbones.tokenizer import THINK_CLOSE
 from zoo.data.encoding import encode_prompts
 from zoo.generation.decoders import ForwardHook, LogitsProcessor, SampleDecoder
 from zoo.generation.sampling import SamplingParams
@@ -116,7 +120,11 @@ class SafeThinkHook:
         tau: threshold; a step violates when ``R_safe < tau`` (algorithm line 3).
         max_steps_monitored: ``m``; ``None`` monitors every step; ``0`` never calls the scorer.
         prefix_ids: token ids of the corrective prefix.
-        discard_violating_step: line 4b (drop the step, resample after the prefix) instead of 4a.
+        discard_violating_step: line 4b (drop the step, resample after the prefix) instead of 4a (a final step is
+            always resampled).
+
+    ``max_appended_tokens`` (the most tokens injected into one row: ``m`` prefixes; ``None`` without ``m``) lets
+    the decoder's context check count the injections.
     """
 
     def __init__(
@@ -141,11 +149,21 @@ class SafeThinkHook:
         self.calls = 0
         self.seconds = 0.0
 
-    def monitored(self, event: StepEvent) -> bool:
-        """Whether this step is checked: ``t <= m``, first attempt of the step, and budget left."""
-        if self.m is not None and event.step_index > self.m:
+    @property
+    def max_appended_tokens(self) -> int | None:
+        """At most ``m`` prefixes per row (one per monitored step index); ``None`` when every step is monitored."""
+        return None if self.m is None else self.m * len(self.prefix_ids)
+
+    def wants(self, row: int, step_index: int, attempt: int) -> bool:
+        """Whether a step is checked: ``t <= m``, the first attempt of the step, and no intervention at ``t`` yet (the
+        decoder makes events only for these)."""
+        if self.m is not None and step_index > self.m:
             return False
-        return event.attempt == 0 and not any(iv.step == event.step_index for iv in self.interventions[event.row])
+        return attempt == 0 and not any(iv.step == step_index for iv in self.interventions[row])
+
+    def monitored(self, event: StepEvent) -> bool:
+        """:meth:`wants` of an event."""
+        return self.wants(event.row, event.step_index, event.attempt)
 
     def __call__(self, events: list[StepEvent]) -> dict[int, StepAction]:
         todo = [e for e in events if self.monitored(e)]
@@ -160,10 +178,9 @@ class SafeThinkHook:
         for event, score in zip(todo, scores):
             self.step_scores[event.row].append((event.step_index, score))
             if score < self.tau:
-                self.interventions[event.row].append(
-                    Intervention(event.step_index, score, event.step_text, self.discard)
-                )
-                actions[event.row] = StepAction(append_ids=self.prefix_ids, rollback=self.discard)
+                discard = self.discard or event.final
+                self.interventions[event.row].append(Intervention(event.step_index, score, event.step_text, discard))
+                actions[event.row] = StepAction(append_ids=self.prefix_ids, rollback=discard)
         return actions
 
 
@@ -204,6 +221,8 @@ def safethink_generate(
     prompt_attention_mask: torch.Tensor | None = None,
     processors: Sequence[LogitsProcessor] = (),
     hooks: Sequence[ForwardHook] = (),
+    final_step_delimiters: str | Sequence[str] = (THINK_CLOSE,),
+    hook_lookahead: int = 0,
 ) -> SafeThinkResult:
     """Generate with SafeThink (the algorithm of the module docstring).
 
@@ -221,9 +240,16 @@ def safethink_generate(
         generator: seeded ``torch.Generator`` (with an always-safe scorer, the output is token-identical to
             :class:`~zoo.generation.decoders.SampleDecoder` with the same seed).
         step_delimiters: where steps end.
-        prompt_ids, prompt_attention_mask: pre-tokenized left-padded prompts (rows match ``prompts``).
+        prompt_ids, prompt_attention_mask: pre-tokenized left-padded prompts (rows match ``prompts``), e.g. a
+            module's own encoding of them (chat template); ``None``: BOS + text, as the datamodules encode prompts.
         processors, hooks: logits processors and forward hooks of the decoder (e.g. a module's
             ``decoder.processors`` / ``decoder.hooks``, so that SafeThink composes with them).
+        final_step_delimiters: where the last reasoning step ends (monitored too); ``()`` = never.
+        hook_lookahead: ``0``: score each closed step before the row samples on (the algorithm as written).
+            ``L > 0``: rows keep decoding while closed steps wait, and the waiting steps of all rows are scored in
+            one call once the oldest is ``L`` tokens old; a violation discards what was sampled after its step,
+            then acts as above (see :class:`~zoo.generation.stepwise.StepwiseDecoder`). Fewer scorer calls; the
+            output has the same distribution, token-identical to plain decoding when nothing violates.
 
     Returns:
         :class:`SafeThinkResult`.
@@ -238,7 +264,12 @@ def safethink_generate(
     prefix_ids = prefix_token_ids(tokenizer, prefix)
     hook = SafeThinkHook(scorer, prompts, tau, max_steps_monitored, prefix_ids, discard_violating_step)
     decoder = StepwiseDecoder(
-        None if max_steps_monitored == 0 else hook, step_delimiters, processors=processors, hooks=hooks
+        None if max_steps_monitored == 0 else hook,
+        step_delimiters,
+        processors=processors,
+        hooks=hooks,
+        final_step_delimiters=final_step_delimiters,
+        hook_lookahead=hook_lookahead,
     )
     out = decoder(model, tokenizer, prompt_ids, prompt_attention_mask, params=params, generator=generator)
     return SafeThinkResult(

@@ -17,6 +17,7 @@ Equation -> function:
 - old-context mask: ``logit_k = -inf`` for new ``k`` while no new token is in the context
   -> :func:`mask_new_token_logits`, :class:`NewTokenLogitsMask`
 - forgetting ``max |delta logit|``, ``KL(p_old || p_new)`` -> :func:`zoo.vocab.forgetting.forgetting_metrics`
+- the extended model as a plain checkpoint of ``V + m`` tokens -> :meth:`VocabularyExtension.merge_into`
 
 Reconstruction choices (no official code; notes ``inference.md`` section 5), all arguments of
 :func:`extend_vocabulary`: ``free`` init without a dictionary = mean of all old rows; ``dictionary`` mixing logits
@@ -414,6 +415,50 @@ class VocabularyExtension:
             p.requires_grad_(False)
         for p in self.parameters():
             p.requires_grad_(True)
+
+    # -- export -----------------------------------------------------------------------------------------------------
+    def merge_into(self, base: nn.Module) -> nn.Module:
+        """Write the new rows into ``base`` as ordinary rows and return it: a plain model of ``V + m`` tokens.
+
+        ``base`` is a copy of the model *without* the extension (same old weights; e.g. ``copy.deepcopy`` of the
+        model after :meth:`remove`). Its input embedding and output head are resized to ``V + m`` rows
+        (``resize_token_embeddings``) and rows ``V .. V + m - 1`` set to the new rows (output head and bias too),
+        so that ``config.vocab_size = V + m`` and its logits equal the extended model's. The result is an ordinary
+        checkpoint (``save_pretrained``/``from_pretrained``, any tool); the extension itself is unchanged.
+
+        Raises:
+            ConfigError: the extension has no output rows (a plain head would score the new tokens with untrained
+                rows), ``base`` does not have the old vocabulary, or its output head is tied to the input embedding
+                while the extension's new output rows are not the new input rows.
+        """
+        if not self.output_rows:
+            raise ConfigError(
+                "merging a vocabulary extension needs output rows (output_rows=True): a plain model's head scores "
+                "every token, so new tokens without trained output rows cannot be written as a plain checkpoint"
+            )
+        embedding = base.get_input_embeddings()
+        if isinstance(embedding, ExtendedEmbedding) or embedding.num_embeddings != self.first_new_id:
+            raise ConfigError(
+                f"merge_into needs the model without the extension ({self.first_new_id} rows), got an embedding of "
+                f"{embedding.num_embeddings} rows ({type(embedding).__name__})"
+            )
+        base_tied = base.get_output_embeddings().weight is embedding.weight
+        if base_tied and not self.tied_output_rows:
+            raise ConfigError("the base model ties its head to its embedding but the new output rows are separate")
+        end = self.first_new_id + self.num_new_tokens
+        with torch.no_grad():
+            new_input = self.input_rows(self._original_embedding.weight)
+            new_output = self.output_rows_module(self._original_head.weight)
+            new_bias = None if self.output_bias is None else self.output_bias(self._original_head.bias)
+            base.resize_token_embeddings(end, mean_resizing=False)
+            weight = base.get_input_embeddings().weight
+            weight[self.first_new_id : end] = new_input.to(weight.dtype)
+            head = base.get_output_embeddings()
+            if not base_tied:
+                head.weight[self.first_new_id : end] = new_output.to(head.weight.dtype)
+            if new_bias is not None:
+                head.bias[self.first_new_id : end] = new_bias.to(head.bias.dtype)
+        return base
 
     # -- reading ----------------------------------------------------------------------------------------------------
     def input_embeddings(self) -> Tensor:

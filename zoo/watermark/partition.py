@@ -228,6 +228,13 @@ class Partitioner(ABC):
         return tensor_path
 
 
+def partitioner_class(kind: str) -> type[Partitioner]:
+    """The partitioner class saved under ``kind`` (``lsh``, ``kmeans``, ``balanced``, or a registered subclass)."""
+    if kind not in _REGISTRY:
+        raise ConfigError(f"unknown partition kind {kind!r}; known: {sorted(_REGISTRY)}")
+    return _REGISTRY[kind]
+
+
 def partition_paths(path: str | Path) -> tuple[Path, Path]:
     """``(<stem>.safetensors, <stem>.json)`` for a partition path given with or without its suffix."""
     path = Path(path).expanduser()

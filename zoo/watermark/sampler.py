@@ -143,6 +143,22 @@ class WatermarkedText:
         return sum(s.trials for s in self.samples) / len(self.samples) if self.samples else float("nan")
 
 
+def check_sampler_settings(margin: float, max_trials: int, candidates_per_round: int, fallback: str) -> None:
+    """Refuse rejection-sampling settings out of range (one :class:`~zoo.errors.ConfigError` naming the field)."""
+    if margin < 0:
+        raise ConfigError(f"margin must be >= 0, got {margin}")
+    if max_trials < 1:
+        raise ConfigError(f"max_trials must be >= 1, got {max_trials}")
+    if candidates_per_round < 1:
+        raise ConfigError(f"candidates_per_round must be >= 1, got {candidates_per_round}")
+    if fallback not in ("last", "best"):
+        raise ConfigError(f"fallback must be 'last' or 'best', got {fallback!r}")
+
+
+def _flatten(rows: Sequence[Sequence[bool]]) -> list[bool]:
+    return [bool(v) for row in rows for v in row]
+
+
 class RejectionSampler:
     """Sentence-level rejection sampling against a :class:`WatermarkScheme`.
 
@@ -166,14 +182,7 @@ class RejectionSampler:
         candidates_per_round: int = 1,
         fallback: Literal["last", "best"] = "last",
     ) -> None:
-        if margin < 0:
-            raise ConfigError(f"margin must be >= 0, got {margin}")
-        if max_trials < 1:
-            raise ConfigError(f"max_trials must be >= 1, got {max_trials}")
-        if candidates_per_round < 1:
-            raise ConfigError(f"candidates_per_round must be >= 1, got {candidates_per_round}")
-        if fallback not in ("last", "best"):
-            raise ConfigError(f"fallback must be 'last' or 'best', got {fallback!r}")
+        check_sampler_settings(margin, max_trials, candidates_per_round, fallback)
         self.scheme = scheme
         self.margin = float(margin)
         self.max_trials = int(max_trials)
@@ -188,7 +197,12 @@ class RejectionSampler:
         """The acceptance test ``[N]`` bool: green given the previous region and ``margin >= self.margin``."""
         return self.scheme.green.is_green(regions, previous_regions) & (margins.cpu() >= self.margin)
 
-    def choose(self, candidates: Sequence[Sequence[str]], states: Sequence[RowState]) -> list[SentenceSample | None]:
+    def choose(
+        self,
+        candidates: Sequence[Sequence[str]],
+        states: Sequence[RowState],
+        valid: Sequence[Sequence[bool]] | None = None,
+    ) -> list[SentenceSample | None]:
         """One round for several rows: embed every candidate in one call and pick per row.
 
         Each candidate is cut to its first sentence (an empty candidate never passes). For row ``b``, the first
@@ -199,6 +213,9 @@ class RejectionSampler:
         Args:
             candidates: per row, the candidates of this round (at most :meth:`round_size` of its state).
             states: per row, its :class:`RowState` (updated in place).
+            valid: per row and candidate, False for a candidate that must not pass whatever its region (e.g. one a
+                model cut at its token budget before the sentence ended); it may still become the fallback.
+                ``None``: all valid.
         """
         if len(candidates) != len(states):
             raise DataError(f"got candidates for {len(candidates)} rows but {len(states)} row states")
@@ -209,11 +226,14 @@ class RejectionSampler:
                     f"row {row}: got {len(row_texts)} candidates, expected 1..{self.round_size(state)} "
                     f"(candidates_per_round={self.candidates_per_round}, {state.trials} of {self.max_trials} drawn)"
                 )
+        if valid is not None and [len(v) for v in valid] != [len(t) for t in texts]:
+            raise DataError("valid must hold one flag per candidate of every row")
         flat = [t for row in texts for t in row]
+        allowed = [bool(t) for t in flat] if valid is None else [bool(t) and v for t, v in zip(flat, _flatten(valid))]
         regions, margins = self.scheme.regions(flat)
         previous = torch.tensor([s.previous_region for s, row in zip(states, texts) for _ in row], dtype=torch.long)
         green = self.scheme.green.is_green(regions, previous)
-        passed = self.accepts(regions, margins, previous) & torch.tensor([bool(t) for t in flat])
+        passed = self.accepts(regions, margins, previous) & torch.tensor(allowed, dtype=torch.bool)
         results: list[SentenceSample | None] = []
         offset = 0
         for row_texts, state in zip(texts, states):

@@ -1,0 +1,119 @@
+"""Evaluation of sentence watermarks: calibration per key, cell occupancy and TPR at a fixed FPR.
+
+Why per key: a human sentence after one in region ``a`` is green under key ``k`` with probability
+``p_k = sum_{a, b} P(a, b) [b in G_k(a)]`` (``P(a, b)``: how often human text moves from region ``a`` to ``b``).
+The z-test assumes ``p_k = gamma``; that holds for every key only when regions (and transitions) have equal mass,
+otherwise ``p_k`` spreads over keys and so does the false-positive rate of the fixed threshold (research notes
+``inference.md`` section 4, measured table).
+
+* :func:`occupancy_entropy` -- entropy of the region histogram over ``log R`` (1 = equal mass);
+* :func:`transition_counts` -- ``C[a, b]``: consecutive human sentences in regions ``a`` then ``b``;
+* :func:`green_probability_per_key` -- ``p_k`` for many keys from ``C``;
+* :func:`false_positive_rate` -- ``P(z > threshold)`` for a text of ``n`` scored sentences each green with
+  probability ``p`` (the binomial tail; exact, no sampling);
+* :func:`tpr_at_fpr` -- the detection rate at the threshold that flags a fraction ``fpr`` of negative texts;
+* :func:`human_texts` -- unwatermarked texts from the topic grammar or a text/JSONL corpus.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from zoo.errors import ConfigError, DataError
+from zoo.watermark.green import check_gamma, green_regions
+
+
+def occupancy_entropy(regions: torch.Tensor, num_regions: int) -> float:
+    """Entropy of the histogram of ``regions`` ``[N]`` divided by ``log R`` (1 = every region equally used)."""
+    regions = torch.as_tensor(regions, dtype=torch.long).flatten()
+    if regions.numel() == 0:
+        raise DataError("occupancy entropy of no regions is undefined")
+    p = torch.bincount(regions, minlength=num_regions).double() / regions.numel()
+    p = p[p > 0]
+    return float(-(p * p.log()).sum() / math.log(num_regions))
+
+
+def transition_counts(texts_regions: Sequence[Sequence[int]], num_regions: int) -> torch.Tensor:
+    """``[R, R]`` float64 counts of consecutive sentence pairs (previous region, region) over texts."""
+    counts = torch.zeros(num_regions, num_regions, dtype=torch.float64)
+    for regions in texts_regions:
+        for previous, region in zip(regions, regions[1:]):
+            counts[int(previous), int(region)] += 1
+    return counts
+
+
+def green_probability_per_key(counts: torch.Tensor, keys: Sequence[int], gamma: float) -> torch.Tensor:
+    """``p_k`` ``[K]`` (float64): the fraction of the counted transitions ``a -> b`` with ``b in G_k(a)``."""
+    total = float(counts.sum())
+    if total == 0:
+        raise DataError("no sentence transitions to estimate green probabilities from (texts need >= 2 sentences)")
+    num_regions = counts.shape[0]
+    out = torch.empty(len(keys), dtype=torch.float64)
+    for i, key in enumerate(keys):
+        mask = torch.zeros(num_regions, num_regions, dtype=torch.bool)
+        for previous in range(num_regions):
+            mask[previous, green_regions(int(key), previous, num_regions, gamma)] = True
+        out[i] = float(counts[mask].sum()) / total
+    return out
+
+
+def false_positive_rate(p: float, num_scored: int, gamma: float, threshold: float) -> float:
+    """``P(z > threshold)`` when each of ``num_scored`` sentences is green with probability ``p`` (binomial tail),
+    ``z = (n_g - gamma n) / sqrt(n gamma (1 - gamma))``."""
+    gamma = check_gamma(gamma)
+    if num_scored < 1:
+        raise ConfigError(f"num_scored must be >= 1, got {num_scored}")
+    if not 0.0 <= p <= 1.0:
+        raise ConfigError(f"p must be a probability, got {p}")
+    cut = gamma * num_scored + threshold * math.sqrt(num_scored * gamma * (1.0 - gamma))
+    return sum(
+        math.comb(num_scored, g) * p**g * (1.0 - p) ** (num_scored - g)
+        for g in range(num_scored + 1)
+        if g > cut + 1e-12
+    )
+
+
+def tpr_at_fpr(positive: Sequence[float], negative: Sequence[float], fpr: float = 0.01) -> tuple[float, float]:
+    """Detection rate of ``positive`` scores at the smallest threshold that flags at most ``fpr`` of ``negative``
+    scores (``score > threshold`` is flagged); returns ``(tpr, threshold)``. Undefined scores (None/NaN) count as
+    not flagged."""
+    if not 0.0 <= fpr < 1.0:
+        raise ConfigError(f"fpr must be in [0, 1), got {fpr}")
+    neg = sorted(x for x in negative if x is not None and math.isfinite(x))
+    if not neg:
+        raise DataError("tpr_at_fpr needs at least one defined negative score")
+    allowed = math.floor(fpr * len(neg))  # negatives that may be flagged
+    threshold = neg[len(neg) - 1 - allowed]
+    hits = sum(1 for x in positive if x is not None and math.isfinite(x) and x > threshold)
+    return hits / len(positive) if positive else float("nan"), threshold
+
+
+def human_texts(corpus: str = "topics", texts: int = 200, sentences: int = 20, seed: int = 12345) -> list[str]:
+    """Unwatermarked texts: ``topics`` gives one-topic texts of the grammar (seeds ``seed + i``); a ``.txt`` /
+    ``.jsonl`` corpus is cut into consecutive groups of ``sentences`` sentences."""
+    if texts < 1 or sentences < 2:
+        raise ConfigError(f"human texts need texts >= 1 and sentences >= 2, got {texts} and {sentences}")
+    if corpus == "topics":
+        from zoo.data.topic_sentences import TopicGrammar
+
+        grammar = TopicGrammar()
+        return [grammar.text(sentences, seed=seed + i) for i in range(texts)]
+    from zoo.watermark.fitting import domain_corpus
+
+    pool = domain_corpus(corpus, texts * sentences, seed)
+    if len(pool) < texts * sentences:
+        raise DataError(f"corpus {corpus!r} has {len(pool)} sentences, fewer than {texts} texts x {sentences}")
+    return [" ".join(pool[i * sentences : (i + 1) * sentences]) for i in range(texts)]
+
+
+__all__ = [
+    "false_positive_rate",
+    "green_probability_per_key",
+    "human_texts",
+    "occupancy_entropy",
+    "tpr_at_fpr",
+    "transition_counts",
+]
