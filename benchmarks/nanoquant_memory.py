@@ -7,7 +7,12 @@ Measures, on CPU:
 2. quantization wall time per layer (``quantize_linear``, ADMM 400 iterations) and for the whole tiny model
    (``quantize_model``: ADMM only, and with block + model reconstruction at reduced epochs);
 3. mat-vec latency: dense fp32 ``W x`` vs the factored forward (cached +-1 factors), unpack-then-matmul, and a
-   byte-lookup-table (LUT) kernel in plain torch over the packed bits.
+   byte-lookup-table (LUT) kernel in plain torch over the packed bits;
+4. run-time memory and speed of a whole model's forward (a 4-layer Llama, hidden 1024, at 1 bpw): dense fp32, the
+   cached forward and the chunked forward (``quant.forward=chunked``). Each mode runs in a fresh subprocess (glibc
+   told to return freed blocks, ``MALLOC_MMAP_THRESHOLD_``); peak memory = the process's peak resident set
+   (``VmHWM``, reset through ``/proc/self/clear_refs`` just before the forwards) minus its resident set before the
+   model was built. Target: peak <= 2 x the model's stored size + one layer's chunk workspace.
 
 ``--write`` replaces the ``## NanoQuant`` section of ``docs/benchmarks.md`` (creating the file if needed).
 """
@@ -16,8 +21,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
+import json
+import os
 import platform
 import re
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,10 +38,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from zoo.quant.nanoquant import (
     NanoQuantLinear,
+    default_layer_filter,
     model_bits_per_weight,
     quantize_linear,
     quantize_model,
+    rank_for_bits,
     save_quantized,
+    set_forward_mode,
     unpack_signs,
 )
 
@@ -182,7 +195,111 @@ def matvec_rows(sizes: tuple[int, ...] = (1024, 2048, 4096)) -> list[dict]:
     return rows
 
 
-def render(mem: list[dict], tim: dict, mv: list[dict], threads: int) -> str:
+RUNTIME_MODEL = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 4, "num_attention_heads": 16}
+RUNTIME_TOKENS = (1, 32)  # (batch, sequence) of each forward
+RUNTIME_CHUNK = 256
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _tensor_bytes(model: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def _runtime_model(sizes: dict) -> LlamaForCausalLM:
+    cfg = LlamaConfig(vocab_size=256, max_position_embeddings=64, tie_word_embeddings=True, **sizes)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _binarize(model: torch.nn.Module, mode: str) -> tuple[int, int]:
+    """Replace every decoder-layer linear by a random-factor NanoQuant layer at the 1-bpw rank, in ``mode``;
+    returns (bytes of the packed linears, largest chunk workspace in bytes)."""
+    packed, workspace = 0, 0
+    for name, lin in [(n, m) for n, m in model.named_modules() if default_layer_filter(n, m)]:
+        r = rank_for_bits(lin.out_features, lin.in_features, 1.0, 32)
+        layer = NanoQuantLinear.from_factors(
+            torch.randn(lin.out_features, r),
+            torch.randn(r, lin.in_features),
+            torch.ones(lin.in_features),
+            torch.ones(lin.out_features),
+        )
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, layer)
+        packed += layer.u_packed.nbytes + layer.v_packed.nbytes + sum(p.nbytes for p in layer.scales())
+        workspace = max(workspace, RUNTIME_CHUNK * max(lin.in_features, r) * 4)
+    set_forward_mode(model, mode, RUNTIME_CHUNK)
+    return packed, workspace
+
+
+def _warm_up() -> None:
+    """Run every code path once on a small model, so that library code pages mapped by the first call are in the
+    baseline and not charged to the measured forward."""
+    small = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 4}
+    with torch.no_grad():
+        for mode in ("dense", "cached", "chunked"):
+            model = _runtime_model(small)
+            if mode != "dense":
+                _binarize(model, mode)
+            model(input_ids=torch.randint(0, 256, RUNTIME_TOKENS), use_cache=False)
+            del model
+
+
+def runtime_probe(mode: str, repeats: int = 20) -> dict:
+    """One mode (``dense``, ``cached``, ``chunked``) in this process: stored bytes, peak resident growth over the
+    pre-model baseline during ``repeats`` forwards, tokens/s. The quantized layers hold random +-1 factors at the
+    1-bpw rank (memory and speed do not depend on the factors' quality)."""
+    torch.manual_seed(0)
+    _warm_up()
+    gc.collect()
+    base_kib = _status_kib("VmRSS")
+    model = _runtime_model(RUNTIME_MODEL)
+    packed_linears, workspace = _binarize(model, mode) if mode != "dense" else (0, 0)
+    gc.collect()
+    stored = _tensor_bytes(model)
+    ids = torch.randint(0, 256, RUNTIME_TOKENS)
+    before_kib = _status_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set (VmHWM)
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)  # warm-up (and, cached mode, the unpacked factors)
+        t = time.perf_counter()
+        for _ in range(repeats):
+            model(input_ids=ids, use_cache=False)
+        seconds = time.perf_counter() - t
+    peak_kib = _status_kib("VmHWM")
+    return {
+        "mode": mode,
+        "stored": stored,
+        "packed_linears": packed_linears,
+        "workspace": workspace,
+        "resident_before": (before_kib - base_kib) * 1024,
+        "peak": (peak_kib - base_kib) * 1024,
+        "tokens_per_s": repeats * ids.numel() / seconds,
+    }
+
+
+def runtime_rows(rounds: int = 3) -> list[dict]:
+    """Every mode in its own subprocess, interleaved (dense cached chunked, ...) ``rounds`` times."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    results: dict[str, list[dict]] = {}
+    for _ in range(rounds):
+        for mode in ("dense", "cached", "chunked"):
+            proc = subprocess.run(
+                [sys.executable, __file__, "--probe", mode, "--threads", str(torch.get_num_threads())],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=True,
+            )
+            results.setdefault(mode, []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return [{**runs[0], "all": runs} for runs in results.values()]
+
+
+def render(mem: list[dict], tim: dict, mv: list[dict], threads: int, rt: list[dict] | None = None) -> str:
     kib = 1024
     lines = [
         "## NanoQuant",
@@ -208,9 +325,9 @@ def render(mem: list[dict], tim: dict, mv: list[dict], threads: int) -> str:
         "",
         "On disk and as stored buffers the quantized linears are 32/bpw times smaller than fp32 (>= 32x at <= 1 bpw; "
         "the whole file also holds the full-precision embedding/norms). The plain-torch forward of "
-        "`NanoQuantLinear` caches the unpacked +-1 factors in fp32 (`r (d_in + d_out)` floats), which at ~1 bpw is "
-        "about as large as the dense fp32 weight: the memory win at run time needs a kernel that reads the packed "
-        "bits directly (the paper's CUDA GEMV), not this reference forward.",
+        '`NanoQuantLinear` with `forward_mode="cached"` keeps the unpacked +-1 factors in fp32 (`r (d_in + d_out)` '
+        'floats), which at ~1 bpw is about as large as the dense fp32 weight; `forward_mode="chunked"` '
+        "(`quant.forward=chunked`) unpacks a bounded chunk at a time and keeps the win at run time (next section).",
         "",
         "### Quantization wall time",
         "",
@@ -244,7 +361,60 @@ def render(mem: list[dict], tim: dict, mv: list[dict], threads: int) -> str:
         "BLAS matvec too. On CPU without SIMD kernels (T-MAC-style) the win is memory, not speed.",
         "",
     ]
+    if rt:
+        lines += render_runtime(rt)
     return "\n".join(lines)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def render_runtime(rt: list[dict]) -> list[str]:
+    mib = 1024 * 1024
+    by = {r["mode"]: r for r in rt}
+    quant = by["chunked"]
+    lines = [
+        "### Run-time memory and speed of the forward (whole model)",
+        "",
+        f"A Llama with {RUNTIME_MODEL['num_hidden_layers']} layers, hidden {RUNTIME_MODEL['hidden_size']}, "
+        f"intermediate {RUNTIME_MODEL['intermediate_size']}, vocabulary 256; every decoder-layer linear at the "
+        f"1-bpw rank (rank multiple 32; random factors). Forwards of {RUNTIME_TOKENS[0]} x {RUNTIME_TOKENS[1]} tokens, "
+        f"no KV cache; chunk {RUNTIME_CHUNK} rows. Each mode ran {len(quant['all'])} times in fresh subprocesses, "
+        "interleaved with the others (median, [min, max]). Peak = peak resident set during the forwards minus the "
+        "process's resident set before the model was built (includes activations and allocator slack).",
+        "",
+        "| forward | stored model size | peak memory | peak / stored | tokens/s | tokens/s vs dense |",
+        "|---|---|---|---|---|---|",
+    ]
+    dense_tps = _median([r["tokens_per_s"] for r in by["dense"]["all"]])
+    for mode, label in (
+        ("dense", "dense fp32"),
+        ("cached", "NanoQuant, cached +-1"),
+        ("chunked", "NanoQuant, chunked"),
+    ):
+        runs = by[mode]["all"]
+        peaks = [r["peak"] / mib for r in runs]
+        tps = [r["tokens_per_s"] for r in runs]
+        stored = runs[0]["stored"] / mib
+        lines.append(
+            f"| {label} | {stored:.1f} MiB | {_median(peaks):.1f} MiB [{min(peaks):.1f}, {max(peaks):.1f}] | "
+            f"{_median(peaks) / stored:.2f} | {_median(tps):.0f} [{min(tps):.0f}, {max(tps):.0f}] | "
+            f"{_median(tps) / dense_tps:.2f} |"
+        )
+    bound = 2 * quant["stored"] + quant["workspace"]
+    peak = max(r["peak"] for r in quant["all"])
+    verdict = "met" if peak <= bound else "NOT met"
+    lines += [
+        "",
+        f"Target for the chunked forward: peak <= 2 x stored size ({quant['stored'] / mib:.1f} MiB, of which "
+        f"{quant['packed_linears'] / mib:.1f} MiB packed linears) + one layer's chunk workspace "
+        f"({quant['workspace'] / mib:.1f} MiB) = {bound / mib:.1f} MiB; largest measured peak {peak / mib:.1f} MiB: "
+        f"**{verdict}**. The cached forward's peak grows by the unpacked fp32 factors, about the dense model's size.",
+        "",
+    ]
+    return lines
 
 
 def write_section(text: str, path: Path = ROOT / "docs" / "benchmarks.md") -> None:
@@ -256,16 +426,52 @@ def write_section(text: str, path: Path = ROOT / "docs" / "benchmarks.md") -> No
     path.write_text(new)
 
 
+OLD_CACHE_NOTE = re.compile(
+    r"The plain-torch forward of\s+`NanoQuantLinear` caches.*?not this reference forward\.", re.S
+)
+NEW_CACHE_NOTE = (
+    'The plain-torch forward of `NanoQuantLinear` with `forward_mode="cached"` keeps the unpacked +-1 factors in fp32 '
+    '(`r (d_in + d_out)` floats), about as large as the dense fp32 weight at ~1 bpw; `forward_mode="chunked"` '
+    "(`quant.forward=chunked`) unpacks a bounded chunk at a time and keeps the win at run time (next subsection)."
+)
+
+
+def write_runtime_subsection(text: str, path: Path = ROOT / "docs" / "benchmarks.md") -> None:
+    """Replace (or add at the end of the ``## NanoQuant`` section) only the run-time subsection, and bring the
+    section's note on the cached forward up to date; the other NanoQuant measurements are left as they are."""
+    old = path.read_text()
+    section = re.search(r"^## NanoQuant\n.*?(?=^## |\Z)", old, re.S | re.M)
+    if section is None:
+        write_section(text)
+        return
+    body = OLD_CACHE_NOTE.sub(NEW_CACHE_NOTE, section.group(0))
+    sub = re.compile(r"^### Run-time memory and speed.*?(?=^### |^## |\Z)", re.S | re.M)
+    body = sub.sub(lambda _: text + "\n", body) if sub.search(body) else body.rstrip("\n") + "\n\n" + text + "\n"
+    path.write_text(old[: section.start()] + body + old[section.end() :])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    parser.add_argument("--probe", choices=("dense", "cached", "chunked"), help=argparse.SUPPRESS)
+    parser.add_argument("--runtime-only", action="store_true", help="only the run-time memory/speed section")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.probe:
+        print(json.dumps(runtime_probe(args.probe)))
+        return
+    if args.runtime_only:
+        text = "\n".join(render_runtime(runtime_rows()))
+        print(text)
+        if args.write:
+            write_runtime_subsection(text)
+        return
     mem = memory_rows()
     tim = timing_rows()
     mv = matvec_rows()
-    text = render(mem, tim, mv, args.threads)
+    rt = runtime_rows()
+    text = render(mem, tim, mv, args.threads, rt)
     print(text)
     if args.write:
         write_section(text)

@@ -6,7 +6,10 @@ the evaluation metrics of every validation/test epoch (outside the sanity check)
 * ``quant/bits_per_weight`` -- :func:`zoo.quant.base.measured_bits_per_weight` of ``pl_module.model`` (bitsandbytes
   codes + scales, packed binary factors + scales, or the storage bits of full-precision linears);
 * ``quant/kl_before_distill`` / ``quant/kl_after_distill`` -- when the module's quantizer keeps a report with them
-  (NanoQuant's model reconstruction).
+  (NanoQuant's model reconstruction);
+* ``quant/calibration_real_tokens`` -- real (unpadded) calibration tokens, and ``quant/block_error_ratio`` -- the
+  mean over decoder blocks of the block's weighted output error after reconstruction over its ADMM-only error on
+  the calibration data (1 = no gain), when the quantizer's report has them (NanoQuant).
 
 It needs only a module with a built ``model`` (and optionally ``quantizer``), so it also works in a plain Lightning
 script. With ``+method=nanoquant`` use it instead of the export callback's own logging (``log_metrics: false``), or
@@ -54,6 +57,13 @@ class QuantizationReport(EvaluationCallback):
             value = getattr(report, name, None)
             if value is not None:
                 values[name] = float(value)
+        config = getattr(report, "config", None) or {}
+        if config.get("calibration_tokens") is not None:
+            values["calibration_real_tokens"] = float(config["calibration_tokens"])
+        blocks = getattr(report, "blocks", None) or []
+        ratios = [b.final_error / b.admm_error for b in blocks if b.admm_error and b.admm_error > 0]
+        if ratios:
+            values["block_error_ratio"] = sum(ratios) / len(ratios)
         return values
 
     def eval_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -82,7 +82,8 @@ class StepStateProbe(EvaluationCallback):
 
         layer = self._layer(pl_module)
         if pl_module.stage == "latent":
-            out = latent_forward(pl_module.model, pl_module.latent_batch(batch), batch["pixel_values"], layer)
+            lb = pl_module.latent_batch(batch)
+            out = latent_forward(pl_module.model, lb, batch["pixel_values"], layer, feedback=pl_module.feedback)
             states = out.latent_states.mean(2)  # [B, N, H]
             return [states[r, : len(seg["steps"])].float().cpu() for r, seg in enumerate(batch["segments"])]
         hidden = pl_module.model(

@@ -358,12 +358,21 @@ class Sweep:
     @property
     def command(self) -> str:
         """The command line that launched the sweep (``python`` + the first run's ``argv``)."""
-        for run in self.runs:
+        commands = self.commands
+        return commands[0] if commands else "(unknown: the runs hold no run_info.json)"
+
+    @property
+    def commands(self) -> list[str]:
+        """Every distinct command line of the runs (``python`` + ``argv``), in launch order: one for a sweep made by a
+        single launch, several when runs of further launches (e.g. some arms run in parallel) joined the folder."""
+        found: list[str] = []
+        for run in sorted(self.runs, key=lambda r: (str(r.info.get("started_at") or ""), r.number)):
             argv = run.info.get("argv")
             if argv:
-                script = Path(argv[0]).name
-                return " ".join(["python", script, *map(_quote, argv[1:])])
-        return "(unknown: the runs hold no run_info.json)"
+                command = " ".join(["python", Path(argv[0]).name, *map(_quote, argv[1:])])
+                if command not in found:
+                    found.append(command)
+        return found
 
 
 def _quote(arg: str) -> str:
@@ -642,8 +651,14 @@ def provenance(sweep: Sweep, paper: str) -> str:
     unfinished = sum(not r.finished for r in runs)
     arms = sweep.arms()
     seeds = sweep.seeds
+    commands = sweep.commands
+    launched = (
+        f"`{sweep.command}`"
+        if len(commands) <= 1
+        else f"{len(commands)} launches (" + "; ".join(f"`{c}`" for c in commands) + ")"
+    )
     lines = [
-        f"Generated from the run directories of `{sweep.command}` by `python -m zoo.report demo {paper}`: "
+        f"Generated from the run directories of {launched} by `python -m zoo.report demo {paper}`: "
         f"{len(runs)} runs ({len(arms)} arm{'s' if len(arms) != 1 else ''} × "
         f"{len(seeds) or 1} seed{'s' if len(seeds) != 1 else ''}"
         + (f": {', '.join(map(str, seeds))}" if seeds else "")
@@ -672,12 +687,13 @@ def provenance(sweep: Sweep, paper: str) -> str:
             + (f", accelerator {machine['accelerator']}" if machine.get("accelerator") else ", no accelerator")
             + f"{load}."
         )
-    commit = next((i.get("commit") for i in infos if i.get("commit")), None)
-    if commit:
+    commits = list(dict.fromkeys(i.get("commit") for i in infos if i.get("commit")))
+    if commits:
         dirty = any(i.get("dirty") for i in infos)
         versions = next((i.get("versions") for i in infos if i.get("versions")), {}) or {}
         lines.append(
-            f"Code: commit {commit[:10]}{' (with uncommitted changes)' if dirty else ''}"
+            f"Code: commit{'s' if len(commits) > 1 else ''} {', '.join(c[:10] for c in commits)}"
+            f"{' (with uncommitted changes)' if dirty else ''}"
             + (f"; torch {versions.get('torch')}, transformers {versions.get('transformers')}" if versions else "")
             + "."
         )

@@ -265,3 +265,32 @@ def test_demo_page_errors_are_one_line(tmp_path):
     write_run(tmp_path / "s", "r", ["seed=0"])
     with pytest.raises(SystemExit, match="no page builder"):
         main(["demo", "toy", "--sweep", str(tmp_path / "s"), "--demos", str(tmp_path / "demos")])
+
+
+def test_provenance_names_every_launch_of_a_merged_sweep(tmp_path):
+    """Runs of a second launch (e.g. some arms run in parallel) copied into a sweep folder: the page names both
+    commands and both commits instead of passing the runs off as one launch."""
+    import json
+
+    from zoo.report import Run, Sweep, provenance
+
+    runs = []
+    for i, (argv, commit, start) in enumerate(
+        [
+            (["train.py", "-m", "+demo=toy"], "a" * 40, "2026-01-01T10:00:00"),
+            (["train.py", "-m", "+demo=toy", "arm=b"], "b" * 40, "2026-01-01T10:05:00"),
+            (["train.py", "-m", "+demo=toy"], "a" * 40, "2026-01-01T10:01:00"),
+        ]
+    ):
+        path = tmp_path / str(i)
+        path.mkdir()
+        (path / "run_info.json").write_text(json.dumps({"argv": argv, "commit": commit, "started_at": start}))
+        runs.append(Run(path=path, overrides=[], number=i))
+    sweep = Sweep(path=tmp_path, runs=runs, swept=[], multirun={})
+    assert sweep.commands == ["python train.py -m +demo=toy", "python train.py -m +demo=toy arm=b"]
+    text = provenance(sweep, "toy")
+    assert "2 launches (`python train.py -m +demo=toy`; `python train.py -m +demo=toy arm=b`)" in text
+    assert "commits aaaaaaaaaa, bbbbbbbbbb" in text
+    single = Sweep(path=tmp_path, runs=[runs[0], runs[2]], swept=[], multirun={})
+    assert "of `python train.py -m +demo=toy` by" in provenance(single, "toy")
+    assert json.dumps(single.commands) == '["python train.py -m +demo=toy"]'

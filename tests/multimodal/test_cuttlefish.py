@@ -302,3 +302,46 @@ def test_instruction_vector_conditions_the_gate():
     a = patch(x, pos, mask, torch.zeros(1, H, dtype=torch.float64)).anchor_logits
     b = patch(x, pos, mask, torch.randn(1, H, dtype=torch.float64)).anchor_logits
     assert not torch.allclose(a, b)
+
+
+# ------------------------------------------------------------------------------------------ gate controls (issue of
+# patch-count collapse): uniform gate, entropy, k against n
+
+
+def test_uniform_gate_spreads_ceil_rho_n_anchors_and_has_no_gate_gradient():
+    from zoo.multimodal.cuttlefish import gate_entropy
+
+    torch.manual_seed(0)
+    patch = ScalingAwarePatching(D, H, rho=0.1, k_max=16, gate="uniform").double()
+    sizes = [6, 10, 45, 100, 300]
+    x, pos, mask = _padded(sizes)
+    x.requires_grad_(True)
+    out = patch(x, pos, mask, torch.randn(5, H, dtype=torch.float64))
+    assert out.num_patches.tolist() == [1, 1, 5, 10, 16]
+    for b, (n, k) in enumerate(zip(sizes, out.num_patches.tolist())):
+        assert out.anchor_index[b, :k].tolist() == [j * n // k for j in range(k)]  # evenly spaced, all distinct
+    torch.testing.assert_close(out.entropy, torch.ones(5, dtype=torch.float64))
+    torch.testing.assert_close(gate_entropy(out.anchor_probs, mask), out.entropy)
+    out.tokens.pow(2).sum().backward()
+    assert all(p.grad is None for p in patch.gate.parameters())  # the learned gate is out of the loop
+    assert x.grad is not None
+    with pytest.raises(ConfigError, match="gate"):
+        ScalingAwarePatching(D, H, gate="random")
+
+
+def test_gate_entropy_and_patch_count_stats_hand_values():
+    from zoo.multimodal.cuttlefish import gate_entropy, patch_count_stats
+
+    mask = torch.tensor([[True, True, True, True], [True, True, False, False], [True, False, False, False]])
+    probs = torch.tensor([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(gate_entropy(probs, mask), torch.tensor([1.0, 0.0, 1.0]))
+    half = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
+    torch.testing.assert_close(gate_entropy(half, torch.ones(1, 4, dtype=torch.bool)), torch.tensor([0.5]))
+    stats = patch_count_stats(torch.tensor([1, 3, 5]), torch.tensor([10, 30, 50]), rho=0.1)
+    assert stats["k_mean"] == pytest.approx(3.0)
+    assert stats["k_per_atom"] == pytest.approx(0.1)
+    assert stats["k_slope"] == pytest.approx(0.1)
+    assert stats["k_vs_uniform"] == pytest.approx(1.0)
+    collapsed = patch_count_stats(torch.tensor([1, 1, 1]), torch.tensor([10, 30, 50]), rho=0.1)
+    assert collapsed["k_slope"] == pytest.approx(0.0)
+    assert collapsed["k_vs_uniform"] == pytest.approx((1 + 1 / 3 + 1 / 5) / 3)

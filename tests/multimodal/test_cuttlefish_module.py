@@ -375,3 +375,38 @@ def test_feature_standardization_is_measured_on_training_structures_and_exported
     again.model = None
     again.configure_model()
     torch.testing.assert_close(again.feature_norm.std, module.feature_norm.std)
+
+
+def test_cuttlefish_gate_entropy_term_adds_to_the_loss_and_reaches_the_gate(samples):
+    """``gate_entropy_weight``: the logged training loss is the LM loss + w (1 - mean normalized gate entropy), and
+    the term alone gives the gate a gradient; k_g against n is logged."""
+    plain = _module(prob_straight_through=False)
+    batch = _batch(plain, samples)
+    lm, out, _ = plain.loss(batch)
+    logged: dict[str, float] = {}
+    reg = _module(prob_straight_through=False)
+    reg.load_state_dict(plain.state_dict())
+    reg.gate_entropy_weight = 0.5
+    reg.log = lambda name, value, **kw: logged.__setitem__(name, float(value))  # no Trainer here
+    total = reg.training_step(batch, 0)
+    expected = lm + 0.5 * (1.0 - out.patches.entropy.mean())
+    torch.testing.assert_close(total, expected)
+    assert {"train/patches/k_mean", "train/patches/k_slope", "train/patches/k_vs_uniform"} <= set(logged)
+    assert logged["train/patches/k_mean"] == pytest.approx(out.num_tokens.float().mean().item())
+    regularizer = reg.connector.patching(*_encoded(reg, batch)).entropy.mean()
+    (1 - regularizer).backward()
+    gate = reg.connector.patching.gate
+    assert sum(p.grad.abs().sum().item() for p in gate.parameters() if p.grad is not None) > 0
+    with pytest.raises(ConfigError, match="gate_entropy_weight"):
+        StructureLMModule(
+            TinyBackbone(hidden_size=64, intermediate_size=128, num_hidden_layers=2, extra_tokens=[STRUCTURE_TOKEN]),
+            connector=functools.partial(CuttlefishConnector),
+            encoder=ENC,
+            encoder_init="random",
+            gate_entropy_weight=-1.0,
+        )
+
+
+def _encoded(module, batch):
+    node_emb, pos, atom_mask = module.encode_structures(batch["structures"])
+    return node_emb, pos, atom_mask

@@ -21,9 +21,11 @@ from zoo.modules.valr import VaLRModule
 from zoo.modules.valr_teacher import synthetic_teacher
 from zoo.multimodal.valr import (
     LatentDecoder,
+    LatentFeedback,
     latent_forward,
     packed_nll,
     rewrite_with_latents,
+    step_row_targets,
     upsample_latents,
     valr_alignment_loss,
 )
@@ -233,7 +235,7 @@ def test_lambda_zero_is_the_plain_language_loss(backbone, batch, teacher) -> Non
     aligned = _module(backbone, 0.5, teacher)
     aligned.model.load_state_dict(plain.model.state_dict())
     lb = plain.latent_batch(batch)
-    out = latent_forward(plain.model, lb, batch["pixel_values"])
+    out = latent_forward(plain.model, lb, batch["pixel_values"], feedback=plain.feedback)
     expected, _ = packed_nll(out.logits, lb.labels, lb.attention_mask)
     got = plain.losses(batch, with_alignment=True)
     assert plain.projector is None
@@ -263,13 +265,13 @@ def test_teacher_gets_no_gradient_and_is_unchanged_after_a_step(backbone, batch,
     assert not any(p.requires_grad for p in module.model.model.vision_tower.parameters())
 
 
-def test_teacher_is_never_called_at_inference(backbone, batch, teacher) -> None:
+def test_teacher_is_never_called_at_inference(backbone, batch, teacher, monkeypatch) -> None:
     module = _module(backbone, 0.5, teacher)
 
     def boom(*args, **kwargs):
         raise AssertionError("teacher called at inference")
 
-    module.teacher.forward = boom
+    monkeypatch.setattr(module.teacher, "forward", boom)  # the teacher fixture is shared: undone after the test
     module.eval()
     with torch.no_grad():
         out = module.validation_step(batch, 0)
@@ -350,3 +352,123 @@ def test_method_valr_cot_fast_dev_run_on_hf_vlm(tmp_path) -> None:
         tmp_path, ["+method=valr_cot", "backbone=hf_vlm", f"backbone.name_or_path={tmp_path / 'vlm'}", *overrides]
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+# -- latent feedback, per-step targets, paper defaults ---------------------------------------------------------------
+def _mean_pairwise_cos(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean cosine between the K latents of a segment (``x [B, N, K, H]``), over real segments."""
+    xn = torch.nn.functional.normalize(x.float(), dim=-1)
+    k = x.shape[2]
+    cos = ((xn @ xn.transpose(-1, -2)).sum((-1, -2)) - k) / (k * (k - 1))
+    return float(cos[mask].mean())
+
+
+def test_rescaled_feedback_makes_the_k_latents_differ(backbone, batch) -> None:
+    """Post-norm states (RMS ~ 1) fed back raw swamp the slot embeddings (RMS ~ 0.02): the K latents of a segment
+    are the same vector (cosine ~ 1). Rescaled to the embeddings' RMS they are inputs of a token's scale and the K
+    latent states differ."""
+    model = backbone.build_model()
+    lb = _rewrite(backbone.tokenizer, batch, k=4)
+    embedding_rms = float(model.get_input_embeddings().weight.square().mean().sqrt())
+    with torch.no_grad():
+        raw = latent_forward(model, lb, batch["pixel_values"], hidden_layer=1)
+        scaled = latent_forward(model, lb, batch["pixel_values"], hidden_layer=1, feedback=LatentFeedback())
+    real = lb.segment_mask
+    fed_rms = scaled.latent_inputs[real].square().mean(-1).sqrt()
+    torch.testing.assert_close(fed_rms, torch.full_like(fed_rms, embedding_rms), rtol=1e-4, atol=1e-6)
+    assert float(raw.latent_inputs[real].square().mean().sqrt()) > 10 * embedding_rms
+    assert _mean_pairwise_cos(raw.latent_states, real) > 0.999
+    assert _mean_pairwise_cos(scaled.latent_states, real) < 0.99
+    # the projection mode starts as the rescaling (identity map) and is trainable
+    projected = LatentFeedback("projection", hidden_size=model.config.text_config.hidden_size)
+    h = torch.randn(2, model.config.text_config.hidden_size)
+    torch.testing.assert_close(
+        projected(h, model.get_input_embeddings()), LatentFeedback()(h, model.get_input_embeddings())
+    )
+    assert projected.proj.weight.requires_grad
+    with pytest.raises(ValueError, match="feedback"):
+        LatentFeedback("tanh")
+
+
+def test_module_trains_and_decodes_with_the_same_feedback(backbone, batch) -> None:
+    module = _module(backbone, 0.0)
+    assert module.latent_feedback == "embedding_rms" and module.feedback.mode == "embedding_rms"
+    assert module.decoder.feedback is module.feedback
+    raw = LatentDecoder(K, hidden_layer=1)
+    scaled = LatentDecoder(K, hidden_layer=1, feedback=module.feedback)
+    params = SamplingParams(max_new_tokens=12, do_sample=False)
+    args = (module.model, backbone.tokenizer, batch["prompt_ids"], batch["prompt_attention_mask"])
+    with torch.no_grad():
+        a = raw(*args, params=params, pixel_values=batch["pixel_values"])
+        b = scaled(*args, params=params, pixel_values=batch["pixel_values"])
+    rows = [r for r in range(len(a.latent_states)) if a.latent_states[r] and b.latent_states[r]]
+    if rows:  # a random model may not open a segment; when it does, the fed-back vectors differ
+        r = rows[0]
+        assert not torch.allclose(a.latent_states[r][0], b.latent_states[r][0])
+
+
+def test_step_row_targets_pick_the_row_each_step_looks_up() -> None:
+    grid, d = 4, 3
+    feats = torch.arange(2 * grid * grid * d, dtype=torch.float).reshape(2, grid * grid, d)
+    rows = torch.tensor([[2, 0, -1], [3, 1, 1]])
+    out = step_row_targets(feats, rows, grid)
+    assert out.shape == (2, 3, grid, d)
+    assert torch.equal(out[0, 0], feats[0, 2 * grid : 3 * grid])
+    assert torch.equal(out[1, 2], feats[1, grid : 2 * grid])
+    assert torch.equal(out[0, 2], torch.zeros(grid, d))  # padding step
+    # latent k of step i aligned to patch k of its row: loss -1 when the projected latents equal those patches
+    latents = out.clone()
+    mask = rows >= 0
+    loss = valr_alignment_loss(latents, out, nn.Identity(), mask=mask)
+    torch.testing.assert_close(loss, torch.tensor(-1.0))
+    with pytest.raises(ValueError, match="square"):
+        step_row_targets(feats[:, :15], rows, grid)
+
+
+def test_step_row_alignment_in_the_module(backbone, batch, teacher) -> None:
+    """``align_targets=step_rows`` aligns each step to its looked-up row: a different loss from whole-image
+    targets on the same model, and a clear error without the rows in the batch."""
+    image = _module(backbone, 0.5, teacher)
+    rows = VaLRModule(
+        backbone,
+        num_latents=4,
+        align_weight=0.5,
+        teacher=teacher,
+        align_layer=1,
+        align_targets="step_rows",
+        generation={"max_new_tokens": 6},
+    )
+    rows.configure_model()
+    rows.model.load_state_dict(image.model.state_dict())
+    step_rows = rows.step_rows(batch, int(batch["num_steps"].max()))
+    assert step_rows.tolist()[0][: len(batch["meta"]["query_rows"][0])] == list(batch["meta"]["query_rows"][0])
+    rows.projector.load_state_dict(image.projector.state_dict())
+    with torch.no_grad():
+        loss = rows.losses(batch, with_alignment=True)["align_loss"]
+        whole = image.losses(batch, with_alignment=True)["align_loss"]
+    assert -1.0 <= float(loss) <= 1.0
+    assert not torch.isclose(loss, whole)
+    from zoo.errors import DataError
+
+    with pytest.raises(DataError, match="query_rows"):
+        rows.losses({**batch, "meta": {}}, with_alignment=True)
+
+
+def test_paper_defaults_align_depth_and_projector_learning_rate(backbone, teacher) -> None:
+    from zoo.modules.valr import paper_align_layer
+
+    assert paper_align_layer(28) == 12 and paper_align_layer(4) == 2 and paper_align_layer(2) == 1
+    module = VaLRModule(
+        backbone,
+        num_latents=K,
+        teacher=teacher,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=2e-3),
+        generation={"max_new_tokens": 6},
+    )
+    module.configure_model()
+    assert module.align_layer == paper_align_layer(module._text_config().num_hidden_layers)
+    optimizer = module.configure_optimizers()
+    llm, projector = optimizer.param_groups
+    assert llm["lr"] == pytest.approx(2e-3)
+    assert projector["lr"] == pytest.approx(5 * 2e-3)  # paper: 1e-5 for psi vs 2e-6 for the LLM
+    assert {id(p) for p in projector["params"]} == {id(p) for p in module.projector.parameters()}

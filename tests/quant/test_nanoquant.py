@@ -188,3 +188,91 @@ def test_quantize_linear_without_stats_is_identity_preconditioned():
     assert isinstance(q, NanoQuantLinear)
     assert q.rank == rank_for_bits(32, 64, 2.0, 8)
     torch.testing.assert_close(q.bias, lin.bias)
+
+
+def _random_layer(d_out=300, d_in=260, r=72, mid=True, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return NanoQuantLinear.from_factors(
+        torch.randn(d_out, r, generator=g),
+        torch.randn(r, d_in, generator=g),
+        torch.rand(d_in, generator=g) + 0.5,
+        torch.rand(d_out, generator=g) + 0.5,
+        s_mid=torch.rand(r, generator=g) + 0.5 if mid else None,
+        bias=torch.randn(d_out, generator=g) if bias else None,
+    )
+
+
+@pytest.mark.parametrize(("mid", "bias", "chunk"), [(True, True, 16), (False, False, 7), (True, False, 1000)])
+def test_chunked_forward_equals_cached_forward(mid, bias, chunk):
+    """Sizes that are neither multiples of 8 nor of the chunk: same outputs as the cached +-1 factors, no cache."""
+    lay = _random_layer(mid=mid, bias=bias)
+    x = torch.randn(3, 5, 260, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cached = lay(x)
+        lay.set_forward("chunked", chunk)
+        assert lay._cache is None  # switching drops the cached factors
+        chunked = lay(x)
+    torch.testing.assert_close(chunked, cached, rtol=1e-4, atol=1e-3)  # outputs ~ 1e2: summation order only
+    assert lay._cache is None
+    torch.testing.assert_close(chunked, F.linear(x, lay.dequantize(), lay.bias), rtol=1e-5, atol=1e-3)
+    with pytest.raises(ValueError, match="forward mode"):
+        lay.set_forward("packed")
+
+
+def test_chunked_forward_allocates_a_bounded_workspace():
+    """The profiler's per-op allocations: the cached forward materialises a whole +-1 factor (``d_out x r`` fp32);
+    the chunked one never allocates more than one chunk of a factor (or the input/output activations)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    d_out, d_in, r, chunk = 300, 260, 72, 8
+    lay = _random_layer(d_out, d_in, r)
+    x = torch.randn(1, 2, d_in)
+
+    def largest_allocation() -> int:
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            lay(x)
+        return max(e.cpu_memory_usage for e in prof.events())
+
+    lay._cache = None
+    full_factor = min(d_out * r, r * d_in) * 4
+    assert largest_allocation() >= full_factor  # cached: unpacks a whole factor
+    lay.set_forward("chunked", chunk)
+    activations = 2 * max(d_in, d_out) * 4
+    workspace = chunk * 8 * ((max(d_in, r) + 7) // 8) * 4
+    assert largest_allocation() <= max(workspace, activations) < full_factor
+
+
+def test_quantizer_selects_the_run_time_forward():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from zoo.errors import ConfigError
+    from zoo.quant.nanoquant_quantizer import NanoQuantQuantizer
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        dense = model(input_ids=ids).logits
+    quantizer = NanoQuantQuantizer(
+        bits=1.0,
+        rank_multiple=8,
+        block_reconstruction=False,
+        model_reconstruction=False,
+        admm={"outer_iters": 5},
+        calib_input_ids=ids,
+        forward="chunked",
+        chunk_size=16,
+    )
+    quantizer.apply(model)
+    layers = [m for m in model.modules() if isinstance(m, NanoQuantLinear)]
+    assert len(layers) == 7 and all(m.forward_mode == "chunked" and m.chunk_size == 16 for m in layers)
+    with torch.no_grad():
+        chunked = model(input_ids=ids).logits
+        assert all(m._cache is None for m in layers)
+        for m in layers:
+            m.set_forward("cached")
+        torch.testing.assert_close(model(input_ids=ids).logits, chunked, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(chunked, dense, atol=1e-3)  # it is the quantized model
+    with pytest.raises(ConfigError, match="quant.forward"):
+        NanoQuantQuantizer(forward="lut")

@@ -5,6 +5,7 @@ evaluate it, export it packed, reload it with identical generation; bad bit targ
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -88,7 +89,7 @@ def nanoquant_run(trained_export, tmp_path_factory) -> tuple[Path, dict]:
 
 def test_method_nanoquant_quantizes_evaluates_and_exports(nanoquant_run):
     out, metrics = nanoquant_run
-    assert metrics["val/loss"] == pytest.approx(metrics["val/loss"])  # finite, evaluated on the quantized model
+    assert math.isfinite(metrics["val/loss"])  # evaluated on the quantized model
     assert 0 < metrics["quant/bits_per_weight"] <= 0.8
     for name in ("nanoquant.safetensors", "nanoquant_config.json", "config.json", "nanoquant_report.json"):
         assert (out / name).is_file(), name

@@ -115,7 +115,8 @@ def test_bnb_config_kwargs_and_modes():
     assert qc.bnb_4bit_use_double_quant
     assert qc.bnb_4bit_compute_dtype == torch.float32
     assert qc.llm_int8_skip_modules == ["lm_head"]
-    assert kw["device_map"] == "cpu"
+    assert kw["device_map"] == ("auto" if torch.cuda.is_available() else "cpu")  # device_map=None follows the machine
+    assert BnbQuantizer("nf4", device_map="cpu").from_pretrained_kwargs()["device_map"] == "cpu"
     q8 = BnbQuantizer("int8", skip_modules=["lm_head", "embed_tokens"])
     qc8 = q8.from_pretrained_kwargs()["quantization_config"]
     assert qc8.load_in_8bit
@@ -149,53 +150,132 @@ def test_bnb_measured_bits_per_weight(tmp_path, mode, double, lo, hi):
     assert 8.0 < bnb_bits_per_weight(m8) <= 8.0 + 32 / 256 + 1e-9  # int8 + one fp32 scale per row
 
 
+@pytest.mark.parametrize("quant", ["bnb_nf4", "bnb_int8"])
+def test_bnb_configs_place_the_model_where_the_machine_runs(train_cfg, quant):
+    """The configs leave the device map to the quantizer (its docstring: "auto" with CUDA, "cpu" without)."""
+    from hydra.utils import instantiate
+
+    cfg = train_cfg([f"quant={quant}"])
+    assert cfg.quant.device_map is None
+    expected = "auto" if torch.cuda.is_available() else "cpu"
+    assert instantiate(cfg.quant).from_pretrained_kwargs()["device_map"] == expected
+
+
 def test_calibration_from_task_train_split_only():
     from zoo.backbones import TinyBackbone
     from zoo.data.sources import TaskSource
     from zoo.data.tasks import Addition
-    from zoo.quant.nanoquant_quantizer import _task_texts, calibration_ids
+    from zoo.quant.nanoquant_quantizer import _task_texts, calibration_set
 
     tok = TinyBackbone().tokenizer
     task = Addition()
-    ids = calibration_ids(tok, task=task, num_samples=6, seq_len=40, seed=0)
+    cal = calibration_set(tok, task=task, layout="windows", num_samples=6, seq_len=40, seed=0)
+    ids = cal.input_ids
     assert ids.shape == (6, 40)
     assert ids.dtype == torch.long
+    assert cal.token_mask is None
     assert ids[0, 0].item() == tok.bos_token_id
     assert (ids == tok.eos_token_id).any()
-    torch.testing.assert_close(ids, calibration_ids(tok, task=task, num_samples=6, seq_len=40, seed=0))
-    assert not torch.equal(ids, calibration_ids(tok, task=task, num_samples=6, seq_len=40, seed=1))
+    again = calibration_set(tok, task=task, layout="windows", num_samples=6, seq_len=40, seed=0).input_ids
+    torch.testing.assert_close(ids, again)
+    other = calibration_set(tok, task=task, layout="windows", num_samples=6, seq_len=40, seed=1).input_ids
+    assert not torch.equal(ids, other)
     held_out = {r["prompt"] for s in ("val", "test") for r in TaskSource(task, seed=0, num_train=1).rows(s)}
     prompts = {p for p, _ in _task_texts(task, 200, 0)}
     assert not prompts & held_out
     with pytest.raises(ConfigError, match="needs quant.calibration.task"):
-        calibration_ids(tok, source="task", task=None)
+        calibration_set(tok, source="task", task=None)
     with pytest.raises(ConfigError, match="source"):
-        calibration_ids(tok, source="wikitext", task=task)
+        calibration_set(tok, source="wikitext", task=task)
+    with pytest.raises(ConfigError, match="layout"):
+        calibration_set(tok, task=task, layout="packed")
+
+
+def test_row_calibration_is_shaped_like_the_training_batches():
+    """layout=rows: every sample is one training row from position 0 (``<bos> prompt completion <eos>``, as the SFT
+    datamodule renders it), right-padded; the mask covers exactly the row's tokens."""
+    from zoo.backbones import TinyBackbone
+    from zoo.data.tasks import Addition
+    from zoo.quant.nanoquant_quantizer import _task_texts, calibration_set
+
+    tok = TinyBackbone().tokenizer
+    task = Addition()
+    cal = calibration_set(tok, task=task, layout="rows", num_samples=8, seq_len=64, seed=0)
+    rows = _task_texts(task, 8, 0)
+    assert cal.input_ids.shape[0] == 8 and cal.token_mask is not None
+    lengths = cal.token_mask.sum(1).tolist()
+    assert len(set(lengths)) > 1  # rows of different lengths, not windows
+    assert cal.input_ids.shape[1] == max(lengths)
+    assert cal.num_tokens == sum(lengths)
+    for i, (prompt, completion) in enumerate(rows):
+        n = lengths[i]
+        row = cal.input_ids[i, :n].tolist()
+        assert row[0] == tok.bos_token_id and row[-1] == tok.eos_token_id
+        assert tok.decode(row[1:-1]) == prompt + completion
+        assert (cal.input_ids[i, n:] == tok.pad_token_id).all()
+        assert cal.token_mask[i, :n].all() and not cal.token_mask[i, n:].any()
+    short = calibration_set(tok, task=task, layout="rows", num_samples=8, seq_len=10, seed=0)
+    assert short.input_ids.shape == (8, 10) and short.token_mask.all()
+    with pytest.raises(ConfigError, match="layout=windows"):
+        calibration_set(tok, source="text", path="x.txt", layout="rows")
+
+
+def test_padding_does_not_change_row_statistics():
+    """Right padding under causal attention leaves the real tokens untouched, and the mask keeps the padding out of
+    the statistics: padded rows give the same moments as the rows run one by one without padding."""
+    from zoo.backbones import TinyBackbone
+    from zoo.data.tasks import Addition
+    from zoo.quant.nanoquant import collect_linear_stats
+    from zoo.quant.nanoquant_quantizer import calibration_set
+
+    backbone = TinyBackbone(seed=0)
+    model = backbone.build_model().eval()
+    cal = calibration_set(backbone.tokenizer, task=Addition(), layout="rows", num_samples=4, seq_len=64, seed=0)
+    name = "model.layers.0.mlp.down_proj"
+
+    def only(n, m):
+        return n == name
+
+    padded = collect_linear_stats(model, cal.input_ids, token_mask=cal.token_mask, layer_filter=only, clip=False)
+    ones = [
+        collect_linear_stats(model, cal.input_ids[i : i + 1, : int(n)], layer_filter=only, clip=False)[name]
+        for i, n in enumerate(cal.token_mask.sum(1))
+    ]
+    # batch_size=1: the moments are the mean over batches (rows) of each row's token mean
+    i_norm = sum(s.i_norm.double() for s in ones) / len(ones)
+    torch.testing.assert_close(padded[name].i_norm.double(), i_norm, rtol=1e-4, atol=1e-7)
+    unmasked = collect_linear_stats(model, cal.input_ids, layer_filter=only, clip=False)[name]
+    assert not torch.allclose(unmasked.i_norm.double(), i_norm, rtol=1e-3)
 
 
 def test_calibration_from_jsonl_and_text(tmp_path):
     from zoo.backbones import TinyBackbone
-    from zoo.quant.nanoquant_quantizer import NanoQuantQuantizer, calibration_ids
+    from zoo.quant.nanoquant_quantizer import NanoQuantQuantizer, calibration_set
 
     tok = TinyBackbone().tokenizer
     path = tmp_path / "calib.jsonl"
     path.write_text("\n".join(json.dumps({"text": "12+34=46 and 5+5=10"}) for _ in range(20)) + "\n")
-    ids = calibration_ids(tok, source="jsonl", path=path, num_samples=4, seq_len=16)
+    ids = calibration_set(tok, source="jsonl", layout="windows", path=path, num_samples=4, seq_len=16).input_ids
     assert ids.shape == (4, 16)
     assert tok.decode(ids[0, 1:9]) == "12+34=46"
     txt = tmp_path / "calib.txt"
     txt.write_text("1+1=2\n" * 50)
-    assert calibration_ids(tok, source="text", path=txt, num_samples=2, seq_len=32).shape == (2, 32)
+    text = calibration_set(tok, source="text", layout="windows", path=txt, num_samples=2, seq_len=32)
+    assert text.input_ids.shape == (2, 32)
     with pytest.raises(DataError, match="needed"):
-        calibration_ids(tok, source="text", path=txt, num_samples=100, seq_len=64)
+        calibration_set(tok, source="text", layout="windows", path=txt, num_samples=100, seq_len=64)
     with pytest.raises(DataError, match="not found"):
-        calibration_ids(tok, source="jsonl", path=tmp_path / "missing.jsonl")
+        calibration_set(tok, source="jsonl", path=tmp_path / "missing.jsonl")
+    rows = calibration_set(tok, source="jsonl", path=path, num_samples=3, seq_len=64)
+    assert rows.input_ids.shape == (3, 21) and rows.token_mask.all()  # <bos> + 19 characters + <eos>
+    with pytest.raises(DataError, match="rows"):
+        calibration_set(tok, source="jsonl", path=path, num_samples=30, seq_len=64)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1="}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:1"):
-        calibration_ids(tok, source="jsonl", path=bad)
+        calibration_set(tok, source="jsonl", path=bad)
     with pytest.raises(ConfigError, match="tokenizer"):
-        NanoQuantQuantizer(calibration={"task": None}).calibration_input_ids(None)
+        NanoQuantQuantizer(calibration={"task": None}).calibration_set(None)
     with pytest.raises(ConfigError, match="unknown keys"):
         NanoQuantQuantizer(calibration={"samples": 3})
 

@@ -45,7 +45,13 @@ from zoo.losses import IGNORE_INDEX, masked_nll
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
 from zoo.modules.generating import EVAL_SPLITS, GeneratingModule
 from zoo.modules.structure_encoder_pretrain import PretrainRecipe, ensure_pretrained_encoder, load_encoder
-from zoo.multimodal.cuttlefish import ConnectorOutput, InsertedInputs, insert_structure_tokens, instruction_embedding
+from zoo.multimodal.cuttlefish import (
+    ConnectorOutput,
+    InsertedInputs,
+    insert_structure_tokens,
+    instruction_embedding,
+    patch_count_stats,
+)
 from zoo.multimodal.structure_encoder import FeatureStandardizer, StructureEncoder, atom_feature_stats, encode_dense
 from zoo.protocols import GenerationOutput
 from zoo.quant.base import Quantizer
@@ -79,6 +85,12 @@ class StructureLMModule(GeneratingModule):
         verifier: ``(completion, answer) -> bool``; default the structure task's
             (:data:`~zoo.data.structures.STRUCTURE_VERIFIER`).
         decoder: the decoder (``module/decoder``; default plain sampling, greedy with the default ``generation``).
+        gate_entropy_weight: weight of a gate-entropy term ``w * (1 - mean_g H(p_g) / log n_g)`` added to the loss
+            (connectors with a gate only; 0 = the paper's loss). Keeps the anchor distribution spread so that
+            ``k_g`` keeps growing with size (a control against gate collapse; not in the paper).
+
+    Training logs ``train/patches/{k_mean,k_per_atom,k_slope,k_vs_uniform}`` (``k_g`` against structure size,
+    :func:`~zoo.multimodal.cuttlefish.patch_count_stats`) and ``train/patches/gate_entropy`` for gated connectors.
     """
 
     def __init__(
@@ -102,6 +114,7 @@ class StructureLMModule(GeneratingModule):
         standardize_features: bool = True,
         standardize_samples: int = 256,
         decoder: Decoder | None = None,
+        gate_entropy_weight: float = 0.0,
     ) -> None:
         super().__init__(
             backbone,
@@ -125,6 +138,9 @@ class StructureLMModule(GeneratingModule):
                 f"the tokenizer has no {placeholder!r} token; set backbone.extra_tokens=['{placeholder}']"
             )
         self.placeholder_id = int(vocab[placeholder])
+        if gate_entropy_weight < 0:
+            raise ConfigError(f"module.gate_entropy_weight must be >= 0, got {gate_entropy_weight}")
+        self.gate_entropy_weight = float(gate_entropy_weight)
         self.connector_factory = connector
         self.encoder_kwargs = dict(encoder or {})
         self.encoder_init = str(encoder_init)
@@ -275,12 +291,22 @@ class StructureLMModule(GeneratingModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         loss, out, _ = self.loss(batch)
-        self.check_finite(loss)
         size = batch["input_ids"].shape[0]
+        patches = out.patches
+        if patches is not None and self.gate_entropy_weight > 0:
+            regularizer = 1.0 - patches.entropy.mean()
+            self.log("train/gate_regularizer", regularizer, batch_size=size)
+            loss = loss + self.gate_entropy_weight * regularizer
+        self.check_finite(loss)
         self.log("train/loss", loss, prog_bar=True, batch_size=size)
         self.log("train/tokens_per_structure", out.num_tokens.float().mean(), batch_size=size)
-        atoms = batch["structures"].num_atoms.float()
-        self.log("train/tokens_per_atom", (out.num_tokens.float() / atoms).mean(), batch_size=size)
+        atoms = batch["structures"].num_atoms
+        self.log("train/tokens_per_atom", (out.num_tokens.float() / atoms.float()).mean(), batch_size=size)
+        if patches is not None:
+            rho = float(getattr(getattr(self.connector, "patching", None), "rho", 1.0))
+            for key, value in patch_count_stats(patches.num_patches, atoms, rho).items():
+                self.log(f"train/patches/{key}", value, batch_size=size)
+            self.log("train/patches/gate_entropy", patches.entropy.detach().mean(), batch_size=size)
         return loss
 
     # -- generation -------------------------------------------------------------------------------------------------

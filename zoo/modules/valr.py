@@ -33,18 +33,30 @@ from zoo.losses import masked_nll
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
 from zoo.modules.generating import EVAL_SPLITS, GeneratingModule
 from zoo.multimodal.valr import (
+    FEEDBACK_MODES,
     AlignmentProjector,
     LatentBatch,
     LatentDecoder,
+    LatentFeedback,
     LatentGenerationResult,
     latent_forward,
     packed_nll,
     rewrite_with_latents,
+    step_row_targets,
     valr_alignment_loss,
 )
 from zoo.quant.base import Quantizer
 
 STAGES = ("cot", "latent")
+ALIGN_TARGETS = ("image", "step_rows")
+# the paper aligns layer 12 of Qwen2.5-VL-7B's 28 ("middle best" among 4/12/27)
+PAPER_ALIGN_DEPTH = 12 / 28
+
+
+def paper_align_layer(num_layers: int) -> int:
+    """The paper's relative alignment depth on a ``num_layers``-layer LLM: ``round(num_layers * 12 / 28)`` (layer
+    12 of Qwen2.5-VL-7B's 28), at least 1 (``hidden_states[0]`` is the embeddings)."""
+    return max(1, round(num_layers * PAPER_ALIGN_DEPTH))
 
 
 class VaLRModule(GeneratingModule):
@@ -55,13 +67,20 @@ class VaLRModule(GeneratingModule):
         stage: ``cot`` (stage 1) or ``latent`` (stage 2).
         num_latents: K latent positions per reasoning step (paper: 16; demo: 4).
         align_weight: lambda of ``L_CE + lambda L_REPA`` (paper: 0.5).
-        align_layer: ``hidden_states`` index of the aligned states (0 = embeddings) or ``"middle"``
-            (``num_layers // 2``; the paper's 12th of 28 layers).
+        align_layer: ``hidden_states`` index of the aligned states (0 = embeddings), ``"paper"`` (the paper's
+            relative depth, layer 12 of 28: ``round(num_layers * 12 / 28)``) or ``"middle"`` (``num_layers // 2``).
+        align_targets: ``"image"`` -- every step aligned to the whole image (the paper); ``"step_rows"`` -- step
+            ``i``'s latents aligned to the patches of the image row that step looks up (batch meta ``query_rows``;
+            latent ``k`` <-> patch ``k`` of the row when ``K`` = patches per row) [option, not in the paper].
         teacher: a frozen encoder ``pixel_values -> [B, P, D]`` or a zero-argument factory of one (called in
             :meth:`setup` or :meth:`configure_model`, whichever comes first); ``None`` disables alignment.
         projector_hidden: width of psi's hidden layer.
         upsample: K -> P mode (``nearest`` / ``nearest1d`` / ``linear``).
-        projector_lr: learning rate of psi (paper: 1e-5 vs 2e-6 for the LLM); ``None`` = the optimizer's.
+        projector_lr: learning rate of psi; ``None`` = ``projector_lr_scale`` x the optimizer's.
+        projector_lr_scale: psi's learning rate relative to the LLM's when ``projector_lr`` is ``None`` (paper:
+            1e-5 vs 2e-6, i.e. 5).
+        latent_feedback: ``f`` of ``E_{t+1} = [E_t; f(h_t)]`` (:class:`~zoo.multimodal.valr.LatentFeedback`):
+            ``embedding_rms`` (default), ``raw`` (the paper's formula) or ``projection``.
         freeze_vision: keep the native vision tower frozen (paper: frozen in both stages).
         max_latent_segments: cap of latent segments per row at inference.
         generate_on_eval: generation + exact-match accuracy on eval (``meta["num_steps"]`` per row).
@@ -80,11 +99,14 @@ class VaLRModule(GeneratingModule):
         stage: str = "latent",
         num_latents: int = 4,
         align_weight: float = 0.5,
-        align_layer: int | str = "middle",
+        align_layer: int | str = "paper",
         teacher: nn.Module | Callable[[], nn.Module] | None = None,
         projector_hidden: int = 256,
         upsample: str = "nearest",
         projector_lr: float | None = None,
+        projector_lr_scale: float = 5.0,
+        align_targets: str = "image",
+        latent_feedback: str = "embedding_rms",
         freeze_vision: bool = True,
         max_latent_segments: int = 8,
         generate_on_eval: bool = True,
@@ -112,6 +134,12 @@ class VaLRModule(GeneratingModule):
             raise ConfigError(f"module.num_latents must be >= 1 in the latent stage, got {num_latents}")
         if align_weight < 0:
             raise ConfigError(f"module.align_weight must be >= 0, got {align_weight}")
+        if align_targets not in ALIGN_TARGETS:
+            raise ConfigError(f"module.align_targets must be one of {ALIGN_TARGETS}, got {align_targets!r}")
+        if latent_feedback not in FEEDBACK_MODES:
+            raise ConfigError(f"module.latent_feedback must be one of {FEEDBACK_MODES}, got {latent_feedback!r}")
+        if projector_lr_scale <= 0:
+            raise ConfigError(f"module.projector_lr_scale must be > 0, got {projector_lr_scale}")
         if stage == "latent" and align_weight > 0 and teacher is None:
             raise ConfigError("module.align_weight > 0 needs module.teacher (set align_weight=0 for latents only)")
         missing = [t for t in (LATENT_START, LATENT_END, LATENT_SLOT) if t not in self.tokenizer.get_vocab()]
@@ -127,6 +155,10 @@ class VaLRModule(GeneratingModule):
         self.projector_hidden = projector_hidden
         self.upsample = upsample
         self.projector_lr = projector_lr
+        self.projector_lr_scale = float(projector_lr_scale)
+        self.align_targets = align_targets
+        self.latent_feedback = latent_feedback
+        self.feedback: LatentFeedback | None = None
         self.freeze_vision = freeze_vision
         self.max_latent_segments = max_latent_segments
         self.max_steps_logged = max_steps_logged
@@ -149,6 +181,8 @@ class VaLRModule(GeneratingModule):
         layers = int(self._text_config().num_hidden_layers)
         if self.align_layer_spec == "middle":
             return layers // 2
+        if self.align_layer_spec == "paper":
+            return paper_align_layer(layers)
         index = int(self.align_layer_spec)
         if not 0 <= index <= layers:
             raise ConfigError(f"module.align_layer={index} outside [0, {layers}] (0 = embeddings)")
@@ -162,6 +196,8 @@ class VaLRModule(GeneratingModule):
         if self.model is not None:
             return
         super().configure_model()
+        self.feedback = LatentFeedback(self.latent_feedback, int(self._text_config().hidden_size))
+        self.decoder.feedback = self.feedback
         if self.freeze_vision:
             for name in ("vision_tower", "vision_model"):
                 tower = getattr(self.model.model, name, None) if hasattr(self.model, "model") else None
@@ -198,14 +234,23 @@ class VaLRModule(GeneratingModule):
         teacher = {id(p) for p in self.teacher.parameters()} if self.teacher is not None else set()
         return [p for p in self.parameters() if p.requires_grad and id(p) not in teacher]
 
+    def base_lr(self) -> float:
+        """The optimizer's learning rate (read from an optimizer the factory builds on a dummy parameter)."""
+        factory = self.optimizer_factory or torch.optim.AdamW
+        return float(factory([nn.Parameter(torch.zeros(1))]).param_groups[0]["lr"])
+
+    def projector_learning_rate(self) -> float:
+        """psi's learning rate: ``projector_lr``, else ``projector_lr_scale`` x the LLM's (paper: 5x)."""
+        return float(self.projector_lr) if self.projector_lr is not None else self.projector_lr_scale * self.base_lr()
+
     def optimizer_parameters(self) -> list[torch.nn.Parameter] | list[dict[str, Any]]:
-        """psi gets its own learning rate (``projector_lr``) when one is set."""
-        if self.projector is None or self.projector_lr is None:
+        """psi gets its own learning rate (:meth:`projector_learning_rate`)."""
+        if self.projector is None:
             return self.trainable_parameters()
         proj = {id(p) for p in self.projector.parameters()}
         return [
             {"params": [p for p in self.trainable_parameters() if id(p) not in proj]},
-            {"params": list(self.projector.parameters()), "lr": self.projector_lr},
+            {"params": list(self.projector.parameters()), "lr": self.projector_learning_rate()},
         ]
 
     # -- losses ---------------------------------------------------------------------------------------------
@@ -238,15 +283,42 @@ class VaLRModule(GeneratingModule):
             return {"loss": lm, "lm_loss": lm, "num_tokens": n}
         lb = self.latent_batch(batch)
         use_align = with_alignment and self.align_weight > 0 and self.teacher is not None
-        out = latent_forward(self.model, lb, batch["pixel_values"], self.align_layer if use_align else None)
+        layer = self.align_layer if use_align else None
+        out = latent_forward(self.model, lb, batch["pixel_values"], layer, feedback=self.feedback)
         lm, n = packed_nll(out.logits, lb.labels, lb.attention_mask)
         result = {"loss": lm, "lm_loss": lm, "num_tokens": n, "num_passes": torch.tensor(float(out.num_passes))}
         if use_align:
             with torch.no_grad():
                 feats = self.teacher(batch["pixel_values"])
+                if self.align_targets == "step_rows":
+                    feats = step_row_targets(feats, self.step_rows(batch, lb.num_segments), self._patch_grid(feats))
             align = valr_alignment_loss(out.latent_states, feats, self.projector, self.upsample, lb.segment_mask)
             result.update(loss=lm + self.align_weight * align, align_loss=align, align_cos=-align.detach())
         return result
+
+    @staticmethod
+    def _patch_grid(feats: torch.Tensor) -> int:
+        grid = int(round(feats.shape[1] ** 0.5))
+        if grid * grid != feats.shape[1]:
+            raise ConfigError(
+                f"module.align_targets=step_rows needs a square teacher patch grid, got P={feats.shape[1]}"
+            )
+        return grid
+
+    @staticmethod
+    def step_rows(batch: dict[str, Any], num_segments: int) -> torch.Tensor:
+        """``[B, N]`` image row looked up by each reasoning step (batch meta ``query_rows``; -1 = no step)."""
+        rows = (batch.get("meta") or {}).get("query_rows")
+        if rows is None:
+            raise DataError(
+                "module.align_targets=step_rows needs the rows each step looks up: a 'query_rows' column in the data "
+                "(the visual_counting task has it) kept by datamodule.meta_fields"
+            )
+        out = torch.full((len(rows), num_segments), -1, dtype=torch.long)
+        for b, r in enumerate(rows):
+            r = list(r)[:num_segments]
+            out[b, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+        return out.to(batch["input_ids"].device)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         out = self.losses(batch, with_alignment=True)

@@ -11,6 +11,10 @@ Equation -> function map (paper section 3; notation of the notes ``research/mult
   <latent> l^N_{1:K} </latent> r^N) -> a                                     -> :func:`rewrite_with_latents`
 * latent mode  E_{t+1} = [E_t; h_t]  (language mode E_{t+1} = [E_t; e(x_{t+1})]), run with a KV cache,
   N*K + 1 forward passes per batch                                             -> :func:`latent_forward`
+* the fed-back vector f(h_t): raw (Coconut, the paper's formula), rescaled to the token embeddings' RMS, or a
+  learned projection [reconstruction: the paper does not say]                 -> :class:`LatentFeedback`
+* per-step targets: latent k of step i <-> the k-th patch of the image row step i looks up [option; the paper
+  aligns every step to the whole image]                                       -> :func:`step_row_targets`
 * K -> P upsampling of the latent states of step i                            -> :func:`upsample_latents`
 * L_REPA = -1/(N P) sum_{i,p} cos(psi(F^{(i)}_MLLM)[p], phi(I^{(i)})[p])       -> :func:`valr_alignment_loss`
 * psi: 2-layer MLP (SiLU) from the LLM width to the teacher width             -> :class:`AlignmentProjector`
@@ -20,9 +24,11 @@ Equation -> function map (paper section 3; notation of the notes ``research/mult
   of the decoder seam, :mod:`zoo.generation.decoders`)
 
 Conventions: ``hidden_states[0]`` is the embedding output and ``hidden_states[L]`` the last layer (after the
-final norm, which is what the LM head reads); the fed-back vector is ``hidden_states[-1]`` (Coconut's
-convention). Rows of a batch are laid out so that latent positions share columns (segment-aligned padding
-*inside* the sequence, masked out); :func:`packed_nll` therefore shifts labels over real tokens only.
+final norm, which is what the LM head reads); the fed-back vector is ``f(hidden_states[-1])`` (Coconut's convention
+with ``f`` = identity; post-norm states have RMS ~ 1 while token embeddings have RMS ~ 0.02, so the zoo's
+default ``f`` rescales to the embeddings' RMS, see :class:`LatentFeedback`). Rows of a batch are laid out so that
+latent positions share columns (segment-aligned padding *inside* the sequence, masked out); :func:`packed_nll`
+therefore shifts labels over real tokens only.
 """
 
 from __future__ import annotations
@@ -173,6 +179,68 @@ def packed_nll(
 # ----------------------------------------------------------------------------------------------------------------
 # recurrent latent forward
 # ----------------------------------------------------------------------------------------------------------------
+FEEDBACK_MODES = ("raw", "embedding_rms", "projection")
+
+
+class LatentFeedback(nn.Module):
+    """``f`` of the latent recurrence ``E_{t+1} = [E_t; f(h_t)]``: what the last hidden state becomes as the next
+    input embedding.
+
+    Modes: ``raw`` -- ``f(h) = h`` (the paper's formula, Coconut); ``embedding_rms`` -- ``f(h) = h * rms(E) /
+    rms(h)`` per vector, with ``rms(E)`` the RMS of the input-embedding matrix (no parameters; the fed-back vector
+    has the scale of a token embedding); ``projection`` -- a learned ``H x H`` linear map (initialised to the
+    identity) followed by the same rescaling. [reconstruction] The paper feeds ``h_t`` unchanged; after the final
+    norm ``h_t`` has RMS ~ 1 against ~ 0.02 for token embeddings, which makes the K latents of a segment nearly
+    identical (the fed vector dominates every input), hence the rescaling default of the zoo's configs.
+
+    Shapes: ``h [..., H]`` -> ``[..., H]``.
+    """
+
+    def __init__(self, mode: str = "embedding_rms", hidden_size: int | None = None) -> None:
+        super().__init__()
+        if mode not in FEEDBACK_MODES:
+            raise ValueError(f"latent feedback mode must be one of {FEEDBACK_MODES}, got {mode!r}")
+        if mode == "projection" and not hidden_size:
+            raise ValueError("latent feedback 'projection' needs hidden_size")
+        self.mode = mode
+        self.proj = None
+        if mode == "projection":
+            self.proj = nn.Linear(int(hidden_size), int(hidden_size), bias=False)
+            nn.init.eye_(self.proj.weight)
+
+    def forward(self, h: torch.Tensor, embedding: nn.Module) -> torch.Tensor:
+        if self.mode == "raw":
+            return h
+        if self.proj is not None:
+            h = self.proj(h.to(self.proj.weight.dtype))
+        target = embedding.weight.detach().float().square().mean().sqrt()
+        rms = h.float().square().mean(-1, keepdim=True).clamp_min(1e-12).sqrt()
+        return (h.float() * (target / rms)).to(h.dtype)
+
+
+def step_row_targets(teacher_feats: torch.Tensor, rows: torch.Tensor, grid: int) -> torch.Tensor:
+    """Per-step alignment targets: the teacher features of the image row each step looks up.
+
+    Args:
+        teacher_feats: ``[B, P, D]`` patch features in row-major order of a ``grid x grid`` patch grid (``P =
+            grid^2``).
+        rows: ``[B, N]`` row index looked up by step ``i`` (``-1`` for padding steps; their targets are zeros and
+            must be masked out of the loss).
+        grid: patches per row.
+
+    Returns:
+        ``[B, N, grid, D]``: step ``i``'s target is its row's ``grid`` patches, so with ``K = grid`` latent ``k``
+        aligns to patch ``k`` of that row (no upsampling across rows).
+    """
+    b, p, d = teacher_feats.shape
+    if grid * grid != p:
+        raise ValueError(f"per-step targets need a square patch grid: P={p} is not {grid}^2")
+    per_row = teacher_feats.reshape(b, grid, grid, d)
+    index = rows.clamp(min=0).to(teacher_feats.device)
+    picked = per_row[torch.arange(b, device=teacher_feats.device)[:, None], index]  # [B, N, grid, D]
+    return picked * (rows >= 0).to(picked.device, picked.dtype)[..., None, None]
+
+
 @dataclass
 class LatentForwardOutput:
     """Output of :func:`latent_forward`.
@@ -203,6 +271,7 @@ def latent_forward(
     batch: LatentBatch,
     pixel_values: torch.Tensor | None = None,
     hidden_layer: int | None = None,
+    feedback: LatentFeedback | None = None,
 ) -> LatentForwardOutput:
     """Teacher-forced forward of a latent-augmented batch with recurrent latent positions (E_{t+1} = [E_t; h_t]).
 
@@ -217,6 +286,7 @@ def latent_forward(
         batch: from :func:`rewrite_with_latents`; the image placeholders must lie before the first latent.
         pixel_values: images of the batch (passed with the first chunk only).
         hidden_layer: index into ``hidden_states`` (0 = embeddings) whose latent states are returned.
+        feedback: ``f`` of ``E_{t+1} = [E_t; f(h_t)]`` (:class:`LatentFeedback`); ``None`` feeds ``h_t`` unchanged.
     """
     cache_kw = cache_kwarg_name(model)
     embed = model.get_input_embeddings()
@@ -238,7 +308,8 @@ def latent_forward(
         else:
             seg = (j - 1) // k
             tokens = embed(batch.input_ids[:, lo:hi])
-            fed = torch.where(batch.segment_mask[:, seg, None], previous_last, tokens[:, 0])
+            back = previous_last if feedback is None else feedback(previous_last, embed)
+            fed = torch.where(batch.segment_mask[:, seg, None], back, tokens[:, 0])
             latent_inputs.append(fed)
             out = _forward(model, cache_kw, cache, inputs_embeds=torch.cat([fed[:, None], tokens[:, 1:]], 1), **common)
         cache = getattr(out, cache_kw, None) or getattr(out, "past_key_values", None)
@@ -369,6 +440,8 @@ class LatentDecoder(Decoder):
         max_segments: cap of latent segments per row.
         hidden_layer: ``hidden_states`` index whose latent states are returned (``None``: not recorded).
         processors, hooks: as :class:`~zoo.generation.decoders.Decoder`.
+        feedback: ``f`` of the recurrence (:class:`LatentFeedback`, the one the model was trained with); ``None``
+            feeds the last hidden state unchanged.
     """
 
     def __init__(
@@ -378,8 +451,10 @@ class LatentDecoder(Decoder):
         hidden_layer: int | None = None,
         processors: Iterable[LogitsProcessor] = (),
         hooks: Iterable[ForwardHook] = (),
+        feedback: LatentFeedback | None = None,
     ) -> None:
         super().__init__(processors, hooks)
+        self.feedback = feedback
         if num_latents < 0 or max_segments < 0:
             raise ValueError(f"num_latents and max_segments must be >= 0, got {num_latents}, {max_segments}")
         self.num_latents = num_latents
@@ -447,7 +522,8 @@ class LatentDecoder(Decoder):
             if bool(new_done.all()):
                 done = new_done
                 break
-            vec = torch.where(in_latent[:, None], state.hidden_states[-1], embed(token))
+            back = state.hidden_states[-1] if self.feedback is None else self.feedback(state.hidden_states[-1], embed)
+            vec = torch.where(in_latent[:, None], back, embed(token))
             state.feed(embeds=vec[:, None], mask=(~done).long()[:, None])
             if states is not None:
                 layer = state.hidden_states[self.hidden_layer]
@@ -471,7 +547,9 @@ class LatentDecoder(Decoder):
 
 
 __all__ = [
+    "FEEDBACK_MODES",
     "AlignmentProjector",
+    "LatentFeedback",
     "LatentBatch",
     "LatentForwardOutput",
     "LatentDecoder",
@@ -479,6 +557,7 @@ __all__ = [
     "latent_forward",
     "packed_nll",
     "rewrite_with_latents",
+    "step_row_targets",
     "upsample_latents",
     "valr_alignment_loss",
 ]

@@ -42,8 +42,9 @@ class BnbQuantizer(Quantizer):
         skip_modules: module names kept in full precision (``llm_int8_skip_modules``; applies to 4-bit too).
             ``lm_head`` by default, as in transformers and in NanoQuant's accounting.
         int8_threshold: outlier threshold of LLM.int8 (``llm_int8_threshold``, paper value 6.0).
-        device_map: where ``from_pretrained`` places the quantized model (bitsandbytes needs a device map; ``"cpu"``
-            here, ``"auto"`` on GPUs).
+        device_map: where ``from_pretrained`` places the quantized model (bitsandbytes needs a device map).
+            ``None`` (the configs' default) follows the machine: ``"auto"`` when CUDA is available, else ``"cpu"``;
+            any explicit value (``"cpu"``, ``"auto"``, a dict) is passed through.
     """
 
     def __init__(
@@ -53,7 +54,7 @@ class BnbQuantizer(Quantizer):
         double_quant: bool = True,
         skip_modules: Sequence[str] = ("lm_head",),
         int8_threshold: float = 6.0,
-        device_map: str | dict[str, Any] | None = "cpu",
+        device_map: str | dict[str, Any] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"quant.mode={mode!r}; use one of {MODES}")
@@ -61,7 +62,8 @@ class BnbQuantizer(Quantizer):
             import bitsandbytes  # noqa: F401
         except ImportError as err:  # no silent fallback to full precision
             raise ConfigError(
-                f"quant=bnb_{mode} needs bitsandbytes (pip install 'paperzoo[bnb]' or 'bitsandbytes>=0.45')"
+                f"quant=bnb_{mode} needs bitsandbytes, a core dependency of paperzoo: reinstall it "
+                "(pip install -e .) or pip install 'bitsandbytes>=0.45'"
             ) from err
         self.mode = mode
         self.name = f"bnb_{mode}"
@@ -91,10 +93,13 @@ class BnbQuantizer(Quantizer):
 
     def from_pretrained_kwargs(self) -> dict[str, Any]:
         """``{"quantization_config": BitsAndBytesConfig(...), "device_map": ...}`` for ``from_pretrained``."""
-        kwargs: dict[str, Any] = {"quantization_config": self.quantization_config()}
+        return {"quantization_config": self.quantization_config(), "device_map": self.resolved_device_map()}
+
+    def resolved_device_map(self) -> str | dict[str, Any]:
+        """``device_map`` as given, or (``None``) ``"auto"`` with CUDA and ``"cpu"`` without."""
         if self.device_map is not None:
-            kwargs["device_map"] = self.device_map
-        return kwargs
+            return self.device_map
+        return "auto" if torch.cuda.is_available() else "cpu"
 
     def apply(self, model: torch.nn.Module) -> torch.nn.Module:
         """Check that load-time quantization happened (no silent full-precision model)."""

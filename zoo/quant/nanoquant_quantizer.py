@@ -10,18 +10,29 @@ NanoQuant: Efficient Sub-1-Bit Quantization of Large Language Models (arXiv 2602
 * :class:`SignQuantizer` (sign + per-row scale) and :class:`OneBitQuantizer` (OneBit SVID,
   arXiv 2402.11295) -- the binary baselines, through :func:`zoo.quant.nanoquant.replace_linears`.
 
-Calibration data (paper: 128 x 2048 tokens of WikiText-2 *train*, seed 0; here 32 x 128 by default, notes 1(d)):
+Calibration data (paper: 128 x 2048 tokens of WikiText-2 *train*, seed 0, i.e. windows shaped like the pretraining
+data; notes 1(d)). Sources:
 
 * ``source="task"`` -- rows of the synthetic task's *training* split (``TaskSource(task, seed).rows("train")``, so
   validation/test prompts never enter calibration), rendered exactly as the SFT datamodule renders them
-  (``<bos> prompt completion <eos>``), concatenated and cut into ``num_samples`` sequences of ``seq_len`` tokens;
+  (``<bos> prompt completion <eos>``);
 * ``source="jsonl"`` -- a JSONL file: a ``text`` field per row, or ``prompt`` + ``completion``;
-* ``source="text"`` -- a plain text file, tokenized as one stream.
+* ``source="text"`` -- a plain text file, tokenized as one stream (``layout="windows"`` only).
+
+Layouts -- calibration should look like the data the model was trained on, because statistics, block targets and
+the distillation are all fitted on it:
+
+* ``layout="rows"`` (default) -- ``num_samples`` single rows, each starting at position 0, cut at ``seq_len`` and
+  right-padded to the longest; a token mask excludes the padding from every statistic and loss. This is how the SFT
+  datamodule feeds a model trained on rows (right padding under causal attention leaves real tokens untouched);
+* ``layout="windows"`` -- rows concatenated into one stream and cut into ``num_samples`` windows of ``seq_len``
+  tokens (the paper's protocol for a model pretrained on packed text: positions beyond a row and attention across
+  rows, which a row-trained model never saw).
 
 Calibration needs the backbone's tokenizer: pass ``tokenizer=`` (a tokenizer or a
 :class:`~zoo.backbones.base.Backbone`, whose ``.tokenizer`` is used; the Hydra configs pass ``${backbone}``); without
 one, the tokenizer is loaded from the model's ``name_or_path`` directory, and otherwise a ``ConfigError`` says so.
-``calib_input_ids`` (a ``[N, T]`` tensor) bypasses all of this from Python.
+``calib_input_ids`` (a ``[N, T]`` tensor, with ``calib_mask`` for padded rows) bypasses all of this from Python.
 
 No Lightning or Hydra import here.
 """
@@ -29,17 +40,20 @@ No Lightning or Hydra import here.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from zoo.data.encoding import pad_sequences
 from zoo.data.sources import iter_jsonl
 from zoo.errors import ConfigError, DataError
 from zoo.quant.base import Quantizer
 from zoo.quant.baselines import quantize_onebit, quantize_sign
 from zoo.quant.nanoquant import (
+    FORWARD_MODES,
     NanoQuantReport,
     collect_linear_stats,
     default_layer_filter,
@@ -48,12 +62,15 @@ from zoo.quant.nanoquant import (
     quantize_model,
     rank_for_bits,
     replace_linears,
+    set_forward_mode,
     shrink_stats,
 )
 
 CALIBRATION_SOURCES = ("task", "jsonl", "text")
+CALIBRATION_LAYOUTS = ("rows", "windows")
 _DEFAULT_CALIBRATION: dict[str, Any] = {
     "source": "task",
+    "layout": "rows",
     "task": None,
     "path": None,
     "num_samples": 32,
@@ -110,47 +127,80 @@ def _jsonl_texts(path: Path) -> list[tuple[str, str]]:
     return rows
 
 
-def calibration_ids(
+@dataclass
+class CalibrationSet:
+    """Calibration token ids ``input_ids [N, T]`` and, for right-padded rows, ``token_mask [N, T]`` (bool, True on
+    real tokens; ``None`` when every position is real)."""
+
+    input_ids: torch.Tensor
+    token_mask: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Real calibration tokens."""
+        return int(self.input_ids.numel() if self.token_mask is None else self.token_mask.sum())
+
+
+def calibration_set(
     tokenizer: Any,
     *,
     source: str = "task",
+    layout: str = "rows",
     task: Any = None,
     path: str | Path | None = None,
     num_samples: int = 32,
     seq_len: int = 128,
     seed: int = 0,
-) -> torch.Tensor:
-    """Calibration token ids ``[num_samples, seq_len]`` (see the module docstring for the sources).
+) -> CalibrationSet:
+    """Calibration data (see the module docstring for sources and layouts).
 
-    Rows are rendered ``<bos> prompt completion <eos>`` (the SFT datamodule's rendering), concatenated into one
-    stream and cut into consecutive chunks (the paper's WikiText-2 protocol: random 2048-token windows of the
-    concatenated train split; here consecutive windows of a seeded draw). Raises ``DataError`` if the source is
-    too short.
+    Rows are rendered ``<bos> prompt completion <eos>`` (the SFT datamodule's rendering). ``layout="rows"``:
+    ``num_samples`` rows cut at ``seq_len`` tokens, right-padded with the pad token to the longest, with the mask
+    of real tokens. ``layout="windows"``: the rows concatenated into one stream and cut into consecutive
+    ``[num_samples, seq_len]`` windows (the paper's WikiText-2 protocol: random 2048-token windows of the
+    concatenated train split; here consecutive windows of a seeded draw), no mask. Raises ``DataError`` if the
+    source is too short.
     """
     if source not in CALIBRATION_SOURCES:
         raise ConfigError(f"quant.calibration.source={source!r}; use one of {CALIBRATION_SOURCES}")
+    if layout not in CALIBRATION_LAYOUTS:
+        raise ConfigError(f"quant.calibration.layout={layout!r}; use one of {CALIBRATION_LAYOUTS}")
     if num_samples <= 0 or seq_len <= 1:
         raise ConfigError(f"quant.calibration: num_samples={num_samples}, seq_len={seq_len} must be positive (> 1)")
+    if layout == "rows" and source == "text":
+        raise ConfigError("quant.calibration.source=text has no rows; use quant.calibration.layout=windows")
     need = num_samples * seq_len
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
-    def encode(rows: list[tuple[str, str]]) -> list[int]:
-        stream: list[int] = []
-        for prompt, completion in rows:
-            stream += bos + list(tokenizer(prompt + completion, add_special_tokens=False)["input_ids"]) + eos
-        return stream
+    def encode_row(prompt: str, completion: str) -> list[int]:
+        return bos + list(tokenizer(prompt + completion, add_special_tokens=False)["input_ids"]) + eos
 
+    def encode(rows: list[tuple[str, str]]) -> list[int]:
+        return [t for prompt, completion in rows for t in encode_row(prompt, completion)]
+
+    if source == "task" and task is None:
+        raise ConfigError("quant.calibration.source=task needs quant.calibration.task (the configs pass ${task})")
+    if source != "task" and path is None:
+        raise ConfigError(f"quant.calibration.source={source} needs quant.calibration.path")
+    if layout == "rows":
+        rows = _task_texts(task, num_samples, seed) if source == "task" else _jsonl_texts(Path(path))
+        if len(rows) < num_samples:
+            raise DataError(
+                f"calibration source {source} ({path or 'task'}) has {len(rows)} rows; {num_samples} are needed "
+                "(lower quant.calibration.num_samples)"
+            )
+        encoded = [encode_row(p, c)[:seq_len] for p, c in rows[:num_samples]]
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or [0])[0]
+        ids = pad_sequences(encoded, pad, "right")
+        mask = pad_sequences([[1] * len(e) for e in encoded], 0, "right").bool()
+        return CalibrationSet(ids, mask)
     if source == "task":
-        if task is None:
-            raise ConfigError("quant.calibration.source=task needs quant.calibration.task (the configs pass ${task})")
         n_rows = max(16, need // 16)
         stream = encode(_task_texts(task, n_rows, seed))
         while len(stream) < need:  # very short rows: draw more
             n_rows *= 2
             stream = encode(_task_texts(task, n_rows, seed))
-    elif path is None:
-        raise ConfigError(f"quant.calibration.source={source} needs quant.calibration.path")
     elif source == "jsonl":
         stream = encode(_jsonl_texts(Path(path)))
     else:
@@ -163,7 +213,7 @@ def calibration_ids(
             f"calibration source {source} ({path or 'task'}) has {len(stream)} tokens; "
             f"{num_samples} x {seq_len} = {need} are needed (lower quant.calibration.num_samples/seq_len)"
         )
-    return torch.tensor(stream[:need], dtype=torch.long).view(num_samples, seq_len)
+    return CalibrationSet(torch.tensor(stream[:need], dtype=torch.long).view(num_samples, seq_len))
 
 
 class _CalibratedQuantizer(Quantizer):
@@ -174,6 +224,7 @@ class _CalibratedQuantizer(Quantizer):
         calibration: Mapping[str, Any] | None = None,
         tokenizer: Any = None,
         calib_input_ids: torch.Tensor | None = None,
+        calib_mask: torch.Tensor | None = None,
     ) -> None:
         cal = dict(_DEFAULT_CALIBRATION)
         unknown = set(calibration or {}) - set(cal)
@@ -183,16 +234,18 @@ class _CalibratedQuantizer(Quantizer):
         self.calibration = cal
         self.tokenizer = tokenizer
         self.calib_input_ids = calib_input_ids
+        self.calib_mask = calib_mask
 
-    def calibration_input_ids(self, model: nn.Module | None = None) -> torch.Tensor:
-        """The calibration ids ``[N, T]`` (given, or drawn from the configured source)."""
+    def calibration_set(self, model: nn.Module | None = None) -> CalibrationSet:
+        """The calibration data (given as ``calib_input_ids``/``calib_mask``, or drawn from the configured source)."""
         if self.calib_input_ids is not None:
-            return self.calib_input_ids
+            return CalibrationSet(self.calib_input_ids, self.calib_mask)
         tok = _resolve_tokenizer(self.tokenizer, model)
         cal = self.calibration
-        return calibration_ids(
+        return calibration_set(
             tok,
             source=cal["source"],
+            layout=cal["layout"],
             task=cal["task"],
             path=cal["path"],
             num_samples=int(cal["num_samples"]),
@@ -226,13 +279,18 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
             5, ``reg`` 3e-2, ``rho_schedule`` "linear" = code CLI default, "cubic" = its function default).
         block: keyword arguments of :func:`zoo.quant.nanoquant.reconstruct_block` (``ep_epochs`` 8, ``ep_lr`` 1e-4,
             ``fact_epochs`` 8, ``binary_lr``/``scale_lr`` 1e-5, ...).
-        kd_epochs, kd_lr, kd_batch_size: model reconstruction; ``kd_lr`` paper stage value 1e-6 (replicators'
-            quote), code 1e-5.
+        kd_epochs, kd_lr, kd_batch_size, kd_schedule: model reconstruction. ``kd_lr`` default 1e-4: the value that
+            moves the fp16 scales at the scale the zoo runs at; paper stage value 1e-6 (replicators' quote), code
+            1e-5 (both leave the rounded scales unchanged on tiny models, so keep-best returns the ADMM scales).
+            ``kd_schedule`` "cosine" (code: ``CosineAnnealingLR`` to 1e-4 x lr) or "constant".
         batch_size: forward batch size while calibrating/reconstructing.
-        calibration: ``{source, task, path, num_samples, seq_len, seed}`` (module docstring).
+        calibration: ``{source, layout, task, path, num_samples, seq_len, seed}`` (module docstring).
         tokenizer: the backbone's tokenizer (or the backbone) for calibration text.
-        calib_input_ids: ready calibration ids ``[N, T]`` (Python use).
+        calib_input_ids, calib_mask: ready calibration ids ``[N, T]`` and real-token mask (Python use).
         seed: seed of ADMM init and of the reconstruction shuffles.
+        forward, chunk_size: run-time forward of the quantized layers once quantization is done: ``"cached"``
+            (unpacked +-1 factors kept, as large as the dense weight at ~1 bpw) or ``"chunked"`` (``chunk_size``
+            rows unpacked at a time into a bounded workspace; the memory win kept at run time).
 
     After :meth:`apply`, ``self.report`` holds the :class:`~zoo.quant.nanoquant.NanoQuantReport`.
     """
@@ -253,15 +311,27 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
         admm: Mapping[str, Any] | None = None,
         block: Mapping[str, Any] | None = None,
         kd_epochs: int = 8,
-        kd_lr: float = 1e-6,
+        kd_lr: float = 1e-4,
         kd_batch_size: int = 1,
+        kd_schedule: str = "cosine",
         batch_size: int = 8,
         calibration: Mapping[str, Any] | None = None,
         tokenizer: Any = None,
         calib_input_ids: torch.Tensor | None = None,
+        calib_mask: torch.Tensor | None = None,
         seed: int = 0,
+        forward: str = "cached",
+        chunk_size: int = 256,
     ) -> None:
-        super().__init__(calibration, tokenizer, calib_input_ids)
+        super().__init__(calibration, tokenizer, calib_input_ids, calib_mask)
+        if forward not in FORWARD_MODES:
+            raise ConfigError(f"quant.forward={forward!r}; use one of {FORWARD_MODES}")
+        if int(chunk_size) < 1:
+            raise ConfigError(f"quant.chunk_size={chunk_size} must be >= 1")
+        self.forward = str(forward)
+        self.chunk_size = int(chunk_size)
+        if kd_schedule not in ("cosine", "constant"):
+            raise ConfigError(f"quant.kd_schedule={kd_schedule!r}; use 'cosine' or 'constant'")
         if not float(bits) > 0:
             raise ConfigError(f"quant.bits={bits} must be positive")
         if not 0.0 <= float(shrinkage) <= 1.0:
@@ -280,6 +350,7 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
         self.kd_epochs = int(kd_epochs)
         self.kd_lr = float(kd_lr)
         self.kd_batch_size = int(kd_batch_size)
+        self.kd_schedule = str(kd_schedule)
         self.batch_size = int(batch_size)
         self.seed = int(seed)
         self.report: NanoQuantReport | None = None
@@ -308,11 +379,13 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
     def apply(self, model: nn.Module) -> nn.Module:
         """Quantize ``model`` in place with :func:`zoo.quant.nanoquant.quantize_model` and return it."""
         self.check_budget(model)
-        ids = self.calibration_input_ids(model).to(_device_of(model))
+        calib = self.calibration_set(model)
+        ids = calib.input_ids.to(_device_of(model))
         self.report = quantize_model(
             model,
             self.bits,
             ids,
+            calib_mask=calib.token_mask,
             block_reconstruction=self.block_reconstruction,
             model_reconstruction=self.model_reconstruction,
             rank_multiple=self.rank_multiple,
@@ -326,6 +399,7 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
             kd_epochs=self.kd_epochs,
             kd_lr=self.kd_lr,
             kd_batch_size=self.kd_batch_size,
+            kd_schedule=self.kd_schedule,
             batch_size=self.batch_size,
             seed=self.seed,
         )
@@ -343,10 +417,12 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
                     for k, v in self.calibration.items()
                 },
                 "calibration_shape": list(ids.shape),
+                "calibration_real_tokens": calib.num_tokens,
             }
         )
         for p in model.parameters():  # a post-training quantized model is for evaluation/export
             p.requires_grad_(False)
+        set_forward_mode(model, self.forward, self.chunk_size)
         return model
 
 
@@ -363,8 +439,9 @@ class _BaselineQuantizer(_CalibratedQuantizer):
         calibration: Mapping[str, Any] | None = None,
         tokenizer: Any = None,
         calib_input_ids: torch.Tensor | None = None,
+        calib_mask: torch.Tensor | None = None,
     ) -> None:
-        super().__init__(calibration, tokenizer, calib_input_ids)
+        super().__init__(calibration, tokenizer, calib_input_ids, calib_mask)
         self.use_stats = bool(use_stats)
         self.shrinkage = float(shrinkage)
         self.scale_dtype = _scale_dtype(scale_dtype)
@@ -373,8 +450,9 @@ class _BaselineQuantizer(_CalibratedQuantizer):
     def apply(self, model: nn.Module) -> nn.Module:
         stats = None
         if self.use_stats:
-            ids = self.calibration_input_ids(model).to(_device_of(model))
-            stats = shrink_stats(collect_linear_stats(model, ids), self.shrinkage)
+            calib = self.calibration_set(model)
+            ids = calib.input_ids.to(_device_of(model))
+            stats = shrink_stats(collect_linear_stats(model, ids, token_mask=calib.token_mask), self.shrinkage)
         replace_linears(model, type(self)._fn, None, stats=stats, scale_dtype=self.scale_dtype)
         for p in model.parameters():
             p.requires_grad_(False)
@@ -400,10 +478,13 @@ class OneBitQuantizer(_BaselineQuantizer):
     _fn = staticmethod(quantize_onebit)
 
 
-def load_nanoquant_causal_lm(directory: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+def load_nanoquant_causal_lm(
+    directory: str | Path, dtype: torch.dtype = torch.float32, forward: str = "cached", chunk_size: int = 256
+) -> tuple[Any, Any]:
     """Rebuild ``(model, tokenizer)`` from a ``NanoQuantExport`` directory (``+method=nanoquant``): the
     architecture from its ``config.json`` (no weights are read from anywhere else), every tensor strictly from the
-    packed file (:func:`zoo.quant.nanoquant.load_quantized`; a missing or mismatched tensor raises, naming it)."""
+    packed file (:func:`zoo.quant.nanoquant.load_quantized`; a missing or mismatched tensor raises, naming it).
+    ``forward``/``chunk_size``: the run-time forward of the quantized layers (see :class:`NanoQuantQuantizer`)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = Path(directory)
@@ -413,5 +494,6 @@ def load_nanoquant_causal_lm(directory: str | Path, dtype: torch.dtype = torch.f
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
     model = load_quantized(path, build).eval()
+    set_forward_mode(model, forward, chunk_size)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return model, tokenizer

@@ -16,6 +16,7 @@ Equation -> function (numbering of ``research/multimodal_quant_data.md`` section
   :func:`num_patches_batched`
 - (P4) ``W_ia = softmax_a((-beta ||P_i - P_a||^2 + l_a) / tau)`` -> :meth:`ScalingAwarePatching.forward`
 - (P5) ``t_a = sum_i W_ia x_i / sum_i W_ia`` (optional top-r truncation) -> :meth:`ScalingAwarePatching.forward`
+- gate diagnostics/controls (not in the paper): :func:`gate_entropy`, :func:`patch_count_stats`, ``gate="uniform"``
 - (G1-G3) fusion block: self-attn over patches, cross-attn to atoms, FFN (pre-LN)
   -> :class:`~zoo.multimodal.cuttlefish.adapter.FusionBlock`
 - (G4) projection to the LLM width -> :class:`GeometryGroundingAdapter`
@@ -47,9 +48,11 @@ from zoo.multimodal.cuttlefish.patching import (
     InstructionProjector,
     PatchOutput,
     ScalingAwarePatching,
+    gate_entropy,
     masked_softmax,
     num_patches,
     num_patches_batched,
+    patch_count_stats,
 )
 
 __all__ = [
@@ -66,8 +69,10 @@ __all__ = [
     "QueryConnector",
     "ScalingAwarePatching",
     "insert_structure_tokens",
+    "gate_entropy",
     "instruction_embedding",
     "masked_softmax",
     "num_patches",
     "num_patches_batched",
+    "patch_count_stats",
 ]

@@ -112,7 +112,7 @@ class CuttlefishConnector(nn.Module):
     """Scaling-Aware Patching followed by the Geometry Grounding Adapter (the full Cuttlefish connector).
 
     Patching arguments (``rho``, ``k_max``, ``beta``, ``tau``, ``r_max``, ``use_anchor_bias``,
-    ``prob_straight_through``) are those of :class:`ScalingAwarePatching`; fusion arguments those of
+    ``prob_straight_through``, ``gate``) are those of :class:`ScalingAwarePatching`; fusion arguments those of
     :class:`GeometryGroundingAdapter`. ``instr_dim`` defaults to ``llm_dim`` (the instruction vector is a mean of
     LLM input embeddings, :func:`zoo.multimodal.cuttlefish.instruction_embedding`); pass 0 to disable conditioning.
     """
@@ -131,6 +131,7 @@ class CuttlefishConnector(nn.Module):
         use_anchor_bias: bool = True,
         prob_straight_through: bool = True,
         gate_hidden: int | None = None,
+        gate: str = "learned",
         fusion_dim: int | None = None,
         num_fusion_blocks: int = 4,
         num_heads: int = 8,
@@ -149,6 +150,7 @@ class CuttlefishConnector(nn.Module):
             use_anchor_bias=use_anchor_bias,
             prob_straight_through=prob_straight_through,
             gate_hidden=gate_hidden,
+            gate=gate,
         )
         self.adapter = GeometryGroundingAdapter(
             node_dim, llm_dim, fusion_dim, num_fusion_blocks, num_heads, ffn_mult, dropout

@@ -8,6 +8,9 @@
   -> :meth:`ScalingAwarePatching.forward`
 - (P5) ``t_a = sum_i W_ia x_i / sum_i W_ia`` (optional per-patch top-r truncation)
   -> :meth:`ScalingAwarePatching.forward`
+- diagnostics and controls (not in the paper): normalized gate entropy ``H(p) / log n`` -> :func:`gate_entropy`;
+  ``k_g`` against ``n`` -> :func:`patch_count_stats`; uniform gate (``gate="uniform"``: ``l = 0``, so
+  ``k_g = ceil(rho n)``, anchors evenly spaced in atom order) -> :meth:`ScalingAwarePatching.forward`
 
 All inputs are padded per structure: ``x [B, N, D]``, ``pos [B, N, 3]``, ``atom_mask [B, N]`` (True = real atom).
 """
@@ -21,6 +24,7 @@ from torch import Tensor, nn
 
 from zoo.errors import ConfigError
 
+GATES = ("learned", "uniform")
 # Cumulative mass within this of rho counts as reaching it: a float32 softmax of n equal logits must give
 # exactly ceil(rho * n) patches even when rho * n is an integer.
 MASS_TOLERANCE = 1e-6
@@ -57,6 +61,32 @@ def num_patches(anchor_probs: Tensor, rho: float, k_max: int) -> int:
         raise ValueError(f"anchor_probs must be a non-empty 1-D tensor, got shape {tuple(anchor_probs.shape)}")
     mask = torch.ones(1, anchor_probs.numel(), dtype=torch.bool, device=anchor_probs.device)
     return int(num_patches_batched(anchor_probs[None], mask, rho, k_max)[0])
+
+
+def gate_entropy(anchor_probs: Tensor, atom_mask: Tensor) -> Tensor:
+    """Normalized entropy ``H(p) / log n`` of each structure's anchor distribution: ``[B, N]`` -> ``[B]`` in
+    ``[0, 1]`` (1 = uniform over its ``n`` atoms, 0 = one atom; ``n = 1`` gives 1). Differentiable."""
+    p = anchor_probs.masked_fill(~atom_mask, 0.0)
+    h = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+    n = atom_mask.sum(-1).to(p.dtype)
+    return torch.where(n > 1, h / torch.log(n.clamp_min(2.0)), torch.ones_like(h))
+
+
+def patch_count_stats(num_patches: Tensor, num_atoms: Tensor, rho: float) -> dict[str, float]:
+    """How ``k_g`` scales with structure size ``n`` in a batch (``[B]`` each): mean ``k``, mean ``k / n``, the
+    least-squares slope of ``k`` on ``n``, and the mean of ``k / ceil(rho n)`` (1 = what a uniform gate gives, the
+    upper end of (P3); near 0 = collapsed to a few patches whatever the size)."""
+    k, n = num_patches.double(), num_atoms.double()
+    uniform = torch.ceil(rho * n).clamp(min=1)
+    dn = n - n.mean()
+    var = float((dn * dn).sum())
+    slope = float((dn * (k - k.mean())).sum()) / var if var > 0 else float("nan")
+    return {
+        "k_mean": float(k.mean()),
+        "k_per_atom": float((k / n).mean()),
+        "k_slope": slope,
+        "k_vs_uniform": float((k / uniform).mean()),
+    }
 
 
 def masked_softmax(logits: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
@@ -100,6 +130,7 @@ class PatchOutput:
         anchor_index: ``[B, K]`` atom index of each anchor (sorted by probability, descending).
         anchor_logits, anchor_probs: ``[B, N]`` gate logits and per-structure softmax (zero at padding).
         assignment: ``[B, N, K]`` soft assignment ``W`` (rows of real atoms sum to 1 over real patches).
+        entropy: ``[B]`` normalized gate entropy :func:`gate_entropy` (differentiable; a regularizer's input).
     """
 
     tokens: Tensor
@@ -109,6 +140,7 @@ class PatchOutput:
     anchor_logits: Tensor
     anchor_probs: Tensor
     assignment: Tensor
+    entropy: Tensor
 
 
 class ScalingAwarePatching(nn.Module):
@@ -129,7 +161,9 @@ class ScalingAwarePatching(nn.Module):
             the gate's only gradient path in the paper.
         prob_straight_through: multiply each token by ``p_a / stopgrad(p_a)`` (value 1, so the forward pass is the
             paper's) to give the gate a gradient also when ``k_g = 1`` (the bias then cancels in the softmax) or
-            when the assignment is nearly hard. Not in the paper; on by default, set False for the paper's gradient.
+            when the assignment is nearly hard. Not in the paper; set False for the paper's gradient.
+        gate: ``"learned"`` (eq. P2) or ``"uniform"`` -- a control: ``l = 0`` for every atom, so ``k_g = ceil(rho
+            n)`` (clipped) and the anchors are evenly spaced in atom order; the gate MLP is unused.
     """
 
     def __init__(
@@ -145,9 +179,13 @@ class ScalingAwarePatching(nn.Module):
         use_anchor_bias: bool = True,
         prob_straight_through: bool = True,
         gate_hidden: int | None = None,
+        gate: str = "learned",
     ) -> None:
         super().__init__()
         _check_rho_kmax(rho, k_max)
+        if gate not in GATES:
+            raise ConfigError(f"gate must be one of {GATES}, got {gate!r}")
+        self.gate_mode = gate
         if beta < 0 or tau <= 0:
             raise ConfigError(f"need beta >= 0 and tau > 0, got beta={beta}, tau={tau}")
         if r_max is not None and r_max < 1:
@@ -171,12 +209,19 @@ class ScalingAwarePatching(nn.Module):
             z = self.instruction(instruction.to(x.dtype))
         else:
             z = x.new_zeros(bsz, self.node_dim)
-        logits = self.gate(x, z)  # (P2)
+        logits = self.gate(x, z) if self.gate_mode == "learned" else x.new_zeros(x.shape[:2])  # (P2)
         probs = masked_softmax(logits, atom_mask)
         k = num_patches_batched(probs, atom_mask, self.rho, self.k_max)  # (P3)
         kk = int(k.max())
-        order = torch.sort(logits.detach().masked_fill(~atom_mask, float("-inf")), dim=-1, descending=True, stable=True)
-        anchor_index = order.indices[:, :kk]
+        if self.gate_mode == "uniform":  # anchors j * n / k_g, evenly spaced along the atom order
+            j = torch.arange(kk, device=x.device)[None, :]
+            n = atom_mask.sum(-1, keepdim=True)
+            anchor_index = torch.where(j < k[:, None], (j * n) // k[:, None], 0)
+        else:
+            order = torch.sort(
+                logits.detach().masked_fill(~atom_mask, float("-inf")), dim=-1, descending=True, stable=True
+            )
+            anchor_index = order.indices[:, :kk]
         patch_mask = torch.arange(kk, device=x.device)[None, :] < k[:, None]
         anchor_pos = torch.gather(pos, 1, anchor_index[..., None].expand(-1, -1, 3))
         sq_dist = (pos[:, :, None, :] - anchor_pos[:, None, :, :]).pow(2).sum(-1)  # [B, N, K]
@@ -195,11 +240,13 @@ class ScalingAwarePatching(nn.Module):
         # (padded patches get a finite dummy column, zeroed below, so no NaN reaches the backward pass)
         col = torch.softmax(torch.where(patch_mask[:, None, :], log_w, 0.0), dim=1)
         tokens = torch.einsum("bnk,bnd->bkd", col, x)
-        if self.prob_straight_through:
+        if self.prob_straight_through and self.gate_mode == "learned":
             p_a = torch.gather(probs, 1, anchor_index)
             p_det = p_a.detach()
             ratio = torch.where(p_det > 0, p_a / p_det.clamp_min(torch.finfo(p_a.dtype).tiny), 1.0)
             tokens = tokens * ratio[..., None]
         tokens = tokens * patch_mask[..., None]
         assignment = log_w.exp()
-        return PatchOutput(tokens, patch_mask, k, anchor_index, logits, probs, assignment)
+        return PatchOutput(
+            tokens, patch_mask, k, anchor_index, logits, probs, assignment, gate_entropy(probs, atom_mask)
+        )

@@ -9,6 +9,7 @@ Paper component (Sec. 3 / App. F)                       -> function
 -----------------------------------------------------------------------------------------------------------------
 W_hat = diag(s_post) U diag(s_mid) V diag(s_pre), factored forward -> :class:`NanoQuantLinear` (``forward``,
                                                                      ``dequantize``, ``finalize``)
+run-time forward: cached +-1 factors or bounded-workspace chunks -> :func:`set_forward_mode`, :data:`FORWARD_MODES`
 bit budget r = bits a b / (a + b) - 16 (App. F Eq. 60)           -> :func:`rank_for_bits`, :func:`bits_for_rank`
 measured bpw (stored bits / a b, quantized layers only)         -> ``NanoQuantLinear.bits_per_weight``,
                                                                    :func:`model_bits_per_weight`
@@ -41,10 +42,12 @@ from zoo.quant.nanoquant.calibration import (
 )
 from zoo.quant.nanoquant.export import load_quantized, save_quantized
 from zoo.quant.nanoquant.linear import (
+    FORWARD_MODES,
     NanoQuantLinear,
     hard_sign,
     model_bits_per_weight,
     quantized_layers,
+    set_forward_mode,
     ste_sign,
 )
 from zoo.quant.nanoquant.packing import pack_signs, packed_width, unpack_signs
@@ -63,6 +66,7 @@ from zoo.quant.nanoquant.reconstruct import (
 )
 
 __all__ = [
+    "FORWARD_MODES",
     "BinaryFactorization",
     "BlockReconstructionResult",
     "LinearStats",
@@ -93,6 +97,7 @@ __all__ = [
     "replace_linears",
     "save_quantized",
     "scale_floor_bits",
+    "set_forward_mode",
     "shrink",
     "shrink_stats",
     "ste_sign",

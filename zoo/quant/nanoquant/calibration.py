@@ -78,6 +78,7 @@ def collect_linear_stats(
     percentile: float = 0.999,
     clip: bool = True,
     loss_scale: float = 1.0,
+    token_mask: torch.Tensor | None = None,
 ) -> dict[str, LinearStats]:
     """Collect ``i_norm = E[x^2]`` and ``o_norm = E[(dL/dy)^2]`` for every selected linear (Sec. 3).
 
@@ -87,7 +88,8 @@ def collect_linear_stats(
     the loss before ``backward`` to avoid fp16 underflow (the code's ``GRAD_SCALE_FACTOR = 1e6`` only rescales
     the captured gradients; it is irrelevant here because the preconditioner is normalized to mean 1).
     Robust clipping: see :class:`_OnlineClippedMoment` (``clip=False`` gives the plain "dbf" moments).
-    Returns ``{name: LinearStats}`` on CPU (fp32).
+    ``token_mask [N, T]`` (bool) marks real tokens of right-padded rows: only they enter the moments and the loss
+    (padding gets label -100). Returns ``{name: LinearStats}`` on CPU (fp32).
     """
     layers = {n: m for n, m in model.named_modules() if layer_filter(n, m)}
     if not layers:
@@ -95,12 +97,21 @@ def collect_linear_stats(
     acc_in = {n: _OnlineClippedMoment(m.in_features, percentile, clip) for n, m in layers.items()}
     acc_out = {n: _OnlineClippedMoment(m.out_features, percentile, clip) for n, m in layers.items()}
     handles = []
+    if token_mask is not None and token_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"token_mask {tuple(token_mask.shape)} must have the shape of input_ids {tuple(input_ids.shape)}"
+        )
+    batch_mask: dict[str, torch.Tensor | None] = {"keep": None}
+
+    def real(t: torch.Tensor) -> torch.Tensor:
+        keep = batch_mask["keep"]
+        return t if keep is None else t[keep.to(t.device)]
 
     def make_hook(name: str) -> Callable:
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-            acc_in[name].update(args[0])
+            acc_in[name].update(real(args[0]))
             if output.requires_grad:
-                output.register_hook(lambda g: acc_out[name].update(g / loss_scale))
+                output.register_hook(lambda g: acc_out[name].update(real(g) / loss_scale))
 
         return hook
 
@@ -117,7 +128,11 @@ def collect_linear_stats(
         with torch.enable_grad():
             for start in range(0, input_ids.shape[0], batch_size):
                 ids = input_ids[start : start + batch_size]
-                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                labels = ids
+                if token_mask is not None:
+                    batch_mask["keep"] = token_mask[start : start + batch_size].to(torch.bool)
+                    labels = ids.masked_fill(~batch_mask["keep"].to(ids.device), -100)
+                loss = model(input_ids=ids, labels=labels, use_cache=False).loss
                 (loss * loss_scale).backward()
     finally:
         for h in handles:

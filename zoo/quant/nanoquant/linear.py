@@ -2,7 +2,12 @@
 
 ``W_hat = diag(s_post) U diag(s_mid) V diag(s_pre)`` with ``U in {+-1}^{d_out x r}``, ``V in {+-1}^{r x d_in}``.
 The forward never forms the ``d_out x d_in`` matrix: ``y = s_post * (((x * s_pre) V^T) * s_mid) U^T + bias``,
-``O(r (d_in + d_out))`` per token.
+``O(r (d_in + d_out))`` per token. Two run-time modes (:data:`FORWARD_MODES`, ``NanoQuantLinear.forward_mode``):
+
+* ``"cached"`` -- unpack both factors once into ``+-1`` fp32 matrices and keep them (fastest in plain torch, but
+  ``4 r (d_in + d_out)`` bytes per layer: at ~1 bpw as large as the dense fp32 weight, so the memory win is lost);
+* ``"chunked"`` -- unpack ``chunk_size`` rows of a factor at a time into a bounded workspace and discard it: the
+  layer's resident memory stays the packed bits + scales, the workspace is ``chunk_size x max(d_in, r)`` floats.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ def hard_sign(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= 0, torch.ones_like(x), -torch.ones_like(x))
 
 
+FORWARD_MODES = ("cached", "chunked")
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     # fp16 binary forwards overflow (notes 1(f)); compute them in fp32.
     return torch.float32 if dtype in (torch.float16,) or not dtype.is_floating_point else dtype
@@ -54,7 +62,9 @@ class NanoQuantLinear(nn.Module):
     A freshly built layer is *latent* when it carries real-valued latent factors ``u_latent``/``v_latent``
     (parameters, fp32) for straight-through tuning (Sec. 3); :meth:`finalize` hardens them into the packed
     buffers and deletes them. In latent mode the forward uses ``ste_sign(latent)``; otherwise it unpacks the
-    bits into ``+-1`` factors (cached, ``O(r (d_in + d_out))`` memory, invalidated when the buffers change).
+    bits into ``+-1`` factors: all at once and cached (``forward_mode="cached"``, ``O(r (d_in + d_out))`` memory,
+    invalidated when the buffers change) or ``chunk_size`` rows at a time (``forward_mode="chunked"``, bounded
+    workspace, nothing kept); both give the same outputs up to float summation order.
 
     Shapes: input ``[..., d_in]`` -> output ``[..., d_out]``.
     """
@@ -88,6 +98,20 @@ class NanoQuantLinear(nn.Module):
         self.register_parameter("u_latent", None)
         self.register_parameter("v_latent", None)
         self._cache: tuple[tuple, torch.Tensor, torch.Tensor] | None = None
+        self.forward_mode = "cached"
+        self.chunk_size = 256
+
+    def set_forward(self, mode: str, chunk_size: int | None = None) -> None:
+        """Select the run-time forward (:data:`FORWARD_MODES`); ``"chunked"`` drops any cached factors."""
+        if mode not in FORWARD_MODES:
+            raise ValueError(f"forward mode {mode!r}; use one of {FORWARD_MODES}")
+        if chunk_size is not None:
+            if int(chunk_size) < 1:
+                raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+            self.chunk_size = int(chunk_size)
+        self.forward_mode = mode
+        if mode == "chunked":
+            self._cache = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -179,15 +203,30 @@ class NanoQuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``y = s_post * ((((x * s_pre) V^T) * s_mid) U^T) + bias``, never forming ``W_hat``."""
         dt = _compute_dtype(x.dtype)
-        U, V = self.binary_factors(dt)
         h = x.to(dt) * self.s_pre.to(dt)
-        h = h @ V.T
+        chunked = self.forward_mode == "chunked" and not self.is_latent
+        if chunked:
+            h = self._chunked_matmul(h, self.v_packed, self.in_features)
+        else:
+            U, V = self.binary_factors(dt)
+            h = h @ V.T
         if self.s_mid is not None:
             h = h * self.s_mid.to(dt)
-        y = (h @ U.T) * self.s_post.to(dt)
+        y = self._chunked_matmul(h, self.u_packed, self.rank) if chunked else h @ U.T
+        y = y * self.s_post.to(dt)
         if self.bias is not None:
             y = y + self.bias.to(dt)
         return y.to(x.dtype)
+
+    def _chunked_matmul(self, h: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+        """``h @ S^T`` for the packed sign matrix ``S [m, n]`` (``packed`` ``uint8 [m, ceil(n/8)]``), unpacking
+        ``chunk_size`` rows of ``S`` at a time; ``h [..., n]`` -> ``[..., m]``."""
+        m = packed.shape[0]
+        out = h.new_empty(*h.shape[:-1], m)
+        for start in range(0, m, self.chunk_size):
+            block = unpack_signs(packed[start : start + self.chunk_size], n, h.dtype)
+            out[..., start : start + block.shape[0]] = h @ block.T
+        return out
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Dense estimate ``W_hat = diag(s_post) U diag(s_mid) V diag(s_pre)``, ``[d_out, d_in]``."""
@@ -217,6 +256,14 @@ class NanoQuantLinear(nn.Module):
             f"mid_scale={self.mid_scale}, bias={self.bias is not None}, latent={self.is_latent}, "
             f"bpw={self.bits_per_weight():.4f}"
         )
+
+
+def set_forward_mode(model: nn.Module, mode: str, chunk_size: int | None = None) -> int:
+    """Set :meth:`NanoQuantLinear.set_forward` on every NanoQuant layer of ``model``; returns how many."""
+    layers = [m for m in model.modules() if isinstance(m, NanoQuantLinear)]
+    for layer in layers:
+        layer.set_forward(mode, chunk_size)
+    return len(layers)
 
 
 def quantized_layers(model: nn.Module) -> dict[str, nn.Module]:

@@ -42,4 +42,4 @@ def unpack_signs(packed: torch.Tensor, n: int, dtype: torch.dtype = torch.float3
         raise ValueError(f"packed width {packed.shape[-1]} does not match n={n} (expected {packed_width(n)} bytes)")
     bits = (packed.unsqueeze(-1) >> _SHIFTS.to(packed.device)) & 1
     bits = bits.reshape(*packed.shape[:-1], packed.shape[-1] * 8)[..., :n]
-    return bits.to(dtype) * 2 - 1
+    return bits.to(dtype).mul_(2).sub_(1)  # in place: one float buffer (the chunked forward's workspace)

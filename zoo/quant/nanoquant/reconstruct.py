@@ -93,12 +93,28 @@ def _block_forward(block: nn.Module, x: torch.Tensor, kwargs: dict[str, Any]) ->
     return out[0] if isinstance(out, tuple | list) else out
 
 
-def weighted_mse(pred: torch.Tensor, target: torch.Tensor, importance: torch.Tensor | None) -> torch.Tensor:
-    """Importance-weighted MSE ``mean_{tokens} mean_h imp_h (y_h - t_h)^2`` (block loss, Sec. 3)."""
+def weighted_mse(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    importance: torch.Tensor | None,
+    token_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Importance-weighted MSE ``mean_{tokens} mean_h imp_h (y_h - t_h)^2`` (block loss, Sec. 3).
+
+    ``pred``/``target`` ``[B, T, H]``; ``token_mask [B, T]`` (bool) restricts the mean to real tokens (padding of
+    row-shaped calibration data is excluded); ``None`` averages over every position.
+    """
     err = (pred.float() - target.float()).square()
     if importance is not None:
         err = err * importance.to(err.device, err.dtype)
-    return err.mean()
+    if token_mask is None:
+        return err.mean()
+    keep = token_mask.to(err.device, torch.bool)
+    return err[keep].sum() / (keep.sum().clamp_min(1) * err.shape[-1])
+
+
+def _tokens(token_mask: torch.Tensor | None, rows: int, length: int) -> int:
+    return rows * length if token_mask is None else int(token_mask.sum())
 
 
 @torch.no_grad()
@@ -109,14 +125,25 @@ def block_output_error(
     importance: torch.Tensor | None = None,
     block_kwargs: dict[str, Any] | None = None,
     batch_size: int = 8,
+    token_mask: torch.Tensor | None = None,
 ) -> float:
-    """Importance-weighted output MSE of ``block`` on ``inputs [N, T, H]`` vs ``targets [N, T, H]`` (Sec. 3)."""
+    """Importance-weighted output MSE of ``block`` on ``inputs [N, T, H]`` vs ``targets [N, T, H]`` (Sec. 3),
+    averaged over the tokens of ``token_mask [N, T]`` (default: every position)."""
     kw = block_kwargs or {}
-    total = 0.0
+    total, count = 0.0, 0
     for s in range(0, inputs.shape[0], batch_size):
         y = _block_forward(block, inputs[s : s + batch_size], kw)
-        total += float(weighted_mse(y, targets[s : s + batch_size], importance)) * y.shape[0]
-    return total / inputs.shape[0]
+        m = None if token_mask is None else token_mask[s : s + batch_size]
+        n = _tokens(m, y.shape[0], y.shape[1])
+        total += float(weighted_mse(y, targets[s : s + batch_size], importance, m)) * n
+        count += n
+    return total / max(count, 1)
+
+
+def cosine_lr_factor(step: int, steps: int, floor: float = 1e-4) -> float:
+    """Cosine annealing from 1 to ``floor`` over ``steps`` steps (the code's ``CosineAnnealingLR`` with
+    ``eta_min = 1e-4 * lr``), as a factor of the base learning rate after ``step`` steps."""
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(step, steps) / max(steps, 1)))
 
 
 def _train(
@@ -132,6 +159,7 @@ def _train(
     snapshot: Callable[[], Any],
     restore: Callable[[Any], None],
     seed: int,
+    token_mask: torch.Tensor | None = None,
 ) -> list[float]:
     """AdamW (no weight decay) + cosine schedule with keep-best on ``evaluate()`` (evaluated before training and
     after every epoch). Returns the evaluated losses; the best state is restored at the end."""
@@ -150,13 +178,14 @@ def _train(
         for s in range(0, n, batch_size):
             idx = perm[s : s + batch_size]
             with torch.enable_grad():
-                loss = weighted_mse(_block_forward(block, inputs[idx], kw), targets[idx], importance)
+                m = None if token_mask is None else token_mask[idx]
+                loss = weighted_mse(_block_forward(block, inputs[idx], kw), targets[idx], importance, m)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
             opt.step()
             step += 1
             for g, lr in zip(opt.param_groups, base):  # cosine to 1e-4 * lr, as in the code
-                g["lr"] = lr * (1e-4 + (1 - 1e-4) * 0.5 * (1 + math.cos(math.pi * step / steps)))
+                g["lr"] = lr * cosine_lr_factor(step, steps)
         cur = evaluate()
         history.append(cur)
         if cur < best_loss:
@@ -198,10 +227,12 @@ def reconstruct_block(
     scale_lr: float = 1e-5,
     bias_lr: float = 1e-5,
     fact_batch_size: int = 1,
+    finalize_each: bool = True,
     guard: bool = True,
     seed: int = 0,
     name_prefix: str = "",
     admm: dict[str, Any] | None = None,
+    token_mask: torch.Tensor | None = None,
 ) -> BlockReconstructionResult:
     """Quantize the linears of ``block`` in place with block reconstruction (Sec. 3, Alg. 1).
 
@@ -211,7 +242,14 @@ def reconstruct_block(
     names to (shrunk) :class:`LinearStats`; ``importance [H]`` weights the output MSE (normalized to mean 1).
 
     Defaults are the paper/code values: error-propagation AdamW lr 1e-4, batch 4, 8 epochs; STE tuning lr 1e-5
-    (binary latents, scales, biases), batch 1, 8 epochs; cosine schedule to 1e-4 x lr. Each stage keeps its best
+    (binary latents, scales, biases), batch 1, 8 epochs; cosine schedule to 1e-4 x lr.
+
+    ``finalize_each=True`` (the official code, ``tune_fact`` ends with ``target_linear.finalize()``): each linear's
+    latents are hardened into signs right after its own STE stage, so later stages tune only the newest linear's
+    latents (plus the scales and biases of every quantized linear of the block [assumed: the code's optimizer takes
+    every trainable tagged parameter of the block]). ``False`` keeps every latent of the block trainable until the
+    block ends (an earlier reading of Alg. 1). ``token_mask [N, T]`` restricts every loss to real tokens (padded
+    row-shaped calibration). Each stage keeps its best
     state by the *hardened* loss (signs of the latents, scales rounded to ``scale_dtype``), evaluated before and
     after every epoch, so no stage increases the block's weighted error. With ``guard=True`` the block is also
     quantized once by ADMM alone from the original weights; if the reconstructed block ends worse than that, the
@@ -253,7 +291,7 @@ def reconstruct_block(
         for n in names:
             guard_layers[n] = q(n, _get(block, n), latent=False)
             _set(ref, n, guard_layers[n])
-        result.admm_error = block_output_error(ref, inputs, targets, importance, kw)
+        result.admm_error = block_output_error(ref, inputs, targets, importance, kw, token_mask=token_mask)
         del ref
 
     done: list[str] = []
@@ -273,10 +311,11 @@ def reconstruct_block(
                 kw,
                 ep_epochs,
                 ep_batch_size,
-                evaluate=lambda: block_output_error(block, inputs, targets, importance, kw),
+                evaluate=lambda: block_output_error(block, inputs, targets, importance, kw, token_mask=token_mask),
                 snapshot=lambda ws=weights: [w.detach().clone() for w in ws],
                 restore=lambda st, ws=weights: [w.data.copy_(s) for w, s in zip(ws, st)],
                 seed=seed + i,
+                token_mask=token_mask,
             )
             for w in weights:
                 w.requires_grad_(False)
@@ -302,15 +341,18 @@ def reconstruct_block(
                 scale_lr,
                 bias_lr,
                 seed + i,
+                token_mask,
             )
             result.history.append((n, "ste", hist))
+        if finalize_each:
+            _get(block, n).finalize()
     for m in done:
         _get(block, m).finalize()
-    result.final_error = block_output_error(block, inputs, targets, importance, kw)
+    result.final_error = block_output_error(block, inputs, targets, importance, kw, token_mask=token_mask)
     if guard and result.admm_error is not None and result.final_error > result.admm_error:
         for n, lay in guard_layers.items():
             _set(block, n, lay)
-        result.final_error = block_output_error(block, inputs, targets, importance, kw)
+        result.final_error = block_output_error(block, inputs, targets, importance, kw, token_mask=token_mask)
         result.reverted = True
     for p in block.parameters():
         p.requires_grad_(False)
@@ -330,6 +372,7 @@ def _ste_tune(
     scale_lr: float,
     bias_lr: float,
     seed: int,
+    token_mask: torch.Tensor | None = None,
 ) -> list[float]:
     """STE tuning (Sec. 3): latents get the identity straight-through gradient; scales train in fp32."""
     latent = [lay for lay in layers if lay.is_latent]
@@ -353,7 +396,7 @@ def _ste_tune(
         saved = [p.detach().clone() for p in scales]
         for p, lay_dtype in zip(scales, [lay.scale_dtype for lay in layers for _ in lay.scales()]):
             p.data = p.data.to(lay_dtype).float()
-        loss = block_output_error(block, inputs, targets, importance, kw)
+        loss = block_output_error(block, inputs, targets, importance, kw, token_mask=token_mask)
         for p, s in zip(scales, saved):
             p.data = s
         return loss
@@ -371,6 +414,7 @@ def _ste_tune(
         snapshot=lambda: [p.detach().clone() for p in params],
         restore=lambda st: [p.data.copy_(s) for p, s in zip(params, st)],
         seed=seed,
+        token_mask=token_mask,
     )
     for p in params:
         p.requires_grad_(False)
@@ -418,11 +462,20 @@ def _logits(model: nn.Module, input_ids: torch.Tensor, batch_size: int) -> torch
     )
 
 
-def kl_to_teacher(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
-    """Forward KL ``KL(p_teacher || p_student)`` averaged over tokens (model reconstruction loss, Sec. 3)."""
+def kl_to_teacher(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, token_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Forward KL ``KL(p_teacher || p_student)`` averaged over tokens (model reconstruction loss, Sec. 3).
+
+    Logits ``[B, T, V]``; ``token_mask [B, T]`` (bool) averages over real tokens only (default: every position).
+    """
     t = F.log_softmax(teacher_logits.float(), dim=-1)
     s = F.log_softmax(student_logits.float(), dim=-1)
-    return (t.exp() * (t - s)).sum(-1).mean()
+    kl = (t.exp() * (t - s)).sum(-1)
+    if token_mask is None:
+        return kl.mean()
+    keep = token_mask.to(kl.device, torch.bool)
+    return kl[keep].sum() / keep.sum().clamp_min(1)
 
 
 def distill_scales(
@@ -431,18 +484,26 @@ def distill_scales(
     teacher_logits: torch.Tensor,
     *,
     epochs: int = 8,
-    lr: float = 1e-6,
+    lr: float = 1e-4,
     batch_size: int = 1,
+    schedule: str = "cosine",
     seed: int = 0,
+    token_mask: torch.Tensor | None = None,
 ) -> tuple[float, float]:
     """Model reconstruction (Sec. 3): scales-only distillation of the teacher logits with the forward KL.
 
     Only ``s_pre``/``s_post``/``s_mid`` of the (finalized) :class:`NanoQuantLinear` layers are trained (in fp32,
     cast back to their ``scale_dtype`` at the end); packed binary factors and every other parameter are frozen, so
     ``U``/``V`` stay bit-identical. Keep-best: the KL with rounded scales is evaluated before training and after
-    every epoch, and the best scales are kept. ``lr``: paper stage value 1e-6 (as quoted by replicators); the
-    official code uses 1e-5. Returns ``(kl_before, kl_after)``.
+    every epoch, and the best scales are kept. ``lr``: default 1e-4, the value that moves the fp16 scales at the
+    scale the zoo runs at (tiny models, tens of calibration rows); paper stage value 1e-6 (as quoted by
+    replicators), official code 1e-5 -- at CPU scale both leave the rounded fp16 scales unchanged, so keep-best
+    returns the ADMM scales. ``schedule``: ``"cosine"`` to ``1e-4 * lr`` over all steps (the official code's
+    ``CosineAnnealingLR``) or ``"constant"``. ``token_mask [N, T]``: real tokens of padded row-shaped calibration.
+    Returns ``(kl_before, kl_after)``.
     """
+    if schedule not in ("cosine", "constant"):
+        raise ValueError(f"distill_scales: schedule={schedule!r}; use 'cosine' or 'constant'")
     layers = [m for m in model.modules() if isinstance(m, NanoQuantLinear)]
     if not layers:
         raise ValueError("distill_scales: the model has no NanoQuantLinear layers")
@@ -461,7 +522,7 @@ def distill_scales(
         saved = [p.detach().clone() for p in params]
         for p, dt in pairs:
             p.data = p.data.to(dt).float()
-        kl = float(kl_to_teacher(_logits(model, input_ids, 8), teacher_logits))
+        kl = float(kl_to_teacher(_logits(model, input_ids, 8), teacher_logits, token_mask))
         for p, s in zip(params, saved):
             p.data = s
         return kl
@@ -474,14 +535,20 @@ def distill_scales(
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
         gen = torch.Generator().manual_seed(seed)
         n = input_ids.shape[0]
+        steps, step = math.ceil(n / batch_size) * epochs, 0
         for _ in range(epochs):
             for idx in torch.randperm(n, generator=gen).split(batch_size):
                 with torch.enable_grad():
                     out = model(input_ids=input_ids[idx], use_cache=False).logits
-                    loss = kl_to_teacher(out, teacher_logits[idx])
+                    mask = None if token_mask is None else token_mask[idx]
+                    loss = kl_to_teacher(out, teacher_logits[idx], mask)
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                 opt.step()
+                step += 1
+                if schedule == "cosine":
+                    for g in opt.param_groups:
+                        g["lr"] = lr * cosine_lr_factor(step, steps)
             cur = evaluate()
             if cur < best:
                 best, best_state = cur, [p.detach().clone() for p in params]
@@ -528,10 +595,12 @@ def quantize_model(
     admm: dict[str, Any] | None = None,
     block: dict[str, Any] | None = None,
     kd_epochs: int = 8,
-    kd_lr: float = 1e-6,
+    kd_lr: float = 1e-4,
     kd_batch_size: int = 1,
+    kd_schedule: str = "cosine",
     batch_size: int = 8,
     seed: int = 0,
+    calib_mask: torch.Tensor | None = None,
 ) -> NanoQuantReport:
     """NanoQuant end to end on a HF Llama-style causal LM (``model.model.layers``), in place (Sec. 3, Alg. 1).
 
@@ -546,12 +615,19 @@ def quantize_model(
     ``layer_filter(name, module)`` selects the quantized layers (default: every ``nn.Linear`` inside the decoder
     layers; embeddings, norms and ``lm_head`` stay in full precision and are not counted in the reported bpw).
     ``rank_multiple``: code 32 (GPU kernels); use 8 or 1 for small CPU models. ``admm`` goes to
-    :func:`zoo.quant.nanoquant.admm.admm_factorize`.
+    :func:`zoo.quant.nanoquant.admm.admm_factorize`. ``calib_mask [N, T]`` (bool) marks the real tokens of
+    right-padded row-shaped calibration data: statistics, block losses and the KD loss use only those (right
+    padding under causal attention leaves the real tokens' activations exactly as without padding).
     """
     torch.manual_seed(seed)
     was_training = model.training
     model.eval()
     blk_kw = dict(block or {})
+    if calib_mask is not None and calib_mask.shape != calib_input_ids.shape:
+        raise ValueError(
+            f"calib_mask {tuple(calib_mask.shape)} must have the shape of the ids {tuple(calib_input_ids.shape)}"
+        )
+    mask = None if calib_mask is None else calib_mask.to(calib_input_ids.device, torch.bool)
     teacher = _logits(model, calib_input_ids, batch_size) if model_reconstruction else None
     selected = {n: m for n, m in model.named_modules() if layer_filter(n, m)}
     if not selected:
@@ -563,7 +639,12 @@ def quantize_model(
     stats: dict[str, LinearStats] = {}
     if use_stats:
         raw = collect_linear_stats(
-            model, calib_input_ids, layer_filter=layer_filter, batch_size=batch_size, percentile=percentile
+            model,
+            calib_input_ids,
+            layer_filter=layer_filter,
+            batch_size=batch_size,
+            percentile=percentile,
+            token_mask=mask,
         )
         stats = shrink_stats(raw, shrinkage)
     fp_h, kw = capture_block_inputs(model, calib_input_ids)
@@ -597,6 +678,7 @@ def quantize_model(
                     seed=seed,
                     name_prefix=prefix,
                     admm=admm,
+                    token_mask=mask,
                     **blk_kw,
                 )
             else:
@@ -613,7 +695,7 @@ def quantize_model(
                         **(admm or {}),
                     )
                     _set(layer, n, new)
-                err = block_output_error(layer, q_h, targets, None, kw)
+                err = block_output_error(layer, q_h, targets, None, kw, token_mask=mask)
                 res = BlockReconstructionResult(admm_error=err, final_error=err, reverted=False)
             results.append(res)
         with torch.no_grad():
@@ -624,7 +706,15 @@ def quantize_model(
     report = NanoQuantReport(model=model, bits_per_weight=0.0, ranks=ranks, blocks=results)
     if model_reconstruction:
         report.kl_before_distill, report.kl_after_distill = distill_scales(
-            model, calib_input_ids, teacher, epochs=kd_epochs, lr=kd_lr, batch_size=kd_batch_size, seed=seed
+            model,
+            calib_input_ids,
+            teacher,
+            epochs=kd_epochs,
+            lr=kd_lr,
+            batch_size=kd_batch_size,
+            schedule=kd_schedule,
+            seed=seed,
+            token_mask=mask,
         )
     report.bits_per_weight = model_bits_per_weight(model)
     report.config = {
@@ -634,6 +724,8 @@ def quantize_model(
         "shrinkage": shrinkage,
         "use_stats": use_stats,
         "scale_dtype": str(scale_dtype).replace("torch.", ""),
+        "kd_schedule": kd_schedule,
+        "calibration_tokens": _tokens(mask, *calib_input_ids.shape),
         "seed": seed,
     }
     model.train(was_training)
