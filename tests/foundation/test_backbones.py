@@ -60,7 +60,7 @@ def test_tiny_round_trips_through_save_pretrained(tmp_path):
 
 
 def test_hf_backbone_options_and_offline_missing_path(tmp_path):
-    with pytest.raises(CheckpointNotFoundError, match="no model at"):
+    with pytest.raises(CheckpointNotFoundError, match="no such directory"):
         HFBackbone(name_or_path=str(tmp_path / "missing")).tokenizer  # noqa: B018
     with pytest.raises(ConfigError):
         HFBackbone(name_or_path="")

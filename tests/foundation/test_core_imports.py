@@ -21,9 +21,18 @@ import pytest
 
 from conftest import REPO_ROOT
 
-# the layers that are meant to use Lightning / Hydra; everything else in zoo/ is a core (zoo.report reads Hydra run
-# and sweep directories and parses their overrides with Hydra's own parser)
-LAYERS = ("zoo.modules", "zoo.cli", "zoo.demos", "zoo.callbacks", "zoo.datamodules", "zoo.conf", "zoo.report")
+# the layers that are meant to use Lightning / Hydra; everything else in zoo/ is a core (zoo.loggers holds Lightning
+# loggers; zoo.report reads Hydra run and sweep directories and parses their overrides with Hydra's own parser)
+LAYERS = (
+    "zoo.modules",
+    "zoo.cli",
+    "zoo.demos",
+    "zoo.callbacks",
+    "zoo.datamodules",
+    "zoo.conf",
+    "zoo.report",
+    "zoo.loggers",
+)
 # named by the design; each must be checked whenever it exists
 NAMED_CORES = (
     "zoo.rl",

@@ -192,16 +192,20 @@ def test_callback_in_a_plain_lightning_script_reports_and_its_directions_steer(t
 def test_callback_decodes_through_the_module_decoder(tmp_path):
     module = small_module(generation={"max_new_tokens": 8})
     comply = module.tokenizer.convert_tokens_to_ids(list(COMPLY))
-    produced: list[int] = []
+    state = {"prefill": False, "step": 0}
+
+    def see_inputs(embed, args, output):  # a prefill feeds the prompt, a decode step one token per row
+        state["prefill"] = args[0].shape[1] > 1
 
     def force_comply(lm_head, args, output):  # writes COMPLY then EOS, whatever the model would say
-        step = len(produced) if output.shape[1] == 1 else 0
-        produced.append(1) if output.shape[1] == 1 else produced.clear()
+        state["step"] = 0 if state["prefill"] else state["step"] + 1
+        step = state["step"]
         token = comply[step] if step < len(comply) else module.tokenizer.eos_token_id
         forced = torch.full_like(output, -1e4)
         forced[..., token] = 0.0
         return forced
 
+    module.decoder.hooks.append(ModuleHook("model.embed_tokens", see_inputs))
     module.decoder.hooks.append(ModuleHook("lm_head", force_comply))
     callback = AlignmentFakingEval(samples_per_prompt=1, directions=[], do_sample=False)
     quiet_trainer(callback, default_root_dir=tmp_path).validate(

@@ -19,10 +19,11 @@ calls it with ``backbone=`` the rest of the backbone node (a plain dict) and put
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import instantiate
+from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from zoo.backbones.base import BASE_POLICY
@@ -101,15 +102,18 @@ def ensure_base_policy(cfg: DictConfig) -> Path:
 
 def resolve_init_from(cfg: DictConfig) -> None:
     """Replace ``backbone.init_from`` by a directory when it names a policy to build: ``base`` (the cached base SFT
-    policy, :func:`ensure_base_policy`) or a node with a ``_target_`` (called with ``backbone=`` the backbone node
-    without ``init_from``, as a plain dict; it returns the directory)."""
+    policy, :func:`ensure_base_policy`) or a node with a ``_target_`` that returns the directory (called with
+    ``backbone=`` the backbone node without ``init_from``, as a plain dict, when the target takes a ``backbone``
+    argument, e.g. :func:`zoo.modules.nmars.undo_policy`; :func:`zoo.cli.artifacts.train_artifact` does not)."""
     init_from = cfg.backbone.get("init_from")
     if init_from == BASE_POLICY:
         path = ensure_base_policy(cfg)
     elif isinstance(init_from, DictConfig) and "_target_" in init_from:
-        backbone = OmegaConf.to_container(cfg.backbone, resolve=True)
-        backbone.pop("init_from")
-        path = instantiate(init_from, backbone=backbone)
+        extra: dict[str, Any] = {}
+        if "backbone" in inspect.signature(get_method(init_from._target_)).parameters:
+            extra["backbone"] = OmegaConf.to_container(cfg.backbone, resolve=True)
+            extra["backbone"].pop("init_from")
+        path = instantiate(init_from, **extra)
         if not isinstance(path, (str, Path)):
             raise ConfigError(
                 f"backbone.init_from._target_={init_from._target_} returned {type(path).__name__}, not a directory"
