@@ -149,7 +149,8 @@ def _valr(backbone, stage: str, **kw) -> VaLRModule:
 @torch.no_grad()
 def reference_latent_greedy(module, batch, max_new_tokens, num_latents, max_segments):
     """Per row, no padding, no cache: re-forward [prompt embeddings; fed vectors] with the image every step; a
-    latent slot feeds the previous position's last hidden state, ``</latent>`` follows K slots. Returns per row the
+    latent slot feeds the previous position's last hidden state through the module's latent feedback ``f``,
+    ``</latent>`` follows K slots. Returns per row the
     tokens and their log-probs (0 on forced tokens), and the segment counts."""
     model, tok = module.model, module.tokenizer
     ids = module.token_ids
@@ -166,7 +167,7 @@ def reference_latent_greedy(module, batch, max_new_tokens, num_latents, max_segm
             res = model(inputs_embeds=seq, pixel_values=batch["pixel_values"][r : r + 1], output_hidden_states=True)
             logits, last = res.logits[0, -1].float(), res.hidden_states[-1][0, -1]
             if remaining:
-                token, vec, lp = slot, last, 0.0
+                token, vec, lp = slot, module.feedback(last, embed) if module.feedback is not None else last, 0.0
                 remaining -= 1
                 force_end = remaining == 0
             elif force_end:
