@@ -352,3 +352,16 @@ def test_a_budget_other_than_the_module_one_is_refused(tmp_path):
     module = TemplateGenerator()  # evaluates with 7 new tokens
     with pytest.raises(ConfigError, match="max_new_tokens=12.*7"):
         cb.setup(None, module, "validate")
+
+
+def test_a_budget_other_than_the_modules_is_refused_and_none_takes_the_modules():
+    """Both arms must decode with one budget: a monitor budget that differs from the module's evaluation budget is one
+    ConfigError naming both; ``max_new_tokens=None`` takes the module's."""
+    from zoo.errors import ConfigError
+    from zoo.generation.sampling import SamplingParams
+
+    module = TinyGenerator()
+    module.eval_sampling = SamplingParams(max_new_tokens=7)
+    with pytest.raises(ConfigError, match="max_new_tokens=12 differs from the module's evaluation budget 7"):
+        monitor().decoding(module)
+    assert monitor(max_new_tokens=None).decoding(module).max_new_tokens == 7
