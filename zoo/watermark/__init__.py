@@ -2,7 +2,7 @@
 
 Start at :mod:`zoo.watermark.xguard` (the method, its equation map and the reconstruction choices).
 
-* encoders -- :mod:`zoo.watermark.encoders`; partitions -- :mod:`zoo.watermark.partition`,
+* encoders -- :mod:`zoo.text.encoders`; partitions -- :mod:`zoo.watermark.partition`,
   :mod:`zoo.watermark.xguard`; fitting partitions on a domain corpus and schemes from settings (API and
   ``python -m zoo.watermark.fitting``) -- :mod:`zoo.watermark.fitting`; green sets -- :mod:`zoo.watermark.green`;
   rejection sampling -- :mod:`zoo.watermark.sampler`; watermarked generation with any causal LM (the decoder
@@ -12,6 +12,14 @@ Start at :mod:`zoo.watermark.xguard` (the method, its equation map and the recon
   :mod:`zoo.watermark.paraphrase`. The Lightning adapter is :class:`zoo.callbacks.WatermarkCallback`.
 """
 
+from zoo.text.encoders import (
+    HashingEncoder,
+    SentenceEncoder,
+    SentenceTransformerEncoder,
+    load_encoder,
+    minilm_encoder,
+    minilm_path,
+)
 from zoo.watermark.attacks import (
     Attack,
     ClauseReorder,
@@ -23,14 +31,6 @@ from zoo.watermark.attacks import (
 )
 from zoo.watermark.decoder import SemanticWatermarkDecoder, WatermarkGenerationResult
 from zoo.watermark.detect import DEFAULT_Z_THRESHOLD, DetectionResult, build_scheme, detect, z_score
-from zoo.watermark.encoders import (
-    HashingEncoder,
-    SentenceEncoder,
-    SentenceTransformerEncoder,
-    load_encoder,
-    minilm_encoder,
-    minilm_path,
-)
 from zoo.watermark.fitting import PartitionSpec, SchemeSpec, domain_corpus, fit_partition
 from zoo.watermark.green import GreenList, green_regions, green_seed
 from zoo.watermark.paraphrase import ModelParaphraser, model_paraphrase

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from zoo.errors import ConfigError, DataError, ZooError
-from zoo.watermark.encoders import load_encoder
+from zoo.text.encoders import load_encoder
 from zoo.watermark.green import check_gamma
 from zoo.watermark.partition import load_partitioner
 from zoo.watermark.sampler import WatermarkScheme

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from zoo.errors import ConfigError, DataError, ZooError
+from zoo.text.encoders import SentenceEncoder, load_encoder
 from zoo.watermark import xguard as _xguard  # noqa: F401  (registers the "balanced" partition kind)
-from zoo.watermark.encoders import SentenceEncoder, load_encoder
 from zoo.watermark.green import check_gamma
 from zoo.watermark.partition import Partitioner, load_partitioner, partitioner_class
 from zoo.watermark.sampler import WatermarkScheme
@@ -149,7 +149,7 @@ _PARTITIONS: dict[str, Partitioner] = {}
 
 
 def shared_encoder(spec: str) -> SentenceEncoder:
-    """:func:`~zoo.watermark.encoders.load_encoder` once per process and spec."""
+    """:func:`~zoo.text.encoders.load_encoder` once per process and spec."""
     if spec not in _ENCODERS:
         _ENCODERS[spec] = load_encoder(spec)
     return _ENCODERS[spec]

@@ -210,7 +210,7 @@ class Partitioner(ABC):
         Args:
             path: file path with or without the ``.safetensors`` suffix.
             encoder: spec of the sentence encoder the fit embeddings came from (see
-                :func:`zoo.watermark.encoders.load_encoder`); detection uses it by default.
+                :func:`zoo.text.encoders.load_encoder`); detection uses it by default.
         """
         if not self.fitted:
             raise ConfigError(f"cannot save an unfitted {type(self).__name__}")

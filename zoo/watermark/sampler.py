@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 
 from zoo.errors import ConfigError, DataError
-from zoo.watermark.encoders import SentenceEncoder
+from zoo.text.encoders import SentenceEncoder
 from zoo.watermark.green import GreenList
 from zoo.watermark.partition import Partitioner
 from zoo.watermark.sentences import first_sentence, split_sentences

@@ -15,7 +15,7 @@ X-Guard's cuts sit between centroids and move only as far as needed to equalise 
 
 Equation -> function:
 
-* sentence embedding ``e = f(s) / ||f(s)||`` -> :mod:`zoo.watermark.encoders`,
+* sentence embedding ``e = f(s) / ||f(s)||`` -> :mod:`zoo.text.encoders`,
   :func:`zoo.watermark.partition.normalize_rows`
 * isotropy ``z = diag(lambda + eps)^{-1/2} U^T (e - mu)`` (PCA whitening to ``d'`` dims) -> :class:`Whitener`
 * A²PQ codebooks: ``z = [z_1 | ... | z_M]``, ``K`` k-means centroids ``c_{m,k}`` per sub-vector, product cells

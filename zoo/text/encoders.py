@@ -30,7 +30,7 @@ MINILM_SPEC = "minilm"
 
 @runtime_checkable
 class SentenceEncoder(Protocol):
-    """What the watermark needs from a sentence encoder.
+    """What methods need from a sentence encoder (watermark partitions, retrieval, clustering).
 
     Attributes:
         dim: embedding dimension ``d``.
