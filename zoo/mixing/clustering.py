@@ -1,0 +1,480 @@
+"""Clustering on the unit sphere: Euclidean k-means, spherical k-means, vMF-EM and GEM (vMF buckets with a balance term).
+
+Paper: "GEM: Geometric Entropy Mixing" (arXiv 2605.26121); notes ``multimodal_quant_data.md`` §2. Equation -> function:
+
+- vMF density ``f(x | mu_k, kappa_k) = C_d(kappa_k) exp(kappa_k mu_k^T x)`` -> :func:`vmf_scores`
+  (``log C_d`` by :func:`zoo.mixing.vmf.vmf_log_normalizer`)
+- Eq. 3, the GEM objective averaged over the N points,
+  ``F = (1/N) sum_i [sum_k g_ik (log a_k + log f_ik) + H(g_i)] - (lam/2) ||pi(G) - u||^2``,
+  ``a_k = 1/K`` fixed, ``pi_k = (1/N) sum_i g_ik``, ``u = 1/K`` -> :func:`gem_objective`
+- MM E-step: quadratic minoriser of the balance term at ``pi^t`` plus Jensen over the points gives per point
+  ``max_g sum_k g_k (s_ik - lam (pi^t_k - 1/K)) + H(g) - (lam/2) ||g - g_i^t||^2``, solved by mirror (exponentiated
+  gradient) ascent with per-point acceptance -> :func:`gem_e_step`
+- M-step ``mu_k = r_k / ||r_k||``, ``kappa_k ~= (R d - R^3)/(1 - R^2)`` (Banerjee) -> :func:`vmf_m_step`
+- the full fit -> :func:`fit_gem`; vanilla vMF-EM with learned mixing weights -> :func:`fit_vmf_em`;
+  baselines -> :func:`kmeans`, :func:`spherical_kmeans`
+- bucket balance: mass entropy and largest share -> :func:`mass_entropy`, :func:`max_share`; agreement with true
+  labels -> :func:`normalized_mutual_info`
+
+Every fit L2-normalises the embeddings first (so scaling them by ``c > 0`` changes nothing), works in float64, and
+is seeded (k-means++ initialisation from a ``torch.Generator``). Plain torch, no Lightning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from zoo.errors import ConfigError, DataError
+from zoo.mixing.vmf import banerjee_kappa, vmf_log_normalizer
+
+KAPPA_MODES = ("banerjee", "shared")
+
+
+@dataclass
+class ClusteringResult:
+    """A fitted clustering of N points into K clusters.
+
+    Attributes:
+        responsibilities: ``[N, K]`` soft assignments, rows on the simplex (one-hot for the k-means variants).
+        means: ``[K, d]`` cluster centres (unit norm for the spherical methods; Euclidean centroids for k-means).
+        objective: the objective after each iteration (GEM/vMF-EM: Eq. 3 averaged over N; k-means: minus the mean
+            squared distance; spherical k-means: the mean cosine to the assigned centre).
+        kappa: ``[K]`` vMF concentrations (``None`` for the k-means variants).
+        weights: ``[K]`` mixing weights of the model (``1/K`` for GEM; learned for vMF-EM; ``None`` for k-means).
+    """
+
+    responsibilities: Tensor
+    means: Tensor
+    objective: list[float] = field(default_factory=list)
+    kappa: Tensor | None = None
+    weights: Tensor | None = None
+
+    @property
+    def labels(self) -> Tensor:
+        """``[N]`` hard labels, the arg-max of each responsibility row."""
+        return self.responsibilities.argmax(dim=1)
+
+    @property
+    def masses(self) -> Tensor:
+        """``[K]`` empirical soft mass ``pi_k = (1/N) sum_i g_ik``."""
+        return self.responsibilities.mean(dim=0)
+
+
+# -- input checks and initialisation -----------------------------------------------------------------------------
+def normalize_rows(embeddings: Tensor) -> Tensor:
+    """``[N, d]`` embeddings -> float64 unit rows.
+
+    Raises:
+        DataError: a non-finite value or a zero-norm row (naming the first rows), or not a 2-D tensor.
+    """
+    x = torch.as_tensor(embeddings)
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] < 2:
+        raise DataError(f"embeddings must be a [N, d] tensor with N >= 1 and d >= 2, got shape {tuple(x.shape)}")
+    x = x.detach().to(torch.float64)
+    bad = (~torch.isfinite(x)).any(dim=1).nonzero().flatten()
+    if len(bad):
+        raise DataError(f"embeddings: {len(bad)} rows hold NaN or inf (first rows {bad[:5].tolist()})")
+    norms = x.norm(dim=1)
+    zero = (norms <= 1e-12).nonzero().flatten()
+    if len(zero):
+        raise DataError(
+            f"embeddings: {len(zero)} rows have zero norm (first rows {zero[:5].tolist()}): a zero vector has no "
+            "direction on the sphere; drop these rows (empty documents?) or embed them with another encoder"
+        )
+    return x / norms.unsqueeze(1)
+
+
+def check_num_clusters(num_points: int, num_clusters: int) -> None:
+    """Raise :class:`ConfigError` unless ``1 <= num_clusters <= num_points``."""
+    if isinstance(num_clusters, bool) or not isinstance(num_clusters, int) or num_clusters < 1:
+        raise ConfigError(f"num_clusters must be a whole number >= 1, got {num_clusters!r}")
+    if num_clusters > num_points:
+        raise ConfigError(f"num_clusters={num_clusters} > the {num_points} points to cluster; use fewer clusters")
+
+
+def kmeans_plus_plus(x: Tensor, num_clusters: int, generator: torch.Generator, cosine: bool = False) -> Tensor:
+    """k-means++ seeding (Arthur & Vassilvitskii 2007): ``[K]`` indices of ``x`` drawn with probability ``D(x)^2``
+    (``D`` = Euclidean distance, or ``1 - cos`` when ``cosine``) to the nearest centre chosen so far."""
+    n = x.shape[0]
+    first = int(torch.randint(n, (1,), generator=generator))
+    chosen = [first]
+    closest = _distance(x, x[first : first + 1], cosine).squeeze(1)
+    for _ in range(1, num_clusters):
+        weights = closest.clamp_min(0)
+        if float(weights.sum()) <= 0:  # every point sits on a centre: pick any point not chosen yet
+            rest = torch.ones(n, dtype=torch.bool)
+            rest[chosen] = False
+            weights = rest.to(x.dtype)
+        index = int(torch.multinomial(weights, 1, generator=generator))
+        chosen.append(index)
+        closest = torch.minimum(closest, _distance(x, x[index : index + 1], cosine).squeeze(1))
+    return torch.tensor(chosen)
+
+
+def _distance(x: Tensor, centres: Tensor, cosine: bool) -> Tensor:
+    if cosine:
+        return 1 - x @ centres.T
+    return torch.cdist(x, centres).pow(2)
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(int(seed))
+
+
+def _one_hot(labels: Tensor, num_clusters: int) -> Tensor:
+    return torch.nn.functional.one_hot(labels, num_clusters).to(torch.float64)
+
+
+def _refill_empty(centres: Tensor, x: Tensor, labels: Tensor, cost: Tensor) -> Tensor:
+    """Move the centre of each empty cluster to the point that is worst served (largest ``cost``)."""
+    counts = torch.bincount(labels, minlength=centres.shape[0])
+    for k in (counts == 0).nonzero().flatten().tolist():
+        worst = int(cost.argmax())
+        centres[k] = x[worst]
+        cost[worst] = -math.inf
+    return centres
+
+
+# -- k-means baselines -------------------------------------------------------------------------------------------
+def kmeans(
+    embeddings: Tensor,
+    num_clusters: int,
+    num_iters: int = 50,
+    seed: int = 0,
+    normalize: bool = True,
+    num_init: int = 1,
+) -> ClusteringResult:
+    """Lloyd's Euclidean k-means with k-means++ seeding (the paper's "K-means" bucketing).
+
+    Args:
+        embeddings: ``[N, d]``.
+        num_clusters: ``K <= N``.
+        num_iters: Lloyd iterations (stops early when the assignment no longer changes).
+        seed: seed of the k-means++ draw.
+        normalize: L2-normalise the rows first (as for every bucketing here; ``False`` = raw Euclidean k-means).
+        num_init: restarts (seeds ``seed .. seed + num_init - 1``); the one with the best final objective is kept.
+
+    Returns:
+        :class:`ClusteringResult` with one-hot responsibilities and centroid ``means`` (not unit norm).
+    """
+    x = normalize_rows(embeddings) if normalize else torch.as_tensor(embeddings, dtype=torch.float64)
+    check_num_clusters(x.shape[0], num_clusters)
+    return _best_of(num_init, seed, lambda s: _lloyd(x, num_clusters, num_iters, s))
+
+
+def _best_of(num_init: int, seed: int, fit: Callable[[int], ClusteringResult]) -> ClusteringResult:
+    if num_init < 1:
+        raise ConfigError(f"num_init must be >= 1, got {num_init}")
+    return max((fit(seed + i) for i in range(num_init)), key=lambda r: r.objective[-1])
+
+
+def _lloyd(x: Tensor, num_clusters: int, num_iters: int, seed: int) -> ClusteringResult:
+    centres = x[kmeans_plus_plus(x, num_clusters, _generator(seed))].clone()
+    labels, objective = None, []
+    for _ in range(num_iters):
+        distances = _distance(x, centres, cosine=False)
+        cost, new_labels = distances.min(dim=1)
+        objective.append(-float(cost.mean()))
+        if labels is not None and torch.equal(new_labels, labels):
+            break
+        labels = new_labels
+        sums = torch.zeros_like(centres).index_add_(0, labels, x)
+        counts = torch.bincount(labels, minlength=num_clusters).to(x.dtype)
+        centres = torch.where(counts.unsqueeze(1) > 0, sums / counts.clamp_min(1).unsqueeze(1), centres)
+        centres = _refill_empty(centres, x, labels, cost.clone())
+    labels = _distance(x, centres, cosine=False).argmin(dim=1)
+    return ClusteringResult(_one_hot(labels, num_clusters), centres, objective)
+
+
+def spherical_kmeans(
+    embeddings: Tensor, num_clusters: int, num_iters: int = 50, seed: int = 0, num_init: int = 1
+) -> ClusteringResult:
+    """Spherical k-means (Dhillon & Modha 2001): assign by cosine, centre = normalised sum of the members.
+
+    Same arguments as :func:`kmeans`; ``means`` are unit norm; ``objective`` is the mean cosine to the centre.
+    """
+    x = normalize_rows(embeddings)
+    check_num_clusters(x.shape[0], num_clusters)
+    return _best_of(num_init, seed, lambda s: _spherical_lloyd(x, num_clusters, num_iters, s))
+
+
+def _spherical_lloyd(x: Tensor, num_clusters: int, num_iters: int, seed: int) -> ClusteringResult:
+    centres = x[kmeans_plus_plus(x, num_clusters, _generator(seed), cosine=True)].clone()
+    labels, objective = None, []
+    for _ in range(num_iters):
+        similarity = x @ centres.T
+        best, new_labels = similarity.max(dim=1)
+        objective.append(float(best.mean()))
+        if labels is not None and torch.equal(new_labels, labels):
+            break
+        labels = new_labels
+        sums = torch.zeros_like(centres).index_add_(0, labels, x)
+        norms = sums.norm(dim=1, keepdim=True)
+        centres = torch.where(norms > 1e-12, sums / norms.clamp_min(1e-12), centres)
+        centres = _refill_empty(centres, x, labels, -best.clone())
+    labels = (x @ centres.T).argmax(dim=1)
+    return ClusteringResult(_one_hot(labels, num_clusters), centres, objective)
+
+
+# -- vMF mixtures: vMF-EM and GEM ----------------------------------------------------------------------------------
+def vmf_scores(x: Tensor, means: Tensor, kappa: Tensor, log_weights: Tensor) -> Tensor:
+    """``s_ik = log a_k + log C_d(kappa_k) + kappa_k mu_k^T x_i``: ``[N, d]``, ``[K, d]``, ``[K]``, ``[K]`` -> ``[N, K]``."""
+    return log_weights + vmf_log_normalizer(x.shape[1], kappa) + kappa * (x @ means.T)
+
+
+def _entropy_rows(gamma: Tensor) -> Tensor:
+    return -(gamma * torch.log(gamma.clamp_min(1e-300))).sum(dim=1)
+
+
+def gem_objective(scores: Tensor, gamma: Tensor, lam: float) -> float:
+    """Eq. 3 averaged over the points: ``mean_i [sum_k g_ik s_ik + H(g_i)] - (lam/2) ||pi - u||^2``."""
+    k = gamma.shape[1]
+    balance = 0.5 * lam * float(((gamma.mean(dim=0) - 1.0 / k) ** 2).sum())
+    return float(((gamma * scores).sum(dim=1) + _entropy_rows(gamma)).mean()) - balance
+
+
+def _surrogate(gamma: Tensor, linear: Tensor, anchor: Tensor, lam: float) -> Tensor:
+    """Per-point MM surrogate ``sum_k g_k a_k + H(g) - (lam/2) ||g - g^t||^2`` (``[N]``)."""
+    return (gamma * linear).sum(dim=1) + _entropy_rows(gamma) - 0.5 * lam * ((gamma - anchor) ** 2).sum(dim=1)
+
+
+def gem_e_step(scores: Tensor, gamma: Tensor, lam: float, num_mirror_steps: int = 5) -> Tensor:
+    """One MM E-step of GEM: maximise the per-point surrogate by mirror ascent from ``gamma`` (= ``g^t``).
+
+    The linear coefficients are ``a_ik = s_ik - lam (pi^t_k - 1/K)``; a mirror step of size ``eta`` is
+    ``log g <- (1 - eta) log g + eta (a_i - lam (g - g^t_i)) + const`` (exponentiated gradient on the simplex),
+    starting from ``eta = min(1, 4 / (1 + lam))``. A step is kept for a point only where its surrogate does not decrease; otherwise that point's step is halved
+    (up to 30 times; a point whose step is still refused keeps its value), so the surrogate, hence Eq. 3, never
+    decreases beyond float rounding (the minoriser is tight at ``g^t``). With
+    ``lam = 0`` the first full step (``eta = 1``) is the exact E-step ``softmax(s_i)``.
+
+    Args:
+        scores: ``[N, K]`` vMF log scores :func:`vmf_scores`.
+        gamma: ``[N, K]`` current responsibilities ``g^t`` (rows on the simplex).
+        lam: balance strength ``>= 0`` (logit scale: the objective is averaged over N).
+        num_mirror_steps: mirror-ascent iterations.
+
+    Returns:
+        ``[N, K]`` new responsibilities, rows on the simplex.
+    """
+    k = gamma.shape[1]
+    anchor = gamma.clamp_min(1e-300)
+    anchor = anchor / anchor.sum(dim=1, keepdim=True)
+    linear = scores - lam * (anchor.mean(dim=0) - 1.0 / k)
+    current = anchor
+    value = _surrogate(current, linear, anchor, lam)
+    # first step size: 1 (the exact E-step when lam = 0), smaller as the prox term's curvature lam grows
+    eta = torch.full((current.shape[0], 1), min(1.0, 4.0 / (1.0 + lam)), dtype=current.dtype)
+    for _ in range(num_mirror_steps):
+        target = linear - lam * (current - anchor)
+        for _halving in range(30):
+            logits = (1 - eta) * torch.log(current.clamp_min(1e-300)) + eta * target
+            proposal = torch.softmax(logits, dim=1)
+            new_value = _surrogate(proposal, linear, anchor, lam)
+            # rounding slack: at the optimum a step changes the value by float noise only
+            accept = new_value >= value - 1e-12 * (1 + value.abs())
+            if bool(accept.all()):
+                break
+            eta = torch.where(accept.unsqueeze(1), eta, eta / 2)
+        current = torch.where(accept.unsqueeze(1), proposal, current)
+        value = torch.where(accept, new_value, value)
+    return current
+
+
+def vmf_m_step(x: Tensor, gamma: Tensor, kappa_mode: str | float, max_kappa: float = 1e5) -> tuple[Tensor, Tensor]:
+    """Closed-form M-step: ``mu_k = r_k / ||r_k||`` with ``r_k = sum_i g_ik x_i``, and the concentrations.
+
+    Args:
+        kappa_mode: ``banerjee`` (one kappa per cluster, Banerjee's approximation of its mean resultant length),
+            ``shared`` (one kappa for all clusters from the pooled resultant length; ``log C_d`` then cancels in the
+            responsibilities) or a number (kappa fixed: the mode in which the MM objective is provably monotone).
+
+    Returns:
+        ``(means [K, d], kappa [K])``.
+    """
+    resultant = gamma.T @ x
+    lengths = resultant.norm(dim=1)
+    mass = gamma.sum(dim=0)
+    means = resultant / lengths.clamp_min(1e-300).unsqueeze(1)
+    empty = lengths <= 1e-12
+    if bool(empty.any()):  # a cluster with no mass keeps a random direction of the data
+        means[empty] = x[torch.arange(int(empty.sum())) % x.shape[0]]
+    k, dim = gamma.shape[1], x.shape[1]
+    if isinstance(kappa_mode, str):
+        if kappa_mode == "banerjee":
+            kappa = banerjee_kappa(lengths / mass.clamp_min(1e-300), dim, max_kappa)
+        elif kappa_mode == "shared":
+            kappa = banerjee_kappa(lengths.sum() / mass.sum(), dim, max_kappa).expand(k).clone()
+        else:
+            raise ConfigError(f"kappa must be one of {KAPPA_MODES} or a positive number, got {kappa_mode!r}")
+    else:
+        kappa = torch.full((k,), float(kappa_mode), dtype=x.dtype)
+    return means, kappa
+
+
+def _check_kappa(kappa: str | float) -> str | float:
+    if isinstance(kappa, str):
+        try:
+            kappa = float(kappa)
+        except ValueError:
+            if kappa not in KAPPA_MODES:
+                raise ConfigError(
+                    f"kappa must be one of {KAPPA_MODES} or a positive number, got {kappa!r}"
+                ) from None
+            return kappa
+    if isinstance(kappa, bool) or not math.isfinite(float(kappa)) or float(kappa) <= 0:
+        raise ConfigError(f"kappa must be one of {KAPPA_MODES} or a positive number, got {kappa!r}")
+    return float(kappa)
+
+
+def _fit_vmf_mixture(
+    embeddings: Tensor,
+    num_clusters: int,
+    lam: float,
+    num_iters: int,
+    seed: int,
+    learn_weights: bool,
+    kappa: str | float,
+    num_mirror_steps: int,
+    tol: float,
+    init_kappa: float,
+) -> ClusteringResult:
+    x = normalize_rows(embeddings)
+    n = x.shape[0]
+    check_num_clusters(n, num_clusters)
+    if not math.isfinite(lam) or lam < 0:
+        raise ConfigError(f"lam must be a finite number >= 0, got {lam!r}")
+    kappa_mode = _check_kappa(kappa)
+    means = x[kmeans_plus_plus(x, num_clusters, _generator(seed), cosine=True)].clone()
+    kappa_now = torch.full(
+        (num_clusters,), float(kappa_mode) if isinstance(kappa_mode, float) else init_kappa, dtype=x.dtype
+    )
+    log_weights = torch.full((num_clusters,), -math.log(num_clusters), dtype=x.dtype)
+    scores = vmf_scores(x, means, kappa_now, log_weights)
+    gamma = torch.softmax(scores, dim=1)
+    objective: list[float] = []
+    for _ in range(num_iters):
+        scores = vmf_scores(x, means, kappa_now, log_weights)
+        if learn_weights:  # classical EM: exact E-step, mixing weights re-estimated
+            gamma = torch.softmax(scores, dim=1)
+        else:
+            gamma = gem_e_step(scores, gamma, lam, num_mirror_steps)
+        means, kappa_now = vmf_m_step(x, gamma, kappa_mode)
+        if learn_weights:
+            log_weights = torch.log(gamma.mean(dim=0).clamp_min(1e-300))
+        objective.append(gem_objective(vmf_scores(x, means, kappa_now, log_weights), gamma, lam))
+        if len(objective) > 1 and abs(objective[-1] - objective[-2]) <= tol * max(1.0, abs(objective[-2])):
+            break
+    return ClusteringResult(gamma, means, objective, kappa_now, log_weights.exp())
+
+
+def fit_gem(
+    embeddings: Tensor,
+    num_clusters: int,
+    lam: float,
+    num_iters: int = 50,
+    seed: int = 0,
+    *,
+    kappa: str | float = "banerjee",
+    num_mirror_steps: int = 5,
+    tol: float = 1e-5,
+    init_kappa: float = 10.0,
+) -> ClusteringResult:
+    """GEM: a vMF mixture with the prior fixed to uniform and a penalty on the soft masses' distance from uniform.
+
+    Maximises Eq. 3 averaged over the N points (so ``lam`` is on the logit scale; the paper's ``lam = 5000`` drives
+    the soft masses to uniform) by minorise-maximise: the E-step :func:`gem_e_step` (mirror ascent on each point's
+    concave surrogate), the M-step :func:`vmf_m_step`. The objective never decreases with ``kappa`` fixed (a number);
+    the Banerjee update of ``kappa`` is an approximation and may break exact monotonicity (notes §2f).
+
+    Args:
+        embeddings: ``[N, d]`` document embeddings (normalised here; rows must be non-zero and finite).
+        num_clusters: ``K <= N`` (the paper uses 24).
+        lam: balance strength ``>= 0``; ``0`` is a vMF mixture with a fixed uniform prior.
+        num_iters: MM iterations (stops earlier when the objective changes by less than ``tol`` relatively).
+        seed: seed of the k-means++ initialisation of the means.
+        kappa: ``banerjee`` (paper), ``shared`` or a fixed positive number (see :func:`vmf_m_step`).
+        num_mirror_steps: mirror-ascent steps per E-step (unofficial config: 5).
+        tol: relative tolerance of the early stop (unofficial config: 1e-5).
+        init_kappa: concentration of the first E-step when ``kappa`` is learned.
+
+    Returns:
+        :class:`ClusteringResult`: ``responsibilities [N, K]`` (rows on the simplex), ``means [K, d]`` (unit norm),
+        ``objective`` (one value per iteration), ``kappa [K]``, ``weights`` (``1/K``).
+
+    Raises:
+        DataError: zero-norm or non-finite embeddings. ConfigError: ``K > N``, a negative ``lam``, a bad ``kappa``.
+    """
+    return _fit_vmf_mixture(
+        embeddings, num_clusters, float(lam), num_iters, seed, False, kappa, num_mirror_steps, tol, init_kappa
+    )
+
+
+def fit_vmf_em(
+    embeddings: Tensor,
+    num_clusters: int,
+    num_iters: int = 50,
+    seed: int = 0,
+    *,
+    kappa: str | float = "banerjee",
+    tol: float = 1e-5,
+    init_kappa: float = 10.0,
+) -> ClusteringResult:
+    """Vanilla vMF-EM (Banerjee et al. 2005) with learned mixing weights: exact E-step ``softmax(s_i)``,
+    ``a_k = pi_k``; the "rich get richer" baseline GEM decouples (the paper's "vanilla vMF" ablation).
+
+    Arguments as in :func:`fit_gem` (no ``lam``); ``weights`` holds the learned mixing weights.
+    """
+    return _fit_vmf_mixture(embeddings, num_clusters, 0.0, num_iters, seed, True, kappa, 0, tol, init_kappa)
+
+
+# -- balance and agreement metrics ---------------------------------------------------------------------------------
+def mass_entropy(assignments: Tensor, num_clusters: int | None = None) -> float:
+    """Entropy (nats) of the cluster masses: from ``[N, K]`` responsibilities (soft mass) or ``[N]`` hard labels.
+
+    The maximum is ``log K``, reached when every cluster holds ``N/K``.
+    """
+    masses = _masses(assignments, num_clusters)
+    return float(-(masses * torch.log(masses.clamp_min(1e-300))).sum())
+
+
+def max_share(assignments: Tensor, num_clusters: int | None = None) -> float:
+    """The largest cluster's share of the points (soft mass for ``[N, K]``, counts for ``[N]`` labels)."""
+    return float(_masses(assignments, num_clusters).max())
+
+
+def _masses(assignments: Tensor, num_clusters: int | None) -> Tensor:
+    a = torch.as_tensor(assignments)
+    if a.ndim == 2:
+        return a.to(torch.float64).mean(dim=0)
+    counts = torch.bincount(a.long(), minlength=num_clusters or 0).to(torch.float64)
+    return counts / counts.sum()
+
+
+def normalized_mutual_info(labels_true: Tensor, labels_pred: Tensor) -> float:
+    """NMI with the arithmetic-mean normalisation ``I(U; V) / ((H(U) + H(V)) / 2)`` (scikit-learn's default).
+
+    ``[N]`` integer labels each; 1.0 for identical partitions up to renaming; 1.0 when both are a single cluster.
+    """
+    u = torch.as_tensor(labels_true).long()
+    v = torch.as_tensor(labels_pred).long()
+    if u.shape != v.shape or u.ndim != 1:
+        raise ValueError(f"labels must be two [N] tensors of one shape, got {tuple(u.shape)} and {tuple(v.shape)}")
+    _, u = torch.unique(u, return_inverse=True)
+    _, v = torch.unique(v, return_inverse=True)
+    joint = torch.zeros(int(u.max()) + 1, int(v.max()) + 1, dtype=torch.float64)
+    joint.index_put_((u, v), torch.ones(len(u), dtype=torch.float64), accumulate=True)
+    joint /= joint.sum()
+    pu, pv = joint.sum(dim=1), joint.sum(dim=0)
+    nz = joint > 0
+    mutual = float((joint[nz] * torch.log(joint[nz] / (pu[:, None] * pv[None, :])[nz])).sum())
+    hu = float(-(pu * torch.log(pu)).sum())
+    hv = float(-(pv * torch.log(pv)).sum())
+    if hu == 0 and hv == 0:
+        return 1.0
+    return max(0.0, mutual / ((hu + hv) / 2))
