@@ -51,7 +51,14 @@ EXTRA_TOPICS: dict[str, dict[str, tuple[str, ...]]] = {
         "tails": ("in early spring", "with compost", "after the frost", "in the greenhouse"),
     },
     "history": {
-        "subjects": ("the emperor", "the historians", "the ancient army", "the medieval king", "the rebels", "the monks"),
+        "subjects": (
+            "the emperor",
+            "the historians",
+            "the ancient army",
+            "the medieval king",
+            "the rebels",
+            "the monks",
+        ),
         "verbs": ("conquered", "founded", "besieged", "chronicled", "abolished", "ruled"),
         "objects": ("the empire", "the fortress", "the old dynasty", "the kingdom", "the republic", "the monastery"),
         "tails": ("in the ninth century", "after the war", "for many centuries", "during the revolution"),
@@ -122,7 +129,9 @@ class MixtureCorpus:
     def balanced(self, num_per_label: int, seed: int) -> list[Row]:
         """``num_per_label`` documents of every label (topic-uniform held-out data)."""
         rng = random.Random(f"mixture-corpus:balanced:{seed}")
-        return [{"text": self.document(rng, label), "topic": label} for label in self.labels for _ in range(num_per_label)]
+        return [
+            {"text": self.document(rng, label), "topic": label} for label in self.labels for _ in range(num_per_label)
+        ]
 
 
 class MixtureCorpusSource(RowSource):

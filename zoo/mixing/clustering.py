@@ -1,4 +1,4 @@
-"""Clustering on the unit sphere: Euclidean k-means, spherical k-means, vMF-EM and GEM (vMF buckets with a balance term).
+"""Clustering on the unit sphere: k-means, spherical k-means, vMF-EM and GEM (vMF buckets with a balance term).
 
 Paper: "GEM: Geometric Entropy Mixing" (arXiv 2605.26121); notes ``multimodal_quant_data.md`` §2. Equation -> function:
 
@@ -223,7 +223,10 @@ def _spherical_lloyd(x: Tensor, num_clusters: int, num_iters: int, seed: int) ->
 
 # -- vMF mixtures: vMF-EM and GEM ----------------------------------------------------------------------------------
 def vmf_scores(x: Tensor, means: Tensor, kappa: Tensor, log_weights: Tensor) -> Tensor:
-    """``s_ik = log a_k + log C_d(kappa_k) + kappa_k mu_k^T x_i``: ``[N, d]``, ``[K, d]``, ``[K]``, ``[K]`` -> ``[N, K]``."""
+    """``s_ik = log a_k + log C_d(kappa_k) + kappa_k mu_k^T x_i``.
+
+    Shapes: ``x [N, d]``, ``means [K, d]``, ``kappa [K]``, ``log_weights [K]`` -> ``[N, K]``.
+    """
     return log_weights + vmf_log_normalizer(x.shape[1], kappa) + kappa * (x @ means.T)
 
 
@@ -248,10 +251,10 @@ def gem_e_step(scores: Tensor, gamma: Tensor, lam: float, num_mirror_steps: int 
 
     The linear coefficients are ``a_ik = s_ik - lam (pi^t_k - 1/K)``; a mirror step of size ``eta`` is
     ``log g <- (1 - eta) log g + eta (a_i - lam (g - g^t_i)) + const`` (exponentiated gradient on the simplex),
-    starting from ``eta = min(1, 4 / (1 + lam))``. A step is kept for a point only where its surrogate does not decrease; otherwise that point's step is halved
-    (up to 30 times; a point whose step is still refused keeps its value), so the surrogate, hence Eq. 3, never
-    decreases beyond float rounding (the minoriser is tight at ``g^t``). With
-    ``lam = 0`` the first full step (``eta = 1``) is the exact E-step ``softmax(s_i)``.
+    starting from ``eta = min(1, 4 / (1 + lam))``. A step is kept for a point only where its surrogate does not
+    decrease; otherwise that point's step is halved (up to 30 times; a point whose step is still refused keeps its
+    value), so the surrogate, hence Eq. 3, never decreases beyond float rounding (the minoriser is tight at ``g^t``).
+    With ``lam = 0`` the first full step (``eta = 1``) is the exact E-step ``softmax(s_i)``.
 
     Args:
         scores: ``[N, K]`` vMF log scores :func:`vmf_scores`.
@@ -323,9 +326,7 @@ def _check_kappa(kappa: str | float) -> str | float:
             kappa = float(kappa)
         except ValueError:
             if kappa not in KAPPA_MODES:
-                raise ConfigError(
-                    f"kappa must be one of {KAPPA_MODES} or a positive number, got {kappa!r}"
-                ) from None
+                raise ConfigError(f"kappa must be one of {KAPPA_MODES} or a positive number, got {kappa!r}") from None
             return kappa
     if isinstance(kappa, bool) or not math.isfinite(float(kappa)) or float(kappa) <= 0:
         raise ConfigError(f"kappa must be one of {KAPPA_MODES} or a positive number, got {kappa!r}")

@@ -137,7 +137,8 @@ class DoReMiWeights:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if len(state["current"]) != len(self.current):
             raise ConfigError(
-                f"DoReMi state holds {len(state['current'])} domain weights but the data has {len(self.current)} domains"
+                f"DoReMi state holds {len(state['current'])} domain weights but the data has "
+                f"{len(self.current)} domains"
             )
         self.current = torch.tensor(state["current"], dtype=torch.float64)
         self.total = torch.tensor(state["total"], dtype=torch.float64)

@@ -118,7 +118,9 @@ def train_student(
 ) -> LinearStudent:
     """Fit a :class:`LinearStudent` on ``[M, F]`` features and ``[M]`` pseudo-labels (full-batch Adam, seeded)."""
     if len(features) != len(labels) or len(features) == 0:
-        raise ConfigError(f"train_student needs as many labels as feature rows (> 0), got {len(features)}, {len(labels)}")
+        raise ConfigError(
+            f"train_student needs as many labels as feature rows (> 0), got {len(features)}, {len(labels)}"
+        )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         student = LinearStudent(features.shape[1], num_classes)

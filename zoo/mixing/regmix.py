@@ -156,8 +156,10 @@ def make_regressor(name: str = "auto", seed: int = 0) -> MixtureRegressor:
     if name == "auto":
         if lightgbm_available():
             return LightGBMRegressor(seed=seed)
-        log.warning("RegMix: LightGBM is not installed; using the linear (ridge) regressor (pip install "
-                    "'paperzoo[mixing]' for the paper's regressor)")
+        log.warning(
+            "RegMix: LightGBM is not installed; using the linear (ridge) regressor (pip install "
+            "'paperzoo[mixing]' for the paper's regressor)"
+        )
         return LinearRegressor()
     return LightGBMRegressor(seed=seed) if name == "lightgbm" else LinearRegressor()
 
@@ -206,7 +208,12 @@ def spearman(a: Tensor, b: Tensor) -> float:
 
 
 def holdout_spearman(
-    mixtures: Tensor, losses: Tensor, regressor: str = "auto", num_splits: int = 10, holdout: float = 0.25, seed: int = 0
+    mixtures: Tensor,
+    losses: Tensor,
+    regressor: str = "auto",
+    num_splits: int = 10,
+    holdout: float = 0.25,
+    seed: int = 0,
 ) -> list[float]:
     """RegMix's "mixing predictability" probe: fit on a random part of the proxies, Spearman rho on the held-out rest,
     for ``num_splits`` random splits (the paper: 10). Needs at least 4 proxies."""

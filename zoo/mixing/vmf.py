@@ -1,9 +1,10 @@
 """von Mises-Fisher pieces: a numerically safe log-Bessel function, the vMF log-normaliser, Banerjee's kappa.
 
-``log C_d(kappa) = (d/2 - 1) log kappa - (d/2) log(2 pi) - log I_{d/2-1}(kappa)`` (GEM notes ``multimodal_quant_data.md``
-§2a). With ``d = 384`` and ``kappa ~ 10^2..10^3`` the modified Bessel function ``I_nu`` over- or underflows in any
-floating type (``scipy.special.ive`` underflows for large orders, §2f), so :func:`log_bessel_iv` works in log space:
-the power series for small arguments and the uniform (Debye) asymptotic expansion otherwise. Plain torch, float64.
+``log C_d(kappa) = (d/2 - 1) log kappa - (d/2) log(2 pi) - log I_{d/2-1}(kappa)`` (GEM notes
+``multimodal_quant_data.md`` §2a). With ``d = 384`` and ``kappa ~ 10^2..10^3`` the modified Bessel function
+``I_nu`` over- or underflows in any floating type (``scipy.special.ive`` underflows for large orders, §2f), so
+:func:`log_bessel_iv` works in log space: the power series for small arguments, Hankel's expansion for large ones and
+the uniform (Debye) asymptotic expansion otherwise. Plain torch, float64.
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ def _log_bessel_debye(nu: Tensor, x: Tensor) -> Tensor:
 def _log_bessel_large_x(nu: Tensor, x: Tensor) -> Tensor:
     """``log I_nu(x)`` by Hankel's large-argument expansion (for small ``nu`` and large ``x``)."""
     mu = 4 * nu * nu
-    series = 1 - (mu - 1) / (8 * x) + (mu - 1) * (mu - 9) / (2 * (8 * x) ** 2) - (mu - 1) * (mu - 9) * (mu - 25) / (
-        6 * (8 * x) ** 3
+    series = (
+        1
+        - (mu - 1) / (8 * x)
+        + (mu - 1) * (mu - 9) / (2 * (8 * x) ** 2)
+        - (mu - 1) * (mu - 9) * (mu - 25) / (6 * (8 * x) ** 3)
     )
     return x - 0.5 * torch.log(2 * math.pi * x) + torch.log(series)
 
@@ -52,8 +56,9 @@ def _log_bessel_large_x(nu: Tensor, x: Tensor) -> Tensor:
 def log_bessel_iv(nu: float | Tensor, x: float | Tensor) -> Tensor:
     """``log I_nu(x)``, the log of the modified Bessel function of the first kind, for ``nu >= 0`` and ``x > 0``.
 
-    Series for ``x < 40`` or ``x^2/4 < 8 (nu + 1)`` (converges fast there), Hankel's expansion for ``x > 40 (nu + 1)^2``, the
-    uniform Debye expansion otherwise; all in log space, so ``nu = 191.`` (``d = 384``) with ``x = 10^4`` is fine.
+    Series for ``x < 40`` or ``x^2/4 < 8 (nu + 1)`` (converges fast there), Hankel's expansion for
+    ``x > 40 (nu + 1)^2``, the uniform Debye expansion otherwise; all in log space, so ``nu = 191.`` (``d = 384``)
+    with ``x = 10^4`` is fine.
     Relative error of the log below ``1e-6`` against ``scipy.special.ive`` wherever that is finite (tested).
 
     Args:
