@@ -7,7 +7,9 @@ if __name__ != "zoo.callbacks":
     )
 
 from zoo.callbacks.af_eval import AlignmentFakingEval
+from zoo.callbacks.bucketing import BucketWriter
 from zoo.callbacks.decode_stats import DecodeStats
+from zoo.callbacks.doremi import DoReMiReweighting
 from zoo.callbacks.eval_records import EvalRecords
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
@@ -30,7 +32,9 @@ from zoo.callbacks.wet import WETCallback
 
 __all__ = [
     "AlignmentFakingEval",
+    "BucketWriter",
     "DecodeStats",
+    "DoReMiReweighting",
     "EncoderMotifProbe",
     "EvalRecords",
     "ForgettingMonitor",

@@ -8,6 +8,7 @@ if __name__ != "zoo.datamodules":
 
 from zoo.datamodules.base import ResumableSampler, RowDataModule
 from zoo.datamodules.episodes import EpisodeDataModule
+from zoo.datamodules.mixture import CorpusDataModule, MixtureDataModule
 from zoo.datamodules.multiturn import MultiTurnPromptDataModule, MultiTurnSFTDataModule
 from zoo.datamodules.preferences import PreferenceDataModule
 from zoo.datamodules.prompts import PromptDataModule
@@ -15,7 +16,9 @@ from zoo.datamodules.sft import SFTDataModule
 from zoo.datamodules.structures import StructureDataModule
 
 __all__ = [
+    "CorpusDataModule",
     "EpisodeDataModule",
+    "MixtureDataModule",
     "MultiTurnPromptDataModule",
     "MultiTurnSFTDataModule",
     "PreferenceDataModule",

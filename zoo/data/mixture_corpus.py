@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
-from zoo.data.sources import Row, RowSource
+from zoo.data.sources import Row, RowSource, read_jsonl
 from zoo.data.topic_sentences import TOPICS, TopicGrammar
-from zoo.errors import ConfigError
+from zoo.errors import ConfigError, DataError
 
 EXTRA_TOPICS: dict[str, dict[str, tuple[str, ...]]] = {
     "medicine": {
@@ -165,3 +166,25 @@ class MixtureCorpusSource(RowSource):
         if split == "train":
             return self.corpus.imbalanced(self.num["train"], self.seed)
         return self.corpus.balanced(self.num[split], self.seed * 1000 + (1 if split == "val" else 2))
+
+
+class BucketedCorpusSource(RowSource):
+    """The splits a bucketing run wrote (``+method=gem``: ``<directory>/train.jsonl`` with the bucket column,
+    ``val.jsonl`` and ``test.jsonl`` unchanged; ``test`` falls back to ``val``).
+
+    Args:
+        directory: the run's ``export`` folder (e.g. from the artifact cache).
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    def rows(self, split: str, required_fields: Sequence[str] = ()) -> list[Row]:
+        path = self.directory / f"{split}.jsonl"
+        if split == "test" and not path.is_file():
+            path = self.directory / "val.jsonl"
+        if not path.is_file():
+            raise DataError(
+                f"{path}: no {split} split in the bucketed corpus {self.directory} (written by +method=gem)"
+            )
+        return read_jsonl(path, required_fields)

@@ -1,0 +1,144 @@
+"""DoReMi's online domain reweighting as a callback over the weighted-sampler seam (arXiv 2305.10429).
+
+Each training step of the proxy model: per-token losses of the proxy (current weights) and of the frozen reference
+model on the batch -> per-domain excess loss -> exponentiated-gradient update of the domain weights
+(:func:`zoo.mixing.doremi_update`) -> the batch's per-row ``loss_weight`` set so that the module's token-mean loss is
+DoReMi's ``sum_k a_k * (mean domain-k token loss)`` (:func:`zoo.mixing.domain_loss_weights`). The running average of
+the weights is the output, written at the end of training as a JSON object ``{domain: weight}`` that
+``datamodule.sampler.weights_file`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from zoo.errors import ConfigError
+from zoo.losses import masked_token_logprobs
+from zoo.mixing.doremi import DoReMiWeights, domain_excess_loss, domain_loss_weights
+
+
+class DoReMiReweighting(Callback):
+    """Group-DRO domain reweighting of the proxy model against a reference model; writes the average weights.
+
+    Args:
+        reference: directory of the reference model (``save_pretrained`` export, e.g. from the artifact cache).
+        weights_file: where the average weights go (JSON ``{domain: weight}``), written at the end of training.
+        eta: step size of the weight update (paper: 1).
+        smoothing: ``c`` of ``(1 - c) a + c / K`` (paper: 1e-3; reference code default 1e-4).
+        apply: ``loss`` (paper: the proxy's loss is reweighted; batches keep the sampler's weights) or ``sampler``
+            (the batches are drawn with the current weights instead, through ``sampler.set_weights``; the loss is
+            the plain token mean) [assumed variant].
+
+    Needs ``datamodule/sampler=weighted`` (the domains and the domain column come from it) and a module with a
+    ``model`` (a causal LM) whose training loss honours the batch's ``loss_weight`` (``CausalLMModule``).
+    """
+
+    def __init__(
+        self,
+        reference: str | Path,
+        weights_file: str | Path,
+        eta: float = 1.0,
+        smoothing: float = 1e-3,
+        apply: str = "loss",
+    ) -> None:
+        if apply not in ("loss", "sampler"):
+            raise ConfigError(f"DoReMiReweighting.apply must be 'loss' or 'sampler', got {apply!r}")
+        if not 0.0 <= smoothing <= 1.0 or eta <= 0:
+            raise ConfigError(f"DoReMiReweighting: need eta > 0 and 0 <= smoothing <= 1, got {eta}, {smoothing}")
+        self.reference_path = Path(reference)
+        self.weights_file = Path(weights_file)
+        self.eta, self.smoothing, self.apply = float(eta), float(smoothing), apply
+        self.reference: torch.nn.Module | None = None
+        self.state: DoReMiWeights | None = None
+        self.domains: tuple[str, ...] = ()
+        self._pending_state: dict[str, Any] | None = None
+
+    @property
+    def state_key(self) -> str:
+        return "DoReMiReweighting"
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        sampler = getattr(trainer.datamodule, "sampler", None)
+        if not hasattr(sampler, "set_weights"):
+            raise ConfigError("DoReMiReweighting needs datamodule/sampler=weighted (the per-domain sampler)")
+        if not (self.reference_path / "config.json").is_file():
+            raise ConfigError(
+                f"DoReMi reference model {self.reference_path} has no config.json (a save_pretrained dir)"
+            )
+        from transformers import AutoModelForCausalLM
+
+        self.reference = AutoModelForCausalLM.from_pretrained(self.reference_path).eval().requires_grad_(False)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not isinstance(getattr(pl_module, "model", None), torch.nn.Module):
+            raise ConfigError(f"DoReMiReweighting needs a causal-LM module with .model, got {type(pl_module).__name__}")
+        sampler = trainer.datamodule.sampler
+        self.domains = sampler.domains
+        self.state = DoReMiWeights(len(self.domains), self.eta, self.smoothing)
+        if self._pending_state is not None:
+            if tuple(self._pending_state["domains"]) != self.domains:
+                raise ConfigError(
+                    f"the checkpoint's DoReMi weights are for domains {self._pending_state['domains']}, the data has "
+                    f"{list(self.domains)}"
+                )
+            self.state.load_state_dict(self._pending_state)
+            self._pending_state = None
+        self.reference.to(pl_module.device)
+
+    @torch.no_grad()
+    def _token_losses(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logp, mask = masked_token_logprobs(logits, batch["labels"])
+        return -logp, mask
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int):
+        sampler = trainer.datamodule.sampler
+        names = batch["columns"].get(sampler.domain_column)
+        if names is None:
+            raise ConfigError(f"DoReMiReweighting: the batch has no '{sampler.domain_column}' column")
+        index_of = {d: i for i, d in enumerate(self.domains)}
+        domain_index = torch.tensor([index_of[str(name)] for name in names])
+        proxy_loss, mask = self._token_losses(pl_module.model, batch)
+        reference_loss, _ = self._token_losses(self.reference, batch)
+        excess = domain_excess_loss(proxy_loss.cpu(), reference_loss.cpu(), mask.cpu(), domain_index, len(self.domains))
+        weights = self.state.step(excess)
+        if self.apply == "loss":
+            batch["loss_weight"] = domain_loss_weights(weights, mask.sum(dim=1).cpu(), domain_index).to(
+                pl_module.device
+            )
+        else:
+            sampler.set_weights(weights.tolist())
+        for name, value in zip(self.domains, weights.tolist()):
+            pl_module.log(f"doremi/weight/{name}", value, batch_size=1)
+        for name, value in zip(self.domains, excess.tolist()):
+            if value == value:  # NaN = no tokens of the domain in this batch
+                pl_module.log(f"doremi/excess/{name}", value, batch_size=1)
+
+    def average_weights(self) -> dict[str, float]:
+        """The output: ``{domain: mean_t a_t}``."""
+        if self.state is None:
+            raise ConfigError("DoReMiReweighting: no training step has run")
+        return dict(zip(self.domains, self.state.average.tolist()))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero or self.state is None:
+            return
+        self.weights_file.parent.mkdir(parents=True, exist_ok=True)
+        self.weights_file.write_text(json.dumps(self.average_weights(), indent=2, sort_keys=True))
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.state is None:
+            return {}
+        return {"domains": list(self.domains), **self.state.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict:
+            self._pending_state = dict(state_dict)
