@@ -70,6 +70,12 @@ class BucketingModule(pl.LightningModule):
         return f"b{index:0{len(str(self.num_clusters - 1))}d}"
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
+        # the student is trained here: leave Lightning's inference mode for this step
+        with torch.inference_mode(False), torch.enable_grad():
+            return self.bucket(batch)
+
+    def bucket(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Bucket ``batch["rows"]``: the rows with the bucket column, the metrics and the bucket sizes."""
         rows = batch["rows"]
         texts = []
         for index, row in enumerate(rows):
