@@ -138,20 +138,20 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         provenance(sweep, PAPER),
         "",
-        "One procedurally generated corpus (3000 training documents: 12 latent topics with Zipf-imbalanced sizes and "
-        "a cluster of near-duplicate templated documents, 10% of the corpus; `zoo.data.mixture_corpus`), embedded once "
-        f"with the real all-MiniLM-L6-v2, is bucketed into K = {k} buckets by four methods; a mixer then chooses "
-        "per-bucket sampling weights for a 2-layer character-level LM, and the LM's loss on held-out documents with the "
-        "same number of documents of every latent label (the uniform-topic held-out loss) is measured. Values: mean ± "
-        "sd [95% CI] over the seeds (clustering initialisation and every LM).",
+        "One procedurally generated corpus (3000 training documents: 12 latent topics with Zipf-imbalanced sizes "
+        "and a cluster of near-duplicate templated documents, 10% of the corpus; `zoo.data.mixture_corpus`), "
+        f"embedded once with the real all-MiniLM-L6-v2, is bucketed into K = {k} buckets by four methods; a mixer "
+        "then chooses per-bucket sampling weights for a 2-layer character-level LM, and the LM's loss on held-out "
+        "documents with the same number of documents of every latent label (the uniform-topic held-out loss) is "
+        "measured. Values: mean ± sd [95% CI] over the seeds (clustering initialisation and every LM).",
         "",
         "## Buckets",
         "",
         table(["bucketing", *[name for _, name in BUCKET_METRICS]], balance_rows),
         "",
-        "Student accuracy: agreement of the linear bag-of-words student (trained on the top-influence 10% of the corpus, "
-        "balanced over buckets; GIS for the vMF arms, cosine to the centre for the k-means arms) with the clustering's "
-        "own labels on the other 90%.",
+        "Student accuracy: agreement of the linear bag-of-words student (trained on the top-influence 10% of the "
+        "corpus, balanced over buckets; GIS for the vMF arms, cosine to the centre for the k-means arms) with the "
+        "clustering's own labels on the other 90%.",
         "",
         f"![bucket balance and NMI]({figure.name})",
         "",
