@@ -89,26 +89,15 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     sentences = []
     if "gem" in order:
         for other in (b for b in order if b != "gem"):
-            sentences.append(
-                "- "
-                + contrast(
-                    labels.get("gem", "gem"),
-                    artifact_values(every["gem"], "buckets", "bucketing/mass_entropy_ratio"),
-                    labels.get(other, other),
-                    artifact_values(every[other], "buckets", "bucketing/mass_entropy_ratio"),
-                    "the bucket mass entropy (/ log K)",
+            for metric, what in (
+                ("bucketing/mass_entropy_ratio", "the bucket mass entropy (/ log K)"),
+                ("bucketing/nmi", "the NMI against the latent topics"),
+            ):
+                gem_values = artifact_values(every["gem"], "buckets", metric)
+                other_values = artifact_values(every[other], "buckets", metric)
+                sentences.append(
+                    "- " + contrast(labels.get("gem", "gem"), gem_values, labels.get(other, other), other_values, what)
                 )
-            )
-            sentences.append(
-                "- "
-                + contrast(
-                    labels.get("gem", "gem"),
-                    artifact_values(every["gem"], "buckets", "bucketing/nmi"),
-                    labels.get(other, other),
-                    artifact_values(every[other], "buckets", "bucketing/nmi"),
-                    "the NMI against the latent topics",
-                )
-            )
         for m in mixers:
             for other in (b for b in order if b != "gem"):
                 sentences.append(
@@ -133,6 +122,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             )
 
     k = sweep.runs[0].get("num_buckets") if sweep.runs else "?"
+    steps = sweep.runs[0].get("trainer.max_steps") if sweep.runs else "?"
     lines = [
         "# GEM: Geometric Entropy Mixing — toy demo",
         "",
@@ -173,8 +163,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         "What this toy can show: the balance of the buckets (GEM's uniform prior and mass penalty against a "
         "rich-get-richer vMF-EM and k-means) and how each bucketing relates to the latent topics (NMI). What it "
-        "cannot: the paper's downstream accuracy gains (a 1.1B model on 25B tokens) — the LMs here train for 60 steps, "
-        "short of a plateau, so differences in held-out loss between mixtures are expected to be small.",
+        "cannot: the paper's downstream accuracy gains (a 1.1B model on 25B tokens) — the LMs here train for "
+        f"{steps} steps, short of a plateau, so differences in held-out loss between mixtures are expected to be "
+        "small.",
     ]
     paths.insert(0, write_page(out, PAPER, lines))
     return paths
