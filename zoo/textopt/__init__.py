@@ -21,7 +21,14 @@ from zoo.textopt.calls import CallLog, call
 from zoo.textopt.deepchain import DEPTHS, OPERATIONS, DeepChainSim
 from zoo.textopt.problem import ChainProblem, Example, QAChain, StepReport, read_examples
 from zoo.textopt.run import OPTIMIZERS, Tracker, evaluate, make_optimizer, optimize
-from zoo.textopt.textgrad import LLMCall, TextGrad, TextLoss, TextualGradientDescent, parse_improved_variable
+from zoo.textopt.textgrad import (
+    ChainOptimizer,
+    LLMCall,
+    TextGrad,
+    TextLoss,
+    TextualGradientDescent,
+    parse_improved_variable,
+)
 from zoo.textopt.textresnet import (
     DensityScheduler,
     LLMProjector,
@@ -44,6 +51,7 @@ __all__ = [
     "OPERATIONS",
     "OPTIMIZERS",
     "CallLog",
+    "ChainOptimizer",
     "ChainProblem",
     "DeepChainSim",
     "DensityScheduler",

@@ -15,7 +15,7 @@ from typing import Any
 from zoo.agents.backends.base import Backend
 from zoo.errors import ConfigError
 from zoo.textopt.problem import ChainProblem, Example
-from zoo.textopt.textgrad import TextGrad
+from zoo.textopt.textgrad import ChainOptimizer, TextGrad
 from zoo.textopt.textresnet import TextResNet
 
 OPTIMIZERS = {"textgrad": TextGrad, "textresnet": TextResNet}
@@ -24,7 +24,7 @@ TOKEN_PROXY_ROLES = ("backward", "projector", "optimizer")
 
 def make_optimizer(
     name: str, problem: ChainProblem, backend: Backend | None = None, seed: int | None = 0, **options: Any
-) -> TextGrad | TextResNet:
+) -> ChainOptimizer:
     """``textgrad`` or ``textresnet`` on ``problem``; ``backend=None`` uses the problem's own (the simulator's)."""
     if name not in OPTIMIZERS:
         raise ConfigError(f"textual optimizer {name!r}; use one of {sorted(OPTIMIZERS)}")
@@ -34,17 +34,16 @@ def make_optimizer(
     return OPTIMIZERS[name](problem, backend, seed=seed, **options)
 
 
-def evaluate(method: TextGrad | TextResNet, examples: Sequence[Example]) -> float:
+def evaluate(method: ChainOptimizer, examples: Sequence[Example]) -> float:
     """Share of ``examples`` the chain answers correctly with its current instructions."""
-    residual = isinstance(method, TextResNet)
-    hits = sum(method.problem.is_correct(method.output(e), e, residual) for e in examples)
+    hits = sum(method.problem.is_correct(method.output(e), e, method.residual) for e in examples)
     return hits / max(len(examples), 1)
 
 
 class Tracker:
     """Bookkeeping of an optimization run (see the module docstring)."""
 
-    def __init__(self, method: TextGrad | TextResNet) -> None:
+    def __init__(self, method: ChainOptimizer) -> None:
         self.method = method
         self.history: list[dict[str, Any]] = []
         self.converged_at: int | None = None

@@ -198,41 +198,68 @@ class TextualGradientDescent:
         return updated
 
 
-class TextGrad:
-    """TextGrad on a chain problem: replace-style forward ``y_i = LLM(p_i, y_{i-1})``, the problem's critic as the
-    loss, hop-by-hop backward, TGD on every parameter that received feedback.
+class ChainOptimizer:
+    """What every textual optimizer of a chain holds: one parameter per component (its instruction), the call log,
+    and a :class:`TextualGradientDescent` for the rewrites.
 
     Args:
         problem: a :class:`~zoo.textopt.problem.ChainProblem`.
-        backend: the model of every call (components, backward, optimizer).
+        backend: the model of every call.
         seed: forwarded to every call.
         constraints: TGD constraints.
     """
 
-    name = "textgrad"
+    name = "chain"
+    # whether outputs are additive tagged states (TextResNet) or replace-style chain outputs (TextGrad)
+    residual = False
 
-    def __init__(self, problem: ChainProblem, backend: Backend, seed: int | None = 0, constraints: Sequence[str] = ()):
+    def __init__(
+        self, problem: ChainProblem, backend: Backend, seed: int | None = 0, constraints: Sequence[str] = ()
+    ) -> None:
         self.problem = problem
         self.backend = backend
         self.seed = seed
         self.log = CallLog()
+        self.ids = list(problem.component_ids)
         self.parameters = {
             cid: Variable(value, problem.role(cid), requires_grad=True, name=cid)
-            for cid, value in zip(problem.component_ids, problem.initial_instructions())
+            for cid, value in zip(self.ids, problem.initial_instructions())
         }
-        self.nodes = [LLMCall(backend, self.parameters[cid], self.log, cid, seed) for cid in problem.component_ids]
         self.optimizer = TextualGradientDescent(list(self.parameters.values()), backend, self.log, constraints, seed)
 
     def instructions(self) -> dict[str, str]:
         return {cid: p.value for cid, p in self.parameters.items()}
 
-    def load_instructions(self, values: dict[str, str]) -> None:
-        for cid, value in values.items():
+    def output(self, example: Example) -> str:
+        """The chain's final output on ``example`` with the current instructions."""
+        raise NotImplementedError
+
+    def step(self, examples: Sequence[Example]) -> StepReport:
+        raise NotImplementedError
+
+    def state(self) -> dict[str, Any]:
+        return {"instructions": self.instructions()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        for cid, value in state["instructions"].items():
             self.parameters[cid].value = value
+
+
+class TextGrad(ChainOptimizer):
+    """TextGrad on a chain problem: replace-style forward ``y_i = LLM(p_i, y_{i-1})``, the problem's critic as the
+    loss, hop-by-hop backward, TGD on every parameter that received feedback (arguments: :class:`ChainOptimizer`)."""
+
+    name = "textgrad"
+
+    def __init__(
+        self, problem: ChainProblem, backend: Backend, seed: int | None = 0, constraints: Sequence[str] = ()
+    ) -> None:
+        super().__init__(problem, backend, seed, constraints)
+        self.nodes = [LLMCall(backend, self.parameters[cid], self.log, cid, seed) for cid in self.ids]
 
     def forward(self, example: Example) -> Variable:
         y = Variable(example.input, "input of the chain")
-        for cid, node in zip(self.problem.component_ids, self.nodes):
+        for cid, node in zip(self.ids, self.nodes):
             y = node(y, f"output of component {cid}")
         return y
 
@@ -252,9 +279,3 @@ class TextGrad:
         gradients = {cid: list(p.gradients) for cid, p in self.parameters.items()}
         updated = self.optimizer.step()
         return StepReport(correct / max(len(examples), 1), updated, gradients, {})
-
-    def state(self) -> dict[str, Any]:
-        return {"instructions": self.instructions()}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        self.load_instructions(state["instructions"])

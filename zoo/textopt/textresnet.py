@@ -30,8 +30,7 @@ from zoo.agents.backends.base import Backend
 from zoo.errors import ConfigError
 from zoo.textopt.calls import CallLog, call
 from zoo.textopt.problem import ChainProblem, Example, StepReport
-from zoo.textopt.textgrad import TextualGradientDescent
-from zoo.textopt.variable import Variable
+from zoo.textopt.textgrad import ChainOptimizer
 
 GLOBAL = "global"
 _DELTA = re.compile(r'<delta id="([^"]+)">(.*?)</delta>|<retract id="([^"]+)" target="([^"]+)"/>', re.DOTALL)
@@ -294,7 +293,7 @@ class DensityScheduler:
 
 
 # --------------------------------------------------------------------------------------------- the optimizer
-class TextResNet:
+class TextResNet(ChainOptimizer):
     """TextResNet on a chain problem.
 
     Forward: each component sees the whole state and appends one tagged delta (:func:`residual_forward`). Backward:
@@ -318,6 +317,7 @@ class TextResNet:
     """
 
     name = "textresnet"
+    residual = True
 
     def __init__(
         self,
@@ -336,29 +336,13 @@ class TextResNet:
             raise ConfigError(f"TextResNet projector={projector!r}; use llm or rule")
         if max_delta_chars is not None and max_delta_chars < 1:
             raise ConfigError(f"TextResNet max_delta_chars={max_delta_chars}: use null or a positive cap")
-        self.problem = problem
-        self.backend = backend
-        self.seed = seed
-        self.log = CallLog()
-        self.ids = list(problem.component_ids)
-        self.parameters = {
-            cid: Variable(value, problem.role(cid), requires_grad=True, name=cid)
-            for cid, value in zip(self.ids, problem.initial_instructions())
-        }
+        super().__init__(problem, backend, seed, constraints)
         self.projector = (
             LLMProjector(backend, self.log, seed=seed) if projector == "llm" else RuleProjector(rule_pattern)
         )
         self.scheduler = DensityScheduler(self.ids, budget, decay)
-        self.optimizer = TextualGradientDescent(list(self.parameters.values()), backend, self.log, constraints, seed)
         self.max_delta_chars = max_delta_chars
         self.retraction = retraction
-
-    def instructions(self) -> dict[str, str]:
-        return {cid: p.value for cid, p in self.parameters.items()}
-
-    def load_instructions(self, values: dict[str, str]) -> None:
-        for cid, value in values.items():
-            self.parameters[cid].value = value
 
     def system_prompt(self, cid: str) -> str:
         note = f"{RESIDUAL_NOTE} {RETRACTION_NOTE}" if self.retraction else RESIDUAL_NOTE
@@ -397,8 +381,8 @@ class TextResNet:
         return StepReport(correct / max(len(examples), 1), selected, gradients, extra)
 
     def state(self) -> dict[str, Any]:
-        return {"instructions": self.instructions(), "density": dict(self.scheduler.density)}
+        return {**super().state(), "density": dict(self.scheduler.density)}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.load_instructions(state["instructions"])
+        super().load_state(state)
         self.scheduler.density.update(state.get("density", {}))
