@@ -227,3 +227,24 @@ def test_the_simulator_components_apply_the_named_operation():
         DeepChainSim(noise=0.7)
     with pytest.raises(ConfigError, match="faulty"):
         DeepChainSim(faulty=(3, 1))
+
+
+def test_tracker_counts_attribution_and_convergence_by_hand():
+    from zoo.textopt import optimize
+
+    # one faulty component of four, lossless calls: TextResNet rewrites only it; TextGrad's global critique reaches
+    # all four nodes, so four optimizer calls of which one hits the fault (1/4), and both converge at step 1
+    resnet = optimize(DeepChainSim(depth=4, faulty=(1, 1), noise=0.0, seed=0), "textresnet", steps=3, budget=1)
+    grad = optimize(DeepChainSim(depth=4, faulty=(1, 1), noise=0.0, seed=0), "textgrad", steps=3)
+    assert resnet["attribution_accuracy"] == 1.0 and resnet["updates"] == 1 and resnet["converged_at"] == 1
+    assert grad["attribution_accuracy"] == 0.25 and grad["updates"] == 4 and grad["converged_at"] == 1
+    assert [r["faulty"] for r in grad["history"]] == [0, 0, 0] and grad["test_accuracy"] == 1.0
+    assert resnet["calls/optimizer"] == 1 and resnet["calls/projector"] == 4  # one per critiqued example
+
+
+def test_retraction_option_tells_components_how_to_retract():
+    from zoo.textopt.textresnet import RETRACTION_NOTE
+
+    sim = DeepChainSim(depth=2)
+    assert RETRACTION_NOTE in TextResNet(sim, sim.default_backend(), retraction=True).system_prompt("c1")
+    assert RETRACTION_NOTE not in TextResNet(sim, sim.default_backend()).system_prompt("c1")

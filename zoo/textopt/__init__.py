@@ -4,8 +4,9 @@
 * :mod:`zoo.textopt.textgrad` — :class:`LLMCall` nodes through any :class:`zoo.agents.Backend`, :class:`TextLoss`,
   hop-by-hop backward, :class:`TextualGradientDescent` (``zero_grad``/``step``, ``<IMPROVED_VARIABLE>`` parsing) and
   :class:`TextGrad` on a chain (arXiv 2406.07496, the baseline).
-* :mod:`zoo.textopt.textresnet` — additive tagged deltas, projector, routing, :class:`DensityScheduler`,
-  :class:`TextResNet` (arXiv 2602.08306).
+* :mod:`zoo.textopt.deltas` — additive tagged deltas (the identity highway).
+* :mod:`zoo.textopt.textresnet` — projector, routing, :class:`DensityScheduler`, :class:`TextResNet`
+  (arXiv 2602.08306).
 * :mod:`zoo.textopt.deepchain` — :class:`DeepChainSim`, the simulator; :mod:`zoo.textopt.problem` — :class:`QAChain`,
   the real path (JSONL examples, any backend).
 * :mod:`zoo.textopt.run` — :func:`optimize` (plain loop) and the :class:`Tracker` the Lightning module uses.
@@ -19,6 +20,15 @@ Public API::
 
 from zoo.textopt.calls import CallLog, call
 from zoo.textopt.deepchain import DEPTHS, OPERATIONS, DeepChainSim
+from zoo.textopt.deltas import (
+    append_delta,
+    append_retraction,
+    is_prefix_chain,
+    parse_deltas,
+    replace_forward,
+    residual_forward,
+    visible_deltas,
+)
 from zoo.textopt.problem import ChainProblem, Example, QAChain, StepReport, read_examples
 from zoo.textopt.run import OPTIMIZERS, Tracker, evaluate, make_optimizer, optimize
 from zoo.textopt.textgrad import (
@@ -35,14 +45,7 @@ from zoo.textopt.textresnet import (
     Projection,
     RuleProjector,
     TextResNet,
-    append_delta,
-    append_retraction,
-    is_prefix_chain,
-    parse_deltas,
     parse_projection,
-    replace_forward,
-    residual_forward,
-    visible_deltas,
 )
 from zoo.textopt.variable import Variable
 

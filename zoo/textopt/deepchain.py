@@ -39,9 +39,10 @@ from zoo.agents.backends import ScriptedBackend
 from zoo.agents.backends.base import Backend
 from zoo.errors import ConfigError
 from zoo.textopt.calls import CallLog
+from zoo.textopt.deltas import state_input, visible_deltas
 from zoo.textopt.problem import Example
 from zoo.textopt.textgrad import BACKWARD_SYSTEM, OPTIMIZER_SYSTEM
-from zoo.textopt.textresnet import PROJECTOR_SYSTEM, RESIDUAL_NOTE, route_by_pattern, state_input, visible_deltas
+from zoo.textopt.textresnet import PROJECTOR_SYSTEM, RESIDUAL_NOTE, route_by_pattern
 
 DEPTHS = (2, 5, 10, 20)
 

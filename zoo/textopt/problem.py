@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 from zoo.agents.backends.base import Backend
 from zoo.errors import ConfigError, DataError
 from zoo.textopt.calls import CallLog
+from zoo.textopt.deltas import visible_deltas
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,6 @@ class QAChain:
     def answer(self, output: str, residual: bool) -> str:
         if not residual:
             return output
-        from zoo.textopt.textresnet import visible_deltas
-
         deltas = visible_deltas(output)
         return deltas[-1][1] if deltas else output
 
