@@ -11,7 +11,20 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from zoo.report import Run, Sweep, fmt_stat, paired_contrast, provenance, pyplot, save_figure, stat, table, write_page
+from zoo.report import (
+    Run,
+    Sweep,
+    endpoint_section,
+    fmt_stat,
+    llm_arm_measured,
+    paired_contrast,
+    provenance,
+    pyplot,
+    save_figure,
+    stat,
+    table,
+    write_page,
+)
 
 PAPER = "persona2web"
 LEVEL_KEY = "env.level"
@@ -138,18 +151,12 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         *llm_section(runs_of(None, "llm_tiny"), first),
         "",
-        "## Any OpenAI-compatible endpoint",
-        "",
-        "The same sweep with a served model as the agent (`pip install 'paperzoo[agents]'`; the arm `llm_endpoint`, "
-        "on-demand scheme; replies can be recorded and replayed with `backend.cache.path=... "
-        "backend.cache.mode=auto`):",
-        "",
-        "```bash",
-        "OMP_NUM_THREADS=1 python train.py -m +demo=persona2web demo/persona2web/arm=llm_endpoint \\",
-        "    backend.base_url=http://localhost:8000/v1 backend.model=<served model> \\",
-        "    demo.llm.max_steps=20 demo.llm.max_tokens=1024 demo.llm.episodes=10",
-        "python -m zoo.report demo persona2web",
-        "```",
+        *endpoint_section(
+            PAPER,
+            "llm_endpoint",
+            "demo.llm.max_steps=20 demo.llm.max_tokens=1024 demo.llm.episodes=10",
+            ", on-demand scheme",
+        ),
         "",
         "## Reading",
         "",
@@ -177,9 +184,6 @@ def llm_section(runs: list[Run], first: Run) -> list[str]:
     if not runs:
         return ["Not in this sweep."]
     eps = [e for r in runs for e in episodes(r)]
-    steps = [s for e in eps for s in e.get("steps", [])]
-    called = sum(s.get("tool") is not None for s in steps)
-    ok = sum(bool(s.get("ok")) for s in steps)
     r0 = runs[0]
     success = stat(run_mean(r, metric("reasoning", "Success")) for r in runs)
     return [
@@ -189,15 +193,7 @@ def llm_section(runs: list[Run], first: Run) -> list[str]:
         f"{r0.get('backend.max_tokens')} new tokens per reply, {r0.get('datamodule.episodes')} episodes per run, "
         "greedy decoding. A score of 0 is expected; the arm shows that the path runs end to end.",
         "",
-        f"Measured over {len(runs)} runs ({len(eps)} episodes, {len(steps)} steps): SR (reasoning-aware) "
-        f"{fmt_stat(success)}; steps with a parsed tool call {called} of {len(steps)}, steps that succeeded {ok}; "
-        f"stopped in {sum(bool(e.get('committed')) for e in eps)} of {len(eps)} episodes; "
-        f"{stat(r.last('test/tokens') for r in runs).mean:.0f} tokens per episode (prompt + completion). "
-        + (
-            "Every run finished: unparseable replies were recorded as failed steps, never a crash."
-            if all(r.finished for r in runs)
-            else f"{sum(not r.finished for r in runs)} of {len(runs)} runs did not finish."
-        ),
+        llm_arm_measured(runs, eps, f"SR (reasoning-aware) {fmt_stat(success)}"),
     ]
 
 
