@@ -45,7 +45,6 @@ from zoo.agents.envs.persona2web.world import (
     PersonaWorld,
     domain_spec,
     location_text,
-    site_domain,
 )
 from zoo.agents.tools import ToolRegistry, agent_tool
 from zoo.errors import ConfigError
@@ -400,4 +399,4 @@ def hash_rank(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:4], "big")
 
 
-__all__ = ["SCHEMES", "PersonaWeb", "site_domain"]
+__all__ = ["SCHEMES", "PersonaWeb"]
