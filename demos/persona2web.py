@@ -28,6 +28,7 @@ from zoo.report import (
 
 PAPER = "persona2web"
 LEVEL_KEY = "env.level"
+NOISE_KEY = "env.distractors"
 ARM_KEY = "demo/persona2web/arm"
 TRAJECTORIES = "trajectories.jsonl"
 METRICS = ("P_web", "P_pref", "Intent", "Success")
@@ -63,40 +64,22 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     def values(key: str) -> list[Any]:
         return list(dict.fromkeys(r.arm.get(key) for r in sweep.runs if r.arm.get(key) is not None))
 
-    levels, arms = values(LEVEL_KEY), values(ARM_KEY)
+    noises, levels, arms = values(NOISE_KEY) or [None], values(LEVEL_KEY), values(ARM_KEY)
 
-    def runs_of(level: Any, arm: Any) -> list[Run]:
+    def runs_of(level: Any, arm: Any, noise: Any = None) -> list[Run]:
         return [
             r
             for r in sweep.runs
-            if (level is None or r.arm.get(LEVEL_KEY) == level) and (arm is None or r.arm.get(ARM_KEY) == arm)
+            if (level is None or r.arm.get(LEVEL_KEY) == level)
+            and (arm is None or r.arm.get(ARM_KEY) == arm)
+            and (noise is None or r.arm.get(NOISE_KEY) == noise)
         ]
 
-    def cell(level: Any, arm: str, fn, digits: int = 3, ci: bool = True) -> str:
-        return fmt_stat(stat(run_mean(r, fn) for r in runs_of(level, arm)), digits, ci=ci)
-
-    def per_seed(level: Any, arm: str, fn) -> dict[int, float]:
-        return {r.seed: run_mean(r, fn) for r in runs_of(level, arm)}
-
     sections: list[str] = []
-    for level in levels:
-        rows = []
-        for arm in arms:
-            scheme = runs_of(level, arm)[0].get("env.scheme") if runs_of(level, arm) else "?"
-            rows.append(
-                [
-                    lab(arm),
-                    scheme,
-                    *(cell(level, arm, metric("reasoning", m)) for m in METRICS),
-                    cell(level, arm, metric("outcome", "Success")),
-                    cell(level, arm, lambda e: float(raw(e).get("memory_reads", 0)), 2, ci=False),
-                    cell(level, arm, lambda e: float(len(e.get("steps", []))), 1, ci=False),
-                ]
-            )
-        header = ["agent", "scheme", *(f"{m} (reasoning-aware)" for m in METRICS), "SR (outcome-only)"]
-        sections += [f"### Level {level}", "", table([*header, "memory reads", "steps"], rows), ""]
-        sections += [f"- {line}" for line in level_contrasts(level, arms, per_seed, lab)]
-        sections.append("")
+    for noise in noises:
+        sections += [f"### {noise} distractor seeds per domain" if noise is not None else "### All runs", ""]
+        for level in levels:
+            sections += level_section(level, arms, lambda lv, arm, n=noise: runs_of(lv, arm, n), lab)
 
     tag_rows = []
     tag_names: list[str] = []
@@ -108,7 +91,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         total = sum(len(episodes(r)) for r in runs_of(None, arm))
         tag_rows.append([lab(arm), total, *(counts[arm].get(t, 0) for t in tag_names)])
 
-    png = plot(levels, arms, runs_of, lab, out / f"{PAPER}.png")
+    png = plot(noises, levels, arms, runs_of, lab, out / f"{PAPER}.png")
     text = [
         "# Persona2Web demo (offline substitute): history-access schemes × query ambiguity levels",
         "",
@@ -122,11 +105,14 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         provenance(sweep, PAPER),
         "",
-        f"Setup: {len(levels)} levels × {len(arms)} agents × {len(sweep.seeds)} seeds; each scripted run plays "
+        f"Setup: {len(noises)} history-noise settings × {len(levels)} levels × {len(arms)} agents × "
+        f"{len(sweep.seeds)} seeds; each scripted run plays "
         f"{first.get('datamodule.episodes')} episodes (one persona world each; the worlds of a seed are the same for "
-        f"every agent and level, so comparisons are paired by seed). History: {first.get('env.distractors')} "
-        f"distractor seeds per domain (gifts, half of them of the target category, and one-off visits), "
-        f"{first.get('env.sites_per_domain')} sites per domain; retrieval `{first.get('env.retriever')}` over the "
+        f"every agent and level, so comparisons are paired by seed). History noise: "
+        f"{' or '.join(str(n) for n in noises)} distractor seeds per domain (gifts, half of them of the target "
+        f"category, and one-off visits on other sites, with other values and locations) against two recurring "
+        f"patterns on the preferred site; {first.get('env.sites_per_domain')} sites per domain; retrieval "
+        f"`{first.get('env.retriever')}` over the "
         f"`{first.get('env.encoder')}` encoder. Level 1 hides the site, the preferences and the location; level 2 "
         "states the preferences; level 3 states everything. Cells: per-run mean over episodes, then mean ± sd over "
         "seeds [95% CI]. Reasoning-aware scoring credits a hidden field only when a history entry supporting it was "
@@ -137,7 +123,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         *sections,
         f"![success by level]({png.name})",
         "",
-        "## Error tags (episodes carrying each tag, all levels)",
+        "## Error tags (episodes carrying each tag, all levels and noise settings)",
         "",
         table(["agent", "episodes", *tag_names], tag_rows),
         "",
@@ -160,24 +146,47 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         "## Reading",
         "",
-        *reading(levels, arms, runs_of, per_seed, lab),
+        *reading(noises, levels, arms, runs_of, lab),
         "",
     ]
     return [write_page(out, PAPER, text), png]
 
 
-def level_contrasts(level: Any, arms: list[str], per_seed: Any, lab: Any) -> list[str]:
-    """Paired (by seed) contrasts of reasoning-aware Success: history schemes vs no-history, pre-execution vs
+def per_seed(runs: list[Run], fn) -> dict[int, float]:
+    return {r.seed: run_mean(r, fn) for r in runs}
+
+
+def level_section(level: Any, arms: list[str], runs_of: Any, lab: Any) -> list[str]:
+    """The table of one level (agents × P_web, P_pref, Intent, Success, outcome-only SR, reads, steps) and the
+    paired (by seed) contrasts of reasoning-aware Success: history schemes vs no-history, pre-execution vs
     on-demand."""
-    pairs = [("pre_execution", "no_history"), ("on_demand", "no_history"), ("pre_execution", "on_demand")]
+
+    def cell(arm: str, fn, digits: int = 3, ci: bool = True) -> str:
+        return fmt_stat(stat(run_mean(r, fn) for r in runs_of(level, arm)), digits, ci=ci)
+
+    rows = []
+    for arm in arms:
+        runs = runs_of(level, arm)
+        rows.append(
+            [
+                lab(arm),
+                runs[0].get("env.scheme") if runs else "?",
+                *(cell(arm, metric("reasoning", m)) for m in METRICS),
+                cell(arm, metric("outcome", "Success")),
+                cell(arm, lambda e: float(raw(e).get("memory_reads", 0)), 2, ci=False),
+                cell(arm, lambda e: float(len(e.get("steps", []))), 1, ci=False),
+            ]
+        )
+    header = ["agent", "scheme", *(f"{m} (reasoning-aware)" for m in METRICS), "SR (outcome-only)"]
+    lines = [f"#### Level {level}", "", table([*header, "memory reads", "steps"], rows), ""]
     success = metric("reasoning", "Success")
-    return [
-        f"Level {level}: "
-        + paired_contrast(lab(a), per_seed(level, a, success), lab(b), per_seed(level, b, success), "SR")
-        + "."
-        for a, b in pairs
-        if a in arms and b in arms
-    ]
+    for a, b in [("pre_execution", "no_history"), ("on_demand", "no_history"), ("pre_execution", "on_demand")]:
+        if a in arms and b in arms:
+            sentence = paired_contrast(
+                lab(a), per_seed(runs_of(level, a), success), lab(b), per_seed(runs_of(level, b), success), "SR"
+            )
+            lines.append(f"- Level {level}: {sentence}.")
+    return [*lines, ""]
 
 
 def llm_section(runs: list[Run], first: Run) -> list[str]:
@@ -197,39 +206,55 @@ def llm_section(runs: list[Run], first: Run) -> list[str]:
     ]
 
 
-def reading(levels: list[Any], arms: list[str], runs_of: Any, per_seed: Any, lab: Any) -> list[str]:
+def reading(noises: list[Any], levels: list[Any], arms: list[str], runs_of: Any, lab: Any) -> list[str]:
     notes = []
     success_r = metric("reasoning", "Success")
-    for arm in arms:
-        if arm in LLM_ARMS:
-            continue
-        by_level = ", ".join(
-            f"L{level} {stat(run_mean(r, success_r) for r in runs_of(level, arm)).mean:.3f}" for level in levels
-        )
-        notes.append(f"- {lab(arm)}: SR (reasoning-aware) {by_level}.")
+    for noise in noises:
+        where = f" ({noise} distractor seeds)" if noise is not None else ""
+        for arm in arms:
+            if arm in LLM_ARMS:
+                continue
+            by_level = ", ".join(
+                f"L{level} {stat(run_mean(r, success_r) for r in runs_of(level, arm, noise)).mean:.3f}"
+                for level in levels
+            )
+            notes.append(f"- {lab(arm)}{where}: SR (reasoning-aware) {by_level}.")
     first_level = levels[0] if levels else None
     web_r, web_o = metric("reasoning", "P_web"), metric("outcome", "P_web")
     for arm in ("random", "no_history"):
         if arm in arms and first_level is not None:
+            runs = runs_of(first_level, arm, noises[0])
             notes.append(
                 f"- P_web of {lab(arm)} at level {first_level}, outcome-only vs reasoning-aware (a site guessed right "
                 "without history is credited only outcome-only): "
                 + paired_contrast(
-                    "outcome-only",
-                    per_seed(first_level, arm, web_o),
-                    "reasoning-aware",
-                    per_seed(first_level, arm, web_r),
-                    "P_web",
+                    "outcome-only", per_seed(runs, web_o), "reasoning-aware", per_seed(runs, web_r), "P_web"
                 )
                 + "."
             )
+    if len(noises) > 1:
+        for arm in ("pre_execution", "on_demand"):
+            if arm in arms and first_level is not None:
+                low, high = runs_of(first_level, arm, noises[0]), runs_of(first_level, arm, noises[-1])
+                notes.append(
+                    f"- {lab(arm)} at level {first_level}, {noises[0]} vs {noises[-1]} distractor seeds: "
+                    + paired_contrast(
+                        f"{noises[0]} distractors",
+                        per_seed(low, success_r),
+                        f"{noises[-1]} distractors",
+                        per_seed(high, success_r),
+                        "SR",
+                    )
+                    + "."
+                )
     if "pre_execution" in arms and "on_demand" in arms:
         notes.append(
             "- The scripted pre-execution and on-demand agents ask the same template queries (one per hidden field) "
             "and vote over what comes back; they differ only in when they read and in the scheme's top-k (20 vs 10). "
             "A gap between them is therefore the retrieval budget, not an LLM's judgement of when to ask; the "
             "paper's finding (pre-execution ahead of on-demand) is about LLM agents on the live web and is not "
-            "tested here beyond that mechanism."
+            "tested here beyond that mechanism. Where they score near 1, the simulated histories are solvable by "
+            "retrieval and a frequency vote; that does not make the task easy for an LLM."
         )
     notes.append(
         "- What this toy cannot show: how often a real LLM decides to consult its history, how it phrases queries, "
@@ -238,20 +263,21 @@ def reading(levels: list[Any], arms: list[str], runs_of: Any, per_seed: Any, lab
     return notes
 
 
-def plot(levels: list[Any], arms: list[str], runs_of: Any, lab: Any, path: Path) -> Path:
-    """SR per agent and level (mean, 95% CI over seeds), reasoning-aware (left) and outcome-only (right)."""
+def plot(noises: list[Any], levels: list[Any], arms: list[str], runs_of: Any, lab: Any, path: Path) -> Path:
+    """Reasoning-aware SR per agent and level (mean, 95% CI over seeds), one panel per history-noise setting."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(noises), figsize=(5.5 * len(noises), 4), squeeze=False)
     width = 0.8 / max(len(arms), 1)
-    for col, mode in enumerate(("reasoning", "outcome")):
+    fn = metric("reasoning", "Success")
+    for col, noise in enumerate(noises):
         ax = axes[0][col]
-        fn = metric(mode, "Success")
         for i, arm in enumerate(arms):
-            stats = [stat(run_mean(r, fn) for r in runs_of(level, arm)) for level in levels]
+            stats = [stat(run_mean(r, fn) for r in runs_of(level, arm, noise)) for level in levels]
             xs = [j + i * width for j in range(len(levels))]
             err = [[s.mean - s.lo if s.n > 1 else 0 for s in stats], [s.hi - s.mean if s.n > 1 else 0 for s in stats]]
             ax.bar(xs, [s.mean for s in stats], width, yerr=err, capsize=2, label=lab(arm))
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(levels))], [f"level {lv}" for lv in levels])
-        ax.set(ylim=(0, 1.15), ylabel="success rate", title=f"SR ({mode}-{'aware' if mode == 'reasoning' else 'only'})")
+        title = f"{noise} distractor seeds per domain" if noise is not None else "all runs"
+        ax.set(ylim=(0, 1.15), ylabel="success rate (reasoning-aware)", title=title)
     axes[0][0].legend(fontsize=6, loc="upper left")
     return save_figure(fig, path)
