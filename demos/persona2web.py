@@ -278,6 +278,6 @@ def plot(noises: list[Any], levels: list[Any], arms: list[str], runs_of: Any, la
             ax.bar(xs, [s.mean for s in stats], width, yerr=err, capsize=2, label=lab(arm))
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(levels))], [f"level {lv}" for lv in levels])
         title = f"{noise} distractor seeds per domain" if noise is not None else "all runs"
-        ax.set(ylim=(0, 1.15), ylabel="success rate (reasoning-aware)", title=title)
-    axes[0][0].legend(fontsize=6, loc="upper left")
+        ax.set(ylim=(0, 1.45), ylabel="success rate (reasoning-aware)", title=title)
+    axes[0][0].legend(fontsize=6, loc="upper left", ncol=3)
     return save_figure(fig, path)
