@@ -14,6 +14,7 @@ from zoo.datamodules.preferences import PreferenceDataModule
 from zoo.datamodules.prompts import PromptDataModule
 from zoo.datamodules.sft import SFTDataModule
 from zoo.datamodules.structures import StructureDataModule
+from zoo.datamodules.textopt import TextOptDataModule
 
 __all__ = [
     "CorpusDataModule",
@@ -27,4 +28,5 @@ __all__ = [
     "RowDataModule",
     "SFTDataModule",
     "StructureDataModule",
+    "TextOptDataModule",
 ]
