@@ -9,6 +9,7 @@ topic-uniform held-out documents), and the build metrics of the prerequisites it
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -46,6 +47,31 @@ def by_bucketing(sweep: Sweep) -> dict[str, dict[str, list[Run]]]:
     return out
 
 
+def uniform_losses(runs: list[Run]) -> list[float]:
+    """``val/loss`` of DoReMi's reference (uniform bucket weights): from the runs' own artifacts, or, when the DoReMi
+    weights were already cached, from the ``run_info.json`` of that cached build (which lists its reference)."""
+    seen = dict(zip(artifact_paths(runs, "doremi_reference"), artifact_values(runs, "doremi_reference", "val/loss")))
+    for path in artifact_paths(runs, "doremi_weights"):
+        info_file = Path(path) / "run_info.json"
+        if not info_file.is_file():
+            continue
+        for used in json.loads(info_file.read_text()).get("artifacts", []):
+            value = (used.get("metrics") or {}).get("val/loss")
+            if used.get("kind") == "doremi_reference" and value is not None:
+                seen[used["path"]] = float(value)
+    return list(seen.values())
+
+
+def artifact_paths(runs: list[Run], kind: str) -> list[str]:
+    """The paths of the artifacts of ``kind`` the runs used, first use first (as :func:`artifact_values` orders)."""
+    paths: dict[str, None] = {}
+    for run in runs:
+        for used in run.info.get("artifacts", []):
+            if used.get("kind") == kind and (used.get("metrics") or {}).get("val/loss") is not None:
+                paths[used["path"]] = None
+    return list(paths)
+
+
 def final_losses(runs: list[Run]) -> list[float]:
     return [v for v in (r.last("val/loss") for r in runs) if not math.isnan(v)]
 
@@ -66,7 +92,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     mixers = sorted({m for b in order for m in groups[b]})
     loss_rows, uniform, mixed = [], {}, {}
     for b in order:
-        uniform[b] = artifact_values(every[b], "doremi_reference", "val/loss")
+        uniform[b] = uniform_losses(every[b])
         cells = [labels.get(b, b), fmt_stat(stat(uniform[b])) if uniform[b] else "—"]
         for m in mixers:
             mixed[(b, m)] = final_losses(groups[b].get(m, []))
