@@ -13,7 +13,14 @@ Public API::
 
 from zoo.agents.backends import Backend, HFLocalBackend, OpenAICompatBackend, ReplayCache, ScriptedBackend
 from zoo.agents.context import Context, NoteBook
-from zoo.agents.envs import ENVIRONMENTS, AlienGeneticsLab, Environment, MysteryGrid, SequenceExploration
+from zoo.agents.envs import (
+    ENVIRONMENTS,
+    AlienGeneticsLab,
+    Environment,
+    MysteryGrid,
+    ProcWorld,
+    SequenceExploration,
+)
 from zoo.agents.evaluate import derive_seed, evaluate, run_episodes
 from zoo.agents.metrics import summarize
 from zoo.agents.parsing import parse_native_tool_calls, parse_tool_calls
@@ -24,6 +31,7 @@ from zoo.agents.policies import (
     EarlyCommitAgent,
     HypothesisEliminationAgent,
     LLMToolAgent,
+    ProcWorldMemoryAgent,
     RandomAgent,
 )
 from zoo.agents.runner import StepRecord, Trajectory, run_episode
@@ -46,6 +54,8 @@ __all__ = [
     "HypothesisEliminationAgent",
     "LLMToolAgent",
     "MysteryGrid",
+    "ProcWorld",
+    "ProcWorldMemoryAgent",
     "NoteBook",
     "OpenAICompatBackend",
     "PythonSandbox",

@@ -5,6 +5,7 @@ from zoo.modules.causal_lm import CausalLMModule, exact_answer_match
 from zoo.modules.episodes import EpisodeModule
 from zoo.modules.generating import GeneratingModule
 from zoo.modules.grpo import GRPOModule
+from zoo.modules.memevolve import MemEvolveModule
 from zoo.modules.multiturn import MultiTurnRollout, MultiTurnRolloutModule
 from zoo.modules.preference import PreferenceModule
 from zoo.modules.sequence_classifier import SequenceClassifierModule
@@ -17,6 +18,7 @@ __all__ = [
     "EpisodeModule",
     "GRPOModule",
     "GeneratingModule",
+    "MemEvolveModule",
     "MultiTurnRollout",
     "MultiTurnRolloutModule",
     "PreferenceModule",

@@ -9,10 +9,12 @@ from zoo.agents.policies.hypotheses import (
     SolverAgent,
 )
 from zoo.agents.policies.llm import LLMToolAgent
+from zoo.agents.policies.memory import ProcWorldMemoryAgent
 from zoo.agents.policies.random import RandomAgent
 
 AGENTS: dict[str, type[Agent]] = {
-    cls.name: cls for cls in (RandomAgent, EarlyCommitAgent, HypothesisEliminationAgent, LLMToolAgent)
+    cls.name: cls
+    for cls in (RandomAgent, EarlyCommitAgent, HypothesisEliminationAgent, LLMToolAgent, ProcWorldMemoryAgent)
 }
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "HypothesisEliminationAgent",
     "HypothesisSet",
     "LLMToolAgent",
+    "ProcWorldMemoryAgent",
     "RandomAgent",
     "Solver",
     "SolverAgent",

@@ -1,0 +1,31 @@
+"""Child-process entry that runs generated provider code on a task stream (never imported by the parent).
+
+``python -I -c "<sandbox prelude>; from zoo.memory.worker import main; main()" SPEC OUT``: SPEC names the code file,
+the store directory, the environment, the task indices and the seed; the result of
+:func:`zoo.memory.evolve.run_stream` is written to OUT as JSON. Any error exits non-zero with the traceback on stderr.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+from zoo.memory.evolve import run_stream
+from zoo.memory.interface import MemoryProvider
+
+
+def main() -> None:
+    spec = json.loads(open(sys.argv[1]).read())
+    module_spec = importlib.util.spec_from_file_location("generated_provider", spec["code"])
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    provider_cls = getattr(module, "Provider", None)
+    if not (isinstance(provider_cls, type) and issubclass(provider_cls, MemoryProvider)):
+        raise SystemExit("the generated code defines no class Provider(MemoryProvider)")
+    provider = provider_cls(spec["store_dir"])
+    if not provider.initialize():
+        raise SystemExit("Provider.initialize() returned False")
+    result = run_stream(provider, spec["env"], [int(i) for i in spec["episodes"]], int(spec["seed"]))
+    with open(sys.argv[2], "w") as handle:
+        json.dump(result, handle)
