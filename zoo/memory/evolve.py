@@ -366,7 +366,8 @@ Write one Python module defining `class Provider(MemoryProvider)` with `__init__
 `initialize() -> bool`, `provide_memory(request: MemoryRequest) -> MemoryResponse` (at most top_k items, best first) and
 `take_in_memory(trajectory: TrajectoryData) -> tuple[bool, str]`. Import what you need from `zoo.memory`
 (MemoryProvider, MemoryRequest, MemoryResponse, MemoryItem, MemoryStatus, TrajectoryData, Genotype, ModularMemory).
-Keep all files in store_dir. Do not propose new frameworks, retraining or multi-agent designs; no hard-coded task matching.
+Keep all files in store_dir. Do not propose new frameworks, retraining or multi-agent designs; no hard-coded
+task matching.
 
 Current system: {system}
 Diagnosis (trouble per module, 0 = fine, 1 = bad): {diagnosis}

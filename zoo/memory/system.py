@@ -8,7 +8,8 @@ genotype, with a persistent per-system store directory.
 * Store: ``list`` (JSONL), ``vector`` (JSONL + persisted embeddings), ``graph`` (JSONL + edges within a group) --
   :class:`MemoryStore`;
 * Retrieve: ``recency``, ``bm25``, ``cosine``, ``hybrid`` (alpha) + ``top_k`` -- :meth:`ModularMemory.scores`;
-* Manage: ``none``, ``dedup``, ``decay`` (tau), ``consolidate`` (every k ingests) -- :meth:`ModularMemory.take_in_memory`.
+* Manage: ``none``, ``dedup``, ``decay`` (tau), ``consolidate`` (every k ingests) --
+  :meth:`ModularMemory.take_in_memory`.
 
 Rules every system keeps (the invariants of the research notes, sec. 3e):
 

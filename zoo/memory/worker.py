@@ -16,7 +16,8 @@ from zoo.memory.interface import MemoryProvider
 
 
 def main() -> None:
-    spec = json.loads(open(sys.argv[1]).read())
+    with open(sys.argv[1]) as handle:
+        spec = json.load(handle)
     module_spec = importlib.util.spec_from_file_location("generated_provider", spec["code"])
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)  # type: ignore[union-attr]

@@ -7,15 +7,14 @@ reproduced baselines (``compare``), the initial base and the evolved winner, eac
 
 Equation / step -> function map (paper Sec. 3-4; released ``MemEvolve/core/auto_evolver.py``):
 
-| paper | here |
-|---|---|
-| memory genotype Omega = (Encode, Store, Retrieve, Manage) | :class:`zoo.memory.Genotype`, :class:`zoo.memory.ModularMemory` |
-| provide / take-in interface | :mod:`zoo.memory.interface` |
-| inner loop (tasks with a fixed Omega, ingest each trajectory) | :func:`zoo.memory.evolve.run_stream` |
-| analyze / diagnose | :func:`zoo.memory.evolve.diagnose` |
-| generate / design | :func:`zoo.memory.evolve.rule_based_design`, :class:`zoo.memory.evolve.LLMDesigner` |
-| validate (smoke tasks, timeout) | :meth:`zoo.memory.evolve.MemEvolve.run_round` (``smoke``) |
-| tournament, finals, selection (lexicographic / Pareto + tie-break) | :func:`zoo.memory.evolve.selection_order`, :func:`zoo.memory.evolve.pareto_ranks` |
+* memory genotype Omega = (Encode, Store, Retrieve, Manage) -> :class:`zoo.memory.Genotype`,
+  :class:`zoo.memory.ModularMemory`; provide / take-in interface -> :mod:`zoo.memory.interface`;
+* inner loop (tasks with a fixed Omega, each trajectory ingested) -> :func:`zoo.memory.evolve.run_stream`;
+* analyze / diagnose -> :func:`zoo.memory.evolve.diagnose`;
+* generate / design -> :func:`zoo.memory.evolve.rule_based_design`, :class:`zoo.memory.evolve.LLMDesigner`;
+* validate (smoke tasks, timeout), tournament, finals -> :meth:`zoo.memory.evolve.MemEvolve.run_round`;
+* selection, lexicographic or Pareto with the released tie-break -> :func:`zoo.memory.evolve.selection_order`,
+  :func:`zoo.memory.evolve.pareto_ranks`, :func:`zoo.memory.evolve.tie_break_scores`.
 
 Logged (``test/``): ``success/<system>`` and ``tokens/<system>`` on the evolution families,
 ``transfer_success/<system>`` and ``transfer_tokens/<system>`` on the held-out families, ``evolved_success``,
@@ -26,6 +25,7 @@ Logged (``test/``): ``success/<system>`` and ``tokens/<system>`` on the evolutio
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ from zoo.errors import ConfigError
 from zoo.memory.evolve import LLMDesigner, MemEvolve, compare_systems
 from zoo.memory.interface import NoMemory
 from zoo.memory.system import Genotype, ModularMemory
+
+log = logging.getLogger("zoo")
 
 
 def _plain(value: Any) -> Any:
@@ -112,7 +114,7 @@ class MemEvolveModule(pl.LightningModule):
         if len(self.evolver.history) >= int(self.evolver.rounds):
             return {}
         record = self.evolver.run_round()
-        print(
+        log.info(
             f"[memevolve] round {record['round']}: diagnosis -> {record['diagnosis']['worst']}; winner "
             f"{record['winner']['system']} ({', '.join(record['finals_order'])})"
         )
