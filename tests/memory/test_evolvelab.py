@@ -218,9 +218,11 @@ def test_a_vector_store_refuses_an_encoder_of_another_dimension(tmp_path):
         ModularMemory(g, tmp_path / "v", encoder=HashingEncoder(32)).initialize()
     with pytest.raises(StoreError, match="holds a insight/vector store.*this system is insight/list"):
         ModularMemory(g.mutate(store="list"), tmp_path / "v").initialize()  # another architecture
-    assert ModularMemory(g, tmp_path / "v", encoder=HashingEncoder(64)).provide_memory(
-        MemoryRequest(find_task(0, False).query)
-    ).memories
+    assert (
+        ModularMemory(g, tmp_path / "v", encoder=HashingEncoder(64))
+        .provide_memory(MemoryRequest(find_task(0, False).query))
+        .memories
+    )
 
 
 def test_bad_genotypes_are_config_errors():
@@ -318,9 +320,7 @@ def test_released_baselines_are_named_configs_citing_their_source(train_cfg, nam
 
 
 def test_modules_are_config_groups(train_cfg):
-    cfg = train_cfg(
-        ["+method=evolvelab", "memory=modular", "memory/encode@memory=skill", "memory/manage@memory=decay"]
-    )
+    cfg = train_cfg(["+method=evolvelab", "memory=modular", "memory/encode@memory=skill", "memory/manage@memory=decay"])
     g = Genotype.from_config(OmegaConf.to_container(cfg.memory, resolve=True))
     assert (g.encode, g.manage, g.decay_tau) == ("skill", "decay", 20.0)
 
@@ -331,7 +331,8 @@ def test_evolvelab_runs_with_the_ingest_callback(train_cfg, tmp_path):
     assert 0.0 <= metrics["test/score"] <= 1.0
     rows = [json.loads(line) for line in (tmp_path / "run" / "memory_ingest.jsonl").read_text().splitlines()]
     assert [r["episode"] for r in rows] == list(range(6)) and all(r["ok"] for r in rows)
-    solved_tasks = [json.loads(line)["score"] for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
+    trajectories = (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
+    solved_tasks = [json.loads(line)["score"] for line in trajectories]
     stored = [json.loads(line) for line in (tmp_path / "run" / "memory" / "items.jsonl").read_text().splitlines()]
     # Voyager stores verified skills only: one per solved task (identical ones deduplicated)
     assert 0 < len(stored) <= sum(s == 1.0 for s in solved_tasks)
