@@ -60,6 +60,7 @@ from zoo.memory.system import MANAGERS, RETRIEVERS, STORES, Genotype, ModularMem
 SELECTIONS = ("lexicographic", "pareto")
 ISOLATIONS = ("process", "inline")
 TIE_BREAK = (0.6, 0.25, 0.15)  # accuracy, token_norm, time_norm (released Pareto tie-break)
+STARTUP_GRACE = 60.0  # seconds a sandboxed child may take to start Python and load the zoo (and torch)
 LOG_KEYS = ("requests", "items", "hits", "duplicates", "facts", "chars")
 
 
@@ -186,13 +187,23 @@ def run_generated(
     code_path: Path, store_dir: Path, env: dict[str, Any], episodes: list[int], seed: int, timeout: float
 ) -> dict[str, Any]:
     """Run generated provider code (``class Provider(MemoryProvider)``, ``Provider(store_dir)``) on a task stream
-    in a sandboxed ``python -I`` subprocess (resource limits, sockets disabled, cwd = its store) with ``timeout``."""
-    spec = {"code": str(code_path), "store_dir": str(store_dir), "env": env, "episodes": episodes, "seed": seed}
+    in a sandboxed ``python -I`` subprocess (resource limits, sockets disabled, cwd = its store). ``timeout`` counts
+    from when the child has loaded the zoo (its own alarm stops the candidate); the child is killed
+    ``STARTUP_GRACE`` seconds later in any case."""
+    spec = {
+        "code": str(code_path),
+        "store_dir": str(store_dir),
+        "env": env,
+        "episodes": episodes,
+        "seed": seed,
+        "timeout": timeout,
+    }
     with tempfile.TemporaryDirectory(prefix="zoo_memevolve_") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec_path.write_text(json.dumps(spec))
         # the zoo (and torch) load before the limits; the generated code runs after them
-        program = "from zoo.memory.worker import main\n" + sandbox_prelude(int(timeout) + 1, 8192) + "\nmain()\n"
+        limits = sandbox_prelude(int(timeout + STARTUP_GRACE), 8192)
+        program = f"from zoo.memory.worker import main\n{limits}\nmain()\n"
         try:
             done = subprocess.run(
                 [sys.executable, "-I", "-c", program, str(spec_path), str(out_path)],
@@ -200,10 +211,10 @@ def run_generated(
                 env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
                 capture_output=True,
                 text=True,
-                timeout=timeout,
+                timeout=timeout + STARTUP_GRACE,
             )
         except subprocess.TimeoutExpired:
-            return {"ok": False, "error": f"timed out after {timeout:g} s (stopped)"}
+            return {"ok": False, "error": f"timed out after {timeout:g} s (+ {STARTUP_GRACE:g} s start-up; killed)"}
         if done.returncode != 0 or not out_path.is_file():
             tail = (done.stderr or done.stdout).strip().splitlines()
             last = tail[-1] if tail else f"exit code {done.returncode}"
