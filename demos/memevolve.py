@@ -30,6 +30,7 @@ ARM_KEY = "module.selection"
 ROUNDS = "evolution/rounds.jsonl"
 COMPARISON = "comparison.json"
 FIXED = ("no_memory",)
+PARTS = (("in_distribution", "fresh tasks of the evolution families"), ("transfer", "held-out families"))
 LAST = ("initial", "evolved")
 
 
@@ -85,7 +86,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                     fmt_stat(stat(max(x["success"] for x in rec["tournament"] if x["ok"]) for rec in recs), ci=False),
                     fmt_stat(stat(w["success"] for w in winners), ci=False),
                     fmt_stat(stat(w["tokens"] for w in winners), 1, ci=False),
-                    fmt_stat(stat(sum(x["time"] for x in rec["tournament"] + rec["finals"]) for rec in recs), 1, ci=False),
+                    fmt_stat(stat(_wall(rec) for rec in recs), 1, ci=False),
                     f"{sum(valid)}/{sum(len(rec['candidates']) for rec in recs)}",
                     ", ".join(sorted({rec["diagnosis"]["worst"] for rec in recs})),
                     sum(rec["winner"]["name"] != "base" for rec in recs),
@@ -138,6 +139,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                         "yes" if dominated else "no",
                     ]
                 )
+
     # -- comparison ---------------------------------------------------------------------------------------------------
     def cell(arm_runs: list[Run], part: str, system: str, key: str, digits: int = 3) -> str:
         values = list(by_seed(arm_runs, part, system, key).values())
@@ -174,7 +176,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             key=lambda s: stat(by_seed(arm_runs, "in_distribution", s, "success").values()).mean,
             default=None,
         )
-        for part, where in (("in_distribution", "fresh tasks of the evolution families"), ("transfer", "held-out families")):
+        for part, where in PARTS:
             evolved = by_seed(arm_runs, part, "evolved", "success")
             for other in ("initial", "no_memory", best):
                 if other is None:
@@ -197,9 +199,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 )
 
     evolved_rows = [
-        [lab(arm), r.seed, (comparison(r).get("evolved") or {}).get("name", ""), _describe(comparison(r).get("evolved"))]
-        for arm in arms
-        for r in runs_of[arm]
+        [lab(arm), r.seed, _evolved(r).get("name", ""), _describe(_evolved(r))] for arm in arms for r in runs_of[arm]
     ]
     png = plot(arms, runs_of, lab, out / f"{PAPER}.png")
     text = [
@@ -275,6 +275,14 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     return [write_page(out, PAPER, text), png]
 
 
+def _wall(rec: dict[str, Any]) -> float:
+    return sum(x["time"] for x in rec["tournament"] + rec["finals"])
+
+
+def _evolved(run: Run) -> dict[str, Any]:
+    return comparison(run).get("evolved") or {}
+
+
 def _point(x: dict[str, Any]) -> tuple[float, float, float]:
     return (float(x["success"]), float(x["tokens"]), float(x["time"]))
 
@@ -295,9 +303,7 @@ def reading(arms: list[str], runs_of: dict[str, list[Run]], baselines: list[str]
             ev = stat(by_seed(runs, part, "evolved", "success").values()).mean
             ini = stat(by_seed(runs, part, "initial", "success").values()).mean
             none = stat(by_seed(runs, part, "no_memory", "success").values()).mean
-            ranked = sorted(
-                baselines, key=lambda s: -stat(by_seed(runs, part, s, "success").values()).mean
-            )
+            ranked = sorted(baselines, key=lambda s: -stat(by_seed(runs, part, s, "success").values()).mean)
             better = [s for s in ranked if stat(by_seed(runs, part, s, "success").values()).mean > ev]
             notes.append(
                 f"- {lab(arm)}, {where}: evolved {ev:.3f} vs initial {ini:.3f} vs no memory {none:.3f}; "
@@ -351,8 +357,13 @@ def plot(arms: list[str], runs_of: dict[str, list[Run]], lab: Any, path: Path) -
             if not x["ok"]:
                 continue
             front = ranks.get(x["name"]) == 0
-            ax.scatter(x["tokens"], x["success"], color=colour, s=60 if front else 25, edgecolors="k" if front else "none")
+            size, edge = (60, "k") if front else (25, "none")
+            ax.scatter(x["tokens"], x["success"], color=colour, s=size, edgecolors=edge)
         ax.scatter([], [], color=colour, label=f"round {rec['round']}")
-    ax.set(xlabel="tokens per task (injected memory)", ylabel="success (tournament)", title=f"entrants, seed {run0.seed}")
+    ax.set(
+        xlabel="tokens per task (injected memory)",
+        ylabel="success (tournament)",
+        title=f"entrants (ringed: front), seed {run0.seed}",
+    )
     ax.legend(fontsize=7)
     return save_figure(fig, path)
