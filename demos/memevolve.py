@@ -290,6 +290,8 @@ def _point(x: dict[str, Any]) -> tuple[float, float, float]:
 def _describe(genotype: dict[str, Any] | None) -> str:
     if not genotype:
         return "n/a"
+    if "code" in genotype:
+        return f"generated code ({genotype.get('name')})"
     from zoo.memory.system import Genotype
 
     return Genotype.from_config(genotype).describe()

@@ -563,7 +563,7 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def compare_systems(
-    systems: dict[str, Genotype | None],
+    systems: dict[str, Genotype | Candidate | None],
     env: dict[str, Any],
     episodes: list[int],
     seed: int,
@@ -573,10 +573,14 @@ def compare_systems(
     isolation: str = "process",
     encoder: str = "hashing",
 ) -> dict[str, dict[str, Any]]:
-    """Each system (``None``: no memory) on the same task stream from an empty store in ``work_dir/<name>``."""
+    """Each system (``None``: no memory; a :class:`Candidate` may carry generated code) on the same task stream, from
+    an empty store in ``work_dir/<name>``."""
     out = {}
-    for name, genotype in systems.items():
-        candidate = Candidate(name, genotype, origin="compare")
+    for name, system in systems.items():
+        if isinstance(system, Candidate):
+            candidate = Candidate(name, system.genotype, system.code, origin="compare")
+        else:
+            candidate = Candidate(name, system, origin="compare")
         out[name] = _summary(
             evaluate_candidate(
                 candidate,

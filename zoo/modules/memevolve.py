@@ -33,7 +33,7 @@ import lightning.pytorch as pl
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.errors import ConfigError
-from zoo.memory.evolve import LLMDesigner, MemEvolve, compare_systems
+from zoo.memory.evolve import Candidate, LLMDesigner, MemEvolve, compare_systems
 from zoo.memory.interface import NoMemory
 from zoo.memory.system import Genotype, ModularMemory
 
@@ -121,10 +121,11 @@ class MemEvolveModule(pl.LightningModule):
         return {"round": record["round"]}
 
     def on_test_epoch_end(self) -> None:
-        evolved = self.evolver.current.genotype
-        systems: dict[str, Genotype | None] = {"no_memory": None, **self.compare}
+        current = self.evolver.current
+        evolved = current.genotype
+        systems: dict[str, Genotype | Candidate | None] = {"no_memory": None, **self.compare}
         systems["initial"] = self.evolver.base
-        systems["evolved"] = evolved
+        systems["evolved"] = current  # a genotype, or the code of an LLM-designed winner
         seed = self.evolver.seed
         common = {
             "isolation": self.evolver.isolation,
@@ -133,7 +134,7 @@ class MemEvolveModule(pl.LightningModule):
         }
         tasks = list(range(10_000_000, 10_000_000 + self.eval_tasks))
         self.comparison = {
-            "evolved": evolved.to_dict() if evolved is not None else None,
+            "evolved": evolved.to_dict() if evolved is not None else {"code": current.code, "name": current.origin},
             "initial": self.evolver.base.to_dict(),
             "in_distribution": compare_systems(systems, self.env, tasks, seed, self.work_dir / "compare", **common),
         }
