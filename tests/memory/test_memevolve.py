@@ -18,6 +18,7 @@ from zoo.memory.evolve import (
     Candidate,
     LLMDesigner,
     MemEvolve,
+    compare_systems,
     diagnose,
     dominates,
     evaluate_candidate,
@@ -238,6 +239,9 @@ def test_failing_hanging_and_generated_candidates_are_recorded_and_the_tournamen
     # the generated code was written next to its store and never imported here
     assert (tmp_path / "evo" / "round0" / "smoke" / "r0llm1_provider.py").read_text().strip() == VALID_CODE.strip()
     assert "generated_provider" not in sys.modules
+    # a generated winner is compared as its code (not as "no memory")
+    compared = compare_systems({"generated": Candidate("x", code=VALID_CODE)}, ENV, [0, 1, 2], 0, tmp_path / "cmp")
+    assert compared["generated"]["ok"] and (tmp_path / "cmp" / "generated" / "items.jsonl").is_file()
 
 
 def test_run_isolated_stops_a_hang_and_reports_an_exception():
