@@ -316,6 +316,10 @@ def reading(arms: list[str], runs_of: dict[str, list[Run]], baselines: list[str]
                 )
             )
     notes += [
+        "- Pareto selection counts measured wall time as an objective (as released), so on a shared machine its "
+        "winners can differ between two sweeps of the same code; lexicographic selection is deterministic (the same "
+        "seed gives the same evolution). The Pareto tie-break weighs tokens and time at 0.4 in total, so it may "
+        "carry forward a cheaper system with lower success (see the evolution paths above).",
         "- What this can show: on a world where memory is the only route to improvement, the outer loop finds, "
         "from trajectory statistics alone, module changes that raise success over its starting system, and the "
         "evolved architecture (not its memories: every comparison starts from an empty store) carries over to "
