@@ -1,7 +1,7 @@
 """Agent substrate: model backends, tools, environments, agents and the episode harness (plain Python).
 
-The seam for every method that is not trained by backprop (UltraHorizon here; TextResNet, ROSA2, MemEvolve,
-Persona2Web next). Nothing in this package imports Lightning or Hydra; the episode LightningModule
+The seam for every method that is not trained by backprop (UltraHorizon, Persona2Web; TextResNet, ROSA2,
+MemEvolve next). Nothing in this package imports Lightning or Hydra; the episode LightningModule
 (:mod:`zoo.modules.episodes`) is a thin adapter over :func:`run_episodes` and :func:`summarize`.
 
 Public API::
@@ -18,6 +18,7 @@ from zoo.agents.envs import (
     AlienGeneticsLab,
     Environment,
     MysteryGrid,
+    PersonaWeb,
     ProcWorld,
     SequenceExploration,
 )
@@ -31,6 +32,11 @@ from zoo.agents.policies import (
     EarlyCommitAgent,
     HypothesisEliminationAgent,
     LLMToolAgent,
+    NoHistoryAgent,
+    OnDemandAgent,
+    OracleAgent,
+    PersonaRandomAgent,
+    PreExecutionAgent,
     ProcWorldMemoryAgent,
     RandomAgent,
 )
@@ -54,10 +60,16 @@ __all__ = [
     "HypothesisEliminationAgent",
     "LLMToolAgent",
     "MysteryGrid",
+    "NoHistoryAgent",
+    "NoteBook",
+    "OnDemandAgent",
+    "OpenAICompatBackend",
+    "OracleAgent",
+    "PersonaRandomAgent",
+    "PersonaWeb",
+    "PreExecutionAgent",
     "ProcWorld",
     "ProcWorldMemoryAgent",
-    "NoteBook",
-    "OpenAICompatBackend",
     "PythonSandbox",
     "RandomAgent",
     "ReplayCache",
