@@ -337,3 +337,31 @@ def test_evolvelab_runs_with_the_ingest_callback(train_cfg, tmp_path):
     # Voyager stores verified skills only: one per solved task (identical ones deduplicated)
     assert 0 < len(stored) <= sum(s == 1.0 for s in solved_tasks)
     assert all(i["kind"] == "skill" for i in stored)
+
+
+def test_faiss_index_gives_the_exact_ranking(tmp_path):
+    g = Genotype("insight", "vector", "cosine", "dedup", top_k=5)
+    exact = ModularMemory(g, tmp_path / "exact", encoder="hashing:64")
+    faiss_memory = ModularMemory(g, tmp_path / "faiss", encoder="hashing:64", index="faiss")
+    for provider in (exact, faiss_memory):
+        run_stream(provider, ENV, list(range(8)), seed=2)
+    query = find_task(2, negative=True).query
+    a = exact.provide_memory(MemoryRequest(query)).memories
+    b = faiss_memory.provide_memory(MemoryRequest(query)).memories
+    assert [m.id for m in a] == [m.id for m in b]
+    assert [m.score for m in a] == pytest.approx([m.score for m in b], abs=1e-5)
+    with pytest.raises(ConfigError, match="memory.index"):
+        ModularMemory(g, tmp_path / "x", index="annoy")
+
+
+def test_the_real_minilm_encoder_backs_a_vector_store_and_its_dimension_is_checked(tmp_path):
+    g = Genotype("skill", "vector", "cosine", "dedup")
+    provider = ModularMemory(g, tmp_path / "minilm", encoder="minilm")
+    provider.take_in_memory(solved(0, negative=True))
+    provider.take_in_memory(solved(1, negative=False))
+    manifest = json.loads((tmp_path / "minilm" / "manifest.json").read_text())
+    assert manifest["dim"] == 384 and provider.store.vectors.shape == (2, 384)
+    [best, _] = provider.provide_memory(MemoryRequest(find_task(1, negative=False, start=400).query)).memories
+    assert best.metadata["group"] == find_task(1, negative=False).family.name
+    with pytest.raises(StoreError, match="384-dimensional.*gives 64"):
+        ModularMemory(g, tmp_path / "minilm", encoder="hashing:64").initialize()

@@ -250,6 +250,8 @@ class ModularMemory(MemoryProvider):
         genotype: the architecture (or pass its fields as keyword arguments, as a Hydra config does).
         store_dir: this system's own directory (created when missing; reopened with its items when present).
         encoder: sentence-encoder spec for dense scoring (``hashing`` default, ``minilm``, a local directory).
+        index: dense search, ``exact`` (default) or ``faiss`` (:class:`zoo.text.retrieval.DenseRetriever`; the same
+            ranking through FAISS's flat index, ``pip install 'paperzoo[retrieval]'``).
     """
 
     def __init__(
@@ -257,6 +259,7 @@ class ModularMemory(MemoryProvider):
         genotype: Genotype | None = None,
         store_dir: str | Path = "memory_store",
         encoder: str | SentenceEncoder = "hashing",
+        index: str = "exact",
         **genotype_fields: Any,
     ) -> None:
         if genotype is None:
@@ -266,6 +269,9 @@ class ModularMemory(MemoryProvider):
         self.genotype = genotype
         self.memory_type = genotype.name or genotype.describe()
         self.encoder = load_encoder(encoder) if isinstance(encoder, str) else encoder
+        if index not in ("exact", "faiss"):
+            raise ConfigError(f"memory.index must be 'exact' or 'faiss', got {index!r}")
+        self.index = index
         needs_encoder = genotype.store == "vector" or genotype.retrieve in ("cosine", "hybrid")
         self.store = MemoryStore(store_dir, genotype, self.encoder if needs_encoder else None)
         self.stats = {"provides": 0, "provided_items": 0, "provided_chars": 0, "dedup_hits": 0, "superseded": 0}
@@ -289,7 +295,7 @@ class ModularMemory(MemoryProvider):
             bm25.add(texts)
             out = bm25.scores(query)
         else:
-            dense = DenseRetriever(self.encoder)
+            dense = DenseRetriever(self.encoder, index=self.index)
             if g.store == "vector":
                 index = {item["id"]: row for row, item in enumerate(self.store.items)}
                 dense.add_vectors(self.store.vectors[[index[i["id"]] for i in items]])
@@ -419,10 +425,10 @@ class ModularMemory(MemoryProvider):
         return merged
 
 
-def build_memory(store_dir: str, encoder: str = "hashing", **config: Any) -> MemoryProvider:
+def build_memory(store_dir: str, encoder: str = "hashing", index: str = "exact", **config: Any) -> MemoryProvider:
     """Hydra entry: ``memory`` config node -> a :class:`ModularMemory` (``encode: none`` -> no memory)."""
     from zoo.memory.interface import NoMemory
 
     if config.get("encode") == "none":
         return NoMemory()
-    return ModularMemory(Genotype.from_config(config), store_dir=store_dir, encoder=encoder)
+    return ModularMemory(Genotype.from_config(config), store_dir=store_dir, encoder=encoder, index=index)
