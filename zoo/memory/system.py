@@ -32,6 +32,7 @@ Rules every system keeps (the invariants of the research notes, sec. 3e):
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -61,6 +62,8 @@ MANAGERS = ("none", "dedup", "decay", "consolidate")
 MODULES = {"encode": ENCODINGS, "store": STORES, "retrieve": RETRIEVERS, "manage": MANAGERS}
 PHASES = tuple(s.value for s in MemoryStatus)
 STORE_FORMAT = "zoo.memory.store/1"
+# bm25s logs every index build at DEBUG; a memory system rebuilds its index on every request
+logging.getLogger("bm25s").setLevel(logging.WARNING)
 
 
 class StoreError(ZooError, ValueError):
