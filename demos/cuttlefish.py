@@ -9,6 +9,7 @@ size), ``run_info.json`` (wall time) and the resolved configs.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -119,6 +120,24 @@ def loss_change(run: Run, tail: float = TAIL) -> float:
     return (last - before) / before if before else float("nan")
 
 
+def built_prerequisites(run: Run) -> dict[str, float]:
+    """``{kind/name: build seconds}`` of the prerequisites this run built (``run_info.json`` -> ``artifacts`` with
+    ``built_now``; seconds from the artifact's ``artifact.json``)."""
+    out = {}
+    for used in run.info.get("artifacts", []):
+        meta = Path(used.get("path", "")) / "artifact.json"
+        if used.get("built_now") and meta.is_file():
+            out[f"{used.get('kind')}/{used.get('name')}"] = float(
+                json.loads(meta.read_text()).get("build_seconds", 0.0)
+            )
+    return out
+
+
+def run_seconds(run: Run) -> float:
+    """Wall seconds of the run without the prerequisites it built."""
+    return float(run.info.get("wall_seconds", "nan")) - sum(built_prerequisites(run).values())
+
+
 def first_value(run: Run, metric: str) -> float:
     series = run.series(metric)
     return series[0][1] if series else float("nan")
@@ -216,7 +235,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 fmt_stat(stat(r.last("train/loss") for r in runs), ci=False),
                 fmt_stat(stat(loss_change(r) for r in runs), ci=False),
                 ", ".join(f"{k}: {v / max(len(sums[name]), 1):.1f}" for k, v in sorted(distinct.items())),
-                f"{stat(float(r.info.get('wall_seconds', 'nan')) for r in runs).mean:.0f}",
+                f"{stat(run_seconds(r) for r in runs).mean:.0f}",
             ]
         )
 
@@ -293,7 +312,10 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             ],
             train_rows,
         ),
-        "run s: wall seconds of the whole run (training, evaluation; `run_info.json`) on the machine of the header.",
+        "run s: wall seconds of a run (training and evaluation; `run_info.json`) on the machine of the header, mean "
+        "over seeds, without the prerequisites it built: "
+        + (", ".join(f"{k} {v:.0f} s" for r in sweep.runs for k, v in built_prerequisites(r).items()) or "none")
+        + ".",
         "",
         f"![accuracy by size, tokens per structure, k_g during training, training loss]({png.name})",
         "",
@@ -402,7 +424,7 @@ def reading(
             + " (not at a plateau)."
         )
     else:
-        notes.append(f"- Every arm's training loss changed by less than 5% over the last {TAIL:.0%} of training.")
+        notes.append(f"- No arm's training loss fell by more than 5% over the last {TAIL:.0%} of training (plateau).")
     collapsed = [n for n in arms if all(all(v == 1 for v in s["distinct"].values()) for s in sums[n])]
     if collapsed:
         notes.append(
