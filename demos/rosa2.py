@@ -107,46 +107,30 @@ def kind_table(sweep: Sweep, hint: str, labels: dict[str, str]) -> str:
 
 
 def contrasts(sweep: Sweep, hint: str, labels: dict[str, str]) -> list[str]:
+    """ROSA2 against each baseline it should beat, paired by seed (the arms of a seed play the same conversations)."""
     k_max = max_turns(sweep)
-    acc = f"test/acc@{k_max}"
-    arm = {a: runs_of(sweep, a, hint) for a in ARMS}
-    name = {a: labels.get(a, a) for a in ARMS}
-    lines = [
-        paired_contrast(
-            name["rosa2"],
-            per_seed(arm["rosa2"], lambda r: r.last(acc)),
-            name["rosa"],
-            per_seed(arm["rosa"], lambda r: r.last(acc)),
-            f"accuracy within {k_max} turns",
-        ),
-        paired_contrast(
-            name["rosa2"],
-            per_seed(arm["rosa2"], lambda r: r.last(acc)),
-            name["words"],
-            per_seed(arm["words"], lambda r: r.last(acc)),
-            f"accuracy within {k_max} turns",
-        ),
-        paired_contrast(
-            name["rosa2"],
-            per_seed(arm["rosa2"], lambda r: r.last("test/parameter_shift")),
-            name["rosa"],
-            per_seed(arm["rosa"], lambda r: r.last("test/parameter_shift")),
-            "the adapters' shift ‖Δθ‖",
-        ),
-        paired_contrast(
-            name["rosa2"],
-            per_seed(arm["rosa2"], lambda r: solved_share(r, "both")),
-            name["words"],
-            per_seed(arm["words"], lambda r: solved_share(r, "both")),
+    accuracy = f"test/acc@{k_max}"
+    comparisons = (
+        ("rosa", lambda r: r.last(accuracy), f"accuracy within {k_max} turns"),
+        ("words", lambda r: r.last(accuracy), f"accuracy within {k_max} turns"),
+        ("rosa", lambda r: r.last("test/parameter_shift"), "the adapters' shift ‖Δθ‖"),
+        (
+            "words",
+            lambda r: solved_share(r, "both"),
             "the solved share of conversations with both an ambiguity and a capability gap",
         ),
+        ("rosa", turns_to_success, "the mean turn of the first right answer (solved conversations)"),
+    )
+    ours = runs_of(sweep, "rosa2", hint)
+    lines = [
         paired_contrast(
-            name["rosa2"],
-            per_seed(arm["rosa2"], turns_to_success),
-            name["rosa"],
-            per_seed(arm["rosa"], turns_to_success),
-            "the mean turn of the first right answer (solved conversations)",
-        ),
+            labels.get("rosa2", "rosa2"),
+            per_seed(ours, fn),
+            labels.get(other, other),
+            per_seed(runs_of(sweep, other, hint), fn),
+            what,
+        )
+        for other, fn, what in comparisons
     ]
     return [f"- {line}." for line in lines]
 
@@ -179,6 +163,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     per_run = int(first.get("datamodule.episodes", 0))
     adapt = first.get("module.adapt", {}) or {}
     lora = first.get("backbone.lora", {}) or {}
+    weights = ", ".join(f"{k} {v:g}" for k, v in (first.get("task.intent_weights", {}) or {}).items())
     text = [
         "# ROSA2 demo: words + weights test-time adaptation on AmbiguousOps",
         "",
@@ -193,7 +178,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         "- Policy: one 2-layer Llama (hidden 64) trained by `+method=sft task=ambiguous_ops` through the artifact "
         f"cache (greedy validation exact match at the end of its SFT: {fmt_stat(stat(policy), ci=False)}, "
-        f"{len(policy)} policy); sub and mul were 10x rarer in its data (the capability gap).",
+        f"{len(policy)} policy); intents' relative frequency in its data: {weights}, the others 1 (the rarer ones "
+        "are the capability gap).",
         f"- Conversations: {per_run} per run, users' intents uniform over add, sub, mul, max; the instruction is read "
         "as add until the words stream revises it. Kinds: *clear* (add: read right, well trained), *ambiguous* (max: "
         "read wrong, well trained), *both* (sub, mul: read wrong and under-trained). "

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from zoo.adapt.rosa import candidate_logprobs, kl_to_optimum, optimum_weights, rosa_loss, rosa_step
-from zoo.adapt.rosa2 import AdaptationSettings, run_conversation
+from zoo.adapt.rosa2 import AdaptationSettings, ConversationRecord, run_conversation
 from zoo.backbones import TinyBackbone
 from zoo.data.ambiguous_ops import (
     AmbiguousOpsConversations,
@@ -203,6 +203,17 @@ def first_answer(module: TestTimeAdaptationModule, task: AmbiguousOpsTask, inten
     return task.answers()[int(torch.argmax(logp))]
 
 
+def first_two_turns(module: TestTimeAdaptationModule, conversation: Conversation) -> ConversationRecord:
+    return run_conversation(
+        module.model,
+        module.tokenizer,
+        [p for _, p in module.adapters()],
+        conversation,
+        replace(module.settings, max_turns=2),
+        IntentWords(),
+    )
+
+
 def test_ambiguity_only_feedback_leaves_the_weights_unchanged(task: AmbiguousOpsTask) -> None:
     module = make_module(task)
     # a problem whose first answer is exactly the default reading's operation (add) but the user meant mul
@@ -214,14 +225,7 @@ def test_ambiguity_only_feedback_leaves_the_weights_unchanged(task: AmbiguousOps
     )
     conversation = Conversation(task, a, b, "mul", "add", 0.0, 0)
     before = adapter_values(module)
-    record = run_conversation(
-        module.model,
-        module.tokenizer,
-        [p for _, p in module.adapters()],
-        conversation,
-        replace(module.settings, max_turns=2),
-        IntentWords(),
-    )
+    record = first_two_turns(module, conversation)
     first = record.turns[0]
     assert (first.ambiguity, first.capability, first.reading_changed, first.weight_step) == (True, False, True, False)
     assert record.turns[1].prompt == task.prompt("sub", a, b)
@@ -239,14 +243,7 @@ def test_capability_only_feedback_leaves_the_context_unchanged(task: AmbiguousOp
     )
     conversation = Conversation(task, a, b, "add", "add", 1.0, 0)
     before = adapter_values(module)
-    record = run_conversation(
-        module.model,
-        module.tokenizer,
-        [p for _, p in module.adapters()],
-        conversation,
-        replace(module.settings, max_turns=2),
-        IntentWords(),
-    )
+    record = first_two_turns(module, conversation)
     first = record.turns[0]
     assert first.hint == task.hint("add")
     assert (first.ambiguity, first.capability, first.reading_changed, first.weight_step) == (False, True, False, True)
