@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from zoo.data.ambiguous_ops import OPERATIONS
 from zoo.report import (
     Run,
     Sweep,
@@ -135,6 +136,87 @@ def contrasts(sweep: Sweep, hint: str, labels: dict[str, str]) -> list[str]:
     return [f"- {line}." for line in lines]
 
 
+def misrouted(conversation: dict[str, Any]) -> bool:
+    """Whether a turn of the conversation was sent to the weights while the reading was not the user's intent (the
+    prompt differs from the one naming the user's operation, whose symbol sits between the operands)."""
+    info = conversation["conversation"]
+    for turn in conversation["turns"]:
+        read_as = turn["prompt"][len(str(info["a"])) : -len(str(info["b"])) - 1]
+        if turn["capability"] and read_as != OPERATIONS[info["intent"]][0]:
+            return True
+    return False
+
+
+def misrouting(sweep: Sweep) -> list[str]:
+    """Per hint probability: how many of ROSA2's unsolved conversations had a turn routed to the weights under a
+    wrong reading (the decomposition's error), read from conversations.jsonl."""
+    lines = []
+    for hint in hints(sweep):
+        failed = [c for r in runs_of(sweep, "rosa2", hint) for c in conversations(r) if c["success_turn"] is None]
+        wrong = sum(misrouted(c) for c in failed)
+        lines.append(
+            f"- h = {hint}: {len(failed)} of ROSA2's conversations (all seeds) were not solved; {wrong} of them had "
+            "a wrong answer routed to the weights while the reading was not the user's intent."
+        )
+    return [
+        "Decomposition errors (a wrong answer under a wrong reading of an under-trained operation is not the "
+        "operation as read, so without a hint the rule sends it to the weights and the reading is not revised):",
+        "",
+        *lines,
+        "",
+    ]
+
+
+def reading(sweep: Sweep, labels: dict[str, str]) -> list[str]:
+    """The paper's claims next to what was measured, per hint probability (templated from the numbers)."""
+    k_max = max_turns(sweep)
+    accuracy = f"test/acc@{k_max}"
+
+    def mean(arm: str, hint: str, fn: Any) -> float:
+        return stat(fn(r) for r in runs_of(sweep, arm, hint)).mean
+
+    def paired(hint: str, other: str, fn: Any) -> Any:
+        ours, theirs = per_seed(runs_of(sweep, "rosa2", hint), fn), per_seed(runs_of(sweep, other, hint), fn)
+        return stat(ours[k] - theirs[k] for k in ours if k in theirs)
+
+    def verdict(d: Any) -> str:
+        if d.n < 2 or math.isnan(d.lo):
+            return "not measurable (fewer than two seeds)"
+        if d.lo > 0:
+            return "higher (shown)"
+        if d.hi < 0:
+            return "lower (shown)"
+        return "not shown (the interval contains 0)"
+
+    lines = []
+    for hint in hints(sweep):
+        acc = {a: mean(a, hint, lambda r: r.last(accuracy)) for a in ARMS}
+        shift = {a: mean(a, hint, lambda r: r.last("test/parameter_shift")) for a in ("rosa", "rosa2")}
+        ambiguous = {a: mean(a, hint, lambda r: solved_share(r, "ambiguous")) for a in ("words", "rosa2")}
+        lines.append(
+            f"- h = {hint}: accuracy within {k_max} turns {acc['rosa2']:.3f} with ROSA2 against "
+            f"{acc['rosa']:.3f} (ROSA), {acc['words']:.3f} (words only), {acc['static']:.3f} (static); against ROSA "
+            f"{verdict(paired(hint, 'rosa', lambda r: r.last(accuracy)))}, against words only "
+            f"{verdict(paired(hint, 'words', lambda r: r.last(accuracy)))}. ‖Δθ‖ {shift['rosa2']:.3f} with ROSA2 "
+            f"against {shift['rosa']:.3f} with ROSA: "
+            f"{verdict(paired(hint, 'rosa', lambda r: r.last('test/parameter_shift')))}. Ambiguous-only "
+            f"conversations solved: {ambiguous['rosa2']:.3f} with ROSA2, {ambiguous['words']:.3f} with words only."
+        )
+    return [
+        "## Reading: the paper's claims next to the measurements",
+        "",
+        "Claims: ROSA2 needs fewer turns / reaches higher accuracy than static, prompt-only (words only) and "
+        "weights-only (ROSA) adaptation; co-adaptation reduces the parameter shift ‖Δθ‖. Measured (paired by seed):",
+        "",
+        *lines,
+        "",
+        *misrouting(sweep),
+        "The shift ‖Δθ‖ here is the shift a conversation actually took (fewer ROSA steps when the words fix the "
+        "reading), not the minimal shift to convergence of the paper's theorem.",
+        "",
+    ]
+
+
 def plot(sweep: Sweep, labels: dict[str, str], path: Path) -> Path:
     plt = pyplot()
     levels = hints(sweep)
@@ -208,6 +290,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             "",
         ]
     text += [
+        *reading(sweep, labels),
         f"![solved within k turns, per arm and hint probability]({png.name})",
         "",
         "## What this toy can and cannot show",
