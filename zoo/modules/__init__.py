@@ -10,6 +10,7 @@ from zoo.modules.preference import PreferenceModule
 from zoo.modules.sequence_classifier import SequenceClassifierModule
 from zoo.modules.structure_lm import StructureLMModule
 from zoo.modules.test_time import TestTimeAdaptationModule
+from zoo.modules.textopt import TextOptModule
 from zoo.modules.valr import VaLRModule
 from zoo.modules.vocab_extend import VocabExtendModule
 
@@ -24,6 +25,7 @@ __all__ = [
     "SequenceClassifierModule",
     "StructureLMModule",
     "TestTimeAdaptationModule",
+    "TextOptModule",
     "VaLRModule",
     "VocabExtendModule",
     "ZooBaseModule",
