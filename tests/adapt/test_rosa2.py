@@ -331,3 +331,33 @@ def test_train_py_plays_rosa2_conversations(zoo_main, tmp_path) -> None:
     lines = [json.loads(line) for line in (run / "conversations.jsonl").read_text().splitlines()]
     assert len(lines) == 4 and {line["arm"] for line in lines} == {"rosa2"}
     assert "test/acc@5" in out and "test/parameter_shift" in out
+
+
+def test_plain_lightning_trainer_runs_the_module(task: AmbiguousOpsTask, tmp_path) -> None:
+    """No Hydra: ``Trainer(inference_mode=False).test`` plays the conversations; Lightning's default inference mode is
+    refused with the setting to change."""
+    import csv
+
+    import lightning.pytorch as pl
+
+    from zoo.datamodules import EpisodeDataModule
+
+    def trainer(inference_mode: bool) -> pl.Trainer:
+        return pl.Trainer(
+            accelerator="cpu",
+            inference_mode=inference_mode,
+            logger=pl.loggers.CSVLogger(tmp_path, name="csv"),
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+
+    module = make_module(task)
+    module.records_dir = str(tmp_path)
+    results = trainer(False).test(module, EpisodeDataModule(episodes=3, batch_size=2), verbose=False)
+    assert 0.0 <= results[0]["test/acc@1"] <= results[0]["test/acc@5"] <= 1.0
+    assert len((tmp_path / "conversations.jsonl").read_text().splitlines()) == 3
+    with next(tmp_path.rglob("metrics.csv")).open() as handle:
+        unchanged = [row["test/base_unchanged"] for row in csv.DictReader(handle) if row.get("test/base_unchanged")]
+    assert unchanged == ["1.0"]
+    with pytest.raises(ConfigError, match="inference_mode=false"):
+        trainer(True).test(make_module(task), EpisodeDataModule(episodes=1), verbose=False)
