@@ -116,7 +116,12 @@ class AdaptationSettings:
 
 @dataclass
 class Turn:
-    """One turn of a conversation (what was asked and answered, the feedback, what each stream did)."""
+    """One turn of a conversation: what was asked and answered, the feedback, and what each stream did.
+
+    ``ambiguity`` / ``capability``: the wrong answer was routed to the words / the weights (by the decomposition in
+    ROSA2; every error to every enabled stream otherwise). ``reading_changed``: the words revised the reading;
+    ``weight_step`` / ``rolled_back`` / ``update_norm``: the ROSA step was applied / undone (non-finite) / its L2 norm.
+    """
 
     turn: int
     prompt: str
