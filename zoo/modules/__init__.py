@@ -10,6 +10,7 @@ from zoo.modules.multiturn import MultiTurnRollout, MultiTurnRolloutModule
 from zoo.modules.preference import PreferenceModule
 from zoo.modules.sequence_classifier import SequenceClassifierModule
 from zoo.modules.structure_lm import StructureLMModule
+from zoo.modules.test_time import TestTimeAdaptationModule
 from zoo.modules.textopt import TextOptModule
 from zoo.modules.valr import VaLRModule
 from zoo.modules.vocab_extend import VocabExtendModule
@@ -25,6 +26,7 @@ __all__ = [
     "PreferenceModule",
     "SequenceClassifierModule",
     "StructureLMModule",
+    "TestTimeAdaptationModule",
     "TextOptModule",
     "VaLRModule",
     "VocabExtendModule",
