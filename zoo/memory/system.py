@@ -32,7 +32,6 @@ Rules every system keeps (the invariants of the research notes, sec. 3e):
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import re
@@ -62,16 +61,6 @@ MANAGERS = ("none", "dedup", "decay", "consolidate")
 MODULES = {"encode": ENCODINGS, "store": STORES, "retrieve": RETRIEVERS, "manage": MANAGERS}
 PHASES = tuple(s.value for s in MemoryStatus)
 STORE_FORMAT = "zoo.memory.store/1"
-
-
-def _quiet_bm25s() -> None:
-    """bm25s sets its logger to DEBUG when imported and logs every index build, and a memory system re-indexes on
-    every request: import it now and raise its level (after any logging.config.dictConfig, e.g. Hydra's)."""
-    try:
-        import bm25s  # noqa: F401
-    except ImportError:  # pragma: no cover - BM25Retriever raises the actionable error when it is used
-        return
-    logging.getLogger("bm25s").setLevel(logging.WARNING)
 
 
 class StoreError(ZooError, ValueError):
@@ -285,8 +274,6 @@ class ModularMemory(MemoryProvider):
         self.index = index
         needs_encoder = genotype.store == "vector" or genotype.retrieve in ("cosine", "hybrid")
         self.store = MemoryStore(store_dir, genotype, self.encoder if needs_encoder else None)
-        if genotype.retrieve in ("bm25", "hybrid"):
-            _quiet_bm25s()
         self.stats = {"provides": 0, "provided_items": 0, "provided_chars": 0, "dedup_hits": 0, "superseded": 0}
         self._ready = False
 
