@@ -19,6 +19,7 @@ from zoo.agents.envs import (
     Environment,
     MysteryGrid,
     PersonaWeb,
+    ProcWorld,
     SequenceExploration,
 )
 from zoo.agents.evaluate import derive_seed, evaluate, run_episodes
@@ -36,6 +37,7 @@ from zoo.agents.policies import (
     OracleAgent,
     PersonaRandomAgent,
     PreExecutionAgent,
+    ProcWorldMemoryAgent,
     RandomAgent,
 )
 from zoo.agents.runner import StepRecord, Trajectory, run_episode
@@ -66,6 +68,8 @@ __all__ = [
     "PersonaRandomAgent",
     "PersonaWeb",
     "PreExecutionAgent",
+    "ProcWorld",
+    "ProcWorldMemoryAgent",
     "PythonSandbox",
     "RandomAgent",
     "ReplayCache",

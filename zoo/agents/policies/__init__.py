@@ -9,6 +9,7 @@ from zoo.agents.policies.hypotheses import (
     SolverAgent,
 )
 from zoo.agents.policies.llm import LLMToolAgent
+from zoo.agents.policies.memory import ProcWorldMemoryAgent
 from zoo.agents.policies.persona2web import (
     PERSONA_AGENTS,
     NoHistoryAgent,
@@ -20,7 +21,15 @@ from zoo.agents.policies.persona2web import (
 from zoo.agents.policies.random import RandomAgent
 
 AGENTS: dict[str, type[Agent]] = {
-    cls.name: cls for cls in (RandomAgent, EarlyCommitAgent, HypothesisEliminationAgent, LLMToolAgent, *PERSONA_AGENTS)
+    cls.name: cls
+    for cls in (
+        RandomAgent,
+        EarlyCommitAgent,
+        HypothesisEliminationAgent,
+        LLMToolAgent,
+        ProcWorldMemoryAgent,
+        *PERSONA_AGENTS,
+    )
 }
 
 __all__ = [
@@ -38,6 +47,7 @@ __all__ = [
     "OracleAgent",
     "PersonaRandomAgent",
     "PreExecutionAgent",
+    "ProcWorldMemoryAgent",
     "RandomAgent",
     "Solver",
     "SolverAgent",
