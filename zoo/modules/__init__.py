@@ -9,6 +9,7 @@ from zoo.modules.multiturn import MultiTurnRollout, MultiTurnRolloutModule
 from zoo.modules.preference import PreferenceModule
 from zoo.modules.sequence_classifier import SequenceClassifierModule
 from zoo.modules.structure_lm import StructureLMModule
+from zoo.modules.textopt import TextOptModule
 from zoo.modules.valr import VaLRModule
 from zoo.modules.vocab_extend import VocabExtendModule
 
@@ -22,6 +23,7 @@ __all__ = [
     "PreferenceModule",
     "SequenceClassifierModule",
     "StructureLMModule",
+    "TextOptModule",
     "VaLRModule",
     "VocabExtendModule",
     "ZooBaseModule",
