@@ -20,9 +20,9 @@ from zoo.report import (
     Stat,
     Sweep,
     artifact_values,
-    contrast,
     curve,
     fmt_stat,
+    paired_contrast,
     plot_curves,
     provenance,
     pyplot,
@@ -54,7 +54,11 @@ def plateau_text(change: Stat) -> str:
     """The stage-1 plateau check as a clause: the loss change over the last quarter, or why it is missing."""
     if change.n == 0:
         return "its training loss was logged at fewer than 8 steps, so no plateau check"
-    return f"its training loss changed by {change.mean:+.1%} from the third to the last quarter of its steps"
+    return (
+        f"its training loss changed by {change.mean:+.1%} from the third to the last quarter of its steps, where the "
+        "one-cycle schedule anneals the learning rate, so the CoT arm below, which continues the same objective, is "
+        "the plateau check that counts"
+    )
 
 
 def tail_change(run: Run, metric: str) -> float:
@@ -117,8 +121,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     # the vision probe per seed on the stage-1 model (the teacher and the images are the same in every arm of a seed)
     probe_runs = arms.get("stage1") or next(iter(arms.values()))
     probe_arm = labels.get(probe_runs[0].name, probe_runs[0].name)
-    teacher_probe = [r.last("vision_probe/teacher_cell_accuracy") for r in probe_runs]
-    student_probe = [r.last("vision_probe/student_cell_accuracy") for r in probe_runs]
+    teacher_probe = {r.seed: r.last("vision_probe/teacher_cell_accuracy") for r in probe_runs}
+    student_probe = {r.seed: r.last("vision_probe/student_cell_accuracy") for r in probe_runs}
     probe_majority = stat(r.last("vision_probe/cell_majority") for r in probe_runs)
     grid, pool = first.get("task.grid"), first.get("backbone.image_pool")
     tokens = first.get("backbone.num_image_tokens")
@@ -158,9 +162,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "predicting the count of the queried colour in the row that step looks up. Vision probe "
         "(VisionFeatureProbe): one logistic regression per grid cell predicting its colour (or empty) from all of "
         "an image's features, fitted on half of the evaluation images, scored on the other half: the student's "
-        f"image tokens as the LLM receives them reach {fmt_stat(stat(student_probe))}, the teacher's patch features "
-        f"{fmt_stat(stat(teacher_probe))} (majority rate {fmt_stat(probe_majority, ci=False)}; runs of the arm "
-        f"'{probe_arm}', one per seed; the table gives the student's value in every arm).",
+        f"image tokens as the LLM receives them reach {fmt_stat(stat(student_probe.values()))}, the teacher's patch "
+        f"features {fmt_stat(stat(teacher_probe.values()))} (majority rate {fmt_stat(probe_majority, ci=False)}; "
+        f"runs of the arm '{probe_arm}', one per seed; the table gives the student's value in every arm).",
         "",
         "Cells: mean ± sd over seeds (accuracy with the 95% interval).",
         "",
@@ -181,14 +185,14 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         "## Reading",
         "",
-        *reading(acc, labels),
+        *reading(arms, acc, labels),
         "- "
-        + contrast(
+        + paired_contrast(
             "the teacher's patch features",
             teacher_probe,
             "the student's image tokens",
             student_probe,
-            "Held-out cell-colour probe accuracy",
+            "Held-out cell-colour probe accuracy (same images)",
         )
         + ".",
         "",
@@ -196,18 +200,21 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     return [write_page(out, PAPER, text), png]
 
 
-def reading(acc: dict[str, list[tuple[float, dict[int, float]]]], labels: dict[str, str]) -> list[str]:
-    """Templated contrasts of the arms' held-out accuracy."""
+def reading(
+    arms: dict[str, list[Run]], acc: dict[str, list[tuple[float, dict[int, float]]]], labels: dict[str, str]
+) -> list[str]:
+    """Templated contrasts of the arms' held-out accuracy, paired by seed (the arms of a seed share the stage-1
+    model, the stage-2 data and the evaluation images)."""
 
     def lab(name: str) -> str:
         return labels.get(name, name)
 
-    def overall(name: str) -> list[float]:
-        return [a for a, _ in acc.get(name, [])]
+    def by_seed(name: str) -> dict[Any, float]:
+        return {r.seed: a for r, (a, _) in zip(arms.get(name, []), acc.get(name, []))}
 
     pairs = [("valr", "latent"), ("valr", "cot"), ("latent", "cot"), ("cot", "stage1")]
     return [
-        "- " + contrast(lab(a), overall(a), lab(b), overall(b), "Held-out accuracy") + "."
+        "- " + paired_contrast(lab(a), by_seed(a), lab(b), by_seed(b), "Held-out accuracy") + "."
         for a, b in pairs
         if a in acc and b in acc
     ]
