@@ -27,7 +27,7 @@ from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
 from zoo.callbacks.training_clock import TrainingClock
 from zoo.callbacks.transition_tv import TransitionTV
 from zoo.callbacks.undo_metrics import UndoMetrics
-from zoo.callbacks.valr_probe import StepStateProbe
+from zoo.callbacks.valr_probe import StepStateProbe, VisionFeatureProbe
 from zoo.callbacks.watermark import WatermarkCallback
 from zoo.callbacks.wet import WETCallback
 
@@ -55,6 +55,7 @@ __all__ = [
     "TrainingClock",
     "TransitionTV",
     "UndoMetrics",
+    "VisionFeatureProbe",
     "WETCallback",
     "WatermarkCallback",
     "auto_progress",

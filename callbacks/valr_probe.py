@@ -1,6 +1,7 @@
-"""``StepStateProbe``: what a VaLR model's states before each reasoning step encode (VaLR, arXiv 2602.04476).
+"""Probes of a VaLR model (arXiv 2602.04476): ``StepStateProbe`` and ``VisionFeatureProbe``.
 
-For every evaluated row and every reasoning step ``i``, the callback takes the hidden state of one layer just before
+``StepStateProbe``: what the states before each reasoning step encode. For every evaluated row and every reasoning
+step ``i``, the callback takes the hidden state of one layer just before
 step ``i`` under teacher forcing -- in the latent stage the mean of the ``K`` latent states of the step's segment
 (:func:`zoo.multimodal.valr.latent_forward`), in the CoT stage the state of the position before the step's first
 token -- and a per-step target (default: the number of cells of the queried colour in the grid row that step looks
@@ -8,7 +9,13 @@ up, ``task=visual_counting``). At the end of the epoch a linear probe (:class:`z
 fitted on the first half of the collected steps and scored on the second half: ``<prefix>/step_accuracy``, next to
 ``<prefix>/step_majority`` (the most frequent target of the scored half).
 
-It needs a :class:`zoo.modules.valr.VaLRModule`-like module (``stage``, ``model``, ``latent_batch``,
+``VisionFeatureProbe`` asks whether the frozen teacher knows more about the image than the student's own vision path
+(the premise of VaLR's alignment): linear probes of every grid cell's colour (empty = class 0), fitted on the first
+half of the evaluated images and scored on the second, from (a) the student's image tokens as the LLM receives them
+(vision tower -> pooling -> projector, flattened) and (b) the teacher's patch features (flattened):
+``<prefix>/student_cell_accuracy``, ``<prefix>/teacher_cell_accuracy`` and ``<prefix>/cell_majority``.
+
+Both need a :class:`zoo.modules.valr.VaLRModule`-like module (``stage``, ``model``, ``latent_batch``,
 ``align_layer``) and batches of :class:`zoo.datamodules.visual.VisualReasoningDataModule`.
 """
 
@@ -36,6 +43,120 @@ def row_colour_counts(batch: dict[str, Any], row: int) -> list[int]:
     grid = math.isqrt(cells.shape[0])
     colour = int(meta["query_color"][row])
     return [int((cells[r * grid : (r + 1) * grid, 0] == colour).sum()) for r in meta["query_rows"][row]]
+
+
+def cell_colour_classes(batch: dict[str, Any]) -> torch.Tensor:
+    """``[B, P]`` colour class of every grid cell of the batch's images: 0 = empty, ``1 + colour index`` otherwise."""
+    cells = torch.stack([torch.as_tensor(c) for c in batch["meta"]["cells"]])
+    return (cells[..., 0] + 1).long()
+
+
+def fit_cell_probes(features: torch.Tensor, classes: torch.Tensor, num_classes: int, l2: float = 1e-2) -> float:
+    """Mean held-out accuracy of one linear probe per cell: ``features [N, F] -> classes[:, p]``.
+
+    Each probe (:class:`~zoo.interp.probes.LinearProbe`) is fitted on the first half of the rows and scored on the
+    second; a cell whose training half holds one class predicts that class.
+    """
+    half = features.shape[0] // 2
+    scores = []
+    for p in range(classes.shape[1]):
+        train, held = classes[:half, p], classes[half:, p]
+        if train.unique().numel() < 2:
+            scores.append(float((held == train[0]).float().mean()))
+            continue
+        probe = LinearProbe(num_classes=num_classes, l2=l2).fit(features[:half], train)
+        scores.append(probe.accuracy(features[half:], held))
+    return sum(scores) / len(scores)
+
+
+class VisionFeatureProbe(EvaluationCallback):
+    """Cell-colour probes of the student's image tokens vs the frozen teacher's patch features (module docstring).
+
+    Args:
+        teacher: a frozen encoder ``pixel_values [B, 3, H, W] -> [B, P, D]`` or a zero-argument factory of one (the
+            node of ``module.teacher``, e.g. the synthetic teacher from the artifact cache); ``None`` uses the
+            module's teacher when it has one, else only the student is probed.
+        stages: among ``validate`` and ``test``.
+        prefix: metric name prefix.
+        max_batches: probe at most this many batches per epoch.
+        l2: the probes' L2 penalty.
+    """
+
+    def __init__(
+        self,
+        teacher: Any = None,
+        stages: Sequence[str] = ("validate", "test"),
+        prefix: str = "vision_probe",
+        max_batches: int | None = None,
+        l2: float = 1e-2,
+    ) -> None:
+        super().__init__(stages, max_batches, allowed=STAGES)
+        self._teacher_spec = teacher
+        self.teacher: torch.nn.Module | None = None
+        self.prefix = prefix
+        self.l2 = l2
+        self._data: dict[str, list[torch.Tensor]] = {}
+        self.last: dict[str, float] = {}
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        model = getattr(pl_module, "model", None)
+        if model is None and not hasattr(pl_module, "configure_model"):
+            raise ConfigError(f"VisionFeatureProbe needs a VLM module; {type(pl_module).__name__} has no model")
+        spec = self._teacher_spec
+        if self.teacher is None and spec is not None:
+            self.teacher = spec if isinstance(spec, torch.nn.Module) else spec()
+            self.teacher.requires_grad_(False)
+            self.teacher.eval()
+
+    def _teacher(self, pl_module: Any) -> torch.nn.Module | None:
+        return self.teacher if self.teacher is not None else getattr(pl_module, "teacher", None)
+
+    @torch.no_grad()
+    def features(self, pl_module: Any, pixel_values: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{"student": [B, T*H], "teacher": [B, P*D]}`` (``teacher`` only when there is one)."""
+        images = pl_module.model.get_image_features(pixel_values=pixel_values, return_dict=True).pooler_output
+        out = {"student": torch.stack([f.reshape(-1) for f in images]).float().cpu()}
+        teacher = self._teacher(pl_module)
+        if teacher is not None:
+            teacher.to(pixel_values.device)
+            out["teacher"] = teacher(pixel_values).flatten(1).float().cpu()
+        return out
+
+    def eval_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._data = {}
+
+    def eval_batch(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
+    ) -> None:
+        if batch["pixel_values"].shape[0] != len(batch["meta"]["cells"]):
+            raise ConfigError("VisionFeatureProbe needs one image per row (task=visual_counting)")
+        for name, value in {
+            **self.features(pl_module, batch["pixel_values"]),
+            "cells": cell_colour_classes(batch),
+        }.items():
+            self._data.setdefault(name, []).append(value)
+
+    def measure(self) -> dict[str, float]:
+        """Held-out cell-colour accuracy per feature set and the majority rate (empty with < 8 images)."""
+        if not self._data or sum(len(c) for c in self._data["cells"]) < 8:
+            return {}
+        with torch.inference_mode(False):
+            classes = torch.cat(self._data["cells"]).clone()
+            num_classes = max(int(classes.max()) + 1, 2)
+            held = classes[classes.shape[0] // 2 :]
+            majority = sum(float(torch.bincount(held[:, p]).max()) for p in range(held.shape[1])) / held.numel()
+            out = {"cell_majority": majority}
+            for name in ("student", "teacher"):
+                if name in self._data:
+                    x = torch.cat(self._data[name]).clone()
+                    out[f"{name}_cell_accuracy"] = fit_cell_probes(x, classes, num_classes, self.l2)
+        return out
+
+    def eval_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.last = self.measure()
+        for name, value in self.last.items():
+            pl_module.log(f"{self.prefix}/{name}", value, batch_size=1)
+        self._data = {}
 
 
 class StepStateProbe(EvaluationCallback):
@@ -134,4 +255,4 @@ class StepStateProbe(EvaluationCallback):
         self._x, self._y = [], []
 
 
-__all__ = ["StepStateProbe", "row_colour_counts"]
+__all__ = ["StepStateProbe", "VisionFeatureProbe", "cell_colour_classes", "fit_cell_probes", "row_colour_counts"]

@@ -3,8 +3,10 @@
 Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=valr`` (``conf/demo/valr.yaml``: arm × seed); page:
 ``python -m zoo.report demo valr``. Read from the sweep: the held-out evaluation's per-row records
 (``eval_records.jsonl``: correct, number of reasoning steps), ``probe/*`` (StepStateProbe), the training curves
-(``train/lm_loss``, ``train/align_cos``), ``run_info.json`` (the stage-1 model and the teacher each run used, with
-their build metrics) and the resolved configs.
+(``train/lm_loss``, ``train/align_cos``), ``vision_probe/*`` (VisionFeatureProbe: cell-colour probes of the student's
+image tokens and of the teacher's patch features), ``run_info.json`` (the stage-1 model and the teacher each run used,
+with their build metrics; the stage-1 build's own training curve is read from its artifact directory) and the
+resolved configs.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from typing import Any
 
 from zoo.report import (
     Run,
+    Stat,
     Sweep,
     artifact_values,
-    contrast,
     curve,
     fmt_stat,
+    paired_contrast,
     plot_curves,
     provenance,
     pyplot,
@@ -32,6 +35,42 @@ from zoo.report import (
 PAPER = "valr"
 RECORDS = "eval_records.jsonl"
 STAGE2 = ("cot", "latent", "valr")
+STAGE1_ARTIFACT = ("demo_policy", "valr_stage1")
+
+
+def stage1_builds(runs: list[Run]) -> list[Run]:
+    """The stage-1 build runs the sweep used (their artifact directories hold the build's CSV log), one per artifact."""
+    kind, name = STAGE1_ARTIFACT
+    paths = {
+        used["path"]
+        for r in runs
+        for used in r.info.get("artifacts", [])
+        if used.get("kind") == kind and used.get("name") == name
+    }
+    return [Run(path=Path(p), overrides=[]) for p in sorted(paths)]
+
+
+def plateau_text(change: Stat) -> str:
+    """The stage-1 plateau check as a clause: the loss change over the last quarter, or why it is missing."""
+    if change.n == 0:
+        return "its training loss was logged at fewer than 8 steps, so no plateau check"
+    return (
+        f"its training loss changed by {change.mean:+.1%} from the third to the last quarter of its steps, where the "
+        "one-cycle schedule anneals the learning rate, so the CoT arm below, which continues the same objective, is "
+        "the plateau check that counts"
+    )
+
+
+def tail_change(run: Run, metric: str) -> float:
+    """Relative change of ``metric`` from the third to the last quarter of its logged steps (mean of each quarter);
+    a plateau is near 0."""
+    values = [v for _, v in run.series(metric)]
+    if len(values) < 8:
+        return float("nan")
+    q = len(values) // 4
+    third, last = values[-2 * q : -q], values[-q:]
+    before = sum(third) / len(third)
+    return (sum(last) / len(last) - before) / before if before else float("nan")
 
 
 def accuracy_by_steps(run: Run) -> tuple[float, dict[int, float]]:
@@ -68,13 +107,31 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 *(cell(name, n) for n in steps),
                 fmt_stat(stat(r.last("probe/step_accuracy") for r in runs), ci=False),
                 fmt_stat(stat(r.last("probe/step_majority") for r in runs), ci=False),
+                fmt_stat(stat(r.last("vision_probe/student_cell_accuracy") for r in runs), ci=False),
                 "n/a" if cos.n == 0 else fmt_stat(cos, ci=False),
                 f"{stat(float(r.info.get('wall_seconds', 'nan')) for r in runs).mean:.0f}",
             ]
         )
-    png = plot(arms, acc, steps, labels, out / f"{PAPER}.png")
+    builds = stage1_builds(sweep.runs)
+    png = plot(arms, acc, steps, labels, builds, out / f"{PAPER}.png")
     stage1 = first.get("demo.stage1", {}) or {}
     teacher = artifact_values(sweep.runs, "valr_teacher", "val/cell_accuracy")
+    stage1_acc = artifact_values(sweep.runs, *STAGE1_ARTIFACT[:1], "val/exact_match", name=STAGE1_ARTIFACT[1])
+    plateau = stat(tail_change(b, "train/loss") for b in builds)
+    # the vision probe per seed on the stage-1 model (the teacher and the images are the same in every arm of a seed)
+    probe_runs = arms.get("stage1") or next(iter(arms.values()))
+    probe_arm = labels.get(probe_runs[0].name, probe_runs[0].name)
+    teacher_probe = {r.seed: r.last("vision_probe/teacher_cell_accuracy") for r in probe_runs}
+    student_probe = {r.seed: r.last("vision_probe/student_cell_accuracy") for r in probe_runs}
+    probe_majority = stat(r.last("vision_probe/cell_majority") for r in probe_runs)
+    grid, pool = first.get("task.grid"), first.get("backbone.image_pool")
+    tokens = first.get("backbone.num_image_tokens")
+    lengths = [
+        len(str(x.get("completion", "")))
+        for r in sweep.runs
+        if r.get("module.stage") == "cot" and r.file(RECORDS).is_file()
+        for x in r.read_jsonl(RECORDS)
+    ]
     seeds = len(sweep.seeds) or 1
     text = [
         "# VaLR demo: CoT SFT vs latents vs vision-aligned latents",
@@ -85,17 +142,29 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         provenance(sweep, PAPER),
         "",
-        f"Setup, per seed ({seeds} seed{'s' if seeds != 1 else ''}): tiny LLaVA on shape grids, questions summing "
-        f"the count of one colour over 1-4 rows, one reasoning step per row. Stage 1 = plain CoT SFT "
-        f"(`+method=valr_cot`, {stage1.get('steps')} steps, lr {stage1.get('lr')}; artifact cache); each stage-2 arm "
-        f"continues from it for {first.get('trainer.max_steps')} steps (batch {first.get('datamodule.batch_size')}, "
+        f"Setup ({seeds} seed{'s' if seeds != 1 else ''}): tiny LLaVA (frozen random CLIP tower, "
+        f"{first.get('backbone.num_hidden_layers')}-layer Llama of width {first.get('backbone.hidden_size')}) on "
+        f"{grid}x{grid} shape grids; a question sums the count of one colour over "
+        f"{first.get('task.min_steps')}-{first.get('task.max_steps')} rows, one reasoning step per row looked up, "
+        f"each followed by {first.get('task.filler')} recap clause(s) (`task.filler`): CoT completions average "
+        f"{stat(lengths).mean:.0f} characters (= tokens; max {max(lengths, default=0)}). The student's "
+        f"{grid}x{grid} patch grid is average-pooled to {tokens} image tokens (`backbone.image_pool={pool}`). "
+        f"Stage 1 = plain CoT SFT (`+method=valr_cot`, {stage1.get('steps')} steps, lr {stage1.get('lr')}, one "
+        f"model for every arm and seed, artifact cache; held-out accuracy {fmt_stat(stat(stage1_acc), ci=False)} on "
+        f"its {stage1.get('num_val')} validation images; {plateau_text(plateau)}); each stage-2 arm continues "
+        f"from it for {first.get('trainer.max_steps')} steps (batch {first.get('datamodule.batch_size')}, "
         f"lr {first.get('module.optimizer.lr')}, K={first.get('module.num_latents')}). The VaLR teacher is the "
-        f"synthetic patch encoder (`+method=valr_teacher`, artifact cache; held-out cell accuracy "
-        f"{fmt_stat(stat(teacher), ci=False)}). Evaluation: {first.get('datamodule.source.num_val')} held-out "
-        "images, greedy generation; accuracy = exact answer after `</think>`. Probe: logistic regression on the "
-        "alignment-layer states just before each step (latent arms: mean of the K latent states; CoT: the position "
-        "before the step's first token), fitted on half of the steps, scored on the other half, predicting the "
-        "count of the queried colour in the row that step looks up.",
+        f"synthetic patch encoder (`+method=valr_teacher`, artifact cache; held-out cell accuracy of its pretraining "
+        f"heads {fmt_stat(stat(teacher), ci=False)}). Evaluation: {first.get('datamodule.source.num_val')} held-out "
+        "images per run, greedy generation; accuracy = exact answer after `</think>`. Step probe: logistic "
+        "regression on the alignment-layer states just before each step (latent arms: mean of the K latent states; "
+        "CoT: the position before the step's first token), fitted on half of the steps, scored on the other half, "
+        "predicting the count of the queried colour in the row that step looks up. Vision probe "
+        "(VisionFeatureProbe): one logistic regression per grid cell predicting its colour (or empty) from all of "
+        "an image's features, fitted on half of the evaluation images, scored on the other half: the student's "
+        f"image tokens as the LLM receives them reach {fmt_stat(stat(student_probe.values()))}, the teacher's patch "
+        f"features {fmt_stat(stat(teacher_probe.values()))} (majority rate {fmt_stat(probe_majority, ci=False)}; "
+        f"runs of the arm '{probe_arm}', one per seed; the table gives the student's value in every arm).",
         "",
         "Cells: mean ± sd over seeds (accuracy with the 95% interval).",
         "",
@@ -104,8 +173,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 "arm",
                 "accuracy",
                 *(f"{n} step{'s' if n > 1 else ''}" for n in steps),
-                "probe (row count)",
-                "probe majority",
+                "step probe (row count)",
+                "step probe majority",
+                "vision probe (student)",
                 "final align cos (train)",
                 "run s",
             ],
@@ -115,33 +185,53 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         "## Reading",
         "",
-        *reading(acc, labels),
+        *reading(arms, acc, labels),
+        "- "
+        + paired_contrast(
+            "the teacher's patch features",
+            teacher_probe,
+            "the student's image tokens",
+            student_probe,
+            "Held-out cell-colour probe accuracy (same images)",
+        )
+        + ".",
         "",
     ]
     return [write_page(out, PAPER, text), png]
 
 
-def reading(acc: dict[str, list[tuple[float, dict[int, float]]]], labels: dict[str, str]) -> list[str]:
-    """Templated contrasts of the arms' held-out accuracy."""
+def reading(
+    arms: dict[str, list[Run]], acc: dict[str, list[tuple[float, dict[int, float]]]], labels: dict[str, str]
+) -> list[str]:
+    """Templated contrasts of the arms' held-out accuracy, paired by seed (the arms of a seed share the stage-1
+    model, the stage-2 data and the evaluation images)."""
 
     def lab(name: str) -> str:
         return labels.get(name, name)
 
-    def overall(name: str) -> list[float]:
-        return [a for a, _ in acc.get(name, [])]
+    def by_seed(name: str) -> dict[Any, float]:
+        return {r.seed: a for r, (a, _) in zip(arms.get(name, []), acc.get(name, []))}
 
     pairs = [("valr", "latent"), ("valr", "cot"), ("latent", "cot"), ("cot", "stage1")]
     return [
-        "- " + contrast(lab(a), overall(a), lab(b), overall(b), "Held-out accuracy") + "."
+        "- " + paired_contrast(lab(a), by_seed(a), lab(b), by_seed(b), "Held-out accuracy") + "."
         for a, b in pairs
         if a in acc and b in acc
     ]
 
 
-def plot(arms: dict[str, list[Run]], acc: dict[str, Any], steps: list[int], labels: dict[str, str], path: Path) -> Path:
-    """Accuracy by number of steps (mean, 95% CI), stage-2 language loss and VaLR's alignment cosine (bands)."""
+def plot(
+    arms: dict[str, list[Run]],
+    acc: dict[str, Any],
+    steps: list[int],
+    labels: dict[str, str],
+    builds: list[Run],
+    path: Path,
+) -> Path:
+    """Accuracy by number of steps (mean, 95% CI), stage-2 language loss, VaLR's alignment cosine (bands) and the
+    stage-1 build's training loss."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     for name in arms:
         stats = [stat(by.get(n, float("nan")) for _, by in acc[name]) for n in steps]
         lo = [s.mean - s.lo if s.n > 1 else 0 for s in stats]
@@ -156,5 +246,7 @@ def plot(arms: dict[str, list[Run]], acc: dict[str, Any], steps: list[int], labe
     axes[0].set(xlabel="reasoning steps (rows looked up)", ylabel="accuracy", title="accuracy vs steps")
     axes[1].set(xlabel="stage-2 step", ylabel="language loss", title="stage 2 training")
     axes[2].set(xlabel="stage-2 step", ylabel="cosine", title="VaLR alignment cosine (train)")
+    plot_curves(axes[3], {"stage 1 (CoT SFT)": curve(builds, "train/loss")})
+    axes[3].set(xlabel="stage-1 step", ylabel="language loss", title="stage 1 training (shared model)")
     axes[0].legend(fontsize=7)
     return save_figure(fig, path)

@@ -1,5 +1,6 @@
 """Measurement callbacks of the multimodal demos: RotationInvariance and EncoderMotifProbe (Cuttlefish),
-StepStateProbe (VaLR), on real tiny modules in plain Lightning scripts; the structure LM's full_finetune stage."""
+StepStateProbe and VisionFeatureProbe (VaLR),
+on real tiny modules in plain Lightning scripts; the structure LM's full_finetune stage."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from torch.utils.data import DataLoader
 
 from zoo.backbones import TinyBackbone
 from zoo.backbones.vlm import TinyVLMBackbone
-from zoo.callbacks import EncoderMotifProbe, RotationInvariance, StepStateProbe
+from zoo.callbacks import EncoderMotifProbe, RotationInvariance, StepStateProbe, VisionFeatureProbe
 from zoo.callbacks.structure_checks import moved
-from zoo.callbacks.valr_probe import row_colour_counts
+from zoo.callbacks.valr_probe import cell_colour_classes, fit_cell_probes, row_colour_counts
 from zoo.data.structures import STRUCTURE_TOKEN, make_structure_samples
 from zoo.data.visual import VisualCounting, VisualSource
 from zoo.datamodules.structures import structure_batch_from_samples
@@ -20,6 +21,7 @@ from zoo.datamodules.visual import VisualReasoningDataModule
 from zoo.errors import ConfigError
 from zoo.modules.structure_lm import StructureLMModule
 from zoo.modules.valr import VaLRModule
+from zoo.multimodal.teacher import FrozenTeacher, PatchEncoder
 
 from conftest import plain_trainer
 
@@ -158,3 +160,53 @@ def test_step_state_probe_settings_are_checked():
         StepStateProbe(layer=-1)
     with pytest.raises(ConfigError, match="stages"):
         StepStateProbe(stages=["fit"])
+
+
+def test_cell_probes_read_a_linear_code_and_not_noise():
+    g = torch.Generator().manual_seed(0)
+    classes = torch.randint(0, 4, (200, 6), generator=g)
+    code = torch.nn.functional.one_hot(classes, 4).flatten(1).float() + 0.1 * torch.randn(200, 24, generator=g)
+    assert fit_cell_probes(code, classes, 4) == 1.0  # every cell's class is a linear function of the features
+    noise = torch.randn(200, 24, generator=g)
+    assert fit_cell_probes(noise, classes, 4) < 0.45  # 4 balanced classes: chance is 0.25
+
+
+def test_vision_probe_teacher_patches_beat_a_student_pooled_to_one_token():
+    backbone = TinyVLMBackbone(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, vision_hidden_size=16, vision_layers=1, image_pool=1
+    )
+    dm = VisualReasoningDataModule(
+        backbone.tokenizer,
+        VisualSource(VisualCounting(), 8, 160, 4, seed=1),
+        num_image_tokens=1,
+        batch_size=4,
+        eval_batch_size=40,
+    )
+    dm.setup("validate")
+    batches = list(dm.val_dataloader())
+    module = VaLRModule(backbone, stage="cot", align_weight=0.0, teacher=None, generation={"max_new_tokens": 2})
+    module.configure_model()
+    with torch.random.fork_rng():
+        torch.manual_seed(0)  # an untrained per-patch encoder: each cell's features come from its own pixels
+        teacher = FrozenTeacher(PatchEncoder(patch=8, dim=16, image_size=32), 16, 16)
+    cb = VisionFeatureProbe(teacher=lambda: teacher, stages=["validate"])
+    plain_trainer([cb]).validate(module, loader(batches), verbose=False)
+    assert cb.teacher is teacher
+    classes = torch.cat([cell_colour_classes(b) for b in batches])
+    held = classes[80:]
+    majority = sum(float(torch.bincount(held[:, p]).max()) for p in range(16)) / held.numel()
+    assert cb.last["cell_majority"] == pytest.approx(majority)
+    # one token of 32 numbers cannot say which of 16 cells holds which colour; per-patch features can
+    assert cb.last["teacher_cell_accuracy"] > 0.8
+    assert cb.last["student_cell_accuracy"] < cb.last["teacher_cell_accuracy"] - 0.2
+
+
+def test_vision_probe_without_a_teacher_probes_the_student_only(visual):
+    backbone, batches = visual
+    module = VaLRModule(backbone, stage="cot", align_weight=0.0, teacher=None, generation={"max_new_tokens": 2})
+    module.configure_model()
+    cb = VisionFeatureProbe(stages=["validate"])
+    plain_trainer([cb]).validate(module, loader(batches), verbose=False)
+    assert set(cb.last) == {"cell_majority", "student_cell_accuracy"}
+    with pytest.raises(ConfigError, match="stages"):
+        VisionFeatureProbe(stages=["fit"])

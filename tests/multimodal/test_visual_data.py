@@ -110,3 +110,21 @@ def test_image_from_npy_path(tokenizer, tmp_path) -> None:
     dm = VisualReasoningDataModule(tokenizer, ListSource([row, path_row]), batch_size=2)
     items = dm.dataset("train").items
     assert torch.equal(items[0]["pixel_values"][0], items[1]["pixel_values"][0])
+
+
+def test_filler_adds_recap_clauses_between_look_ups_and_keeps_the_question() -> None:
+    bare = VisualCounting(min_steps=3, max_steps=3).examples(5, seed=2)
+    long = VisualCounting(min_steps=3, max_steps=3, filler=2).examples(5, seed=2)
+    for a, b in zip(bare, long):
+        assert a.prompt == b.prompt and a.answer == b.answer
+        assert np.array_equal(a.meta["image"], b.meta["image"])
+        rows = a.meta["query_rows"]
+        for i, (short, step) in enumerate(zip(a.meta["steps"], b.meta["steps"])):
+            assert step.startswith(short)  # the look-up first, then the recap
+            total = short.rsplit(" ", 1)[-1]
+            left = " ".join(str(r + 1) for r in rows[i + 1 :]) or "none"
+            assert step[len(short) :].count(f" so far {total}, rows left {left}") == 2
+        assert "\n" not in "".join(b.meta["steps"])  # the step delimiter stays the only newline
+        assert VisualCounting().verify(b.completion, b.answer)
+    with pytest.raises(ValueError, match="filler"):
+        VisualCounting(filler=-1)

@@ -87,3 +87,34 @@ def test_backbone_configs_compose_and_instantiate(tmp_path) -> None:
     assert isinstance(backbone, HFVLMBackbone)
     assert backbone.tokenizer.convert_tokens_to_ids(LATENT_SLOT) is not None
     assert type(backbone.build_model()).__name__ == "LlavaForConditionalGeneration"
+
+
+def test_image_pool_averages_the_patch_grid_before_the_projector(tmp_path) -> None:
+    full = TinyVLMBackbone(**SMALL).build_model().eval()
+    backbone = TinyVLMBackbone(**SMALL, image_pool=2, num_image_tokens=4)
+    pooled = backbone.build_model().eval()
+    assert backbone.num_image_tokens == 4 and pooled.config.image_seq_length == 4
+    pixels = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        patches = full.model.vision_tower(pixels).last_hidden_state[:, 1:]  # [2, 16, Hv], CLS dropped
+        grid = patches.reshape(2, 4, 4, -1)
+        blocks = grid.reshape(2, 2, 2, 2, 2, -1).mean((2, 4)).reshape(2, 4, -1)  # 2x2 means of the 4x4 grid
+        expected = full.model.multi_modal_projector(blocks)
+        got = torch.stack(pooled.model.get_image_features(pixel_values=pixels, return_dict=True).pooler_output)
+    torch.testing.assert_close(got, expected)  # same seed, same weights: only the pooling differs
+    inputs = _inputs(backbone)  # 4 image tokens per image
+    with torch.no_grad():
+        expected_logits = pooled(**inputs).logits
+    # the pooling has no weights: an export loads back into the pooled backbone and gives the same outputs
+    pooled.save_pretrained(tmp_path)
+    backbone.save_processor(tmp_path)
+    loaded = TinyVLMBackbone(**SMALL, image_pool=2, init_from=str(tmp_path)).build_model().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**inputs).logits, expected_logits)
+
+
+def test_image_pool_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match="num_image_tokens=4"):
+        TinyVLMBackbone(**SMALL, image_pool=2, num_image_tokens=16)
+    with pytest.raises(ConfigError, match="image_pool"):
+        TinyVLMBackbone(**SMALL, image_pool=5)

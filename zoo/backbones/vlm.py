@@ -10,12 +10,14 @@ model loads through ``backbone=hf_vlm`` unchanged.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import (
     AutoConfig,
     AutoModelForImageTextToText,
@@ -105,13 +107,37 @@ def check_vision_geometry(config: Any, image_size: int, num_image_tokens: int, w
         )
 
 
+def pool_image_features(model: PreTrainedModel, side: int) -> Any:
+    """Average-pool a LLaVA model's patch features to ``side x side`` image tokens before the projector.
+
+    A forward pre-hook on ``multi_modal_projector``: ``[B, g*g, Hv] -> [B, side*side, Hv]`` by 2-D adaptive average
+    pooling of the ``g x g`` patch grid (row-major). No parameters are added, so the weights (and
+    ``save_pretrained`` files) are those of the unpooled model; the hook is re-applied each time the backbone builds
+    the model. Returns the hook handle.
+    """
+    projector = model.model.multi_modal_projector
+
+    def pool(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = args[0]
+        b, p, h = x.shape
+        g = math.isqrt(p)
+        if g * g != p:
+            raise ConfigError(f"backbone.image_pool needs a square patch grid, got {p} patches")
+        grid = x.transpose(1, 2).reshape(b, h, g, g)
+        pooled = F.adaptive_avg_pool2d(grid, side).reshape(b, h, side * side).transpose(1, 2)
+        return (pooled, *args[1:])
+
+    return projector.register_forward_pre_hook(pool)
+
+
 class TinyVLMBackbone(_VLMMixin, Backbone):
     """Random-init LLaVA: tiny ``CLIPVisionModel`` + 2-layer GELU projector + tiny ``LlamaForCausalLM``.
 
     The character tokenizer gains ``<image> <latent> </latent> <|latent|>``; a ``LlavaProcessor`` (PIL
     image processor) is built around it so that exports load with ``AutoProcessor``. With the defaults a
     32x32 image is cut into 4x4 patches of 8x8 pixels -> 16 image tokens (CLS dropped, LLaVA's ``default``
-    feature strategy).
+    feature strategy). ``image_pool=s`` average-pools the patch grid to ``s x s`` image tokens before the projector
+    (:func:`pool_image_features`): a weaker vision path (fewer, mixed tokens) at the same tower.
     """
 
     def __init__(
@@ -134,15 +160,24 @@ class TinyVLMBackbone(_VLMMixin, Backbone):
         extra_tokens: Sequence[str] = (),
         dtype: str | None = "float32",
         num_image_tokens: int | None = None,
+        image_pool: int | None = None,
     ) -> None:
         super().__init__(init_from=init_from, extra_tokens=(*VLM_TOKENS, *extra_tokens), dtype=dtype)
         if image_size % patch_size:
             raise ConfigError(f"backbone.image_size={image_size} must be a multiple of patch_size={patch_size}")
         self.image_size = image_size
         self.patch_size = patch_size
-        grid = (image_size // patch_size) ** 2
+        side = image_size // patch_size
+        if image_pool is not None and not 1 <= image_pool <= side:
+            raise ConfigError(f"backbone.image_pool={image_pool} must lie in [1, {side}] (patches per side) or be null")
+        self.image_pool = image_pool
+        grid = (image_pool or side) ** 2
         if num_image_tokens not in (None, grid):
-            raise ConfigError(f"backbone.num_image_tokens={num_image_tokens}; this tiny VLM uses {grid}")
+            why = f" with backbone.image_pool={image_pool}" if image_pool else ""
+            raise ConfigError(
+                f"backbone.num_image_tokens={num_image_tokens}; this tiny VLM uses {grid}{why}: set "
+                f"backbone.num_image_tokens={grid}"
+            )
         self.num_image_tokens = grid
         self.image_mean, self.image_std = tuple(image_mean), tuple(image_std)
         self.vision_arch = {
@@ -221,10 +256,18 @@ class TinyVLMBackbone(_VLMMixin, Backbone):
             model = model.to(self.dtype)
         return model
 
+    def build_model(self, quantizer: Quantizer | None = None) -> PreTrainedModel:
+        """The model (fresh or from ``init_from``), its patch features pooled when ``image_pool`` is set."""
+        model = super().build_model(quantizer)
+        if self.image_pool is not None:
+            pool_image_features(model, self.image_pool)
+        return model
+
     def describe(self) -> dict[str, Any]:
         return {
             "kind": "tiny_llava",
             "vision": self.vision_arch,
+            "image_pool": self.image_pool,
             "text": self.text_arch,
             "seed": self.seed,
             "init_from": self.init_from,
@@ -301,4 +344,13 @@ class HFVLMBackbone(_VLMMixin, HFBackbone):
         return {**super().describe(), "kind": "hf_vlm"}
 
 
-__all__ = ["IMAGE_TOKEN", "LATENT_END", "LATENT_SLOT", "LATENT_START", "VLM_TOKENS", "HFVLMBackbone", "TinyVLMBackbone"]
+__all__ = [
+    "IMAGE_TOKEN",
+    "LATENT_END",
+    "LATENT_SLOT",
+    "LATENT_START",
+    "VLM_TOKENS",
+    "HFVLMBackbone",
+    "TinyVLMBackbone",
+    "pool_image_features",
+]

@@ -8,6 +8,9 @@ each reasoning step is one *visual look-up* (count a colour in one row) followed
     sum of red in rows 1 3 4?
     -> <think>row1 red 2 sum 2\nrow3 red 1 sum 3\nrow4 red 0 sum 3</think>3
 
+``filler=n`` appends ``n`` recap clauses to every step (``row1 red 2 sum 2, red so far 2, rows left 3 4, ...``):
+text-only reasoning between two look-ups that puts the image and the earlier look-ups far back in the sequence
+(visual dilution); the clauses are determined by the question and the running state, so they are learnable.
 ``op="max"`` asks which of the rows has the most shapes of a colour (ties: the first), with steps
 ``row1 red 2 best 1``. The number of steps (rows looked up) is the difficulty knob. Everything is drawn
 deterministically from a seed. Rows carry ``image`` (uint8 ``[H, W, 3]``), ``steps`` (the step texts),
@@ -77,6 +80,8 @@ class VisualCounting(Task):
         fill_prob: probability that a cell holds a shape.
         colors, shapes: the attribute vocabularies (names from :data:`COLORS`, :data:`SHAPES`).
         ops: question kinds drawn uniformly (``sum`` and/or ``max``).
+        filler: recap clauses appended to every step (0 = the bare look-up); each adds about 30 characters of
+            text-only reasoning between look-ups (:meth:`recap`).
     """
 
     name = "visual_counting"
@@ -91,6 +96,7 @@ class VisualCounting(Task):
         colors: Sequence[str] = ("red", "green", "blue"),
         shapes: Sequence[str] = ("square", "circle", "cross"),
         ops: Sequence[str] = ("sum",),
+        filler: int = 0,
     ) -> None:
         if not 1 <= min_steps <= max_steps <= grid:
             raise ValueError(f"need 1 <= min_steps <= max_steps <= grid, got {min_steps}, {max_steps}, {grid}")
@@ -99,6 +105,9 @@ class VisualCounting(Task):
             raise ValueError(f"unknown colours/shapes {unknown}; colours {list(COLORS)}, shapes {list(SHAPES)}")
         if not set(ops) <= {"sum", "max"} or not ops:
             raise ValueError(f"ops must be a non-empty subset of ['sum', 'max'], got {list(ops)}")
+        if filler < 0:
+            raise ValueError(f"filler must be >= 0 recap clauses per step, got {filler}")
+        self.filler = filler
         self.grid, self.cell = grid, cell
         self.min_steps, self.max_steps = min_steps, max_steps
         self.fill_prob = fill_prob
@@ -111,6 +120,12 @@ class VisualCounting(Task):
             if rng.random() < self.fill_prob:
                 cells[i] = (rng.randrange(len(self.colors)), rng.randrange(len(self.shapes)))
         return cells
+
+    def recap(self, name: str, state: str, value: int, left: Sequence[int]) -> str:
+        """The ``filler`` recap clauses after a look-up: ``", red so far 3, rows left 2 4"`` repeated (``state`` is
+        ``so far`` for a sum, ``best row`` for a max; ``left``: the 0-based rows still to look up)."""
+        rows = " ".join(str(r + 1) for r in left) or "none"
+        return f", {name} {state} {value}, rows left {rows}" * self.filler
 
     def sample(self, rng: random.Random) -> Example:
         cells = self.sample_cells(rng)
@@ -125,17 +140,19 @@ class VisualCounting(Task):
         if op == "sum":
             question = f"sum of {name} in rows {row_list}?"
             total = 0
-            for r, k in zip(rows, counts):
+            for i, (r, k) in enumerate(zip(rows, counts)):
                 total += k
-                steps.append(f"row{r + 1} {name} {k} sum {total}")
+                steps.append(f"row{r + 1} {name} {k} sum {total}" + self.recap(name, "so far", total, rows[i + 1 :]))
             answer = str(total)
         else:
             question = f"most {name}: rows {row_list}?"
             best, best_k = rows[0], -1
-            for r, k in zip(rows, counts):
+            for i, (r, k) in enumerate(zip(rows, counts)):
                 if k > best_k:
                     best, best_k = r, k
-                steps.append(f"row{r + 1} {name} {k} best {best + 1}")
+                steps.append(
+                    f"row{r + 1} {name} {k} best {best + 1}" + self.recap(name, "best row", best + 1, rows[i + 1 :])
+                )
             answer = str(best + 1)
         image = draw_grid(cells, self.grid, self.cell, self.colors, self.shapes)
         meta: dict[str, Any] = {

@@ -4,7 +4,9 @@ Paper: "Vision-aligned Latent Reasoning" (VaLR), arXiv 2602.04476: the latent st
 vision encoder phi that knows more about the image than the MLLM's own vision path (the paper uses DINOv3). With no
 pretrained encoder available offline, the synthetic teacher is a small patch encoder trained here, on the shape grids
 of ``task=visual_counting``, to classify every cell's colour and shape; frozen, its patch features expose those
-attributes linearly. [reconstruction: a stand-in for DINOv3 at toy scale, not part of the paper]
+attributes linearly. It knows more than the student only when the student's vision path is weaker (e.g. pooled to a
+few tokens with ``backbone.image_pool``); :class:`zoo.callbacks.VisionFeatureProbe` measures whether it does.
+[reconstruction: a stand-in for DINOv3 at toy scale, not part of the paper]
 
 Equation -> function:
 

@@ -3,9 +3,13 @@
 Two sources, chosen by config (``module.teacher``):
 
 * the synthetic teacher -- a small :class:`PatchEncoder` pretrained *here* on the synthetic shape grids to predict
-  every cell's colour and shape (:func:`cell_attribute_loss`), then frozen. Its patch features therefore encode the
-  attributes linearly, which the student's frozen random-init vision tower does not (the paper's premise: the teacher
-  knows more than the MLLM's own vision path). Its pretraining is the method ``+method=valr_teacher``
+  every cell's colour and shape (:func:`cell_attribute_loss`), then frozen; its patch features encode the attributes
+  linearly, one feature per cell. Whether that is *more* than the student sees (the paper's premise: the teacher
+  knows more than the MLLM's own vision path) depends on the student: the tiny VLM's frozen random CLIP tower at full
+  resolution also lets a linear probe read every cell, so there the teacher adds no visual information; pooled to a
+  few image tokens (``backbone.image_pool``) it does not. :class:`zoo.callbacks.VisionFeatureProbe` measures both
+  sides (held-out cell-colour probes) instead of assuming either. Its pretraining is the method
+  ``+method=valr_teacher``
   (:mod:`zoo.modules.valr_teacher`), built once through the artifact cache by
   :func:`zoo.modules.valr_teacher.synthetic_teacher` and loaded with :func:`load_teacher`.
 * :func:`hf_teacher` -- any local ``transformers`` vision backbone (DINOv2/v3, SigLIP, CLIP vision...) via
