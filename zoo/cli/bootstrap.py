@@ -5,7 +5,9 @@ the export of a ``+method=sft`` run on the parent run's task and backbone archit
 recipe, built through the artifact cache (:func:`zoo.cli.artifacts.train_artifact`) on first use and kept at
 ``<paths.cache_dir>/base_policy/<task>-<key>/export``. The key is the build run's composed config, so it depends on
 the task, the backbone (without ``init_from``, ``extra_tokens`` and ``lora``), the seed and the recipe, and not on any
-other option of the parent run.
+other option of the parent run. The build uses the parent run's ``seed`` unless the recipe fixes one
+(``base_policy.seed``): then every run of a seed sweep starts from the same base policy and the seeds vary only what
+the run itself does (e.g. the RL phase).
 
 Recipe field -> option of the ``+method=sft`` build run: :data:`RECIPE_FIELDS`. An optional ``datamodule`` field names
 the build run's datamodule option (default ``sft``: the task's prompt/completion rows), e.g. ``retry_feedback`` for a
@@ -53,17 +55,20 @@ def base_policy_build(cfg: DictConfig) -> ArtifactBuild:
     """The ``+method=sft`` build run of the base policy that ``cfg`` (a run with ``init_from: base``) asks for."""
     recipe = OmegaConf.to_container(cfg.base_policy, resolve=True)
     datamodule = recipe.pop("datamodule", None)
+    seed = recipe.pop("seed", None)
     unknown = sorted(set(recipe) - set(RECIPE_FIELDS))
     if unknown:
         raise ConfigError(
-            f"base_policy: unknown recipe fields {unknown}; known: {sorted(RECIPE_FIELDS)} and datamodule"
+            f"base_policy: unknown recipe fields {unknown}; known: {sorted(RECIPE_FIELDS)}, datamodule and seed"
         )
     backbone = OmegaConf.to_container(cfg.backbone, resolve=True)
     backbone.update(init_from=None, extra_tokens=[])
+    if seed is not None and "seed" in backbone:  # the backbone's init seed follows the build run's seed
+        backbone["seed"] = int(seed)
     if "lora" in backbone:  # the base policy is a full fine-tune, whatever adapters the parent run trains
         backbone["lora"] = None
     values: dict[str, Any] = {
-        "seed": cfg.seed,
+        "seed": cfg.seed if seed is None else int(seed),
         "task": OmegaConf.to_container(cfg.task, resolve=True),
         "backbone": backbone,
         **{RECIPE_FIELDS[field]: value for field, value in recipe.items()},
