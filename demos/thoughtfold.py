@@ -107,8 +107,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         provenance(sweep, PAPER),
         "",
-        f"Setup: tiny Llama from the cached base SFT policy of `task=multisum_redundant` (one per seed; recipe "
-        f"{head.get('base_policy.max_epochs')} epochs of {head.get('base_policy.num_train')} rows), whose reference "
+        "Setup: tiny Llama from the cached base SFT policy of `task=multisum_redundant` (one for every arm and seed, "
+        f"built with seed {head.get('base_policy.seed')}: {head.get('base_policy.max_epochs')} epochs of "
+        f"{head.get('base_policy.num_train')} rows; the seeds vary the RL phase), whose reference "
         "reasonings hold injected `check N` lines (redundant, labelled) besides the running sums (essential). "
         f"GRPO with G={head.get('module.group_size')}, {head.get('datamodule.batch_size')} prompts per step, "
         f"max {head.get('module.generation.max_new_tokens')} new tokens, lr {head.get('module.optimizer.lr')}, "
