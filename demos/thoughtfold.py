@@ -16,6 +16,8 @@ from typing import Any
 from zoo.report import (
     Run,
     Sweep,
+    artifact_values,
+    compare,
     contrast,
     curve,
     fmt_stat,
@@ -123,7 +125,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         f"{head.get('datamodule.source.num_val')} held-out prompts at the last step. Cells: mean ± sd over seeds "
         "[95% confidence interval, Student t].",
         "",
-        "Base policy (training rollouts of the first step, all runs): think tokens "
+        "Base policy: validation exact match at the end of its SFT build "
+        f"{fmt_stat(stat(artifact_values(base, 'base_policy', 'val/exact_match')), ci=False)} (greedy, the build's "
+        "held-out prompts); training rollouts of the first step (all runs, sampled at temperature 1): think tokens "
         f"{fmt_stat(stat(first(r, 'train/think_tokens') for r in base), 1, ci=False)}, redundant-line rate "
         f"{fmt_stat(stat(first(r, 'train/redundant_rate') for r in base), ci=False)}, essential-line retention "
         f"{fmt_stat(stat(first(r, 'train/essential_retention') for r in base), ci=False)}, accuracy "
@@ -180,7 +184,18 @@ def reading(runs_of: Any, labels: dict[str, str]) -> list[str]:
             return ""
         return "- " + contrast(labels.get(a, a), last(a, metric), labels.get(b, b), last(b, metric), what) + "."
 
+    shorter = compare(last("thoughtfold", "val/think_tokens"), last("grpo", "val/think_tokens"))
+    accuracy = compare(last("thoughtfold", "val/exact_match"), last("grpo", "val/exact_match"))
+    retention = compare(last("thoughtfold", "val/essential_retention"), last("grpo", "val/essential_retention"))
+    claim = shorter.shown and shorter.delta < 0 and not (accuracy.shown and accuracy.delta < 0)
+    claim = claim and not (retention.shown and retention.delta < 0)
     lines = [
+        "**The paper's claim (fewer reasoning tokens than GRPO at equal accuracy, by removing redundant rather than "
+        f"essential lines) is {'shown' if claim else 'not shown'} by this run** (think tokens lower: "
+        f"{'yes' if shorter.shown and shorter.delta < 0 else 'no'}; exact match lower: "
+        f"{'yes' if accuracy.shown and accuracy.delta < 0 else 'no'}; essential-line retention lower: "
+        f"{'yes' if retention.shown and retention.delta < 0 else 'no'}; 95% Welch intervals over seeds).",
+        "",
         line("thoughtfold", "grpo", "val/think_tokens", "Final think tokens"),
         line("thoughtfold", "grpo", "val/redundant_rate", "Final redundant-line rate"),
         line("thoughtfold", "grpo", "val/essential_retention", "Final essential-line retention"),
