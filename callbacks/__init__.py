@@ -12,6 +12,7 @@ from zoo.callbacks.eval_records import EvalRecords
 from zoo.callbacks.forgetting import ForgettingMonitor
 from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
 from zoo.callbacks.log_generations import LogGenerations
+from zoo.callbacks.memory_ingest import MemoryIngestCallback
 from zoo.callbacks.multiturn_eval import MultiTurnEvaluation
 from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.offline_rows import OfflineRowWriter
@@ -39,6 +40,7 @@ __all__ = [
     "LogGenerations",
     "LogLineProgress",
     "LogSamplerWeights",
+    "MemoryIngestCallback",
     "MultiTurnEvaluation",
     "NanoQuantExport",
     "OfflineRowWriter",

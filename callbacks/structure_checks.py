@@ -116,15 +116,16 @@ def pooled_atom_features(encoder: torch.nn.Module, structures: Any) -> torch.Ten
 
 
 class EncoderMotifProbe(EvaluationCallback):
-    """Linear probe of yes/no answers from the frozen encoder's pooled atom embeddings, per question kind.
+    """Linear probe of the answers from the frozen encoder's pooled atom embeddings, per question kind.
 
-    Collects ``(features, answer == "yes")`` of every evaluated structure whose question kind is in ``kinds``; at
-    the end of the epoch fits :class:`~zoo.interp.probes.LinearProbe` on the first half of each kind and logs
-    ``<prefix>/<kind>_accuracy`` on the second half and ``<prefix>/<kind>_majority`` (the better constant answer on
-    that half).
+    Collects ``(features, answer)`` of every evaluated structure whose question kind is in ``kinds``; at the end of
+    the epoch fits a multinomial :class:`~zoo.interp.probes.LinearProbe` (one class per distinct answer: yes/no,
+    or the counts ``0``, ``1``, ...) on the first half of each kind and logs ``<prefix>/<kind>_accuracy`` on the
+    second half and ``<prefix>/<kind>_majority`` (the most frequent answer's rate on that half). The features are
+    pooled over all atoms (mean + max), so the probe says what a size-independent summary of the encoder holds.
 
     Args:
-        kinds: yes/no question kinds to probe (``ring``, ``triad``).
+        kinds: question kinds to probe (``ring``, ``triad``, ``ring_count``, ``triad_count``, ``contact``).
         stages: among ``validate`` and ``test``.
         prefix: metric name prefix.
         l2: L2 penalty of the probe.
@@ -143,7 +144,7 @@ class EncoderMotifProbe(EvaluationCallback):
         self.kinds = tuple(kinds)
         self.prefix = prefix
         self.l2 = float(l2)
-        self._data: dict[str, list[tuple[torch.Tensor, int]]] = {}
+        self._data: dict[str, list[tuple[torch.Tensor, str]]] = {}
         self.last: dict[str, float] = {}
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -162,7 +163,7 @@ class EncoderMotifProbe(EvaluationCallback):
             return
         feats = pooled_atom_features(pl_module.structure_encoder, s)
         for i in wanted:
-            self._data[s.kinds[i]].append((feats[i], int(str(s.answers[i]).strip().lower() == "yes")))
+            self._data[s.kinds[i]].append((feats[i], str(s.answers[i]).strip().lower()))
 
     def measure(self) -> dict[str, float]:
         """Probe accuracy and majority rate per kind from what was collected (kinds with < 4 rows are skipped)."""
@@ -173,18 +174,18 @@ class EncoderMotifProbe(EvaluationCallback):
                 self._measure_kind(kind, rows, out)
         return out
 
-    def _measure_kind(self, kind: str, rows: list[tuple[torch.Tensor, int]], out: dict[str, float]) -> None:
+    def _measure_kind(self, kind: str, rows: list[tuple[torch.Tensor, Any]], out: dict[str, float]) -> None:
         if len(rows) < 4:
             return
         x = torch.stack([f for f, _ in rows]).clone()
-        y = torch.tensor([label for _, label in rows])
+        classes = sorted({str(label) for _, label in rows})
+        y = torch.tensor([classes.index(str(label)) for _, label in rows])
         half = len(rows) // 2
-        test_y = y[half:].double()
-        out[f"{kind}_majority"] = float(max(test_y.mean(), 1 - test_y.mean()))
+        out[f"{kind}_majority"] = float(torch.bincount(y[half:], minlength=len(classes)).max()) / (len(rows) - half)
         if len(set(y[:half].tolist())) < 2:  # one class only in the fitting half: the probe is that constant
             out[f"{kind}_accuracy"] = float((y[half:] == y[0]).double().mean())
             return
-        probe = LinearProbe(num_classes=2, l2=self.l2).fit(x[:half], y[:half])
+        probe = LinearProbe(num_classes=len(classes), l2=self.l2).fit(x[:half], y[:half])
         out[f"{kind}_accuracy"] = probe.accuracy(x[half:], y[half:])
 
     def eval_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

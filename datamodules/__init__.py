@@ -13,6 +13,7 @@ from zoo.datamodules.preferences import PreferenceDataModule
 from zoo.datamodules.prompts import PromptDataModule
 from zoo.datamodules.sft import SFTDataModule
 from zoo.datamodules.structures import StructureDataModule
+from zoo.datamodules.textopt import TextOptDataModule
 
 __all__ = [
     "EpisodeDataModule",
@@ -24,4 +25,5 @@ __all__ = [
     "RowDataModule",
     "SFTDataModule",
     "StructureDataModule",
+    "TextOptDataModule",
 ]

@@ -1,6 +1,9 @@
-"""Episode indices for the episode runner (agents, environments): no tokenizer, no data files."""
+"""Episode indices for the episode runner (agents, environments) and the test-time adaptation family (conversation
+indices): no data files."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
@@ -19,9 +22,13 @@ class EpisodeDataModule(pl.LightningDataModule):
     Args:
         episodes: number of episodes (UltraHorizon recommends 32 repeats per setting).
         batch_size: episodes per ``test_step``/``predict_step``.
+        tokenizer: not used (the indices need none); accepted so that runs with a language backbone (test-time
+            adaptation: each index is a conversation) build it like any datamodule.
     """
 
-    def __init__(self, episodes: int = 8, batch_size: int = 1, sampler: TrainSampler | None = None) -> None:
+    def __init__(
+        self, episodes: int = 8, batch_size: int = 1, sampler: TrainSampler | None = None, tokenizer: Any = None
+    ) -> None:
         super().__init__()
         if episodes < 1 or batch_size < 1:
             raise ConfigError(f"datamodule.episodes ({episodes}) and datamodule.batch_size ({batch_size}) must be >= 1")

@@ -40,6 +40,7 @@ from zoo.datamodules.base import (
 from zoo.errors import ConfigError, DataError
 
 log = logging.getLogger("zoo")
+SPLITS = ("train", "val", "test")
 
 
 class StructureTaskSource(GeneratedSource):
@@ -49,6 +50,8 @@ class StructureTaskSource(GeneratedSource):
         num_train, num_val, num_test: rows per split (``val`` uses ``seed + 1``, ``test`` ``seed + 2``).
         seed: base seed.
         task: :class:`~zoo.data.structures.StructureTaskConfig` fields (``min_atoms``, ``max_atoms``, ...).
+        split_task: per-split overrides of ``task`` (``{"val": {"max_atoms": 300}}``), e.g. a size-extrapolation
+            split: train on small structures, evaluate on larger ones.
     """
 
     def __init__(
@@ -58,18 +61,40 @@ class StructureTaskSource(GeneratedSource):
         num_test: int = 128,
         seed: int = 0,
         task: dict[str, Any] | None = None,
+        split_task: dict[str, dict[str, Any]] | None = None,
     ) -> None:
+        super().__init__(num_train, num_val, num_test, seed)
         task = dict(task or {})
+        split_task = {k: dict(v or {}) for k, v in dict(split_task or {}).items()}
+        unknown = set(split_task) - set(SPLITS)
+        if unknown:
+            raise ConfigError(f"datamodule.source.split_task: unknown split(s) {sorted(unknown)}; use {SPLITS}")
+        self.config = self._config(task)
+        self.split_configs = {split: self._config({**task, **split_task.get(split, {})}) for split in SPLITS}
+
+    @staticmethod
+    def _config(task: dict[str, Any]) -> StructureTaskConfig:
+        task = dict(task)
         if "question_kinds" in task:
             task["question_kinds"] = tuple(task["question_kinds"])
-        super().__init__(num_train, num_val, num_test, seed)
-        self.config = StructureTaskConfig(**task)
+        try:
+            return StructureTaskConfig(**task)
+        except TypeError as err:  # an unknown field
+            raise ConfigError(f"datamodule.source.task: {err}") from None
 
     def generate(self, split: str, size: int) -> list[Row]:
-        return [{**s.as_row(), "sample": s} for s in make_structure_samples(size, self.split_seed(split), self.config)]
+        samples = make_structure_samples(size, self.split_seed(split), self.split_configs[split])
+        return [{**s.as_row(), "sample": s} for s in samples]
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "structure_task", "config": repr(self.config), "sizes": self.sizes, "seed": self.seed}
+        configs = {k: repr(v) for k, v in self.split_configs.items() if v != self.config}
+        return {
+            "kind": "structure_task",
+            "config": repr(self.config),
+            **({"split_config": configs} if configs else {}),
+            "sizes": self.sizes,
+            "seed": self.seed,
+        }
 
 
 class StructureDataModule(RowDataModule):

@@ -1,23 +1,42 @@
 """Page builder of the Cuttlefish demo (arXiv 2602.02780): ``docs/results/cuttlefish.md`` + ``cuttlefish.png``.
 
-Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=cuttlefish`` (``conf/demo/cuttlefish.yaml``: connector × seed);
-page: ``python -m zoo.report demo cuttlefish``. Read from the sweep: the per-row records of the held-out evaluation
-(``eval_records.jsonl``: answer, completion, correct, kind, size bin, atoms, structure tokens), ``rotation/*`` and
-``encoder_probe/*`` (callbacks), ``train/loss`` and the resolved configs.
+Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=cuttlefish`` (``conf/demo/cuttlefish.yaml``: connector arm x
+seed); page: ``python -m zoo.report demo cuttlefish``. Everything on the page is read from the sweep: the per-row
+records of the held-out evaluation (``eval_records.jsonl``: answer, completion, correct, kind, atoms, structure
+tokens), ``encoder_probe/*`` (callback), the training logs (``train/loss``, ``train/patches/*``: k_g against
+size), ``run_info.json`` (wall time) and the resolved configs.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 from zoo.data.structures import SIZE_BIN_LABELS, normalize_answer
-from zoo.report import Run, Sweep, contrast, fmt_stat, provenance, pyplot, save_figure, stat, table, write_page
+from zoo.report import (
+    Run,
+    Sweep,
+    contrast,
+    curve,
+    fmt_stat,
+    plot_curves,
+    provenance,
+    pyplot,
+    save_figure,
+    stat,
+    table,
+    write_page,
+)
 
 PAPER = "cuttlefish"
 RECORDS = "eval_records.jsonl"
-LARGE_BINS = SIZE_BIN_LABELS[3:]
+REGIONS = ("in", "out")
+REGION_NAMES = {"in": "in distribution", "out": "extrapolation"}
+# the fraction of the logged training curve whose loss change tells whether training plateaued
+TAIL = 0.2
 
 
 def records(run: Run) -> list[dict[str, Any]]:
@@ -34,198 +53,417 @@ def mean(xs: Any) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy overall / by size bin / by kind, motif FPR and TPR, tokens per structure, distinct answers."""
+def train_max_atoms(run: Run) -> int:
+    """The largest training structure (``datamodule.source.task.max_atoms``): larger held-out ones extrapolate."""
+    return int(run.get("demo.train_max_atoms", run.get("datamodule.source.task.max_atoms", 300)))
+
+
+def uniform_patches(num_atoms: int, rho: float, k_max: int) -> int:
+    """``k_g`` of a uniform gate (eq. P3 on equal logits): ``ceil(rho n)`` clipped to ``[1, min(k_max, n)]``."""
+    return max(1, min(math.ceil(rho * num_atoms - 1e-9), k_max, num_atoms))
+
+
+def summarize(rows: list[dict[str, Any]], limit: int, rho: float | None = None, k_max: int = 0) -> dict[str, Any]:
+    """Accuracy overall / by region (in distribution: ``num_atoms <= limit``) / by size bin / by kind and region;
+    structure tokens against atoms; ``k / k_uniform`` when the connector has a gate (``rho``)."""
     by_bin, by_kind, answers = defaultdict(list), defaultdict(list), defaultdict(set)
+    by_region = defaultdict(list)
     for r in rows:
+        region = "in" if r["num_atoms"] <= limit else "out"
         by_bin[r["size_bins"]].append(r["correct"])
-        by_kind[r["kinds"]].append(r["correct"])
+        by_region[region].append(r["correct"])
+        by_kind[(r["kinds"], region)].append(r["correct"])
         answers[r["kinds"]].add(normalize_answer(r["completion"]))
-    motif = [r for r in rows if r["kinds"] in ("ring", "triad")]
-    says_yes = [normalize_answer(r["completion"]) == "yes" for r in motif]
+    tokens = [(r["num_atoms"], r["num_tokens"]) for r in rows]
+    ratio = {}
+    if rho is not None:
+        for region in REGIONS:
+            pairs = [(n, k) for n, k in tokens if (n <= limit) == (region == "in")]
+            ratio[region] = mean(k / uniform_patches(n, rho, k_max) for n, k in pairs)
     return {
         "acc": mean(r["correct"] for r in rows),
+        "region": {g: mean(by_region[g]) for g in REGIONS},
+        "region_n": {g: len(by_region[g]) for g in REGIONS},
         "by_bin": {b: mean(by_bin[b]) for b in SIZE_BIN_LABELS},
         "bin_n": {b: len(by_bin[b]) for b in SIZE_BIN_LABELS},
-        "large": mean(r["correct"] for r in rows if r["size_bins"] in LARGE_BINS),
-        "small": mean(r["correct"] for r in rows if r["size_bins"] == SIZE_BIN_LABELS[0]),
-        "by_kind": {k: mean(v) for k, v in sorted(by_kind.items())},
-        "fpr": mean(y for y, r in zip(says_yes, motif) if str(r["answer"]).lower() == "no"),
-        "tpr": mean(y for y, r in zip(says_yes, motif) if str(r["answer"]).lower() == "yes"),
-        "tokens": [(r["num_atoms"], r["num_tokens"]) for r in rows],
+        "by_kind": {k: mean(v) for k, v in by_kind.items()},
+        "kinds": sorted({r["kinds"] for r in rows}),
+        "tokens": tokens,
+        "tokens_by_bin": {
+            b: mean(k for (n, k), r in zip(tokens, rows) if r["size_bins"] == b) for b in SIZE_BIN_LABELS
+        },
+        "one_token": mean(k == 1 for _, k in tokens),
+        "k_vs_uniform": ratio,
         "distinct": {k: len(v) for k, v in sorted(answers.items())},
     }
 
 
-def majority(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def majority(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     """Accuracy of answering each kind with its most frequent answer *on these rows* (an upper bound on a prior
-    learned from training answers)."""
+    learned from the training answers)."""
     kinds = {r["kinds"] for r in rows}
     prior = {k: Counter(str(r["answer"]).lower() for r in rows if r["kinds"] == k).most_common(1)[0][0] for k in kinds}
     answered = [
         {**r, "completion": prior[r["kinds"]], "correct": str(r["answer"]).lower() == prior[r["kinds"]]} for r in rows
     ]
-    return summarize(answered)
+    return summarize(answered, limit)
+
+
+def loss_change(run: Run, tail: float = TAIL) -> float:
+    """Relative change of the training loss over the last ``tail`` of the logged curve: mean of the last fifth vs
+    the fifth before it (near 0: a plateau; negative: still falling)."""
+    losses = [v for _, v in run.series("train/loss")]
+    m = max(1, int(len(losses) * tail))
+    if len(losses) < 2 * m:
+        return float("nan")
+    before, last = mean(losses[-2 * m : -m]), mean(losses[-m:])
+    return (last - before) / before if before else float("nan")
+
+
+def built_prerequisites(run: Run) -> dict[str, float]:
+    """``{kind/name: build seconds}`` of the prerequisites this run built (``run_info.json`` -> ``artifacts`` with
+    ``built_now``; seconds from the artifact's ``artifact.json``)."""
+    out = {}
+    for used in run.info.get("artifacts", []):
+        meta = Path(used.get("path", "")) / "artifact.json"
+        if used.get("built_now") and meta.is_file():
+            out[f"{used.get('kind')}/{used.get('name')}"] = float(
+                json.loads(meta.read_text()).get("build_seconds", 0.0)
+            )
+    return out
+
+
+def run_seconds(run: Run) -> float:
+    """Wall seconds of the run without the prerequisites it built."""
+    return float(run.info.get("wall_seconds", "nan")) - sum(built_prerequisites(run).values())
+
+
+def first_value(run: Run, metric: str) -> float:
+    series = run.series(metric)
+    return series[0][1] if series else float("nan")
 
 
 def build(sweep: Sweep, out: Path) -> list[Path]:
     arms = sweep.arms()
     first = sweep.runs[0]
     labels = first.get("demo.labels", {}) or {}
-    sums = {name: [summarize(records(r)) for r in runs] for name, runs in arms.items()}
+    limit = train_max_atoms(first)
+
+    def rho_of(run: Run) -> float | None:
+        rho = run.get("module.connector.rho")
+        return float(rho) if rho is not None else None
+
+    sums = {
+        name: [summarize(records(r), limit, rho_of(r), int(r.get("module.connector.k_max", 0) or 0)) for r in runs]
+        for name, runs in arms.items()
+    }
     ref_rows = records(arms[next(iter(arms))][0])
-    maj = majority(ref_rows) if ref_rows else None
+    maj = majority(ref_rows, limit) if ref_rows else None
 
-    def per_seed(name: str, key: str, sub: str | None = None) -> list[float]:
-        return [s[key][sub] if sub else s[key] for s in sums.get(name, [])]
+    def lab(name: str) -> str:
+        return labels.get(name, name)
 
-    def cell(name: str, key: str, sub: str | None = None, ci: bool = False) -> str:
+    def per_seed(name: str, key: str, sub: Any = None) -> list[float]:
+        return [s[key][sub] if sub is not None else s[key] for s in sums.get(name, [])]
+
+    def cell(name: str, key: str, sub: Any = None, ci: bool = False) -> str:
         return fmt_stat(stat(per_seed(name, key, sub)), ci=ci)
 
-    bins = list(SIZE_BIN_LABELS)
-    n_bin = sums[next(iter(sums))][0]["bin_n"] if sums else {}
-    size_rows = [["n", sum(n_bin.values()), *(n_bin.get(b, 0) for b in bins)]]
+    ref = sums[next(iter(sums))][0] if sums else None
+    bins = [b for b in SIZE_BIN_LABELS if ref and ref["bin_n"][b]]
+    kinds = ref["kinds"] if ref else []
+
+    # -- accuracy by region and size bin
+    size_rows = [["n", ref["region_n"]["in"], ref["region_n"]["out"], *(ref["bin_n"][b] for b in bins)]] if ref else []
     if maj:
         size_rows.append(
-            ["majority answer per kind (no structure)", f"{maj['acc']:.3f}", *(f"{maj['by_bin'][b]:.3f}" for b in bins)]
+            [
+                "majority answer per kind (no structure)",
+                *(f"{maj['region'][g]:.3f}" for g in REGIONS),
+                *(f"{maj['by_bin'][b]:.3f}" for b in bins),
+            ]
         )
     for name in arms:
-        size_rows.append([labels.get(name, name), cell(name, "acc", ci=True), *(cell(name, "by_bin", b) for b in bins)])
-    kinds = sorted(sums[next(iter(sums))][0]["by_kind"]) if sums else []
+        size_rows.append(
+            [lab(name), *(cell(name, "region", g, ci=True) for g in REGIONS), *(cell(name, "by_bin", b) for b in bins)]
+        )
+
+    # -- accuracy by kind and region, with the probe of the pooled encoder features
+    kind_header = [f"{k} ({REGION_NAMES[g]})" for k in kinds for g in REGIONS]
     kind_rows = []
+    if maj:
+        kind_rows.append(
+            [
+                "majority answer per kind",
+                *(f"{maj['by_kind'].get((k, g), math.nan):.3f}" for k in kinds for g in REGIONS),
+            ]
+        )
+    for name in arms:
+        kind_rows.append([lab(name), *(cell(name, "by_kind", (k, g)) for k in kinds for g in REGIONS)])
+    probe = {
+        k: (
+            stat(r.last(f"encoder_probe/{k}_accuracy") for r in sweep.runs),
+            stat(r.last(f"encoder_probe/{k}_majority") for r in sweep.runs),
+        )
+        for k in kinds
+    }
+
+    # -- patch counts against size (eval records) and during training (logs)
+    patch_rows = []
     for name, runs in arms.items():
+        gated = bool(sums[name]) and bool(sums[name][0]["k_vs_uniform"])
         toks = [t for s in sums[name] for _, t in s["tokens"]]
+        patch_rows.append(
+            [
+                lab(name),
+                *(f"{stat(s['tokens_by_bin'][b] for s in sums[name]).mean:.1f}" for b in bins),
+                f"{min(toks, default=0)}-{max(toks, default=0)}",
+                cell(name, "one_token"),
+                *((cell(name, "k_vs_uniform", g) for g in REGIONS) if gated else ("-", "-")),
+                fmt_stat(stat(first_value(r, "train/patches/k_vs_uniform") for r in runs), ci=False) if gated else "-",
+                fmt_stat(stat(r.last("train/patches/gate_entropy") for r in runs), ci=False) if gated else "-",
+            ]
+        )
+    train_rows = []
+    for name, runs in arms.items():
         distinct = Counter()
         for s in sums[name]:
             distinct.update(s["distinct"])
-        kind_rows.append(
+        train_rows.append(
             [
-                labels.get(name, name),
-                *(cell(name, "by_kind", k) for k in kinds),
-                fmt_stat(stat(r.last("rotation/accuracy") for r in runs)),
-                fmt_stat(stat(r.last("rotation/agreement") for r in runs)),
-                cell(name, "fpr"),
-                cell(name, "tpr"),
-                f"{mean(toks):.1f} ({min(toks, default=0)}-{max(toks, default=0)})",
+                lab(name),
+                fmt_stat(stat(r.last("train/loss") for r in runs), ci=False),
+                fmt_stat(stat(loss_change(r) for r in runs), ci=False),
                 ", ".join(f"{k}: {v / max(len(sums[name]), 1):.1f}" for k, v in sorted(distinct.items())),
-                f"{stat(float(r.info.get('wall_seconds', 'nan')) for r in runs).mean:.0f}",
+                f"{stat(run_seconds(r) for r in runs).mean:.0f}",
             ]
         )
-    png = plot(arms, sums, labels, out / f"{PAPER}.png")
-    probe = {
-        k: stat(r.last(f"encoder_probe/{k}") for r in sweep.runs).mean
-        for k in ("ring_accuracy", "ring_majority", "triad_accuracy", "triad_majority")
-    }
+
+    png = plot(sweep, arms, sums, labels, limit, out / f"{PAPER}.png")
     seeds = len(sweep.seeds) or 1
     steps, batch = first.get("trainer.max_steps"), first.get("datamodule.batch_size")
+    task = first.get("datamodule.source.task", {}) or {}
+    val_task = {**task, **((first.get("datamodule.source.split_task", {}) or {}).get("val") or {})}
+    gated_run = next((r for r in sweep.runs if rho_of(r) is not None), None)
+    gate_text = (
+        f"patching arms: rho={gated_run.get('module.connector.rho')}, k_max={gated_run.get('module.connector.k_max')}, "
+        f"beta={gated_run.get('module.connector.beta')}, tau={gated_run.get('module.connector.tau')}; "
+        if gated_run
+        else ""
+    )
+    fusion = next(
+        (r.get("module.connector.fusion_dim") for r in sweep.runs if r.get("module.connector.fusion_dim")), "n/a"
+    )
     text = [
         "# Cuttlefish demo: scaling-aware patching vs fixed-budget connectors",
         "",
         "Paper: *Cuttlefish: Scaling-Aware Adapter for Structure-Grounded LLM Reasoning* (arXiv 2602.02780). Built "
-        "through the demo path (`conf/demo/cuttlefish.yaml`, page builder `demos/cuttlefish.py`). Toy scale on a "
-        "shared CPU: this page reports what was measured, not the paper's numbers.",
+        "through the demo path (`conf/demo/cuttlefish.yaml`, page builder `demos/cuttlefish.py`). Toy scale on CPU: "
+        "this page reports what was measured, not the paper's numbers.",
         "",
         provenance(sweep, PAPER),
         "",
-        f"Setup: synthetic all-atom structures (6-300 atoms, 5 elements, rings and N-P-S triads; "
-        f"`zoo.data.structures`), question kinds {', '.join(kinds)}; {first.get('datamodule.source.num_train')} "
-        f"training questions, {first.get('datamodule.source.num_val')} held-out questions; frozen pretrained EGNN "
-        f"(artifact cache), standardized atom features, tiny Llama trained with the connector "
+        f"Setup: synthetic all-atom structures (5 elements; `zoo.data.structures`) with 0-{task.get('max_rings')} "
+        f"six-membered rings and 0-{task.get('max_triads')} inserted N-P-S triads, drawn uniformly whatever the size; "
+        f"question kinds {', '.join(kinds)} (counts, and whether a triad is bonded to a ring). Training: "
+        f"{first.get('datamodule.source.num_train')} questions on structures of {task.get('min_atoms')}-"
+        f"{task.get('max_atoms')} atoms; held out: {first.get('datamodule.source.num_val')} questions on "
+        f"{val_task.get('min_atoms')}-{val_task.get('max_atoms')} atoms (*in distribution*: <= {limit} atoms; "
+        f"*extrapolation*: more). Frozen pretrained EGNN (width {first.get('module.encoder.hidden')}, artifact "
+        f"cache), standardized atom features, tiny Llama trained with the connector "
         f"(`module.stage={first.get('module.stage')}`), {steps} steps of batch {batch}, lr "
-        f"{first.get('module.optimizer.lr')}; greedy decoding, exact verifier (first word). {seeds} "
-        f"seed{'s' if seeds != 1 else ''}; cells: mean ± sd over seeds (overall: with the 95% interval).",
+        f"{first.get('module.optimizer.lr')}; {gate_text}fusion width {fusion} "
+        f"(query/GGA arms); greedy decoding, exact verifier (first word). {seeds} seed{'s' if seeds != 1 else ''}; "
+        "cells: mean ± sd over seeds (region columns: with the 95% interval).",
         "",
         "## Accuracy by structure size (held-out)",
         "",
-        table(["arm", "overall", *bins], size_rows),
-        "## Accuracy by question kind, robustness, hallucination proxy",
+        table(["arm", *(REGION_NAMES[g] for g in REGIONS), *bins], size_rows),
+        "## Accuracy by question kind",
+        "",
+        table(["arm", *kind_header], kind_rows),
+        "## Structure tokens against size (k_g) and the gate",
         "",
         table(
             [
                 "arm",
-                *kinds,
-                "rotated acc",
-                "same answer after rotation",
-                "motif FPR",
-                "motif TPR",
-                "tokens/structure (mean, min-max)",
+                *(f"tokens {b}" for b in bins),
+                "tokens min-max",
+                "share with 1 token",
+                f"k / ceil(rho n) ({REGION_NAMES['in']})",
+                f"k / ceil(rho n) ({REGION_NAMES['out']})",
+                "k / ceil(rho n) at the first training log",
+                "gate entropy H(p)/log n at the end",
+            ],
+            patch_rows,
+        ),
+        "k / ceil(rho n) = 1 is what a uniform gate gives (the most tokens eq. P3 allows); near 0: collapsed to a few "
+        "patches whatever the size. Training values are batch means of `train/patches/*`.",
+        "",
+        "## Training",
+        "",
+        table(
+            [
+                "arm",
+                "final train loss",
+                f"loss change over the last {TAIL:.0%} of training",
                 "distinct answers per kind",
                 "run s",
             ],
-            kind_rows,
+            train_rows,
         ),
-        "Motif FPR = fraction of ring/triad questions whose true answer is *no* answered *yes*; TPR on those whose "
-        "answer is *yes*. A model that always says *no* has FPR 0 and TPR 0, so read them together.",
+        "run s: wall seconds of a run (training and evaluation; `run_info.json`) on the machine of the header, mean "
+        "over seeds, without the prerequisites it built: "
+        + (", ".join(f"{k} {v:.0f} s" for r in sweep.runs for k, v in built_prerequisites(r).items()) or "none")
+        + ".",
         "",
-        f"![accuracy by size and tokens per structure]({png.name})",
+        f"![accuracy by size, tokens per structure, k_g during training, training loss]({png.name})",
         "",
         "## Reading",
         "",
-        *reading(arms, sums, labels, maj, probe),
+        *reading(arms, sums, labels, maj, probe, limit),
         "",
     ]
     return [write_page(out, PAPER, text), png]
 
 
 def reading(
-    arms: dict[str, list[Run]], sums: dict[str, list[dict]], labels: dict[str, str], maj: dict | None, probe: dict
+    arms: dict[str, list[Run]],
+    sums: dict[str, list[dict]],
+    labels: dict[str, str],
+    maj: dict | None,
+    probe: dict,
+    limit: int,
 ) -> list[str]:
     """Sentences filled from the numbers."""
 
     def lab(name: str) -> str:
         return labels.get(name, name)
 
-    def acc(name: str) -> list[float]:
-        return [s["acc"] for s in sums.get(name, [])]
+    def region(name: str, g: str) -> list[float]:
+        return [s["region"][g] for s in sums.get(name, [])]
 
     notes = [
-        f"- Encoder probe (no LLM, linear probe on mean+max pooled frozen-encoder embeddings, half of the held-out "
-        f"motif questions to fit, half to score): ring {probe['ring_accuracy']:.3f} (majority "
-        f"{probe['ring_majority']:.3f}), triad {probe['triad_accuracy']:.3f} (majority {probe['triad_majority']:.3f})."
+        "- Linear probe of the frozen encoder's pooled (mean + max over all atoms) features, fitted on half of the "
+        "held-out questions of a kind and scored on the other half: "
+        + "; ".join(f"{k} {fmt_stat(p, ci=False)} (majority {fmt_stat(m, ci=False)})" for k, (p, m) in probe.items())
+        + ". A size-independent summary of the structure holds about this much."
     ]
     if maj:
-        notes.append(f"- Answering each kind with its most frequent held-out answer gives {maj['acc']:.3f}.")
+        notes.append(
+            f"- Answering each kind with its most frequent held-out answer gives {maj['region']['in']:.3f} in "
+            f"distribution and {maj['region']['out']:.3f} on larger structures."
+        )
     for name in arms:
-        small = stat(s["small"] for s in sums[name]).mean
-        large = stat(s["large"] for s in sums[name]).mean
-        notes.append(f"- {lab(name)}: accuracy {small:.3f} on <=25 atoms vs {large:.3f} on >100 atoms.")
-    if "cuttlefish" in arms and "query" in arms:
         notes.append(
-            "- " + contrast(lab("cuttlefish"), acc("cuttlefish"), lab("query"), acc("query"), "Accuracy") + "."
+            f"- {lab(name)}: {stat(region(name, 'in')).mean:.3f} on structures up to {limit} atoms vs "
+            f"{stat(region(name, 'out')).mean:.3f} beyond (extrapolation)."
         )
-    if "cuttlefish" in arms and "patching" in arms:
+    pairs = [
+        ("cuttlefish", "query"),
+        ("cuttlefish", "mean_pool"),
+        ("patching", "mean_pool"),
+        ("cuttlefish", "patching"),
+    ]
+    for a, b in pairs:
+        if a in arms and b in arms:
+            for g in REGIONS:
+                notes.append(
+                    f"- {REGION_NAMES[g].capitalize()}: "
+                    + contrast(lab(a), region(a, g), lab(b), region(b, g), "accuracy")
+                    + "."
+                )
+    # the patch-count collapse: is it the straight-through gate gradient?
+    if "cuttlefish" in arms and "cuttlefish_paper_grad" in arms:
+        for g in REGIONS:
+            a = [s["k_vs_uniform"][g] for s in sums["cuttlefish"]]
+            b = [s["k_vs_uniform"][g] for s in sums["cuttlefish_paper_grad"]]
+            notes.append(
+                f"- Patch-count collapse ({REGION_NAMES[g]}): "
+                + contrast(lab("cuttlefish"), a, lab("cuttlefish_paper_grad"), b, "k / ceil(rho n)")
+                + "."
+            )
+        for name in ("cuttlefish", "cuttlefish_paper_grad"):
+            start = stat(first_value(r, "train/patches/k_vs_uniform") for r in arms[name]).mean
+            end = stat(r.last("train/patches/k_vs_uniform") for r in arms[name]).mean
+            one = stat(s["one_token"] for s in sums[name]).mean
+            notes.append(
+                f"- {lab(name)}: k / ceil(rho n) goes from {start:.3f} at the first training log to {end:.3f} at the "
+                f"last; {one:.3f} of the held-out structures get a single token."
+            )
+        for g in REGIONS:
+            notes.append(
+                f"- Accuracy ({REGION_NAMES[g]}), straight-through gate gradient: "
+                + contrast(
+                    lab("cuttlefish"),
+                    region("cuttlefish", g),
+                    lab("cuttlefish_paper_grad"),
+                    region("cuttlefish_paper_grad", g),
+                    "accuracy",
+                )
+                + "."
+            )
+    if "cuttlefish" in arms and "cuttlefish_uniform" in arms:
+        for g in REGIONS:
+            notes.append(
+                f"- Learned vs uniform gate ({REGION_NAMES[g]}): "
+                + contrast(
+                    lab("cuttlefish"),
+                    region("cuttlefish", g),
+                    lab("cuttlefish_uniform"),
+                    region("cuttlefish_uniform", g),
+                    "accuracy",
+                )
+                + "."
+            )
+    falling = [n for n in arms if stat(loss_change(r) for r in arms[n]).mean < -0.05]
+    if falling:
         notes.append(
-            "- " + contrast(lab("cuttlefish"), acc("cuttlefish"), lab("patching"), acc("patching"), "Accuracy") + "."
+            f"- Training loss still fell by more than 5% over the last {TAIL:.0%} of training for: "
+            + ", ".join(lab(n) for n in falling)
+            + " (not at a plateau)."
         )
+    else:
+        notes.append(f"- No arm's training loss fell by more than 5% over the last {TAIL:.0%} of training (plateau).")
     collapsed = [n for n in arms if all(all(v == 1 for v in s["distinct"].values()) for s in sums[n])]
     if collapsed:
         notes.append(
             f"- {', '.join(lab(n) for n in collapsed)}: one answer per question kind in every seed, an answer prior "
             "rather than a reading of the structure."
         )
-    agree = {n: stat(r.last("rotation/agreement") for r in arms[n]).mean for n in arms}
-    notes.append(
-        "- Rotations: answers unchanged under a random rotation + translation for "
-        + ", ".join(f"{agree[n]:.3f} ({lab(n)})" for n in arms)
-        + " of the held-out questions (E(3)-invariant features; a near-tied greedy token can still flip)."
-    )
     return notes
 
 
-def plot(arms: dict[str, list[Run]], sums: dict[str, list[dict]], labels: dict[str, str], path: Path) -> Path:
-    """Accuracy by size bin (mean, 95% CI over seeds) and structure tokens against atoms."""
+def plot(
+    sweep: Sweep,
+    arms: dict[str, list[Run]],
+    sums: dict[str, list[dict]],
+    labels: dict[str, str],
+    limit: int,
+    path: Path,
+) -> Path:
+    """Accuracy by size bin (mean, 95% CI over seeds), structure tokens against atoms, k / ceil(rho n) and the
+    training loss over the steps (mean over seeds with its band)."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    bins = [b for b in SIZE_BIN_LABELS if any(s["bin_n"][b] for ss in sums.values() for s in ss)]
     for name in arms:
-        stats = [stat(s["by_bin"][b] for s in sums[name]) for b in SIZE_BIN_LABELS]
+        stats = [stat(s["by_bin"][b] for s in sums[name]) for b in bins]
         lo = [s.mean - s.lo if s.n > 1 else 0 for s in stats]
         hi = [s.hi - s.mean if s.n > 1 else 0 for s in stats]
-        axes[0].errorbar(
-            SIZE_BIN_LABELS, [s.mean for s in stats], yerr=[lo, hi], marker="o", capsize=3, label=labels.get(name, name)
+        axes[0, 0].errorbar(
+            bins, [s.mean for s in stats], yerr=[lo, hi], marker="o", capsize=3, label=labels.get(name, name)
         )
         atoms, toks = zip(*[t for s in sums[name] for t in s["tokens"]]) if sums[name] else ((), ())
-        axes[1].scatter(atoms, toks, s=6, alpha=0.5, label=labels.get(name, name))
-    axes[0].set(xlabel="structure size (atoms)", ylabel="accuracy", title="Accuracy by structure size")
-    axes[1].set(xlabel="atoms", ylabel="structure tokens", title="Tokens per structure", xscale="log")
-    axes[0].legend(fontsize=7)
+        axes[0, 1].scatter(atoms, toks, s=6, alpha=0.5, label=labels.get(name, name))
+    axes[0, 1].axvline(limit, color="grey", linestyle="--", linewidth=1)
+    axes[0, 0].set(xlabel="structure size (atoms)", ylabel="accuracy", title="Held-out accuracy by size")
+    axes[0, 1].set(xlabel="atoms", ylabel="structure tokens", title=f"Tokens per structure (dashed: {limit} atoms)")
+    gated = {labels.get(n, n): curve(runs, "train/patches/k_vs_uniform") for n, runs in arms.items()}
+    plot_curves(axes[1, 0], {k: c for k, c in gated.items() if c.steps})
+    axes[1, 0].set(xlabel="step", ylabel="k / ceil(rho n)", title="Patch count vs a uniform gate (training batches)")
+    plot_curves(axes[1, 1], {labels.get(n, n): curve(runs, "train/loss") for n, runs in arms.items()}, smooth=4)
+    axes[1, 1].set(xlabel="step", ylabel="loss", title="Training loss", yscale="log")
+    for ax in (axes[0, 0], axes[1, 0], axes[1, 1]):
+        ax.legend(fontsize=7)
     return save_figure(fig, path)

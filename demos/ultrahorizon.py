@@ -13,7 +13,20 @@ from pathlib import Path
 from typing import Any
 
 from zoo.agents.metrics import mean_curve
-from zoo.report import Run, Sweep, contrast, fmt_stat, provenance, pyplot, save_figure, stat, table, write_page
+from zoo.report import (
+    Run,
+    Sweep,
+    contrast,
+    endpoint_section,
+    fmt_stat,
+    llm_arm_measured,
+    provenance,
+    pyplot,
+    save_figure,
+    stat,
+    table,
+    write_page,
+)
 
 PAPER = "ultrahorizon"
 ENV_KEY = "env"
@@ -152,17 +165,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         *llm_section(llm_runs, first, lab),
         "",
-        "## Any OpenAI-compatible endpoint",
-        "",
-        "The same sweep with a served model as the agent (`pip install 'paperzoo[agents]'`; the arm "
-        "`llm_endpoint`; replies can be recorded and replayed with `backend.cache.path=... backend.cache.mode=auto`):",
-        "",
-        "```bash",
-        "OMP_NUM_THREADS=1 python train.py -m +demo=ultrahorizon demo/ultrahorizon/arm=llm_endpoint \\",
-        "    backend.base_url=http://localhost:8000/v1 backend.model=<served model> \\",
-        "    demo.llm.max_steps=null demo.llm.max_tokens=1024 demo.llm.episodes=4",
-        "python -m zoo.report demo ultrahorizon",
-        "```",
+        *endpoint_section(
+            PAPER, "llm_endpoint", "demo.llm.max_steps=null demo.llm.max_tokens=1024 demo.llm.episodes=4"
+        ),
         "",
         "## Reading",
         "",
@@ -202,9 +207,6 @@ def llm_section(runs: list[Run], first: Run, lab: Any) -> list[str]:
     if not runs:
         return ["Not in this sweep."]
     eps = [e for r in runs for e in episodes(r)]
-    steps = [s for e in eps for s in e.get("steps", [])]
-    called = sum(s.get("tool") is not None for s in steps)
-    ok = sum(bool(s.get("ok")) for s in steps)
     r0 = runs[0]
     return [
         f"Agent `{r0.get('agent._target_')}` with backend `{r0.get('backend._target_')}` on a tiny Llama trained by "
@@ -213,16 +215,7 @@ def llm_section(runs: list[Run], first: Run, lab: Any) -> list[str]:
         f"{r0.get('backend.max_tokens')} new tokens per reply, {r0.get('datamodule.episodes')} episode per run, "
         "greedy decoding. So it cannot reach the required steps before a commit: a score of 0 is expected.",
         "",
-        f"Measured over {len(runs)} runs ({len(eps)} episodes, {len(steps)} steps): score "
-        f"{fmt_stat(stat(r.last('test/score') for r in runs))}; steps with a parsed tool call {called} of "
-        f"{len(steps)}, steps that succeeded {ok}; committed {sum(bool(e.get('committed')) for e in eps)} of "
-        f"{len(eps)} episodes; {stat(r.last('test/tokens') for r in runs).mean:.0f} tokens per episode (prompt + "
-        "completion). "
-        + (
-            "Every run finished: the model's unparseable replies were recorded as failed steps, never a crash."
-            if all(r.finished for r in runs)
-            else f"{sum(not r.finished for r in runs)} of {len(runs)} runs did not finish."
-        ),
+        llm_arm_measured(runs, eps, f"score {fmt_stat(stat(r.last('test/score') for r in runs))}"),
     ]
 
 

@@ -226,11 +226,11 @@ def test_base_policy_key_follows_its_build_config_only(train_cfg):
 def test_a_fixed_base_policy_seed_shares_one_policy_across_run_seeds(train_cfg):
     from zoo.cli.bootstrap import base_policy_build
 
-    fixed = [*SMALL_BASE_POLICY, "base_policy.seed=0"]
+    fixed = [*SMALL_BASE_POLICY, "+base_policy.seed=0"]
     shared = {base_policy_build(train_cfg([*fixed, f"seed={s}"])).path for s in (0, 1, 2)}
     assert len(shared) == 1
     assert shared == {base_policy_build(train_cfg([*SMALL_BASE_POLICY, "seed=0"])).path}  # the key of seed 0
-    assert base_policy_build(train_cfg([*fixed[:-1], "base_policy.seed=1", "seed=0"])).config.seed == 1
+    assert base_policy_build(train_cfg([*fixed[:-1], "+base_policy.seed=1", "seed=0"])).config.seed == 1
 
 
 def test_catalogue_entries_and_tags_do_not_key_an_artifact(tmp_path):

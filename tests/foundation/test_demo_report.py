@@ -294,3 +294,26 @@ def test_provenance_names_every_launch_of_a_merged_sweep(tmp_path):
     single = Sweep(path=tmp_path, runs=[runs[0], runs[2]], swept=[], multirun={})
     assert "of `python train.py -m +demo=toy` by" in provenance(single, "toy")
     assert json.dumps(single.commands) == '["python train.py -m +demo=toy"]'
+
+
+def test_llm_arm_sentence_counts_steps_calls_and_commits(tmp_path):
+    from zoo.report import Run, llm_arm_measured
+
+    run = Run.load(write_run(tmp_path, "llm/seed0", ["seed=0"], [{"step": 0, "test/tokens": 120.0}]))
+    episodes = [
+        {"committed": True, "steps": [{"tool": "move", "ok": True}, {"tool": None, "ok": False}]},
+        {"committed": False, "steps": [{"tool": "move", "ok": False}]},
+    ]
+    text = llm_arm_measured([run], episodes, "score 0.5")
+    assert text.startswith("Measured over 1 runs (2 episodes, 3 steps): score 0.5;")
+    assert "parsed tool call 2 of 3, steps that succeeded 1; committed 1 of 2 episodes; 120 tokens" in text
+
+
+def test_endpoint_section_names_the_arm_and_the_caps():
+    from zoo.report import endpoint_section
+
+    lines = endpoint_section("toy", "llm_endpoint", "demo.llm.max_tokens=1024", ", on-demand scheme")
+    assert lines[0] == "## Any OpenAI-compatible endpoint"
+    assert "the arm `llm_endpoint`, on-demand scheme;" in lines[2]
+    assert "OMP_NUM_THREADS=1 python train.py -m +demo=toy demo/toy/arm=llm_endpoint \\" in lines
+    assert "    demo.llm.max_tokens=1024" in lines and "python -m zoo.report demo toy" in lines

@@ -74,6 +74,20 @@ def test_encoder_probe_scores_separable_and_constant_labels():
     assert out["triad_accuracy"] == 1.0 and out["triad_majority"] == 1.0  # one class: the constant answer
 
 
+def test_encoder_probe_handles_count_answers():
+    cb = EncoderMotifProbe(kinds=["ring_count"])
+    g = torch.Generator().manual_seed(1)
+    y = torch.arange(60) % 3
+    x = torch.nn.functional.one_hot(y, 3).double() * 4 + 0.3 * torch.randn(60, 3, generator=g, dtype=torch.float64)
+    cb._data = {"ring_count": [(f, str(int(c))) for f, c in zip(x, y)]}
+    out = cb.measure()
+    assert out["ring_count_accuracy"] == 1.0  # three answers, each a linear region of the features
+    assert out["ring_count_majority"] == pytest.approx(10 / 30)  # 30 held-out rows, 10 per answer
+    shuffled = {"ring_count": [(f, str(int(c))) for f, c in zip(x, y[torch.randperm(60, generator=g)])]}
+    cb._data = shuffled
+    assert cb.measure()["ring_count_accuracy"] < 0.7  # answers unrelated to the features: no linear rule
+
+
 def test_encoder_probe_runs_on_the_structure_lm(structure_batches):
     cb = EncoderMotifProbe(kinds=["ring", "triad", "count"], stages=["validate"])
     plain_trainer([cb]).validate(_module(), loader(structure_batches), verbose=False)

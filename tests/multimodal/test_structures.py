@@ -24,7 +24,7 @@ from zoo.data.structures import (
     validate_structure_sample,
     verify_structure_answer,
 )
-from zoo.errors import DataError
+from zoo.errors import ConfigError, DataError
 from zoo.multimodal.structure_encoder import to_dense_batch
 
 
@@ -164,3 +164,96 @@ def test_collate_concatenates_with_offsets(samples):
     assert dense.shape == (3, max(counts), 3)
     assert mask.sum(1).tolist() == counts
     assert torch.equal(dense[1, : counts[1]], samples[1].pos)
+
+
+# -- counted motifs: ring / triad counts and the triad-ring relation (answers independent of size) -------------------
+
+COUNTED = StructureTaskConfig(
+    min_atoms=40,
+    max_atoms=60,
+    max_rings=3,
+    max_triads=3,
+    contact_prob=0.5,
+    question_kinds=("ring_count", "triad_count", "contact"),
+)
+
+
+def _bond_facts(s):
+    """Ring atoms (ring bonds are 1.4 Å, every other bond 1.5 Å), N-P-S middles by brute force, and contact."""
+    d = torch.cdist(s.pos.double(), s.pos.double())
+    adj = torch.zeros(s.num_atoms, s.num_atoms, dtype=torch.bool)
+    adj[s.bonds[0], s.bonds[1]] = True
+    ring_bond = adj & (d < 1.45)
+    ring_atoms = ring_bond.any(1)
+    n, p, sulphur = (ELEMENT_INDEX[e] for e in ("N", "P", "S"))
+    t = s.atom_types
+    triad_atoms = torch.zeros(s.num_atoms, dtype=torch.bool)
+    middles = 0
+    for mid in range(s.num_atoms):
+        nb = adj[mid]
+        if t[mid] == p and (nb & (t == n)).any() and (nb & (t == sulphur)).any():
+            middles += 1
+            triad_atoms[mid] = True
+            triad_atoms |= nb & ((t == n) | (t == sulphur))
+    contact = bool((adj & triad_atoms[:, None] & ring_atoms[None, :]).any())
+    return int(ring_atoms.sum()) // 6, middles, contact
+
+
+@pytest.fixture(scope="module")
+def counted():
+    return make_structure_samples(45, seed=11, config=COUNTED)
+
+
+def test_counted_motif_answers_match_the_bond_graph(counted):
+    assert {s.kind for s in counted} == {"ring_count", "triad_count", "contact"}
+    for s in counted:
+        rings, triads, contact = _bond_facts(s)
+        assert s.bonds.shape[1] // 2 == s.num_atoms - 1 + rings  # the rings are the bond graph's only cycles
+        assert rings == s.meta["n_rings"] <= COUNTED.max_rings
+        assert triads == s.meta["n_triads"] >= s.meta["triad_inserted"]
+        expected = {"ring_count": str(rings), "triad_count": str(triads), "contact": "yes" if contact else "no"}
+        assert s.answer == expected[s.kind], s.sample_id
+
+
+def test_counted_motifs_do_not_depend_on_size():
+    small = make_structure_samples(40, seed=2, config=dataclasses.replace(COUNTED, min_atoms=40, max_atoms=40))
+    large = make_structure_samples(10, seed=2, config=dataclasses.replace(COUNTED, min_atoms=150, max_atoms=150))
+    for group in (small, large):
+        assert {s.meta["n_rings"] for s in group} == set(range(COUNTED.max_rings + 1))
+        assert max(s.meta["triad_inserted"] for s in group) == COUNTED.max_triads
+
+
+def test_contact_prob_controls_the_relation():
+    def contacts(prob):
+        cfg = dataclasses.replace(COUNTED, contact_prob=prob, question_kinds=("contact",))
+        both = [s for s in make_structure_samples(30, seed=5, config=cfg) if s.meta["n_rings"] and s.meta["n_triads"]]
+        assert len(both) >= 10
+        return [s.answer == "yes" for s in both]
+
+    assert all(contacts(1.0))
+    assert sum(contacts(0.0)) <= 2  # kept apart in the build order (a stuck walk may still branch onto a ring)
+
+
+def test_counted_kinds_need_motif_counts():
+    with pytest.raises(ConfigError, match="max_rings"):
+        StructureTaskConfig(question_kinds=("ring_count",))
+    with pytest.raises(ConfigError, match="both"):
+        StructureTaskConfig(max_rings=2)
+    with pytest.raises(ConfigError, match="contact_prob"):
+        StructureTaskConfig(max_rings=2, max_triads=2, contact_prob=1.5)
+
+
+def test_split_task_gives_a_size_extrapolation_split():
+    from zoo.datamodules.structures import StructureTaskSource
+
+    source = StructureTaskSource(
+        num_train=6, num_val=6, num_test=2, seed=0, task={"min_atoms": 10, "max_atoms": 20},
+        split_task={"val": {"min_atoms": 21, "max_atoms": 40}},
+    )  # fmt: skip
+    assert all(10 <= r["sample"].num_atoms <= 20 for r in source.rows("train"))
+    assert all(21 <= r["sample"].num_atoms <= 40 for r in source.rows("val"))
+    assert all(10 <= r["sample"].num_atoms <= 20 for r in source.rows("test"))
+    with pytest.raises(ConfigError, match="unknown split"):
+        StructureTaskSource(split_task={"eval": {}})
+    with pytest.raises(ConfigError, match="task"):
+        StructureTaskSource(split_task={"val": {"max_atom": 3}})

@@ -1,7 +1,7 @@
 """Agent substrate: model backends, tools, environments, agents and the episode harness (plain Python).
 
-The seam for every method that is not trained by backprop (UltraHorizon here; TextResNet, ROSA2, MemEvolve,
-Persona2Web next). Nothing in this package imports Lightning or Hydra; the episode LightningModule
+The seam for every method that is not trained by backprop (UltraHorizon, Persona2Web; TextResNet, ROSA2,
+MemEvolve next). Nothing in this package imports Lightning or Hydra; the episode LightningModule
 (:mod:`zoo.modules.episodes`) is a thin adapter over :func:`run_episodes` and :func:`summarize`.
 
 Public API::
@@ -13,7 +13,15 @@ Public API::
 
 from zoo.agents.backends import Backend, HFLocalBackend, OpenAICompatBackend, ReplayCache, ScriptedBackend
 from zoo.agents.context import Context, NoteBook
-from zoo.agents.envs import ENVIRONMENTS, AlienGeneticsLab, Environment, MysteryGrid, SequenceExploration
+from zoo.agents.envs import (
+    ENVIRONMENTS,
+    AlienGeneticsLab,
+    Environment,
+    MysteryGrid,
+    PersonaWeb,
+    ProcWorld,
+    SequenceExploration,
+)
 from zoo.agents.evaluate import derive_seed, evaluate, run_episodes
 from zoo.agents.metrics import summarize
 from zoo.agents.parsing import parse_native_tool_calls, parse_tool_calls
@@ -24,6 +32,12 @@ from zoo.agents.policies import (
     EarlyCommitAgent,
     HypothesisEliminationAgent,
     LLMToolAgent,
+    NoHistoryAgent,
+    OnDemandAgent,
+    OracleAgent,
+    PersonaRandomAgent,
+    PreExecutionAgent,
+    ProcWorldMemoryAgent,
     RandomAgent,
 )
 from zoo.agents.runner import StepRecord, Trajectory, run_episode
@@ -46,8 +60,16 @@ __all__ = [
     "HypothesisEliminationAgent",
     "LLMToolAgent",
     "MysteryGrid",
+    "NoHistoryAgent",
     "NoteBook",
+    "OnDemandAgent",
     "OpenAICompatBackend",
+    "OracleAgent",
+    "PersonaRandomAgent",
+    "PersonaWeb",
+    "PreExecutionAgent",
+    "ProcWorld",
+    "ProcWorldMemoryAgent",
     "PythonSandbox",
     "RandomAgent",
     "ReplayCache",

@@ -96,8 +96,10 @@ def evaluate(env: str, agent: str, episodes: int, seed: int, **overrides: Any) -
     """Mean score of ``agent`` on ``env`` over ``episodes`` episodes; identical for identical arguments.
 
     Args:
-        env: ``ultrahorizon/grid`` | ``ultrahorizon/sequence`` | ``ultrahorizon/bio``.
-        agent: ``random`` | ``early_commit`` | ``hypothesis_elimination`` | ``llm`` (needs ``backend=``).
+        env: ``ultrahorizon/grid`` | ``ultrahorizon/sequence`` | ``ultrahorizon/bio`` | ``persona2web``.
+        agent: ``random`` | ``early_commit`` | ``hypothesis_elimination`` | ``llm`` (needs ``backend=``); for
+            ``persona2web``: ``persona_random`` | ``persona_no_history`` | ``persona_pre_execution`` |
+            ``persona_on_demand`` | ``persona_oracle`` | ``llm``.
         episodes: number of episodes.
         seed: base seed of the run.
         overrides: environment options (``difficulty``, ``required_steps``, ``free``, ``corner_bonus``,

@@ -8,7 +8,8 @@ in-context locking; actions are what every agent (scripted or LLM) produces, so 
 and capability gaps): ``no_commit`` (never committed), ``invalid_commit`` (a commit rejected for its format),
 ``premature_commit_attempt`` (a commit refused by the commit rule), ``repeated_failure`` (the same failing call
 three times in a row: a loop), ``tool_misuse`` (more than 20% failed steps), ``entropy_collapse`` (the last
-window's action entropy below half the first window's, over at least three windows).
+window's action entropy below half the first window's, over at least three windows), plus the tags the
+environment's grade carries (``ScoreReport.tags``, e.g. Persona2Web's ``retrieval_failure``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def error_tags(trajectory: Any) -> list[str]:
     entropy = trajectory.entropy
     if len(entropy) >= 3 and entropy[0] > 0 and entropy[-1] < 0.5 * entropy[0]:
         tags.append("entropy_collapse")
+    tags += [t for t in (trajectory.report or {}).get("tags", []) if t not in tags]  # the environment's own tags
     return tags
 
 

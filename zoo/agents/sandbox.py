@@ -42,6 +42,12 @@ _PRELUDE = textwrap.dedent(
 )
 
 
+def sandbox_prelude(cpu_seconds: int, memory_mb: int) -> str:
+    """Python source that, run first in a child process, sets its CPU-time, address-space, file-size and process
+    limits and disables sockets (the prelude of :class:`PythonSandbox`, for other sandboxed children)."""
+    return _PRELUDE.format(cpu=int(cpu_seconds), memory=int(memory_mb) * 1024 * 1024)
+
+
 class PythonSandbox:
     """The ``python_execute`` tool.
 
@@ -57,7 +63,7 @@ class PythonSandbox:
         self.timeout = timeout
         self.memory_mb = memory_mb
         self.max_output = max_output
-        self.prelude = _PRELUDE.format(cpu=int(timeout) + 1, memory=memory_mb * 1024 * 1024)
+        self.prelude = sandbox_prelude(int(timeout) + 1, memory_mb)
 
     @agent_tool
     def python_execute(self, code: str) -> dict[str, Any]:

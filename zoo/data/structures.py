@@ -17,6 +17,18 @@ Questions (kind -> answer, all exact short strings):
   on the bond graph, so triads that appear by chance count as well
 - ``distance``: "How far apart are the closest C and S atoms?" -> one of :data:`DISTANCE_BIN_LABELS`
   (``< 2 Å`` bonded, ``2-4`` close, ``4-8`` far, ``>= 8`` distant)
+- ``ring_count``: "How many six-membered rings are there?" -> ``"0"``..``"<max_rings>"`` (inserted rings)
+- ``triad_count``: "How many N-P-S triads are there?" -> ``"0"``.. (bonded N-P-S paths, counted by their middle P
+  atom, so chance triads count)
+- ``contact``: "Is an N-P-S triad bonded to a six-membered ring?" -> ``"yes"``/``"no"`` (a bond between an atom
+  of a triad path and an atom of an inserted ring)
+
+The last three ask for information that grows with the structure: with ``max_rings`` / ``max_triads`` set, the
+motif counts are drawn uniformly (independent of size, so the answer carries no size cue) and the motifs are spread
+over the whole structure; a connector that averages all atoms into a fixed budget sees the motifs' share of the atoms
+shrink as the structure grows (``6 r / N``), while the count stays the same. ``contact_prob`` balances the relation
+question: with a ring and a triad present, that share of structures bonds a triad directly to a ring, the rest keeps
+them apart in the build order (the answer is read from the bonds either way).
 
 Every sample is a pure function of ``(seed, index, config)``. Prompts contain the ``<structure>`` placeholder where
 the connector inserts its tokens (:func:`zoo.multimodal.cuttlefish.insert_structure_tokens`).
@@ -53,7 +65,10 @@ ELEMENT_INDEX = {e: i for i, e in enumerate(ELEMENTS)}
 # Backbone element frequencies: hetero-atoms are rare so that an N-P-S path rarely appears by chance.
 ELEMENT_PROBS: tuple[float, ...] = (0.7, 0.1, 0.1, 0.05, 0.05)
 TRIAD: tuple[str, str, str] = ("N", "P", "S")
-QUESTION_KINDS: tuple[str, ...] = ("count", "ring", "triad", "distance")
+# kinds drawn by default; the counted-motif kinds need ``max_rings``/``max_triads``
+DEFAULT_QUESTION_KINDS: tuple[str, ...] = ("count", "ring", "triad", "distance")
+COUNTED_MOTIF_KINDS: tuple[str, ...] = ("ring_count", "triad_count", "contact")
+QUESTION_KINDS: tuple[str, ...] = DEFAULT_QUESTION_KINDS + COUNTED_MOTIF_KINDS
 DISTANCE_BIN_EDGES: tuple[float, ...] = (2.0, 4.0, 8.0)
 DISTANCE_BIN_LABELS: tuple[str, ...] = ("bonded", "close", "far", "distant")
 SIZE_BIN_EDGES: tuple[int, ...] = (25, 50, 100, 200)
@@ -75,6 +90,12 @@ class StructureTaskConfig:
         radius: radius-graph cutoff in Å.
         min_separation: minimum distance in Å between non-bonded atoms (self-avoidance).
         question_kinds: kinds drawn uniformly per sample.
+        max_rings, max_triads: ``None`` (default): one ring with ``ring_prob`` (a second one with half that
+            probability at >= 24 atoms) and one triad with ``triad_prob``. Set both: the number of rings is uniform
+            on ``0..min(max_rings, N // 6)`` and then the number of triads uniform on ``0..min(max_triads, (N - 6
+            rings) // 3)`` (``ring_prob``/``triad_prob`` unused); the count and relation questions need this mode.
+        contact_prob: with ``max_rings``/``max_triads`` set and at least one ring and one triad: probability that a
+            triad is built bonded to a ring (else the build order keeps triads and rings apart).
     """
 
     min_atoms: int = 6
@@ -83,7 +104,15 @@ class StructureTaskConfig:
     triad_prob: float = 0.5
     radius: float = 4.0
     min_separation: float = 2.0
-    question_kinds: tuple[str, ...] = QUESTION_KINDS
+    question_kinds: tuple[str, ...] = DEFAULT_QUESTION_KINDS
+    max_rings: int | None = None
+    max_triads: int | None = None
+    contact_prob: float = 0.5
+
+    @property
+    def counts_motifs(self) -> bool:
+        """Motif counts drawn uniformly up to ``max_rings`` / ``max_triads`` (the count and relation questions)."""
+        return self.max_rings is not None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_atoms <= self.max_atoms:
@@ -95,6 +124,21 @@ class StructureTaskConfig:
             )
         if self.radius <= 0 or self.min_separation <= 0:
             raise ConfigError("radius and min_separation must be positive")
+        if (self.max_rings is None) != (self.max_triads is None):
+            raise ConfigError(
+                f"set both max_rings and max_triads or neither, got max_rings={self.max_rings}, "
+                f"max_triads={self.max_triads}"
+            )
+        if self.counts_motifs and (self.max_rings < 0 or self.max_triads < 0):
+            raise ConfigError(f"max_rings and max_triads must be >= 0, got {self.max_rings}, {self.max_triads}")
+        if not 0.0 <= self.contact_prob <= 1.0:
+            raise ConfigError(f"contact_prob must lie in [0, 1], got {self.contact_prob}")
+        needs = set(COUNTED_MOTIF_KINDS) & set(self.question_kinds)
+        if needs and not self.counts_motifs:
+            raise ConfigError(
+                f"question kinds {sorted(needs)} need max_rings and max_triads (motif counts that vary); "
+                "set task.max_rings and task.max_triads"
+            )
 
 
 @dataclass
@@ -227,6 +271,7 @@ class _Builder:
         self.pos: list[np.ndarray] = []
         self.types: list[int] = []
         self.bonds: list[tuple[int, int]] = []
+        self.ring_atoms: list[int] = []
         self.tip: int | None = None
 
     def _existing(self) -> np.ndarray:
@@ -255,10 +300,14 @@ class _Builder:
                 return None
         return new_arr, [(i, i + 1) for i in range(len(new) - 1)], len(new) - 1
 
-    def add(self, kind: str, types: list[int]) -> None:
+    def add(self, kind: str, types: list[int], branch_from: Sequence[int] | None = None) -> None:
+        """Place a unit bonded to the tip; when stuck, branch from a random atom (of ``branch_from`` if given)."""
         for attempt in range(400):
             if attempt and attempt % 20 == 0 and self.pos:  # stuck: branch from a random existing atom
-                self.tip = int(self.rng.integers(len(self.pos)))
+                if branch_from:
+                    self.tip = int(branch_from[int(self.rng.integers(len(branch_from)))])
+                else:
+                    self.tip = int(self.rng.integers(len(self.pos)))
             cand = self._candidate(kind, types)
             if cand is None:
                 continue
@@ -271,6 +320,8 @@ class _Builder:
             self.bonds.extend((base + a, base + b) for a, b in internal)
             self.pos.extend(new)
             self.types.extend(types)
+            if kind == "ring":
+                self.ring_atoms.extend(range(base, base + len(types)))
             self.tip = base + new_tip
             return
         raise RuntimeError(f"could not place a {kind} unit after 400 attempts ({len(self.pos)} atoms placed)")
@@ -282,17 +333,67 @@ def _radius_graph(pos: Tensor, radius: float) -> Tensor:
     return adj.nonzero().t().contiguous()
 
 
-def _has_triad(types: Tensor, bonds: Tensor) -> bool:
-    """A bonded path ``TRIAD[0]-TRIAD[1]-TRIAD[2]`` (undirected)."""
-    a, b, c = (ELEMENT_INDEX[e] for e in TRIAD)
+def _neighbours(bonds: Tensor) -> dict[int, set[int]]:
     nbrs: dict[int, set[int]] = {}
     for i, j in bonds.t().tolist():
         nbrs.setdefault(i, set()).add(j)
+    return nbrs
+
+
+def triad_paths(types: Tensor, bonds: Tensor) -> list[tuple[int, set[int], set[int]]]:
+    """Bonded ``TRIAD[0]-TRIAD[1]-TRIAD[2]`` paths (undirected), one per middle atom: ``(middle, first-element
+    neighbours, last-element neighbours)``. Their number is the ``triad_count`` answer."""
+    a, b, c = (ELEMENT_INDEX[e] for e in TRIAD)
+    nbrs = _neighbours(bonds)
+    paths = []
     for mid in (types == b).nonzero().flatten().tolist():
         ns = nbrs.get(mid, set())
-        if any(types[n] == a for n in ns) and any(types[n] == c for n in ns):
-            return True
-    return False
+        firsts = {n for n in ns if types[n] == a}
+        lasts = {n for n in ns if types[n] == c}
+        if firsts and lasts:
+            paths.append((mid, firsts, lasts))
+    return paths
+
+
+def _has_triad(types: Tensor, bonds: Tensor) -> bool:
+    """A bonded path ``TRIAD[0]-TRIAD[1]-TRIAD[2]`` (undirected)."""
+    return bool(triad_paths(types, bonds))
+
+
+def triad_ring_contact(types: Tensor, bonds: Tensor, ring_atoms: Sequence[int]) -> bool:
+    """Whether an atom of a triad path (:func:`triad_paths`) is bonded to one of ``ring_atoms`` (the ``contact``
+    answer)."""
+    triad_atoms: set[int] = set()
+    for mid, firsts, lasts in triad_paths(types, bonds):
+        triad_atoms |= {mid, *firsts, *lasts}
+    rings = set(ring_atoms)
+    return any(i in triad_atoms and j in rings for i, j in bonds.t().tolist())
+
+
+def _motif_units(num_atoms: int, rng: np.random.Generator, cfg: StructureTaskConfig) -> list[str]:
+    """The build order of the counted-motif mode: ``max_rings``/``max_triads`` uniform counts, a ring followed
+    directly by a triad with ``contact_prob`` (when both exist), else no triad next to a ring where the singles
+    allow it."""
+    n_rings = int(rng.integers(min(cfg.max_rings, num_atoms // 6) + 1))
+    n_triads = int(rng.integers(min(cfg.max_triads, (num_atoms - 6 * n_rings) // 3) + 1))
+    singles = num_atoms - 6 * n_rings - 3 * n_triads
+    touch = n_rings > 0 and n_triads > 0 and rng.random() < cfg.contact_prob
+    if touch:  # one "ring_triad" unit: a ring, then a triad bonded to one of its atoms ("triad_on_ring")
+        units = ["ring_triad"] + ["ring"] * (n_rings - 1) + ["triad"] * (n_triads - 1) + ["atom"] * singles
+        rng.shuffle(units)
+        return [u for unit in units for u in (("ring", "triad_on_ring") if unit == "ring_triad" else (unit,))]
+    motifs = ["ring"] * n_rings + ["triad"] * n_triads
+    rng.shuffle(motifs)
+    if n_rings and n_triads and singles >= len(motifs) - 1:
+        # a single atom between consecutive motifs, the other singles spread at random over the gaps
+        gaps = np.bincount(rng.integers(len(motifs) + 1, size=singles - (len(motifs) - 1)), minlength=len(motifs) + 1)
+        units: list[str] = ["atom"] * int(gaps[0])
+        for i, m in enumerate(motifs):
+            units += [m] + ["atom"] * (int(gaps[i + 1]) + int(i < len(motifs) - 1))
+        return units
+    units = motifs + ["atom"] * singles
+    rng.shuffle(units)
+    return units
 
 
 def generate_structure(
@@ -301,19 +402,23 @@ def generate_structure(
     """A random molecule-like structure with exactly ``num_atoms`` atoms.
 
     Returns ``(atom_types [N], pos [N, 3] float32, edge_index [2, E], bonds [2, E_b], meta)``; ``meta`` holds
-    ``n_rings`` and ``has_triad`` (detected on the bond graph).
+    ``n_rings``, ``has_triad`` and ``n_triads`` (detected on the bond graph), ``contact``
+    (:func:`triad_ring_contact`) and ``triad_inserted``.
     """
     cfg = config or StructureTaskConfig()
     if num_atoms < 1:
         raise ConfigError(f"num_atoms must be >= 1, got {num_atoms}")
-    n_rings = 0
-    if num_atoms >= 6 and rng.random() < cfg.ring_prob:
-        n_rings = 1 + int(num_atoms >= 24 and rng.random() < 0.5)
-    remaining = num_atoms - 6 * n_rings
-    triad = remaining >= 3 and rng.random() < cfg.triad_prob
-    singles = remaining - 3 * int(triad)
-    units = ["ring"] * n_rings + ["triad"] * int(triad) + ["atom"] * singles
-    rng.shuffle(units)
+    if cfg.counts_motifs:
+        units = _motif_units(num_atoms, rng, cfg)
+    else:
+        n_rings = 0
+        if num_atoms >= 6 and rng.random() < cfg.ring_prob:
+            n_rings = 1 + int(num_atoms >= 24 and rng.random() < 0.5)
+        remaining = num_atoms - 6 * n_rings
+        triad = remaining >= 3 and rng.random() < cfg.triad_prob
+        singles = remaining - 3 * int(triad)
+        units = ["ring"] * n_rings + ["triad"] * int(triad) + ["atom"] * singles
+        rng.shuffle(units)
     builder = _Builder(rng, cfg.min_separation)
     c = ELEMENT_INDEX["C"]
     for kind in units:
@@ -321,6 +426,8 @@ def generate_structure(
             builder.add("ring", [c] * 6)
         elif kind == "triad":
             builder.add("triad", [ELEMENT_INDEX[e] for e in TRIAD])
+        elif kind == "triad_on_ring":
+            builder.add("triad", [ELEMENT_INDEX[e] for e in TRIAD], branch_from=builder.ring_atoms[-6:])
         else:
             builder.add("atom", [int(rng.choice(len(ELEMENTS), p=ELEMENT_PROBS))])
     types = torch.tensor(builder.types, dtype=torch.long)
@@ -329,7 +436,14 @@ def generate_structure(
     bond_pairs = torch.tensor(builder.bonds, dtype=torch.long).reshape(-1, 2).t()
     bonds = torch.cat([bond_pairs, bond_pairs.flip(0)], dim=1)
     edge_index = _radius_graph(pos, cfg.radius)
-    meta = {"n_rings": n_rings, "has_triad": _has_triad(types, bonds), "triad_inserted": triad}
+    paths = triad_paths(types, bonds)
+    meta = {
+        "n_rings": units.count("ring"),
+        "has_triad": bool(paths),
+        "n_triads": len(paths),
+        "contact": triad_ring_contact(types, bonds, builder.ring_atoms),
+        "triad_inserted": units.count("triad") + units.count("triad_on_ring"),
+    }
     return types, pos, edge_index, bonds, meta
 
 
@@ -342,9 +456,16 @@ def _question(
         return f"{STRUCTURE_TOKEN}\nHow many {el} atoms are there?", str(count), {"element": el}
     if kind == "ring":
         return f"{STRUCTURE_TOKEN}\nIs there a six-membered ring?", "yes" if meta["n_rings"] else "no", {}
+    name = "-".join(TRIAD)
     if kind == "triad":
-        name = "-".join(TRIAD)
         return f"{STRUCTURE_TOKEN}\nIs there an {name} triad?", "yes" if meta["has_triad"] else "no", {}
+    if kind == "ring_count":
+        return f"{STRUCTURE_TOKEN}\nHow many six-membered rings are there?", str(meta["n_rings"]), {}
+    if kind == "triad_count":
+        return f"{STRUCTURE_TOKEN}\nHow many {name} triads are there?", str(meta["n_triads"]), {}
+    if kind == "contact":
+        prompt = f"{STRUCTURE_TOKEN}\nIs an {name} triad bonded to a six-membered ring?"
+        return prompt, "yes" if meta["contact"] else "no", {}
     # distance: the closest pair of two element types present (two distinct atoms when the types coincide)
     counts = torch.bincount(types, minlength=len(ELEMENTS))
     present = [i for i in range(len(ELEMENTS)) if counts[i] > 0]

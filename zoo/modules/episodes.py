@@ -69,6 +69,8 @@ class EpisodeModule(pl.LightningModule):
         self.all_scores = CatMetric()
         self.run_config: dict[str, Any] | None = None
         self._trajectory_file: Path | None = None
+        #: the trajectories of the last batch (read by callbacks such as MemoryIngestCallback)
+        self.last_trajectories: list[Trajectory] = []
 
     def configure_optimizers(self) -> None:
         return None
@@ -92,6 +94,7 @@ class EpisodeModule(pl.LightningModule):
     def run_batch(self, batch: list[int]) -> list[Trajectory]:
         """Run the episodes of a batch (indices) and append their trajectories to the JSONL file."""
         trajectories = run_episodes(self.make_env, self.make_agent, [int(i) for i in batch], self.seed, **self.harness)
+        self.last_trajectories = trajectories
         if self._trajectory_file is not None:
             with self._trajectory_file.open("a") as handle:
                 for trajectory in trajectories:

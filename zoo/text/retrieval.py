@@ -16,6 +16,7 @@ index, so results are deterministic. Indices are insertion positions.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
@@ -158,6 +159,8 @@ class BM25Retriever(_SearchMixin):
                 import bm25s
             except ImportError as err:  # pragma: no cover - depends on the environment
                 raise ConfigError("BM25 retrieval needs the bm25s package: pip install 'paperzoo[retrieval]'") from err
+            # bm25s sets its logger to DEBUG on import and logs every index build; memory systems re-index often
+            logging.getLogger("bm25s").setLevel(logging.WARNING)
 
             self._model = bm25s.BM25(k1=self.k1, b=self.b)
             self._model.index(self._docs, show_progress=False)

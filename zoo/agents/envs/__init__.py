@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from zoo.agents.envs.base import CommitError, Environment, RubricItem, ScoreReport, judge_commit
+from zoo.agents.envs.persona2web import PersonaWeb
+from zoo.agents.envs.procworld import ProcWorld
 from zoo.agents.envs.ultrahorizon import AlienGeneticsLab, MysteryGrid, SequenceExploration
 
-ENVIRONMENTS: dict[str, type[Environment]] = {
-    cls.name: cls for cls in (MysteryGrid, SequenceExploration, AlienGeneticsLab)
+ENVIRONMENTS: dict[str, type[Environment] | type[PersonaWeb]] = {
+    cls.name: cls for cls in (MysteryGrid, SequenceExploration, AlienGeneticsLab, PersonaWeb, ProcWorld)
 }
 
 __all__ = [
@@ -15,6 +17,8 @@ __all__ = [
     "CommitError",
     "Environment",
     "MysteryGrid",
+    "PersonaWeb",
+    "ProcWorld",
     "RubricItem",
     "ScoreReport",
     "SequenceExploration",

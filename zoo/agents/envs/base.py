@@ -50,12 +50,14 @@ class RubricItem:
 
 @dataclass
 class ScoreReport:
-    """The grade of a commit: rubric items, total points out of 100, and where it came from."""
+    """The grade of a commit: rubric items, total points out of 100, where it came from, and the environment's own
+    error tags (added to the trajectory's tags by the harness)."""
 
     items: list[RubricItem] = field(default_factory=list)
     source: str = "rubric"
     total: float = 0.0
     raw: Any = None
+    tags: list[str] = field(default_factory=list)
 
     @property
     def score(self) -> float:
@@ -69,6 +71,7 @@ class ScoreReport:
             "score": self.score,
             "items": [asdict(i) for i in self.items],
             "raw": self.raw,
+            "tags": list(self.tags),
         }
 
     @classmethod

@@ -9,10 +9,27 @@ from zoo.agents.policies.hypotheses import (
     SolverAgent,
 )
 from zoo.agents.policies.llm import LLMToolAgent
+from zoo.agents.policies.memory import ProcWorldMemoryAgent
+from zoo.agents.policies.persona2web import (
+    PERSONA_AGENTS,
+    NoHistoryAgent,
+    OnDemandAgent,
+    OracleAgent,
+    PersonaRandomAgent,
+    PreExecutionAgent,
+)
 from zoo.agents.policies.random import RandomAgent
 
 AGENTS: dict[str, type[Agent]] = {
-    cls.name: cls for cls in (RandomAgent, EarlyCommitAgent, HypothesisEliminationAgent, LLMToolAgent)
+    cls.name: cls
+    for cls in (
+        RandomAgent,
+        EarlyCommitAgent,
+        HypothesisEliminationAgent,
+        LLMToolAgent,
+        ProcWorldMemoryAgent,
+        *PERSONA_AGENTS,
+    )
 }
 
 __all__ = [
@@ -25,6 +42,12 @@ __all__ = [
     "HypothesisEliminationAgent",
     "HypothesisSet",
     "LLMToolAgent",
+    "NoHistoryAgent",
+    "OnDemandAgent",
+    "OracleAgent",
+    "PersonaRandomAgent",
+    "PreExecutionAgent",
+    "ProcWorldMemoryAgent",
     "RandomAgent",
     "Solver",
     "SolverAgent",
