@@ -452,6 +452,7 @@ def test_reasoning_redundancy_names_the_missing_column():
         callback.stats(None, ["<think>1</think>1"], {"prompts": ["1="], "columns": {"answer": ["1"]}})
 
 
+@pytest.mark.slow  # trains the small test base policy first (minutes on a loaded machine)
 def test_method_runs_and_logs_the_issue_metrics(train_cfg, base_policy_cache):
     overrides = [
         "+method=thoughtfold",
