@@ -20,6 +20,7 @@ from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.offline_rows import OfflineRowWriter
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.quant_report import QuantizationReport
+from zoo.callbacks.reasoning_redundancy import ReasoningRedundancy
 from zoo.callbacks.run_guard import RunGuard
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.callbacks.sampler_weights import LogSamplerWeights
@@ -48,6 +49,7 @@ __all__ = [
     "NanoQuantExport",
     "OfflineRowWriter",
     "QuantizationReport",
+    "ReasoningRedundancy",
     "RotationInvariance",
     "RunGuard",
     "SafeThinkMonitor",

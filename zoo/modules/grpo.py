@@ -2,8 +2,8 @@
 
 Every stage is a core passed in through the constructor (a Hydra group each, owned by this family:
 ``module/grpo/rewards``, ``module/grpo/shaper``, ``module/grpo/advantage``, ``module/grpo/policy_loss``,
-``module/grpo/aggregation``), so GR3, DAPO's overlong punishment, Dr.GRPO, RLOO and later methods are configs, not
-subclasses.
+``module/grpo/aggregation``; an auxiliary loss ``module/grpo/aux``), so GR3, DAPO's overlong punishment, Dr.GRPO,
+RLOO, ThoughtFold and later methods are configs, not subclasses.
 
 One training step -- a **rollout step**, the unit of ``trainer.max_steps``, of the learning-rate schedule and of
 ``trainer.global_step`` (manual optimization, GRPO / DAPO, see ``zoo.rl``):
@@ -17,6 +17,9 @@ One training step -- a **rollout step**, the unit of ``trainer.max_steps``, of t
    rollout's old log-probs (+ ``beta`` * k3 KL to a frozen reference when ``beta > 0``), aggregated with a
    normalizer computed **once per update** from the whole batch's completion mask (micro-batch invariant);
    ``mask_truncated_completions`` takes completions cut at ``max_new_tokens`` out of the loss (DAPO);
+   with an auxiliary loss (``module/grpo/aux``, :mod:`zoo.rl.auxiliary`, e.g. ThoughtFold's span-masked DPO pairs),
+   its items are built once before the updates and ``aux.weight`` times its loss is accumulated into every update
+   (micro-batch invariant, weight 0 = the plain GRPO gradient);
 5. one learning-rate scheduler step.
 
 The ``num_iterations`` updates of a rollout step are one Lightning step: the first ``num_iterations - 1`` go through
@@ -53,13 +56,14 @@ from zoo.rl import (
     reward_matrix,
 )
 from zoo.rl.advantages import AdvantageEstimator
+from zoo.rl.auxiliary import AuxiliaryItems, AuxiliaryLoss
 from zoo.rl.shapers import RewardShaper
 
 RewardFns = Mapping[str, Callable[..., Sequence[float]]] | Sequence[Callable[..., Sequence[float]]]
 RolloutSeam = Callable[[Any, dict[str, Any]], dict[str, Any]]
 
 #: Rollout entries with one row per completion (``[N, ...]`` tensors or lists), in group order.
-ROW_KEYS = ("prompt_mask", "prompts", "texts", "reward_components", "advantages", "correct")
+ROW_KEYS = ("prompt_mask", "prompts", "texts", "reward_components", "advantages", "correct", "answers")
 #: Rollout entries with one row per group (``[num_groups, G]``).
 GROUP_KEYS = ("rewards", "shaped", "lengths")
 
@@ -151,6 +155,8 @@ class GRPOModule(GeneratingModule):
             (:meth:`rollout`); a callable ``(module, batch) -> rollout dict`` replaces it, e.g. multi-turn feedback
             episodes (:class:`~zoo.modules.multiturn.MultiTurnRollout`), and may give the token rows to train on as
             ``rows``.
+        aux: the auxiliary-loss seam (``module/grpo/aux``): ``None`` = none; an :class:`~zoo.rl.auxiliary.AuxiliaryLoss`
+            builds extra items from each rollout step and adds ``aux.weight`` times their loss to every update.
 
     Reward functions receive ``prompts``, ``completions`` (the result's texts), ``completion_ids`` (each rollout's
     generated token ids, as TRL passes them), the dataset columns and ``step``. A reward function with a
@@ -183,6 +189,7 @@ class GRPOModule(GeneratingModule):
         mask_truncated_completions: bool = False,
         reuse_rollout_logprobs: bool = True,
         rollout: RolloutSeam | None = None,
+        aux: AuxiliaryLoss | None = None,
     ) -> None:
         generation = {"do_sample": True, "temperature": 1.0, "max_new_tokens": 64, **(generation or {})}
         eval_generation = {
@@ -233,6 +240,7 @@ class GRPOModule(GeneratingModule):
         self.mask_truncated_completions = bool(mask_truncated_completions)
         self.reuse_rollout_logprobs = bool(reuse_rollout_logprobs)
         self.rollout_seam = rollout
+        self.aux = aux
         if self.dynamic_sampling and rollout is not None:
             raise ConfigError(
                 "GRPOModule: dynamic_sampling refills single-turn rollouts only; use module/grpo/rollout=single_turn "
@@ -243,7 +251,8 @@ class GRPOModule(GeneratingModule):
         self._pending: list[dict[str, Any]] = []  # informative groups waiting for a full rollout step
         self._logits_to_keep: bool | None = None
         ignore = ["backbone", "quantizer", "optimizer", "scheduler", "rewards", "shaper", "advantage"]
-        self.save_hyperparameters(ignore=[*ignore, "policy_loss", "aggregation", "verifier", "decoder", "rollout"])
+        ignore += ["policy_loss", "aggregation", "verifier", "decoder", "rollout", "aux"]
+        self.save_hyperparameters(ignore=ignore)
 
     # -- model ------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -251,6 +260,8 @@ class GRPOModule(GeneratingModule):
         if self.policy_loss.needs_reference and self.ref_model is None:
             # not a submodule: never saved, never optimized
             object.__setattr__(self, "ref_model", self.frozen_reference())
+        if self.aux is not None:
+            self.aux.setup(self)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -291,6 +302,7 @@ class GRPOModule(GeneratingModule):
             "lengths": lengths.view(num_groups, g),
             "advantages": self.advantage(shaped).reshape(-1),
             "correct": correct,
+            "answers": answers,
         }
 
     def _reward_weights(self, count: int) -> torch.Tensor:
@@ -390,10 +402,13 @@ class GRPOModule(GeneratingModule):
         # of the loss forward (as TRL does), which saves a forward pass.
         recomputed, ref = self.reference_logprobs(rows, need_old=self.num_iterations > 1 and old is None)
         old = recomputed if old is None else old
+        aux_items = self.aux.prepare(self, rollout) if self.aux is not None else None  # rollout-time policy
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
         for iteration in range(self.num_iterations):
             loss, metrics = self.policy_gradients(rows, rollout["advantages"], old, ref)
+            if aux_items is not None:
+                metrics["aux_loss"] = self.auxiliary_gradients(aux_items)
             if self.max_grad_norm:
                 self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
             if iteration < self.num_iterations - 1:
@@ -476,6 +491,26 @@ class GRPOModule(GeneratingModule):
         out["entropy"] = entropy / completion_mask.sum().clamp(min=1)
         return total, out
 
+    def auxiliary_gradients(self, items: AuxiliaryItems) -> torch.Tensor:
+        """Accumulate ``aux.weight`` times the auxiliary loss over micro-batches of its items (the seam divides by
+        a per-step normalizer, so the split does not change the gradient); returns the unweighted loss. With weight 0
+        the loss is only computed for logging."""
+        total = torch.zeros((), device=self.device)
+        for chunk in self.micro_batches(items.size):
+            if self.aux.weight == 0:
+                with torch.no_grad():
+                    total = total + self.aux.loss(self, items, chunk)
+                continue
+            loss = self.aux.loss(self, items, chunk)
+            self.check_finite(loss)
+            weighted = self.aux.weight * loss
+            if self._trainer is not None:
+                self.manual_backward(weighted)
+            else:
+                weighted.backward()
+            total = total + loss.detach()
+        return total
+
     # -- logging ----------------------------------------------------------------------------------------------
     def log_rollout(self, rollout: dict[str, Any]) -> None:
         """Diagnostics of every generated batch: lengths, truncation, zero-std groups, rewards before/after
@@ -507,6 +542,8 @@ class GRPOModule(GeneratingModule):
         """Diagnostics of a policy update: the loss and its metrics, the advantages trained on and, with dynamic
         sampling, the groups kept and the refill rounds used."""
         values = {"loss": loss, "advantage_abs": rollout["advantages"].abs().mean(), **loss_metrics}
+        if self.aux is not None:  # the seam's diagnostics of this step (pairs built, validation cost, ...)
+            values.update({k: torch.as_tensor(v, dtype=torch.float) for k, v in self.aux.metrics().items()})
         if self.dynamic_sampling:
             values["groups_kept"] = torch.tensor(float(rollout["shaped"].shape[0]))
             values["refill_rounds"] = torch.tensor(float(rollout.get("refill_rounds", 0)))

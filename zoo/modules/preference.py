@@ -18,15 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
 from zoo.backbones.base import Backbone
 from zoo.errors import ConfigError
-from zoo.losses import IGNORE_INDEX, masked_sequence_logprobs
 from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooModule
 from zoo.quant.base import Quantizer
-from zoo.rl.losses import masked_dpo_loss
+from zoo.rl.losses import masked_dpo_loss, pair_side_logprobs
 
 SIDES = ("chosen", "rejected")
 PAIR_METRICS = ("loss", "reward_accuracy", "reward_margin", "reward_chosen", "reward_rejected")
@@ -90,18 +88,9 @@ class PreferenceModule(ZooModule):
 
     # -- loss -------------------------------------------------------------------------------------------------
     def side_logprobs(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(chosen [B], rejected [B])``: each side's log-probability over its mask, both sides in one forward."""
-        width = max(batch[f"{side}_input_ids"].shape[1] for side in SIDES)
-        pad = self.tokenizer.pad_token_id
-
-        def padded(key: str, value: int) -> torch.Tensor:
-            sides = [batch[f"{side}_{key}"] for side in SIDES]
-            return torch.cat([F.pad(t, (0, width - t.shape[1]), value=value) for t in sides])
-
-        logits = model(input_ids=padded("input_ids", pad), attention_mask=padded("attention_mask", 0)).logits
-        logps = masked_sequence_logprobs(logits, padded("labels", IGNORE_INDEX))
-        size = batch["chosen_input_ids"].shape[0]
-        return logps[:size], logps[size:]
+        """``(chosen [B], rejected [B])``: each side's log-probability over its mask, both sides in one forward
+        (:func:`zoo.rl.losses.pair_side_logprobs`)."""
+        return pair_side_logprobs(model, batch, self.tokenizer.pad_token_id)
 
     def pair_terms(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The DPO loss of the batch and its diagnostics (implicit rewards, accuracy, margin, log-probs)."""

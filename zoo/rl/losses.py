@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from zoo.errors import ConfigError
+from zoo.losses import IGNORE_INDEX, masked_sequence_logprobs
 
 AggregationMode = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
 
@@ -332,3 +333,24 @@ def masked_dpo_loss(
     losses = -torch.nn.functional.logsigmoid(beta * (chosen_ratio - rejected_ratio))
     denominator = chosen_logps.shape[0] if normalizer is None else normalizer
     return losses.sum() / denominator
+
+
+def pair_side_logprobs(model: torch.nn.Module, batch: dict[str, Tensor], pad_id: int) -> tuple[Tensor, Tensor]:
+    """(DPO-1 terms) ``(chosen [B], rejected [B])``: each side's log-probability over its label mask, both sides in
+    one forward.
+
+    ``batch`` holds ``{side}_input_ids``, ``{side}_attention_mask`` and ``{side}_labels`` (``[B, T_side]``,
+    right-padded; ``-100`` = not scored) for ``side`` in ``chosen`` / ``rejected``; the two sides are padded to one
+    width and stacked (``[2B, T]``), so a span mask is only a matter of labels.
+    """
+    sides = ("chosen", "rejected")
+    width = max(batch[f"{side}_input_ids"].shape[1] for side in sides)
+
+    def padded(key: str, value: int) -> Tensor:
+        tensors = [batch[f"{side}_{key}"] for side in sides]
+        return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value) for t in tensors])
+
+    logits = model(input_ids=padded("input_ids", pad_id), attention_mask=padded("attention_mask", 0)).logits
+    logps = masked_sequence_logprobs(logits, padded("labels", IGNORE_INDEX))
+    size = batch["chosen_input_ids"].shape[0]
+    return logps[:size], logps[size:]

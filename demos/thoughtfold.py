@@ -1,0 +1,222 @@
+"""Page builder of the ThoughtFold demo (arXiv 2606.03503): ``docs/results/thoughtfold.md`` + ``thoughtfold.png``.
+
+Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=thoughtfold`` (``conf/demo/thoughtfold.yaml``: arm × seed); page:
+``python -m zoo.report demo thoughtfold``. Read from the sweep: the GRPO module's logged ``train/accuracy``,
+``train/completion_length``, ``val/exact_match``; ``ReasoningRedundancy``'s ``{train,val}/think_tokens``,
+``redundant_rate``, ``essential_retention``; ThoughtFold's ``train/tf_*`` (pairs, validation samples and tokens);
+and the resolved configs (batch size, group size) for the tokens sampled.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from zoo.report import (
+    Run,
+    Sweep,
+    artifact_values,
+    compare,
+    contrast,
+    curve,
+    fmt_stat,
+    plot_curves,
+    provenance,
+    pyplot,
+    save_figure,
+    stat,
+    table,
+    write_page,
+)
+
+PAPER = "thoughtfold"
+ARMS = ("grpo", "additive", "gr3", "thoughtfold")
+CURVES = ("train/think_tokens", "train/redundant_rate", "train/essential_retention", "train/accuracy")
+
+
+def rollout_tokens(run: Run) -> float:
+    """Tokens sampled for rollouts over the run: per logged step, mean completion length x completions per step."""
+    rows = int(run.get("datamodule.batch_size", 0)) * int(run.get("module.group_size", 0))
+    return sum(v for _, v in run.series("train/completion_length")) * rows
+
+
+def validation_tokens(run: Run) -> float:
+    """Tokens sampled by ThoughtFold's validation of prunings over the run (0 for the other arms)."""
+    return sum(v for _, v in run.series("train/tf_validation_tokens"))
+
+
+def total(run: Run, metric: str) -> float:
+    return sum(v for _, v in run.series(metric))
+
+
+def first(run: Run, metric: str) -> float:
+    points = run.series(metric)
+    return points[0][1] if points else math.nan
+
+
+def build(sweep: Sweep, out: Path) -> list[Path]:
+    head = sweep.runs[0]
+    labels = head.get("demo.labels", {}) or {}
+    arm_key = next((k for k in sweep.swept if k.endswith("/arm")), None)
+
+    def runs_of(arm: str) -> list[Run]:
+        return [r for r in sweep.runs if r.arm.get(arm_key) == arm]
+
+    arms = [a for a in ARMS if runs_of(a)]
+    png = plot(arms, runs_of, labels, out / f"{PAPER}.png")
+    seeds = len(sweep.seeds) or 1
+    logged_every = int(head.get("trainer.log_every_n_steps", 1))
+    rows = []
+    for arm in arms:
+        runs = runs_of(arm)
+        rows.append(
+            [
+                labels.get(arm, arm),
+                fmt_stat(stat(r.last("val/exact_match") for r in runs)),
+                fmt_stat(stat(r.last("val/think_tokens") for r in runs), 1),
+                fmt_stat(stat(r.last("val/redundant_rate") for r in runs)),
+                fmt_stat(stat(r.last("val/essential_retention") for r in runs)),
+            ]
+        )
+    compute = []
+    for arm in arms:
+        runs = runs_of(arm)
+        compute.append(
+            [
+                labels.get(arm, arm),
+                fmt_stat(stat(rollout_tokens(r) / 1000 for r in runs), 1, ci=False),
+                fmt_stat(stat(validation_tokens(r) / 1000 for r in runs), 1, ci=False),
+                fmt_stat(stat((rollout_tokens(r) + validation_tokens(r)) / 1000 for r in runs), 1, ci=False),
+                fmt_stat(stat(total(r, "train/tf_validation_samples") for r in runs), 0, ci=False)
+                if arm == "thoughtfold"
+                else "",
+                fmt_stat(stat(total(r, "train/tf_pairs_built") for r in runs), 0, ci=False)
+                if arm == "thoughtfold"
+                else "",
+                fmt_stat(stat(total(r, "train/tf_pairs_accepted") for r in runs), 0, ci=False)
+                if arm == "thoughtfold"
+                else "",
+            ]
+        )
+    base = sweep.runs
+    tf = (runs_of("thoughtfold") or [head])[0]
+    text = [
+        "# ThoughtFold demo: GRPO vs length penalty vs GR3 vs ThoughtFold on redundant-step sums (toy scale)",
+        "",
+        "Paper: *ThoughtFold: Folding Reasoning Chains via Introspective Preference Learning* (arXiv:2606.03503). "
+        "Built through the demo path (`conf/demo/thoughtfold.yaml`, page builder `demos/thoughtfold.py`).",
+        "",
+        provenance(sweep, PAPER),
+        "",
+        "Setup: tiny Llama from the cached base SFT policy of `task=multisum_redundant` (one for every arm and seed, "
+        f"built with seed {head.get('base_policy.seed')}: {head.get('base_policy.max_epochs')} epochs of "
+        f"{head.get('base_policy.num_train')} rows; the seeds vary the RL phase), whose reference "
+        "reasonings hold injected `check N` lines (redundant, labelled) besides the running sums (essential). "
+        f"GRPO with G={head.get('module.group_size')}, {head.get('datamodule.batch_size')} prompts per step, "
+        f"max {head.get('module.generation.max_new_tokens')} new tokens, lr {head.get('module.optimizer.lr')}, "
+        f"{head.get('trainer.max_steps')} steps per run, {seeds} seed{'s' if seeds != 1 else ''}; the GRPO, "
+        "additive-penalty and GR3 arms are the GR3 demo's. ThoughtFold: phase 1 tail truncation + phase 2 folding "
+        f"by {tf.get('module.aux.importance')} importance, {tf.get('module.aux.repeat')} validation answers per "
+        f"candidate, threshold {tf.get('module.aux.threshold')}, at most {tf.get('module.aux.folder.max_iterations')} "
+        f"oracle calls per phase, at most {tf.get('module.aux.max_rollouts')} rollouts folded per step, DPO beta "
+        f"{tf.get('module.aux.beta')} against the {tf.get('module.aux.reference')} reference, weight "
+        f"{tf.get('module.aux.weight')}. Validation: greedy decoding of "
+        f"{head.get('datamodule.source.num_val')} held-out prompts at the last step. Cells: mean ± sd over seeds "
+        "[95% confidence interval, Student t].",
+        "",
+        "Base policy: validation exact match at the end of its SFT build "
+        f"{fmt_stat(stat(artifact_values(base, 'base_policy', 'val/exact_match')), ci=False)} (greedy, the build's "
+        "held-out prompts); training rollouts of the first step (all runs, sampled at temperature 1): think tokens "
+        f"{fmt_stat(stat(first(r, 'train/think_tokens') for r in base), 1, ci=False)}, redundant-line rate "
+        f"{fmt_stat(stat(first(r, 'train/redundant_rate') for r in base), ci=False)}, essential-line retention "
+        f"{fmt_stat(stat(first(r, 'train/essential_retention') for r in base), ci=False)}, accuracy "
+        f"{fmt_stat(stat(first(r, 'train/accuracy') for r in base), ci=False)}.",
+        "",
+        "## Final validation (greedy, held-out prompts)",
+        "",
+        table(
+            ["arm", "exact match", "think tokens", "redundant-line rate", "essential-line retention"],
+            rows,
+        ),
+        "",
+        "## Compute (whole run)",
+        "",
+        table(
+            [
+                "arm",
+                "rollout tokens (k)",
+                "validation tokens (k)",
+                "total tokens sampled (k)",
+                "validation samples",
+                "pairs built",
+                "pairs trained",
+            ],
+            compute,
+        ),
+        "",
+        f"Token totals are summed over the logged steps (every {logged_every} step(s)); the importance forwards "
+        "(one batched forward of n + 1 rows per folded rollout) are not counted as sampled tokens.",
+        "",
+        "## Reading",
+        "",
+        *reading(runs_of, labels),
+        "",
+        "What this toy run can and cannot show: the redundancy is known exactly, so the redundant-line rate and the "
+        "essential-line retention measure *what* each arm removes; a few dozen GRPO steps on a sub-million-parameter "
+        "model are far from the paper's scale (7B reasoning models, long chains), and the comparisons above are "
+        "reported as shown only where their 95% interval excludes 0.",
+        "",
+        f"![curves]({png.name})",
+        "",
+    ]
+    return [write_page(out, PAPER, text), png]
+
+
+def reading(runs_of: Any, labels: dict[str, str]) -> list[str]:
+    """Templated contrasts (Welch 95% intervals over seeds; "not shown" when they contain 0)."""
+
+    def last(arm: str, metric: str) -> list[float]:
+        return [r.last(metric) for r in runs_of(arm)]
+
+    def line(a: str, b: str, metric: str, what: str) -> str:
+        if not last(a, metric) or not last(b, metric):
+            return ""
+        return "- " + contrast(labels.get(a, a), last(a, metric), labels.get(b, b), last(b, metric), what) + "."
+
+    shorter = compare(last("thoughtfold", "val/think_tokens"), last("grpo", "val/think_tokens"))
+    accuracy = compare(last("thoughtfold", "val/exact_match"), last("grpo", "val/exact_match"))
+    retention = compare(last("thoughtfold", "val/essential_retention"), last("grpo", "val/essential_retention"))
+    claim = shorter.shown and shorter.delta < 0 and not (accuracy.shown and accuracy.delta < 0)
+    claim = claim and not (retention.shown and retention.delta < 0)
+    lines = [
+        "**The paper's claim (fewer reasoning tokens than GRPO at equal accuracy, by removing redundant rather than "
+        f"essential lines) is {'shown' if claim else 'not shown'} by this run** (think tokens lower: "
+        f"{'yes' if shorter.shown and shorter.delta < 0 else 'no'}; exact match lower: "
+        f"{'yes' if accuracy.shown and accuracy.delta < 0 else 'no'}; essential-line retention lower: "
+        f"{'yes' if retention.shown and retention.delta < 0 else 'no'}; 95% Welch intervals over seeds).",
+        "",
+        line("thoughtfold", "grpo", "val/think_tokens", "Final think tokens"),
+        line("thoughtfold", "grpo", "val/redundant_rate", "Final redundant-line rate"),
+        line("thoughtfold", "grpo", "val/essential_retention", "Final essential-line retention"),
+        line("thoughtfold", "grpo", "val/exact_match", "Final validation exact match"),
+        line("additive", "grpo", "val/think_tokens", "Final think tokens"),
+        line("additive", "grpo", "val/essential_retention", "Final essential-line retention"),
+        line("thoughtfold", "additive", "val/essential_retention", "Final essential-line retention"),
+        line("thoughtfold", "additive", "val/exact_match", "Final validation exact match"),
+        line("thoughtfold", "gr3", "val/think_tokens", "Final think tokens"),
+        line("thoughtfold", "gr3", "val/exact_match", "Final validation exact match"),
+    ]
+    return [x for x in lines if x]
+
+
+def plot(arms: list[str], runs_of: Any, labels: dict[str, str], path: Path) -> Path:
+    """One panel per metric: mean curve over seeds with its 95% band."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4.4 * len(CURVES), 3.4), squeeze=False)
+    for ax, metric in zip(axes[0], CURVES):
+        plot_curves(ax, {labels.get(a, a): curve(runs_of(a), metric) for a in arms}, smooth=3)
+        ax.set_title(metric, fontsize=8)
+        ax.set_xlabel("step")
+    axes[0][0].legend(fontsize=7)
+    return save_figure(fig, path)
