@@ -8,7 +8,7 @@ from zoo.backbones import build_char_tokenizer
 from zoo.data.sources import JsonlSource, TaskSource
 from zoo.data.tasks import Addition
 from zoo.datamodules import PreferenceDataModule, PromptDataModule, ResumableSampler, SFTDataModule
-from zoo.errors import DataError
+from zoo.errors import ConfigError, DataError
 
 
 @pytest.fixture
@@ -41,6 +41,17 @@ def test_prompts_columns_reach_the_batch(tok, tmp_path):
     assert batch["prompts"] == ["0+1=", "1+1=", "2+1="]
     assert batch["columns"]["answer"] == ["1", "2", "3"]
     assert batch["columns"]["level"] == [0, 1, 2]
+
+
+def test_jsonl_num_train_keeps_the_first_train_rows_only(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(6)))
+    source = JsonlSource(train_path=str(path), val_path=str(path), num_train=4)
+    assert [r["prompt"] for r in source.rows("train")] == ["0+1=", "1+1=", "2+1=", "3+1="]
+    assert len(source.rows("val")) == 6  # evaluation files are never cut
+    assert len(JsonlSource(train_path=str(path), num_train=100).rows("train")) == 6
+    with pytest.raises(ConfigError, match="num_train"):
+        JsonlSource(train_path=str(path), num_train=0)
 
 
 def test_sft_columns_carry_the_other_fields_of_the_rows(tok, tmp_path):

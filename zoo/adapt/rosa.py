@@ -98,7 +98,7 @@ def rosa_step(
     ``max_update_norm``); when any parameter becomes non-finite the old values are put back (``rolled_back``).
 
     Uses ``torch.autograd.grad`` (no ``.grad`` buffers are left behind). Needs autograd enabled: inside Lightning's
-    predict/test loops run with ``Trainer(inference_mode=False)`` and ``torch.enable_grad()``.
+    predict/test loops run with ``trainer.inference_mode=false`` and ``torch.enable_grad()``.
     """
     params = list(params)
     if not params:

@@ -9,6 +9,7 @@ as keyword arguments; the weighted sampler reads a domain column, the SFT datamo
 from __future__ import annotations
 
 import json
+import logging
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -17,7 +18,9 @@ from typing import Any
 
 from zoo.backbones.tokenizer import THINK_CLOSE
 from zoo.data.tasks import Task
-from zoo.errors import DataError
+from zoo.errors import ConfigError, DataError
+
+log = logging.getLogger("zoo")
 
 Row = dict[str, Any]
 
@@ -189,10 +192,21 @@ class JsonlSource(RowSource):
     Args:
         train_path, val_path, test_path: JSONL files; the fields each row must have are set by the datamodule
             that reads them (``prompt``/``completion`` for SFT, ``prompt`` for RL, ...).
+        num_train: use only the first ``num_train`` rows of the train file (``None``: all), as the synthetic sources'
+            ``num_train`` does; a method's prompt budget (e.g. DRIFT's collection) then applies to the user's file too.
     """
 
-    def __init__(self, train_path: str | None = None, val_path: str | None = None, test_path: str | None = None):
+    def __init__(
+        self,
+        train_path: str | None = None,
+        val_path: str | None = None,
+        test_path: str | None = None,
+        num_train: int | None = None,
+    ):
+        if num_train is not None and int(num_train) < 1:
+            raise ConfigError(f"datamodule.source.num_train must be >= 1 or null, got {num_train}")
         self.paths = {"train": train_path, "val": val_path, "test": test_path or val_path}
+        self.num_train = None if num_train is None else int(num_train)
         self._cache: dict[str, list[Row]] = {}
 
     def rows(self, split: str, required_fields: Sequence[str] = ()) -> list[Row]:
@@ -200,8 +214,14 @@ class JsonlSource(RowSource):
         if path is None:
             raise DataError(f"no JSONL file configured for split '{split}' (set datamodule.source.{split}_path)")
         if split not in self._cache:
-            self._cache[split] = read_jsonl(path, required_fields)
+            rows = read_jsonl(path, required_fields)
+            if split == "train" and self.num_train is not None and len(rows) > self.num_train:
+                log.info(
+                    "%s: using the first %d of %d rows (datamodule.source.num_train)", path, self.num_train, len(rows)
+                )
+                rows = rows[: self.num_train]
+            self._cache[split] = rows
         return self._cache[split]
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "jsonl", "paths": self.paths}
+        return {"kind": "jsonl", "paths": self.paths, "num_train": self.num_train}
