@@ -201,7 +201,7 @@ class MemoryStore:
             self.items.append(item)
         if self.genotype.store == "vector":
             vectors_path = self.directory / "vectors.pt"
-            self.vectors = torch.load(vectors_path) if vectors_path.is_file() else self.vectors
+            self.vectors = torch.load(vectors_path, weights_only=True) if vectors_path.is_file() else self.vectors
             if self.vectors.shape[0] != len(self.items):
                 raise StoreError(
                     f"{vectors_path}: {self.vectors.shape[0]} vectors for {len(self.items)} items; the store is corrupt"
