@@ -149,6 +149,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
 
     k = sweep.runs[0].get("num_buckets") if sweep.runs else "?"
     steps = sweep.runs[0].get("trainer.max_steps") if sweep.runs else "?"
+    proxy_steps = sweep.runs[0].get("regmix_proxy_steps") if sweep.runs else "?"
     lines = [
         "# GEM: Geometric Entropy Mixing — toy demo",
         "",
@@ -189,9 +190,10 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         "What this toy can show: the balance of the buckets (GEM's uniform prior and mass penalty against a "
         "rich-get-richer vMF-EM and k-means) and how each bucketing relates to the latent topics (NMI). What it "
-        "cannot: the paper's downstream accuracy gains (a 1.1B model on 25B tokens) — the LMs here train for "
-        f"{steps} steps, short of a plateau, so differences in held-out loss between mixtures are expected to be "
-        "small.",
+        "cannot: the paper's downstream accuracy gains (a 1.1B model on 25B tokens) — the LMs here have about 90K "
+        f"parameters and train for {steps} steps (where a uniform-weights LM's held-out loss has flattened; "
+        f"RegMix's proxies train {proxy_steps} steps, enough to rank mixtures), so differences in held-out loss "
+        "between mixtures are expected to be small.",
     ]
     paths.insert(0, write_page(out, PAPER, lines))
     return paths
