@@ -1,4 +1,10 @@
-"""Installed as ``zoo.callbacks``; the folder sits at the top level of the repository by design."""
+"""Installed as ``zoo.callbacks``; the folder sits at the top level of the repository by design.
+
+The callbacks are imported on first use (``zoo.callbacks.RunGuard``, ``from zoo.callbacks import RunGuard``, a
+config's ``_target_: zoo.callbacks.RunGuard``; :mod:`zoo.lazy`), so a run loads only the callbacks it uses.
+"""
+
+from zoo.lazy import lazy_exports
 
 if __name__ != "zoo.callbacks":
     raise ImportError(
@@ -6,59 +12,37 @@ if __name__ != "zoo.callbacks":
         "(after 'pip install -e .' in the repository root)."
     )
 
-from zoo.callbacks.af_eval import AlignmentFakingEval
-from zoo.callbacks.bucketing import BucketWriter
-from zoo.callbacks.decode_stats import DecodeStats
-from zoo.callbacks.doremi import DoReMiReweighting
-from zoo.callbacks.eval_records import EvalRecords
-from zoo.callbacks.forgetting import ForgettingMonitor
-from zoo.callbacks.gr3_calibration import GR3AlphaCalibration
-from zoo.callbacks.log_generations import LogGenerations
-from zoo.callbacks.memory_ingest import MemoryIngestCallback
-from zoo.callbacks.multiturn_eval import MultiTurnEvaluation
-from zoo.callbacks.nanoquant import NanoQuantExport
-from zoo.callbacks.offline_rows import OfflineRowWriter
-from zoo.callbacks.progress import LogLineProgress, auto_progress
-from zoo.callbacks.quant_report import QuantizationReport
-from zoo.callbacks.reasoning_redundancy import ReasoningRedundancy
-from zoo.callbacks.run_guard import RunGuard
-from zoo.callbacks.safethink import SafeThinkMonitor
-from zoo.callbacks.sampler_weights import LogSamplerWeights
-from zoo.callbacks.structure_checks import EncoderMotifProbe, RotationInvariance
-from zoo.callbacks.training_clock import TrainingClock
-from zoo.callbacks.transition_tv import TransitionTV
-from zoo.callbacks.undo_metrics import UndoMetrics
-from zoo.callbacks.valr_probe import StepStateProbe, VisionFeatureProbe
-from zoo.callbacks.watermark import WatermarkCallback
-from zoo.callbacks.wet import WETCallback
+# public name -> the module of this package that defines it
+HOME_MODULES = {
+    "AlignmentFakingEval": "af_eval",
+    "BucketWriter": "bucketing",
+    "DecodeStats": "decode_stats",
+    "DoReMiReweighting": "doremi",
+    "EncoderMotifProbe": "structure_checks",
+    "EvalRecords": "eval_records",
+    "ForgettingMonitor": "forgetting",
+    "GR3AlphaCalibration": "gr3_calibration",
+    "LogGenerations": "log_generations",
+    "LogLineProgress": "progress",
+    "LogSamplerWeights": "sampler_weights",
+    "MemoryIngestCallback": "memory_ingest",
+    "MultiTurnEvaluation": "multiturn_eval",
+    "NanoQuantExport": "nanoquant",
+    "OfflineRowWriter": "offline_rows",
+    "QuantizationReport": "quant_report",
+    "ReasoningRedundancy": "reasoning_redundancy",
+    "RotationInvariance": "structure_checks",
+    "RunGuard": "run_guard",
+    "SafeThinkMonitor": "safethink",
+    "StepStateProbe": "valr_probe",
+    "TrainingClock": "training_clock",
+    "TransitionTV": "transition_tv",
+    "UndoMetrics": "undo_metrics",
+    "VisionFeatureProbe": "valr_probe",
+    "WETCallback": "wet",
+    "WatermarkCallback": "watermark",
+    "auto_progress": "progress",
+}
 
-__all__ = [
-    "AlignmentFakingEval",
-    "BucketWriter",
-    "DecodeStats",
-    "DoReMiReweighting",
-    "EncoderMotifProbe",
-    "EvalRecords",
-    "ForgettingMonitor",
-    "GR3AlphaCalibration",
-    "LogGenerations",
-    "LogLineProgress",
-    "LogSamplerWeights",
-    "MemoryIngestCallback",
-    "MultiTurnEvaluation",
-    "NanoQuantExport",
-    "OfflineRowWriter",
-    "QuantizationReport",
-    "ReasoningRedundancy",
-    "RotationInvariance",
-    "RunGuard",
-    "SafeThinkMonitor",
-    "StepStateProbe",
-    "TrainingClock",
-    "TransitionTV",
-    "UndoMetrics",
-    "VisionFeatureProbe",
-    "WETCallback",
-    "WatermarkCallback",
-    "auto_progress",
-]
+__all__ = list(HOME_MODULES)
+__getattr__, __dir__ = lazy_exports(__name__, globals(), HOME_MODULES)

@@ -35,7 +35,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
-from zoo.checkpoints import nonfinite_tensors, read_checkpoint
+from zoo.checkpoints import all_finite, nonfinite_tensors, read_checkpoint
 from zoo.errors import CheckpointError, NaNLossError, RunInterrupted
 from zoo.loggers import CSVLogger
 
@@ -126,7 +126,8 @@ class RunGuard(Callback):
     resumed logs free of gaps and duplicates (see the module docstring).
 
     Args:
-        check_gradients: check the gradients before every optimizer step (one norm per parameter tensor).
+        check_gradients: check the gradients before every optimizer step (:func:`zoo.checkpoints.all_finite`: one
+            fused norm pass over the gradients and one host synchronisation per step).
         save_on_signal: write ``last.ckpt`` and stop at the end of the step when SIGINT/SIGTERM arrives during
             training (``False``: the signals keep their usual effect).
     """
@@ -150,12 +151,9 @@ class RunGuard(Callback):
         if not self.check_gradients or getattr(trainer.precision_plugin, "scaler", None) is not None:
             return
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        finite = not grads or bool(
-            torch.isfinite(torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads])).all()
-        )
         bad = (
             []
-            if finite
+            if all_finite(grads)  # one fused reduction, one host sync; names are looked up only when it fails
             else [n for n, p in pl_module.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
         )
         if trainer.world_size > 1:

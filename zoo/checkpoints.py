@@ -3,7 +3,7 @@
 Plain torch (no Lightning): :func:`read_checkpoint` is how the zoo opens a ``.ckpt`` it was given (``ckpt_path``,
 ``backbone.init_from``), always with ``weights_only=True``; :func:`nonfinite_tensors` is what the run guard
 (:class:`zoo.callbacks.RunGuard`) checks a checkpoint with before it is written, so that ``last.ckpt`` is always one
-that a run can resume from.
+that a run can resume from, and :func:`all_finite` is its check of the gradients before every optimizer step.
 """
 
 from __future__ import annotations
@@ -38,6 +38,21 @@ def nonfinite_tensors(tree: Any, prefix: str = "") -> list[str]:
         for index, value in enumerate(tree):
             found.extend(nonfinite_tensors(value, f"{prefix}.{index}" if prefix else str(index)))
     return found
+
+
+def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether every tensor in ``tensors`` (e.g. the gradients of an optimizer step) holds finite values only.
+
+    One fused pass: the L2 norm of each tensor, accumulated in float32 (``torch._foreach_norm``; half-precision
+    tensors are not copied), stacked and tested with a single host synchronisation. A NaN or an infinity anywhere
+    makes its tensor's norm non-finite. Sparse tensors are checked through their stored values. All tensors must be
+    on one device. An empty sequence is finite.
+    """
+    if not tensors:
+        return True
+    dense = [t.detach().coalesce().values() if t.is_sparse else t.detach() for t in tensors]
+    norms = torch._foreach_norm(dense, 2.0, dtype=torch.float32)
+    return bool(torch.isfinite(torch.stack(norms)).all())
 
 
 def read_checkpoint(path: str | Path, what: str = "ckpt_path", mmap: bool = True) -> dict[str, Any]:
@@ -91,4 +106,4 @@ def _invalid(path: Path, what: str, err: BaseException) -> str:
     )
 
 
-__all__ = ["nonfinite_tensors", "read_checkpoint"]
+__all__ = ["all_finite", "nonfinite_tensors", "read_checkpoint"]

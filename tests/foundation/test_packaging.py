@@ -1,5 +1,7 @@
 """Packaging: one import root `zoo`, the top-level folders refuse their bare names."""
 
+import ast
+import importlib
 import importlib.resources
 import subprocess
 import sys
@@ -29,3 +31,28 @@ def test_mapped_packages_resolve_to_the_top_level_folders():
 def test_train_yaml_has_no_method_default():
     text = importlib.resources.files("zoo.conf").joinpath("train.yaml").read_text()
     assert "- method" not in text
+
+
+@pytest.mark.parametrize("package", ["zoo.callbacks", "zoo.modules"])
+def test_lazy_packages_export_every_name_from_its_home_module(package):
+    """Each public name resolves to the object its home module defines; unknown names raise AttributeError."""
+    module = importlib.import_module(package)
+    for name, home in module.HOME_MODULES.items():
+        defined = getattr(importlib.import_module(f"{package}.{home}"), name)
+        assert getattr(module, name) is defined, name
+        assert name in dir(module)
+    assert sorted(module.__all__) == sorted(module.HOME_MODULES)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        module.no_such_name  # noqa: B018
+
+
+def test_importing_a_callback_loads_only_its_module():
+    """``zoo.callbacks`` and ``zoo.modules`` import their members on first use (start-up time of every run)."""
+    code = (
+        "import sys; from zoo.callbacks import RunGuard; from zoo.modules import CausalLMModule; "
+        "print(sorted(m for m in sys.modules if m.startswith(('zoo.callbacks.', 'zoo.modules.'))))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    loaded = set(ast.literal_eval(proc.stdout))
+    assert {"zoo.callbacks.run_guard", "zoo.modules.causal_lm"} <= loaded
+    assert not loaded & {"zoo.callbacks.watermark", "zoo.callbacks.af_eval", "zoo.modules.grpo", "zoo.modules.valr"}

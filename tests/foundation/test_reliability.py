@@ -20,7 +20,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from zoo.checkpoints import nonfinite_tensors
+from zoo.checkpoints import all_finite, nonfinite_tensors
 from zoo.cli.train import build, run
 from zoo.data.sources import read_jsonl
 from zoo.errors import CheckpointError, CheckpointNotFoundError, ConfigError, DataError, NaNLossError
@@ -104,6 +104,42 @@ def test_nonfinite_gradients_stop_before_the_optimizer_step(train_cfg):
         trainer.fit(module, datamodule)
     for key, value in module.model.state_dict().items():  # the step that would have used the gradient did not run
         torch.testing.assert_close(value, before[key], msg=key)
+
+
+def gradient_like_tensors() -> list[torch.Tensor]:
+    """Tensors shaped like a tiny model's gradients, of the dtypes a run trains in."""
+    generator = torch.Generator().manual_seed(0)
+    return [
+        torch.randn(64, 32, generator=generator),
+        torch.randn(32, generator=generator).to(torch.float16),
+        torch.randn(8, 8, generator=generator).to(torch.bfloat16),
+        torch.randn(5, generator=generator),
+    ]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("where", [0, 1, 2, 3])
+def test_the_gradient_check_finds_one_nonfinite_value_in_any_tensor(where, bad):
+    """The guard's fused check (one reduction over all gradients) misses no tensor, dtype or kind of bad value."""
+    tensors = gradient_like_tensors()
+    assert all_finite(tensors)
+    tensors[where].view(-1)[-1] = bad
+    assert not all_finite(tensors)
+    assert all_finite([t for i, t in enumerate(tensors) if i != where])
+
+
+def test_the_gradient_check_accepts_large_finite_half_precision_values():
+    """Norms accumulate in float32: half-precision gradients near their dtype's maximum are finite, not overflowed."""
+    large = torch.full((1024,), 6.0e4, dtype=torch.float16)
+    assert torch.isinf(torch.linalg.vector_norm(large))  # a float16 norm would overflow
+    assert all_finite([large])
+    assert all_finite([])
+
+
+def test_the_gradient_check_reads_sparse_gradients():
+    sparse = torch.sparse_coo_tensor([[0, 3]], [1.0, 2.0], (5,))
+    assert all_finite([sparse])
+    assert not all_finite([torch.sparse_coo_tensor([[0, 3]], [1.0, float("nan")], (5,))])
 
 
 def test_the_nan_message_gives_advice_that_is_true_for_the_run(train_cfg, tmp_path):

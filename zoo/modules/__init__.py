@@ -1,36 +1,31 @@
-"""Family LightningModules: methods are configs over these plus a core."""
+"""Family LightningModules: methods are configs over these plus a core.
 
-from zoo.modules.base import ZooBaseModule, ZooModule
-from zoo.modules.causal_lm import CausalLMModule, exact_answer_match
-from zoo.modules.episodes import EpisodeModule
-from zoo.modules.generating import GeneratingModule
-from zoo.modules.grpo import GRPOModule
-from zoo.modules.memevolve import MemEvolveModule
-from zoo.modules.multiturn import MultiTurnRollout, MultiTurnRolloutModule
-from zoo.modules.preference import PreferenceModule
-from zoo.modules.sequence_classifier import SequenceClassifierModule
-from zoo.modules.structure_lm import StructureLMModule
-from zoo.modules.test_time import TestTimeAdaptationModule
-from zoo.modules.textopt import TextOptModule
-from zoo.modules.valr import VaLRModule
-from zoo.modules.vocab_extend import VocabExtendModule
+The modules are imported on first use (``from zoo.modules import CausalLMModule``, a config's ``_target_``;
+:mod:`zoo.lazy`), so a run loads only the family it trains.
+"""
 
-__all__ = [
-    "CausalLMModule",
-    "EpisodeModule",
-    "GRPOModule",
-    "GeneratingModule",
-    "MemEvolveModule",
-    "MultiTurnRollout",
-    "MultiTurnRolloutModule",
-    "PreferenceModule",
-    "SequenceClassifierModule",
-    "StructureLMModule",
-    "TestTimeAdaptationModule",
-    "TextOptModule",
-    "VaLRModule",
-    "VocabExtendModule",
-    "ZooBaseModule",
-    "ZooModule",
-    "exact_answer_match",
-]
+from zoo.lazy import lazy_exports
+
+# public name -> the module of this package that defines it
+HOME_MODULES = {
+    "CausalLMModule": "causal_lm",
+    "EpisodeModule": "episodes",
+    "GRPOModule": "grpo",
+    "GeneratingModule": "generating",
+    "MemEvolveModule": "memevolve",
+    "MultiTurnRollout": "multiturn",
+    "MultiTurnRolloutModule": "multiturn",
+    "PreferenceModule": "preference",
+    "SequenceClassifierModule": "sequence_classifier",
+    "StructureLMModule": "structure_lm",
+    "TestTimeAdaptationModule": "test_time",
+    "TextOptModule": "textopt",
+    "VaLRModule": "valr",
+    "VocabExtendModule": "vocab_extend",
+    "ZooBaseModule": "base",
+    "ZooModule": "base",
+    "exact_answer_match": "causal_lm",
+}
+
+__all__ = list(HOME_MODULES)
+__getattr__, __dir__ = lazy_exports(__name__, globals(), HOME_MODULES)
