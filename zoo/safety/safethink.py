@@ -54,7 +54,7 @@ from zoo.data.encoding import encode_prompts
 from zoo.generation.decoders import ForwardHook, LogitsProcessor, SampleDecoder
 from zoo.generation.sampling import SamplingParams
 from zoo.generation.stepwise import StepAction, StepEvent, StepwiseDecoder, StepwiseResult
-from zoo.safety.scorers import as_scorer, scorer_name, validate_scores
+from zoo.safety.scorers import as_scorer, scorer_name, scoring_session, validate_scores
 
 DEFAULT_PREFIX = "Wait, think safely"
 
@@ -115,7 +115,8 @@ class SafeThinkHook:
     """The step hook of SafeThink: score closing steps with ``t <= m``, inject the prefix when ``R < tau``.
 
     Args:
-        scorer: ``(prompts, traces) -> scores in [0, 1]``.
+        scorer: ``(prompts, traces) -> scores in [0, 1]`` (called through :func:`~zoo.safety.scorers.scoring_session`:
+            a causal classifier scores each row incrementally, from its KV cache).
         prompts: the prompt text of every batch row (what the scorer sees with the trace).
         tau: threshold; a step violates when ``R_safe < tau`` (algorithm line 3).
         max_steps_monitored: ``m``; ``None`` monitors every step; ``0`` never calls the scorer.
@@ -138,6 +139,8 @@ class SafeThinkHook:
     ) -> None:
         self.scorer = as_scorer(scorer)
         self.name = scorer_name(self.scorer)
+        # rows are scored again as their traces grow: a causal classifier keeps each row's KV cache
+        self.session = scoring_session(self.scorer)
         self.prompts = list(prompts)
         self.tau = float(tau)
         self.m = max_steps_monitored
@@ -170,7 +173,7 @@ class SafeThinkHook:
         if not todo:
             return {}
         start = time.perf_counter()
-        raw = self.scorer([self.prompts[e.row] for e in todo], [e.trace for e in todo])
+        raw = self.session([e.row for e in todo], [self.prompts[e.row] for e in todo], [e.trace for e in todo])
         scores = validate_scores(raw, len(todo), self.name)
         self.seconds += time.perf_counter() - start
         self.calls += 1
