@@ -313,7 +313,9 @@ class IncrementalScoringSession:
         texts = scorer.texts(prompts, traces)
         if len(rows) != len(texts) or len(set(rows)) != len(rows):
             raise ScorerError(f"safety scorer '{scorer.name}': a session call needs one distinct row per text")
-        ids = scorer.tokenizer(texts, add_special_tokens=True)["input_ids"]
+        # one text at a time: a batch encode wakes the tokenizer's thread pool, slower for the few short texts of a
+        # step close than encoding them in turn
+        ids = [scorer.tokenizer(text, add_special_tokens=True)["input_ids"] for text in texts]
         scores: list[float | None] = [None] * len(texts)
         long = [i for i, x in enumerate(ids) if len(x) > scorer.max_length or not x]
         if long:
