@@ -19,7 +19,9 @@ Equation / algorithm line -> function:
 
 * satisficing constraint ``R_safe(x, y_{1:t}) >= tau`` for ``t <= m`` -> :class:`SafeThinkHook` (``__call__``)
 * line 2 (step-wise decoding, KV cache kept across steps) -> :class:`zoo.generation.stepwise.StepwiseDecoder`
-* line 3 (``R_safe``) -> scorers in :mod:`zoo.safety.scorers`
+* line 3 (``R_safe``) -> scorers in :mod:`zoo.safety.scorers`, called through a per-generation session (a causal
+  classifier scores each row from its KV cache, feeding only the tokens added since its last score:
+  :class:`~zoo.safety.scorers.IncrementalScoringSession`)
 * lines 4a/4b (prefix injection, keep or resample the step) -> :class:`SafeThinkHook` -> ``StepAction``
 * the whole loop -> :func:`safethink_generate`
 * baselines: plain generation (m = 0) -> ``max_steps_monitored=0``; always-prepend-prefix ->
