@@ -18,6 +18,7 @@ from zoo.callbacks.memory_ingest import MemoryIngestCallback
 from zoo.callbacks.multiturn_eval import MultiTurnEvaluation
 from zoo.callbacks.nanoquant import NanoQuantExport
 from zoo.callbacks.offline_rows import OfflineRowWriter
+from zoo.callbacks.preference_pairs import PreferencePairRecords
 from zoo.callbacks.progress import LogLineProgress, auto_progress
 from zoo.callbacks.quant_report import QuantizationReport
 from zoo.callbacks.reasoning_redundancy import ReasoningRedundancy
@@ -48,6 +49,7 @@ __all__ = [
     "MultiTurnEvaluation",
     "NanoQuantExport",
     "OfflineRowWriter",
+    "PreferencePairRecords",
     "QuantizationReport",
     "ReasoningRedundancy",
     "RotationInvariance",
