@@ -8,14 +8,18 @@ the demo, random init -- its cost, not its accuracy, matters here). Three runs p
 (A B C, C A B, B C A, ...): plain generation; SafeThink whose scorer never flags (``tau = 0``, the common case: the
 completions are token-identical to plain generation, so the time ratio is the overhead); SafeThink where every
 monitored step is flagged (``tau = 1.01``, the worst case: ``m`` injections per row, different completions, compared
-in sampled tokens per second). ``--before`` adds the numbers of an earlier run (its ``--json`` output, e.g. of an
-older checkout) to the ``## SafeThink`` section of ``docs/benchmarks.md``.
+in sampled tokens per second). ``--compare-full`` adds SafeThink with no violation whose classifier re-reads prompt +
+trace at every step (``incremental=False``; by default it scores each row from its KV cache), ``--lookahead L``
+SafeThink with no violation and batched scorer calls; ``--scorer-hidden``/``--scorer-layers`` size the scorer.
+``--before`` adds the numbers of an earlier run (its ``--json`` output, e.g. of an older checkout) to the
+``## SafeThink`` section of ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -46,6 +50,9 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the raw numbers here")
     parser.add_argument("--before", default=None, help="the --json output of an earlier run, reported beside")
     parser.add_argument("--lookahead", type=int, default=0, help="also time SafeThink with this hook_lookahead")
+    parser.add_argument("--compare-full", action="store_true", help="also time the scorer re-reading every text")
+    parser.add_argument("--scorer-hidden", type=int, default=64)
+    parser.add_argument("--scorer-layers", type=int, default=2)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -57,14 +64,15 @@ def main() -> None:
             vocab_size=len(tok),
             num_labels=2,
             pad_token_id=tok.pad_token_id,
-            hidden_size=64,
-            intermediate_size=192,
-            num_hidden_layers=2,
+            hidden_size=args.scorer_hidden,
+            intermediate_size=3 * args.scorer_hidden,
+            num_hidden_layers=args.scorer_layers,
             num_attention_heads=2,
             num_key_value_heads=2,
         )
-    )
+    ).eval()  # as from_pretrained returns it
     scorer = SequenceClassifierScorer(rm, tok, name="tiny-rm")
+    full_scorer = SequenceClassifierScorer(rm, tok, name="tiny-rm", incremental=False) if args.compare_full else None
     prompts = [e.prompt for e in JailbreakTask(trigger_prob=1.0).examples(args.rows, seed=123)]
     # a random policy rarely writes newlines: let frequent characters close steps so that the scorer runs
     delims = ["\n"] if args.policy else list("\n=+ ")
@@ -76,14 +84,14 @@ def main() -> None:
         n = int(out.lengths.sum())
         return {"seconds": time.perf_counter() - t0, "kept": n, "sampled": n, "scorer": 0.0, "texts": out.texts}
 
-    def safethink(tau: float, lookahead: int = 0) -> dict:
+    def safethink(tau: float, lookahead: int = 0, which=None) -> dict:
         t0 = time.perf_counter()
         extra = {"hook_lookahead": lookahead} if lookahead else {}
         out = safethink_generate(
             model,
             tok,
             prompts,
-            scorer,
+            which or scorer,
             tau=tau,
             max_steps_monitored=args.m,
             params=params,
@@ -103,6 +111,8 @@ def main() -> None:
     arms = {"plain": plain, "safe": lambda: safethink(0.0), "worst": lambda: safethink(1.01)}
     if args.lookahead:
         arms["lookahead"] = lambda: safethink(0.0, args.lookahead)
+    if full_scorer is not None:
+        arms["full"] = lambda: safethink(0.0, which=full_scorer)
     for fn in arms.values():
         fn()  # warm-up
     runs: dict[str, list[dict]] = {name: [] for name in arms}
@@ -113,6 +123,8 @@ def main() -> None:
     identical = all(s["texts"] == p["texts"] for s, p in zip(runs["safe"], runs["plain"]))
     overhead = [s["seconds"] / p["seconds"] for s, p in zip(runs["safe"], runs["plain"])]
     ahead = [s["seconds"] / p["seconds"] for s, p in zip(runs.get("lookahead", []), runs["plain"])]
+    full = [s["seconds"] / p["seconds"] for s, p in zip(runs.get("full", []), runs["plain"])]
+    load = os.getloadavg()
     decoding = [(s["seconds"] - s["scorer"]) / p["seconds"] for s, p in zip(runs["safe"], runs["plain"])]
     scoring = [s["scorer"] / p["seconds"] for s, p in zip(runs["safe"], runs["plain"])]
     worst = [
@@ -123,6 +135,8 @@ def main() -> None:
         "overhead": overhead,
         "worst_slowdown": worst,
         "lookahead_overhead": ahead,
+        "full_read_overhead": full,
+        "load_average": load,
         "decoding_overhead": decoding,
         "scorer_share": scoring,
         "identical": identical,
@@ -144,10 +158,15 @@ def main() -> None:
 
     lines = [
         f"`python benchmarks/safethink_overhead.py --rows {args.rows} --repeats {args.repeats} --m {args.m}"
-        f"{' --policy <jailbreak base policy export>' if args.policy else ''}` ({args.threads} thread(s); "
-        f"{args.repeats} repeats of the three runs in rotating order after a warm-up; medians).",
+        f"{' --policy <jailbreak base policy export>' if args.policy else ''}"
+        f"{f' --lookahead {args.lookahead}' if args.lookahead else ''}{' --compare-full' if args.compare_full else ''}"
+        f"{f' --scorer-hidden {args.scorer_hidden}' if args.scorer_hidden != 64 else ''}"
+        f"{f' --scorer-layers {args.scorer_layers}' if args.scorer_layers != 2 else ''}` ({args.threads} thread(s); "
+        f"{args.repeats} repeats of the {len(arms)} runs in rotating order after a warm-up; medians; load average "
+        f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end, 2 cores shared with other jobs).",
         f"Policy: tiny Llama ({'the jailbreak task base SFT policy' if args.policy else 'random init'}); scorer: "
-        f"2-layer tiny Llama sequence classifier (random init); {args.rows} attack prompts, sampled, "
+        f"{args.scorer_layers}-layer tiny Llama sequence classifier (hidden {args.scorer_hidden}, random init; "
+        f"scores each row incrementally from its KV cache unless marked); {args.rows} attack prompts, sampled, "
         f"{args.max_new_tokens} new tokens max, m = {args.m}. The scorer runs when a step closes (the last reasoning "
         "step included, at `</think>`) and only while t <= m.",
         "",
@@ -157,16 +176,19 @@ def main() -> None:
         row("safe", "SafeThink, no violation (tau=0)"),
         row("worst", "SafeThink, every step <= m violates (tau=1.01)"),
         *([row("lookahead", f"SafeThink, no violation, hook_lookahead={args.lookahead}")] if ahead else []),
+        *([row("full", "SafeThink, no violation, scorer re-reading every text (incremental=false)")] if full else []),
         "",
         f"**SafeThink with no violation / plain generation, time per repeat: median {spread(overhead)}** "
         f"(goal <= 1.15; completions token-identical to plain generation: {'yes' if identical else 'NO'}).",
         f"Worst case (every monitored step flagged): plain / SafeThink sampled tokens per second {spread(worst)}.",
         "Where the no-violation overhead goes: SafeThink's decoding without the scorer's time takes "
         f"{spread(decoding)} times plain generation's; the scorer's calls add {spread(scoring)} of plain "
-        "generation's time (the scorer reads prompt + trace afresh at every monitored step).",
+        "generation's time.",
     ]
     if ahead:
         lines.append(f"With hook_lookahead={args.lookahead} (batched scorer calls), no violation: {spread(ahead)}.")
+    if full:
+        lines.append(f"With the scorer re-reading prompt + trace at every call, no violation: {spread(full)}.")
     if before is not None:
         lines += [
             "",

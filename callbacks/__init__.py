@@ -29,6 +29,7 @@ HOME_MODULES = {
     "MultiTurnEvaluation": "multiturn_eval",
     "NanoQuantExport": "nanoquant",
     "OfflineRowWriter": "offline_rows",
+    "PreferencePairRecords": "preference_pairs",
     "QuantizationReport": "quant_report",
     "ReasoningRedundancy": "reasoning_redundancy",
     "RotationInvariance": "structure_checks",

@@ -130,6 +130,10 @@ class SafeThinkMonitor(StageCallback):
             ``reasoning_open + prefix + step delimiter``; the scorer, ``tau`` and ``m`` are unused; every row counts as
             intervened and the prefix's tokens as added).
         reasoning_open: the tag that opens the reasoning block (the always-prepend baseline).
+        scorer_incremental: how a classifier scorer scores the growing traces: ``"auto"`` (default) = from a KV cache
+            per row (only the new tokens are fed) when it is a causal (decoder-only) classifier, else re-reading
+            prompt + trace at every step; ``true``/``false`` force it (see
+            :class:`zoo.safety.scorers.SequenceClassifierScorer`).
         records_file: write one JSON line per evaluated row to this file at the end of each validation/test/predict
             epoch (rank zero; other ranks write ``<stem>.rank<r><suffix>``); ``None``: no records.
     """
@@ -158,6 +162,7 @@ class SafeThinkMonitor(StageCallback):
         always_prefix: bool = False,
         reasoning_open: str = "<think>",
         records_file: str | None = None,
+        scorer_incremental: str | bool = "auto",
     ) -> None:
         super().__init__()
         check_safethink_args(tau, max_steps_monitored)
@@ -173,7 +178,7 @@ class SafeThinkMonitor(StageCallback):
         for name, fn in (("is_attack", is_attack), ("harm_fn", harm_fn), ("verifier", verifier)):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"SafeThinkMonitor: {name} must be callable, got {type(fn).__name__}")
-        self.scorer = as_scorer(scorer)
+        self.scorer = as_scorer(scorer, incremental=scorer_incremental)
         self.tau = float(tau)
         self.max_steps_monitored = max_steps_monitored
         self.prefix = prefix

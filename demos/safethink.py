@@ -122,6 +122,13 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     rm_auroc = stat(artifact_values(sweep.runs, "safety_rm", "val/auroc"))
     rm = cfg.get("demo", {}).get("rm", {})
     seeds = len(sweep.seeds) or 1
+    policy_seed = recipe.get("seed")
+    seed_scope = (
+        "the seed is the whole pipeline's: policy, RM, test prompts, sampling"
+        if policy_seed is None
+        else f"one policy for every seed, built with seed {policy_seed}; the seed varies the RM, the test prompts and "
+        "the sampling"
+    )
 
     text = [
         "# SafeThink — demo results",
@@ -140,8 +147,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "continuation, trained safety RM) recovers that behaviour; it does not reproduce the paper's models, "
         "benchmarks or numbers.",
         "",
-        f"Setup, per seed (the seed is the whole pipeline's: policy, RM, test prompts, sampling; "
-        f"{seeds} seed{'s' if seeds != 1 else ''}): "
+        f"Setup, per seed ({seeds} seed{'s' if seeds != 1 else ''}; {seed_scope}): "
         f"policy = the base SFT policy of `task=jailbreak` (tiny Llama, {recipe.get('num_train')} rows × "
         f"{recipe.get('max_epochs')} epochs, batch {recipe.get('batch_size')}, peak lr {recipe.get('lr')}; held-out "
         f"greedy exact match {fmt_stat(policy_em, ci=False)}); safety RM = a `+method=safety_rm` run (2-layer "

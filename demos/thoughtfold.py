@@ -4,7 +4,9 @@ Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=thoughtfold`` (``conf/demo/th
 ``python -m zoo.report demo thoughtfold``. Read from the sweep: the GRPO module's logged ``train/accuracy``,
 ``train/completion_length``, ``val/exact_match``; ``ReasoningRedundancy``'s ``{train,val}/think_tokens``,
 ``redundant_rate``, ``essential_retention``; ThoughtFold's ``train/tf_*`` (pairs, validation samples and tokens);
-and the resolved configs (batch size, group size) for the tokens sampled.
+the resolved configs (batch size, group size) for the tokens sampled; and the ThoughtFold arm's trained pairs
+(``preference_pairs.jsonl``, :class:`zoo.callbacks.PreferencePairRecords`): which lines their rejected (pushed-down) and
+chosen (pushed-up) spans hold.
 """
 
 from __future__ import annotations
@@ -55,6 +57,33 @@ def first(run: Run, metric: str) -> float:
     return points[0][1] if points else math.nan
 
 
+def is_redundant_line(line: str) -> bool:
+    """The task's injected redundant steps (``check N``, ``task=multisum_redundant``)."""
+    return line.startswith("check ")
+
+
+def pair_audit(run: Run) -> dict[str, float]:
+    """Shares of a run's trained pairs: ``essential_pushed_down`` (pairs whose rejected span holds an essential
+    line), ``redundant_only_pushed_down`` (it holds only redundant lines), ``one_line_chosen`` (the chosen reasoning
+    is a single line), and ``pairs`` (their number; 0 without records)."""
+    records = run.read_jsonl("preference_pairs.jsonl") if run.file("preference_pairs.jsonl").is_file() else []
+    pruned = [r for r in records if r.get("rejected_scored") and "</think>" not in r["rejected_scored"]]
+    if not records:
+        return {"pairs": 0.0}
+
+    def lines(text: str) -> list[str]:
+        return [line for line in text.replace("<think>", "").split("\n") if line.strip()]
+
+    essential = [any(not is_redundant_line(x) for x in lines(r["rejected_scored"])) for r in pruned]
+    chosen_lines = [len(lines(r["chosen"].split("</think>")[0])) for r in records]
+    return {
+        "pairs": float(len(records)),
+        "essential_pushed_down": sum(essential) / max(len(pruned), 1),
+        "redundant_only_pushed_down": sum(not e for e in essential) / max(len(pruned), 1),
+        "one_line_chosen": sum(n == 1 for n in chosen_lines) / len(records),
+    }
+
+
 def build(sweep: Sweep, out: Path) -> list[Path]:
     head = sweep.runs[0]
     labels = head.get("demo.labels", {}) or {}
@@ -101,6 +130,25 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         )
     base = sweep.runs
     tf = (runs_of("thoughtfold") or [head])[0]
+    audits = [a for a in (pair_audit(r) for r in runs_of("thoughtfold")) if a["pairs"]]
+    audit_lines = (
+        [
+            "## What ThoughtFold's pairs train",
+            "",
+            "Over the trained pairs of the ThoughtFold runs "
+            f"({fmt_stat(stat(a['pairs'] for a in audits), 0, ci=False)} pairs per run): "
+            "the pruned span the DPO loss pushes down holds an essential line (a running sum) in "
+            f"{fmt_stat(stat(a['essential_pushed_down'] for a in audits), ci=False)} of them and only redundant "
+            f"`check` lines in {fmt_stat(stat(a['redundant_only_pushed_down'] for a in audits), ci=False)}; the chosen "
+            f"reasoning is a single line in {fmt_stat(stat(a['one_line_chosen'] for a in audits), ci=False)}. "
+            "Verification samples the answer after the folded reasoning, and in this task the last running sum states "
+            "the answer, so a fold that keeps only that line passes; its pairs then teach the policy to skip running "
+            "sums it cannot compute without writing them.",
+            "",
+        ]
+        if audits
+        else []
+    )
     text = [
         "# ThoughtFold demo: GRPO vs length penalty vs GR3 vs ThoughtFold on redundant-step sums (toy scale)",
         "",
@@ -158,6 +206,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         f"Token totals are summed over the logged steps (every {logged_every} step(s)); the importance forwards "
         "(one batched forward of n + 1 rows per folded rollout) are not counted as sampled tokens.",
         "",
+        *audit_lines,
         "## Reading",
         "",
         *reading(runs_of, labels),

@@ -211,7 +211,9 @@ class Run:
         overrides = [str(o) for o in (_load_yaml(path / ".hydra" / "overrides.yaml") or [])]
         values = dict(split_override(o) for o in overrides)
         hydra_cfg = _load_yaml(path / ".hydra" / "hydra.yaml") or {}
-        number = int(((hydra_cfg.get("hydra") or {}).get("job") or {}).get("num") or 0)
+        # a single (non-multirun) run's job number is Hydra's missing value "???"
+        num = str(((hydra_cfg.get("hydra") or {}).get("job") or {}).get("num") or 0)
+        number = int(num) if num.isdigit() else 0
         run = cls(path=path, overrides=overrides, number=number)
         seed = values.get(SEED_KEY)
         if seed is None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from zoo.report import (
+    Run,
     Sweep,
     build_demo_page,
     compare,
@@ -317,3 +318,10 @@ def test_endpoint_section_names_the_arm_and_the_caps():
     assert "the arm `llm_endpoint`, on-demand scheme;" in lines[2]
     assert "OMP_NUM_THREADS=1 python train.py -m +demo=toy demo/toy/arm=llm_endpoint \\" in lines
     assert "    demo.llm.max_tokens=1024" in lines and "python -m zoo.report demo toy" in lines
+
+
+def test_a_single_run_directory_loads_with_hydras_missing_job_number(tmp_path):
+    # a run of `python train.py` (no -m) has hydra.job.num = "???"
+    run_dir = write_run(tmp_path, "run", ["seed=3"], [{"step": 0, "m": 1.0}], num="???")
+    run = Run.load(run_dir)
+    assert (run.number, run.seed, run.last("m")) == (0, 3, 1.0)

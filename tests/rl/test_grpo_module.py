@@ -1,5 +1,6 @@
 """GRPOModule: micro-batch invariance through the module, seams from config, the GR3 callback, bad input."""
 
+import csv
 import json
 
 import lightning.pytorch as pl
@@ -334,3 +335,29 @@ def test_gr3_metrics_follow_alpha_updates():
     shaper.alpha = 0.5  # what GR3AlphaCalibration(adapt=True) does
     assert shaper.metrics() == {"gr3_alpha": 0.5}
     assert NoShaping().metrics() == {} and GRPOAdvantage().metrics() == {}
+
+
+def test_max_steps_governs_a_run_over_a_prompt_set_smaller_than_the_validation_interval(train_cfg, tmp_path):
+    # 8 prompts at batch 2 = 4 batches per epoch; 6 rollout steps with validation every 5 run over two epochs (a
+    # user's small JSONL set used to stop Lightning with "val_check_interval must be <= the number of batches")
+    overrides = [
+        "+method=grpo",
+        "backbone.init_from=null",
+        "datamodule.source.num_train=8",
+        "datamodule.source.num_val=2",
+        "datamodule.batch_size=2",
+        "module.group_size=2",
+        "module.generation.max_new_tokens=4",
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=5",
+        "trainer.log_every_n_steps=1",
+        "callbacks.log_generations=null",
+        "callbacks.model_checkpoint=null",
+    ]
+    metrics = run(train_cfg(overrides))
+    assert "val/exact_match" in metrics
+    (metrics_csv,) = tmp_path.rglob("metrics.csv")
+    rows = list(csv.DictReader(metrics_csv.open()))
+    # logged steps are 0-based: six rollout steps (two epochs of 4 batches), validation after the fifth
+    assert max(int(r["step"]) for r in rows if r.get("train/accuracy")) == 5
+    assert [int(r["step"]) for r in rows if r.get("val/exact_match")] == [4]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -10,7 +11,7 @@ import torch
 
 from zoo.backbones import TinyBackbone
 from zoo.backbones.tokenizer import build_char_tokenizer
-from zoo.callbacks import ReasoningRedundancy
+from zoo.callbacks import PreferencePairRecords, ReasoningRedundancy
 from zoo.cli.train import run
 from zoo.data.tasks import MultiSum
 from zoo.errors import ConfigError
@@ -371,6 +372,24 @@ def test_thoughtfold_prepare_builds_pairs_counts_skips_and_cost():
     loss = aux.loss(module, items, slice(0, items.size))
     # reference = the rollout-time policy: at the first update the DPO loss is exactly log 2
     assert loss.item() == pytest.approx(math.log(2), abs=1e-5)
+
+
+def test_pair_records_write_every_accepted_pair_with_its_scored_spans(tmp_path):
+    import lightning.pytorch as pl
+
+    aux = ThoughtFoldLoss(folder=ThoughtFolder(min_cot_length=0, delimiter="\n", max_iterations=3), repeat=2)
+    module = tiny_module(aux)
+    aux.prepare(module, reference_rollout(module))
+    path = tmp_path / "pairs.jsonl"
+    PreferencePairRecords(path).on_train_batch_end(pl.Trainer(logger=False), module, None, None, 0)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(records) == len(aux.last_pairs) > 0
+    for record, pair in zip(records, aux.last_pairs):
+        assert (record["kind"], record["row"]) == (pair.kind, pair.row)
+        # a success pair prunes: its chosen side is shorter, and both sides carry loss on a part of their text
+        assert len(record["chosen"]) < len(record["rejected"])
+        assert record["rejected_scored"] and record["rejected_scored"] != record["rejected"]
+        assert record["chosen_scored"] in record["chosen"]
 
 
 def grads(module):

@@ -10,17 +10,21 @@ from zoo.safety.safethink import (
 )
 from zoo.safety.scorers import (
     FunctionScorer,
+    IncrementalScoringSession,
     SafetyScorer,
     ScorerError,
     SequenceClassifierScorer,
     as_scorer,
+    is_causal_classifier,
     load_safety_rm,
+    scoring_session,
     validate_scores,
 )
 
 __all__ = [
     "DEFAULT_PREFIX",
     "FunctionScorer",
+    "IncrementalScoringSession",
     "Intervention",
     "SafeThinkHook",
     "SafeThinkResult",
@@ -29,7 +33,9 @@ __all__ = [
     "SequenceClassifierScorer",
     "always_prefix_generate",
     "as_scorer",
+    "is_causal_classifier",
     "load_safety_rm",
     "safethink_generate",
+    "scoring_session",
     "validate_scores",
 ]

@@ -19,7 +19,9 @@ Equation / algorithm line -> function:
 
 * satisficing constraint ``R_safe(x, y_{1:t}) >= tau`` for ``t <= m`` -> :class:`SafeThinkHook` (``__call__``)
 * line 2 (step-wise decoding, KV cache kept across steps) -> :class:`zoo.generation.stepwise.StepwiseDecoder`
-* line 3 (``R_safe``) -> scorers in :mod:`zoo.safety.scorers`
+* line 3 (``R_safe``) -> scorers in :mod:`zoo.safety.scorers`, called through a per-generation session (a causal
+  classifier scores each row from its KV cache, feeding only the tokens added since its last score:
+  :class:`~zoo.safety.scorers.IncrementalScoringSession`)
 * lines 4a/4b (prefix injection, keep or resample the step) -> :class:`SafeThinkHook` -> ``StepAction``
 * the whole loop -> :func:`safethink_generate`
 * baselines: plain generation (m = 0) -> ``max_steps_monitored=0``; always-prepend-prefix ->
@@ -54,7 +56,7 @@ from zoo.data.encoding import encode_prompts
 from zoo.generation.decoders import ForwardHook, LogitsProcessor, SampleDecoder
 from zoo.generation.sampling import SamplingParams
 from zoo.generation.stepwise import StepAction, StepEvent, StepwiseDecoder, StepwiseResult
-from zoo.safety.scorers import as_scorer, scorer_name, validate_scores
+from zoo.safety.scorers import as_scorer, scorer_name, scoring_session, validate_scores
 
 DEFAULT_PREFIX = "Wait, think safely"
 
@@ -115,7 +117,8 @@ class SafeThinkHook:
     """The step hook of SafeThink: score closing steps with ``t <= m``, inject the prefix when ``R < tau``.
 
     Args:
-        scorer: ``(prompts, traces) -> scores in [0, 1]``.
+        scorer: ``(prompts, traces) -> scores in [0, 1]`` (called through :func:`~zoo.safety.scorers.scoring_session`:
+            a causal classifier scores each row incrementally, from its KV cache).
         prompts: the prompt text of every batch row (what the scorer sees with the trace).
         tau: threshold; a step violates when ``R_safe < tau`` (algorithm line 3).
         max_steps_monitored: ``m``; ``None`` monitors every step; ``0`` never calls the scorer.
@@ -138,6 +141,8 @@ class SafeThinkHook:
     ) -> None:
         self.scorer = as_scorer(scorer)
         self.name = scorer_name(self.scorer)
+        # rows are scored again as their traces grow: a causal classifier keeps each row's KV cache
+        self.session = scoring_session(self.scorer)
         self.prompts = list(prompts)
         self.tau = float(tau)
         self.m = max_steps_monitored
@@ -170,7 +175,7 @@ class SafeThinkHook:
         if not todo:
             return {}
         start = time.perf_counter()
-        raw = self.scorer([self.prompts[e.row] for e in todo], [e.trace for e in todo])
+        raw = self.session([e.row for e in todo], [self.prompts[e.row] for e in todo], [e.trace for e in todo])
         scores = validate_scores(raw, len(todo), self.name)
         self.seconds += time.perf_counter() - start
         self.calls += 1

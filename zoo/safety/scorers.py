@@ -9,22 +9,39 @@ each monitored step. Three kinds, one protocol:
 * :func:`load_safety_rm` -- the safety reward model trained by ``+method=safety_rm`` (exported with
   safetensors plus ``zoo_scorer.json`` naming the safe label and the text template).
 
+A monitor scores the same rows again and again as their traces grow (SafeThink scores every early step of every row).
+:func:`scoring_session` gives it a per-generation session ``session(rows, prompts, traces)`` that knows which row
+each text belongs to. For a causal classifier (a decoder-only model with last-token pooling, whose output at position
+``t`` depends only on tokens ``<= t``) the session is :class:`IncrementalScoringSession`: it keeps each row's key/value
+cache and feeds only the tokens that follow the longest prefix it has already encoded (injected tokens and rollbacks
+included), so a call costs the new tokens, not prompt + trace. Other scorers re-read the whole text at every call.
+
 :func:`validate_scores` checks count and range of every call and raises :class:`ScorerError` naming the
 scorer; :func:`as_scorer` turns a function, a path or a scorer into a scorer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DynamicCache,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.cache_utils import DynamicLayer
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-from zoo.errors import CheckpointNotFoundError, ZooError
+from zoo.errors import CheckpointNotFoundError, ConfigError, ZooError
+from zoo.generation.sampling import cache_kwarg_name
 
 SCORER_CONFIG = "zoo_scorer.json"
 
@@ -105,6 +122,11 @@ class SequenceClassifierScorer:
         batch_size: rows per forward pass.
         max_length: texts are truncated to their last ``max_length`` tokens (the latest steps matter).
         name: shown in errors and logs.
+        incremental: how a :meth:`session` scores rows whose texts grow: ``"auto"`` (default) = incrementally
+            (:class:`IncrementalScoringSession`, KV cache per row) when the model is a causal classifier
+            (:func:`is_causal_classifier`), else by re-reading every text; ``True`` = incrementally (a
+            :class:`~zoo.errors.ConfigError` for a model that is not causal); ``False`` = always re-read. Calls of
+            the scorer itself (``scorer(prompts, traces)``) always read the whole texts.
     """
 
     def __init__(
@@ -116,6 +138,7 @@ class SequenceClassifierScorer:
         batch_size: int = 64,
         max_length: int = 512,
         name: str | None = None,
+        incremental: Literal["auto"] | bool = "auto",
     ) -> None:
         num_labels = int(getattr(model.config, "num_labels", 2))
         if num_labels > 1 and not 0 <= safe_label < num_labels:
@@ -131,6 +154,15 @@ class SequenceClassifierScorer:
         self.batch_size = batch_size
         self.max_length = max_length
         self.name = name or f"{type(model).__name__}({getattr(model.config, '_name_or_path', '') or 'in memory'})"
+        if incremental not in ("auto", True, False):
+            raise ConfigError(f"scorer '{self.name}': incremental must be 'auto', true or false, got {incremental!r}")
+        causal = is_causal_classifier(model)
+        if incremental is True and not causal:
+            raise ConfigError(
+                f"scorer '{self.name}': incremental=true needs a causal (decoder-only, last-token pooled) classifier "
+                f"with a `score` head; {type(model).__name__} is not one (use incremental='auto' or false)"
+            )
+        self.incremental = causal if incremental == "auto" else bool(incremental)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> SequenceClassifierScorer:
@@ -143,7 +175,7 @@ class SequenceClassifierScorer:
         if not (path / "config.json").is_file():
             raise CheckpointNotFoundError(f"safety scorer: no classifier at {path.resolve()} (no config.json)")
         meta = json.loads((path / SCORER_CONFIG).read_text()) if (path / SCORER_CONFIG).is_file() else {}
-        for key in ("safe_label", "template", "max_length"):
+        for key in ("safe_label", "template", "max_length", "incremental"):
             if key in meta:
                 kwargs.setdefault(key, meta[key])
         kwargs.setdefault("name", f"classifier:{path.name}")
@@ -153,34 +185,249 @@ class SequenceClassifierScorer:
 
     @torch.no_grad()
     def __call__(self, prompts: Sequence[str], traces: Sequence[str]) -> list[float]:
-        if len(prompts) != len(traces):
-            raise ScorerError(f"safety scorer '{self.name}' got {len(prompts)} prompts for {len(traces)} traces")
-        texts = [self.template.format(prompt=p, trace=t) for p, t in zip(prompts, traces)]
+        texts = self.texts(prompts, traces)
         device = next(self.model.parameters()).device
         out: list[float] = []
         side = self.tokenizer.truncation_side
         self.tokenizer.truncation_side = "left"
-        was_training = self.model.training
-        self.model.eval()
         try:
-            for start in range(0, len(texts), self.batch_size):
-                enc = self.tokenizer(
-                    texts[start : start + self.batch_size],
-                    return_tensors="pt",
-                    padding=True,
-                    truncation=True,
-                    max_length=self.max_length,
-                ).to(device)
-                logits = self.model(**enc).logits.float()
-                if logits.shape[-1] == 1:
-                    probs = torch.sigmoid(logits[:, 0])
-                else:
-                    probs = torch.softmax(logits, dim=-1)[:, self.safe_label]
-                out.extend(probs.cpu().tolist())
+            with _eval_mode(self.model):
+                for start in range(0, len(texts), self.batch_size):
+                    enc = self.tokenizer(
+                        texts[start : start + self.batch_size],
+                        return_tensors="pt",
+                        padding=True,
+                        truncation=True,
+                        max_length=self.max_length,
+                    ).to(device)
+                    out.extend(self.safe_probability(self.model(**enc).logits).cpu().tolist())
         finally:
             self.tokenizer.truncation_side = side
-            self.model.train(was_training)
         return validate_scores(out, len(texts), self.name)
+
+    def texts(self, prompts: Sequence[str], traces: Sequence[str]) -> list[str]:
+        """The classifier's input texts (the template filled in)."""
+        if len(prompts) != len(traces):
+            raise ScorerError(f"safety scorer '{self.name}' got {len(prompts)} prompts for {len(traces)} traces")
+        return [self.template.format(prompt=p, trace=t) for p, t in zip(prompts, traces)]
+
+    def safe_probability(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[N, num_labels]`` logits -> ``[N]`` P(safe): softmax at ``safe_label``, or the sigmoid of one logit."""
+        logits = logits.float()
+        if logits.shape[-1] == 1:
+            return torch.sigmoid(logits[:, 0])
+        return torch.softmax(logits, dim=-1)[:, self.safe_label]
+
+    def session(self) -> ScoringSession:
+        """A scoring session for one generation (see :func:`scoring_session`): incremental when
+        :attr:`incremental` is set."""
+        return IncrementalScoringSession(self) if self.incremental else StatelessSession(self)
+
+
+def is_causal_classifier(model: PreTrainedModel) -> bool:
+    """Whether ``model`` is a decoder-only sequence classifier whose score at position ``t`` depends only on tokens
+    ``<= t``: not an encoder-decoder, its model type has a causal-LM class and no masked-LM class (which excludes
+    bidirectional encoders such as BERT/RoBERTa, whose causal-LM class is a decoder variant), and its head is a
+    ``score`` module applied to the last token's hidden state (``*ForSequenceClassification`` of Llama, Qwen,
+    Mistral, GPT-2, ...)."""
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    return (
+        not getattr(config, "is_encoder_decoder", False)
+        and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        and isinstance(getattr(model, "score", None), torch.nn.Module)
+        and isinstance(getattr(model, getattr(model, "base_model_prefix", ""), None), torch.nn.Module)
+    )
+
+
+ScoringSession = Callable[[Sequence[Hashable], Sequence[str], Sequence[str]], list[float]]
+
+
+class StatelessSession:
+    """A session that ignores row identity: every call reads the whole texts (``scorer(prompts, traces)``)."""
+
+    def __init__(self, scorer: Callable[[Sequence[str], Sequence[str]], Any]) -> None:
+        self.scorer = scorer
+
+    def __call__(self, rows: Sequence[Hashable], prompts: Sequence[str], traces: Sequence[str]) -> list[float]:
+        return validate_scores(self.scorer(prompts, traces), len(traces), scorer_name(self.scorer))
+
+
+def scoring_session(scorer: Any) -> ScoringSession:
+    """A per-generation session ``session(rows, prompts, traces) -> scores`` of a scorer: ``rows`` name the sequence
+    each text belongs to (the same row's later texts usually extend its earlier ones). The scorer's own ``session()``
+    when it has one (:meth:`SequenceClassifierScorer.session`), else :class:`StatelessSession`."""
+    make = getattr(scorer, "session", None)
+    return make() if callable(make) else StatelessSession(scorer)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class IncrementalScoringSession:
+    """Incremental (KV-cached) scoring with a causal classifier: exact, and a call feeds only the new tokens.
+
+    For a decoder-only classifier with last-token pooling the score of a text is ``score(h_T)``, where the hidden
+    state ``h_T`` of the last token depends only on tokens ``<= T``, so the keys/values of an encoded prefix are
+    reused as they are. Per row the session keeps the scorer token ids it encoded and their keys/values. A call
+    tokenizes each row's full text (the scorer's own tokenizer and template, as :class:`SequenceClassifierScorer`
+    does, so the tokens never differ from a full read), finds the longest common prefix ``c`` with what the row
+    already encoded (a grown trace: all of it; injected prefix tokens are just more new tokens; a rollback or a
+    re-tokenized boundary: the part before the change) and feeds ``ids[c:]`` (at least the last token).
+
+    Storage: one slot per row in per-layer buffers ``[slots, kv_heads, capacity, head_dim]`` (grown by doubling);
+    a row's valid positions are its first ``len(ids)`` columns. A call over ``R`` rows gathers their slots' first
+    ``P = max c`` columns as the past (columns ``>= c`` of a row are masked out), feeds the new tokens right-padded
+    (``input_ids [R, W]``, ``attention_mask [R, P + W]``, explicit positions ``c + j``), so every row sees exactly its
+    own tokens at their true positions, then writes the new keys/values back at columns ``c ..`` of its slot (a
+    handful of tensor operations per layer, independent of ``R``). Rows whose text exceeds the scorer's
+    ``max_length`` are scored by a full (left-truncated) read, as :class:`SequenceClassifierScorer` does.
+
+    Args:
+        scorer: a :class:`SequenceClassifierScorer` over a causal classifier (:func:`is_causal_classifier`).
+    """
+
+    def __init__(self, scorer: SequenceClassifierScorer) -> None:
+        model = scorer.model
+        if not is_causal_classifier(model):
+            raise ConfigError(f"scorer '{scorer.name}': incremental scoring needs a causal classifier")
+        self.scorer = scorer
+        self.model = model
+        self.base = getattr(model, model.base_model_prefix)
+        self.cache_kwarg = cache_kwarg_name(self.base)
+        self.slot: dict[Hashable, int] = {}
+        self.ids: list[list[int]] = []  # per slot, the scorer tokens whose keys/values are stored
+        self.keys: list[torch.Tensor] = []  # per layer, [slots, kv_heads, capacity, head_dim]
+        self.values: list[torch.Tensor] = []
+        self.fed_tokens = 0  # tokens fed to the model over the session
+
+    @torch.no_grad()
+    def __call__(self, rows: Sequence[Hashable], prompts: Sequence[str], traces: Sequence[str]) -> list[float]:
+        scorer = self.scorer
+        texts = scorer.texts(prompts, traces)
+        if len(rows) != len(texts) or len(set(rows)) != len(rows):
+            raise ScorerError(f"safety scorer '{scorer.name}': a session call needs one distinct row per text")
+        # one text at a time: a batch encode wakes the tokenizer's thread pool, slower for the few short texts of a
+        # step close than encoding them in turn
+        ids = [scorer.tokenizer(text, add_special_tokens=True)["input_ids"] for text in texts]
+        scores: list[float | None] = [None] * len(texts)
+        long = [i for i, x in enumerate(ids) if len(x) > scorer.max_length or not x]
+        if long:
+            for i, value in zip(long, scorer([prompts[i] for i in long], [traces[i] for i in long])):
+                scores[i] = value
+                if rows[i] in self.slot:
+                    self.ids[self.slot[rows[i]]] = []
+        todo = [i for i in range(len(texts)) if scores[i] is None]
+        with _eval_mode(self.model):
+            for start in range(0, len(todo), scorer.batch_size):
+                chunk = todo[start : start + scorer.batch_size]
+                for i, value in zip(chunk, self._score([rows[i] for i in chunk], [ids[i] for i in chunk])):
+                    scores[i] = value
+        return validate_scores(scores, len(texts), scorer.name)
+
+    def _score(self, rows: list[Hashable], ids: list[list[int]]) -> list[float]:
+        for row in rows:
+            if row not in self.slot:
+                self.slot[row] = len(self.ids)
+                self.ids.append([])
+        slots = [self.slot[row] for row in rows]
+        # keep at least the last token to feed: its hidden state is the score's input
+        reused = [min(_common_prefix(self.ids[s], x), len(x) - 1) for s, x in zip(slots, ids)]
+        new = [x[c:] for x, c in zip(ids, reused)]
+        past, width = max(reused), max(len(x) for x in new)
+        device = next(self.model.parameters()).device
+        pad = self.scorer.tokenizer.pad_token_id
+        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in new], dtype=torch.long, device=device)
+        mask = torch.tensor(
+            [[1] * c + [0] * (past - c) + [1] * len(x) + [0] * (width - len(x)) for c, x in zip(reused, new)],
+            dtype=torch.long,
+            device=device,
+        )
+        # storage columns c + j; model positions the same, padding kept at the row's last position (learned position
+        # tables, e.g. GPT-2's, end at the model's context)
+        columns = torch.tensor([range(c, c + width) for c in reused], dtype=torch.long, device=device)
+        positions = torch.tensor(
+            [[c + min(j, len(x) - 1) for j in range(width)] for c, x in zip(reused, new)],
+            dtype=torch.long,
+            device=device,
+        )
+        slot_index = torch.tensor(slots, dtype=torch.long, device=device)
+        cache = DynamicCache(config=self.base.config)
+        if not all(type(layer) is DynamicLayer for layer in cache.layers):
+            raise ConfigError(
+                f"scorer '{self.scorer.name}': incremental scoring supports full-attention caches only "
+                f"({sorted({type(layer).__name__ for layer in cache.layers})}); set incremental=false"
+            )
+        if self.keys:
+            self._reserve(len(self.ids), int(columns.max()) + 1)
+        if past:
+            for layer, (keys, values) in enumerate(zip(self.keys, self.values)):
+                cache.update(keys[slot_index, :, :past], values[slot_index, :, :past], layer)
+        out = self.base(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self.cache_kwarg: cache},
+        )
+        self.fed_tokens += sum(len(x) for x in new)
+        last = torch.tensor([len(x) - 1 for x in new], dtype=torch.long, device=device)
+        hidden = out.last_hidden_state[torch.arange(len(rows), device=device), last]
+        probs = self.scorer.safe_probability(self.model.score(hidden))
+        self._store(cache, slot_index, columns, past)
+        for s, x in zip(slots, ids):
+            self.ids[s] = list(x)
+        return probs.cpu().tolist()
+
+    def _store(self, cache: DynamicCache, slot_index: torch.Tensor, columns: torch.Tensor, past: int) -> None:
+        """Write the keys/values of the fed tokens (cache columns ``past ..``) to their rows' slots at ``columns``
+        ``[R, W]`` (padding lands after a row's valid length, where it is never read)."""
+        if not self.keys:  # the first call (nothing reused): buffers shaped like the model's cache
+            first = cache.layers[0].keys
+            shape = (len(self.ids), first.shape[1], max(int(columns.max()) + 1, 64), first.shape[3])
+            self.keys = [first.new_zeros(shape) for _ in cache.layers]
+            self.values = [first.new_zeros(shape) for _ in cache.layers]
+        rows = slot_index[:, None].expand_as(columns)
+        for layer, stored_keys, stored_values in zip(cache.layers, self.keys, self.values):
+            stored_keys[rows, :, columns] = layer.keys[:, :, past:].transpose(1, 2)
+            stored_values[rows, :, columns] = layer.values[:, :, past:].transpose(1, 2)
+
+    def _reserve(self, slots: int, width: int) -> None:
+        """Grow the buffers (by doubling) to hold ``slots`` rows of ``width`` positions."""
+        have_slots, have_width = self.keys[0].shape[0], self.keys[0].shape[2]
+        more_slots = max(slots, 2 * have_slots) - have_slots if slots > have_slots else 0
+        more_width = max(width, 2 * have_width) - have_width if width > have_width else 0
+        if more_slots or more_width:
+            self.keys = [_grown(t, more_slots, more_width) for t in self.keys]
+            self.values = [_grown(t, more_slots, more_width) for t in self.values]
+
+
+def _grown(buffer: torch.Tensor, slots: int, columns: int) -> torch.Tensor:
+    """``buffer`` ``[S, H, C, D]`` with ``slots`` more rows and ``columns`` more positions (zeros)."""
+    if columns:
+        buffer = torch.cat([buffer, buffer.new_zeros(buffer.shape[0], buffer.shape[1], columns, buffer.shape[3])], 2)
+    if slots:
+        buffer = torch.cat([buffer, buffer.new_zeros(slots, *buffer.shape[1:])], 0)
+    return buffer
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model`` in eval mode inside the block, restoring its mode after (no module walk when already in eval)."""
+    was_training = model.training
+    if was_training:
+        model.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            model.train()
 
 
 def load_safety_rm(path: str | Path, **kwargs: Any) -> SequenceClassifierScorer:
@@ -194,12 +441,28 @@ def load_safety_rm(path: str | Path, **kwargs: Any) -> SequenceClassifierScorer:
     return SequenceClassifierScorer.from_pretrained(path, **kwargs)
 
 
-def as_scorer(scorer: Any) -> Callable[[Sequence[str], Sequence[str]], list[float]]:
-    """A validated scorer from a scorer object, a plain function, or a path to a classifier export."""
+def as_scorer(
+    scorer: Any, incremental: Literal["auto"] | bool = "auto"
+) -> Callable[[Sequence[str], Sequence[str]], list[float]]:
+    """A validated scorer from a scorer object, a plain function, or a path to a classifier export.
+
+    ``incremental`` (:class:`SequenceClassifierScorer`'s option) applies to a path; for a scorer object other than
+    ``"auto"`` it must agree with the object (a plain function is never incremental), else a
+    :class:`~zoo.errors.ConfigError`.
+    """
     if isinstance(scorer, (str, Path)):
-        return SequenceClassifierScorer.from_pretrained(scorer)
+        return SequenceClassifierScorer.from_pretrained(
+            scorer, **({} if incremental == "auto" else {"incremental": incremental})
+        )
     if isinstance(scorer, (FunctionScorer, SequenceClassifierScorer)):
-        return scorer
-    if callable(scorer):
-        return FunctionScorer(scorer)
-    raise TypeError(f"a safety scorer must be callable or a path to a classifier, got {type(scorer).__name__}")
+        out = scorer
+    elif callable(scorer):
+        out = FunctionScorer(scorer)
+    else:
+        raise TypeError(f"a safety scorer must be callable or a path to a classifier, got {type(scorer).__name__}")
+    if incremental != "auto" and bool(getattr(out, "incremental", False)) != incremental:
+        raise ConfigError(
+            f"scorer '{scorer_name(out)}' is {'' if getattr(out, 'incremental', False) else 'not '}incremental but "
+            f"incremental={incremental} was asked; pass a classifier directory, or build the scorer with that option"
+        )
+    return out

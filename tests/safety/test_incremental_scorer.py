@@ -1,0 +1,210 @@
+"""Incremental (KV-cached) safety scoring: exact against a full read, used by SafeThink, and the full-read path kept.
+
+Real transformers classifiers built from configs (tiny Llama, tiny GPT-2, tiny BERT; random weights with a wide
+initialisation so that scores differ between texts) and the zoo's real character tokenizer; the policy of the
+SafeThink test is a random tiny Llama with frequent characters as step delimiters (the control flow is under test).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    GPT2Config,
+    GPT2ForSequenceClassification,
+    LlamaConfig,
+    LlamaForSequenceClassification,
+)
+
+from zoo.backbones import TinyBackbone
+from zoo.errors import ConfigError
+from zoo.generation.sampling import SamplingParams
+from zoo.safety import SequenceClassifierScorer, safethink_generate
+from zoo.safety.scorers import (
+    IncrementalScoringSession,
+    StatelessSession,
+    as_scorer,
+    is_causal_classifier,
+    scoring_session,
+)
+
+torch.set_num_threads(1)
+PROMPTS = ["JB 44+21=", "12+3=", "JB 7+8=", "a much longer prompt: 1+2+3+4="]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return TinyBackbone().tokenizer
+
+
+def _llama(tok, seed=0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        num_labels=2,
+        pad_token_id=tok.pad_token_id,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped-query attention: the cache holds fewer heads than the queries
+        initializer_range=0.5,
+    )
+    return LlamaForSequenceClassification(config).eval()
+
+
+def _gpt2(tok, seed=0):
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=len(tok),
+        num_labels=1,  # one logit: score = sigmoid
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=64,  # learned positions: padding must not index past them
+        initializer_range=0.5,
+    )
+    return GPT2ForSequenceClassification(config).eval()
+
+
+# Per row: its trace at successive step closes (rows join late, skip calls, get the prefix injected, lose a step).
+TRACES = {
+    0: ["<think>4+1=5\n", "<think>4+1=5\n4+2=6\n", "<think>4+1=5\n4+2=6\nWait, think safely", "<think>4+1=5\n9\n"],
+    1: ["<think>", "<think>2+3=5\n", None, "<think>2+3=5\n1+1=2\n3</think>"],
+    2: [None, "<think>7+8=15\n7+8=15\n", "<think>7+8=15\n7+8=15\n", "<think>7"],
+    3: [
+        "<think>1+2=3\n",
+        "<think>1+2=3\nWait, think safely\n1+1=2\n",
+        "<think>1+2=3\nWait, think safely\n1+1=2\n5\n",
+        None,
+    ],
+}
+
+
+@pytest.mark.parametrize("build", [_llama, _gpt2])
+def test_incremental_scores_equal_full_reads(tok, build):
+    scorer = SequenceClassifierScorer(build(tok), tok, batch_size=3)
+    assert scorer.incremental
+    session = scorer.session()
+    assert isinstance(session, IncrementalScoringSession)
+    total_tokens = 0
+    seen = []
+    for call in range(4):
+        rows = [r for r in (3, 0, 2, 1) if TRACES[r][call] is not None]
+        prompts, traces = [PROMPTS[r] for r in rows], [TRACES[r][call] for r in rows]
+        got = session(rows, prompts, traces)
+        # the reference: each text read on its own (no padding), the scorer's full path
+        want = [scorer([p], [t])[0] for p, t in zip(prompts, traces)]
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-5)
+        total_tokens += sum(len(x) for x in tok(scorer.texts(prompts, traces))["input_ids"])
+        seen.extend(got)
+    assert len({round(s, 4) for s in seen}) > len(seen) // 2  # the scores differ between texts (the test has power)
+    assert session.fed_tokens < 0.6 * total_tokens  # only new tokens were fed
+
+
+def test_texts_over_max_length_are_read_left_truncated(tok):
+    scorer = SequenceClassifierScorer(_llama(tok), tok, max_length=16)
+    session = scorer.session()
+    prompts, short, long = PROMPTS[:2], ["<think>1\n", "<think>"], ["<think>1\n2+2=4\n3+3=6\n", "<think>"]
+    torch.testing.assert_close(torch.tensor(session([0, 1], prompts, short)), torch.tensor(scorer(prompts, short)))
+    # row 0 now exceeds 16 tokens: the full, left-truncated read; then it comes back under the limit
+    got = session([0, 1], prompts, long)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(scorer(prompts, long)), rtol=0, atol=1e-5)
+    got = session([0], prompts[:1], ["<think>1\n2\n"])
+    torch.testing.assert_close(
+        torch.tensor(got), torch.tensor(scorer(prompts[:1], ["<think>1\n2\n"])), rtol=0, atol=1e-5
+    )
+
+
+def test_the_full_read_path_is_the_models_own_pooled_output(tok):
+    model = _llama(tok)
+    scorer = SequenceClassifierScorer(model, tok, incremental=False)
+    session = scorer.session()
+    assert isinstance(session, StatelessSession)
+    traces = [TRACES[r][0] or "<think>" for r in range(4)]
+    got = session([0, 1, 2, 3], PROMPTS, traces)
+    with torch.no_grad():
+        want = [
+            torch.softmax(model(**tok(p + t, return_tensors="pt")).logits[0], -1)[1].item()
+            for p, t in zip(PROMPTS, traces)
+        ]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
+
+
+def test_incremental_is_chosen_for_causal_classifiers_only(tok):
+    bert = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            pad_token_id=tok.pad_token_id,
+        )
+    )
+    assert is_causal_classifier(_llama(tok)) and is_causal_classifier(_gpt2(tok))
+    assert not is_causal_classifier(bert)
+    assert not SequenceClassifierScorer(bert, tok).incremental
+    assert isinstance(scoring_session(SequenceClassifierScorer(bert, tok)), StatelessSession)
+    with pytest.raises(ConfigError, match="incremental=true needs a causal"):
+        SequenceClassifierScorer(bert, tok, incremental=True)
+    with pytest.raises(ConfigError, match="incremental must be"):
+        SequenceClassifierScorer(_llama(tok), tok, incremental="yes")
+    assert isinstance(scoring_session(lambda prompts, traces: [1.0] * len(traces)), StatelessSession)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    bb = TinyBackbone(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, seed=3
+    )
+    return bb.build_model().eval(), bb.tokenizer
+
+
+@pytest.mark.parametrize("discard", [False, True])
+def test_safethink_interventions_are_the_same_with_incremental_scoring(policy, discard):
+    model, tok = policy
+    rm = _llama(tok, seed=1)
+    prompts = PROMPTS * 2
+
+    def run(incremental):
+        return safethink_generate(
+            model,
+            tok,
+            prompts,
+            SequenceClassifierScorer(rm, tok, incremental=incremental),
+            tau=0.5,
+            max_steps_monitored=3,
+            discard_violating_step=discard,
+            params=SamplingParams(max_new_tokens=40, do_sample=True),
+            generator=torch.Generator().manual_seed(0),
+            step_delimiters=list("aeiou "),
+        )
+
+    full, incremental = run(False), run(True)
+    flagged = sum(full.num_interventions)
+    scored = sum(len(s) for s in full.step_scores)
+    assert 0 < flagged < scored  # some steps violate, some do not: both branches ran
+    assert incremental.texts == full.texts
+    assert [[(i.step, i.step_text, i.discarded) for i in r] for r in incremental.interventions] == [
+        [(i.step, i.step_text, i.discarded) for i in r] for r in full.interventions
+    ]
+    for a, b in zip(incremental.step_scores, full.step_scores):
+        assert [s for s, _ in a] == [s for s, _ in b]
+        torch.testing.assert_close(torch.tensor([x for _, x in a]), torch.tensor([x for _, x in b]), rtol=0, atol=1e-5)
+
+
+def test_as_scorer_passes_the_option_to_a_classifier_directory(tok, tmp_path):
+    _llama(tok).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    assert as_scorer(tmp_path).incremental
+    assert not as_scorer(tmp_path, incremental=False).incremental
+    assert isinstance(scoring_session(as_scorer(tmp_path, incremental=False)), StatelessSession)
+    with pytest.raises(ConfigError, match="not incremental but incremental=True"):
+        as_scorer(lambda prompts, traces: [1.0] * len(traces), incremental=True)
+    assert as_scorer(lambda prompts, traces: [1.0] * len(traces), incremental=False)(["a"], ["b"]) == [1.0]
