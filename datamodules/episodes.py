@@ -12,7 +12,8 @@ from zoo.data.samplers import ResumableSampler, TrainSampler
 from zoo.errors import ConfigError
 
 
-def _as_list(batch: list[int]) -> list[int]:
+def collate_indices(batch: list[int]) -> list[int]:
+    """Collate of index datasets: a batch stays a plain list of ints (not a tensor)."""
     return list(batch)
 
 
@@ -41,7 +42,9 @@ class EpisodeDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
 
     def _loader(self) -> DataLoader:
-        return DataLoader(list(range(self.episodes)), batch_size=self.batch_size, shuffle=False, collate_fn=_as_list)
+        return DataLoader(
+            list(range(self.episodes)), batch_size=self.batch_size, shuffle=False, collate_fn=collate_indices
+        )
 
     def test_dataloader(self) -> DataLoader:
         return self._loader()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch.utils.data import DataLoader
 
 from zoo.data.samplers import TrainSampler
-from zoo.datamodules.episodes import EpisodeDataModule, _as_list
+from zoo.datamodules.episodes import EpisodeDataModule, collate_indices
 from zoo.errors import ConfigError
 
 
@@ -28,4 +28,4 @@ class TextOptDataModule(EpisodeDataModule):
         return self._loader()
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader([0], batch_size=1, shuffle=False, collate_fn=_as_list)
+        return DataLoader([0], batch_size=1, shuffle=False, collate_fn=collate_indices)
