@@ -16,6 +16,7 @@ exactly the plain GRPO gradient ([assumed]: packing them into the normalizer wou
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
 import torch
@@ -30,7 +31,7 @@ class AuxiliaryItems(Protocol):
     size: int
 
 
-class AuxiliaryLoss:
+class AuxiliaryLoss(ABC):
     """Base of auxiliary losses (``module/grpo/aux=<name>``; ``none`` = no auxiliary loss).
 
     Args:
@@ -42,17 +43,17 @@ class AuxiliaryLoss:
             raise ConfigError(f"module.aux.weight must be >= 0, got {weight}")
         self.weight = float(weight)
 
-    def setup(self, module: Any) -> None:
+    def setup(self, module: Any) -> None:  # noqa: B027 - an optional hook, empty by default
         """Called once the module's model exists (check the backbone, build a reference, ...)."""
 
+    @abstractmethod
     def prepare(self, module: Any, rollout: dict[str, Any]) -> AuxiliaryItems | None:
         """The step's items (``None``: no auxiliary loss this step). Runs without gradient."""
-        raise NotImplementedError
 
+    @abstractmethod
     def loss(self, module: Any, items: AuxiliaryItems, rows: slice) -> torch.Tensor:
         """The differentiable loss of the items ``rows``, divided by the step's normalizer (not by the slice's
         size): summed over the slices of ``range(items.size)`` it is the full step's loss."""
-        raise NotImplementedError
 
     def metrics(self) -> dict[str, float]:
         """Diagnostics of the last :meth:`prepare` (logged under ``train/``)."""

@@ -17,6 +17,7 @@ Equation -> function map (TextGrad's notation):
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -198,7 +199,7 @@ class TextualGradientDescent:
         return updated
 
 
-class ChainOptimizer:
+class ChainOptimizer(ABC):
     """What every textual optimizer of a chain holds: one parameter per component (its instruction), the call log,
     and a :class:`TextualGradientDescent` for the rewrites.
 
@@ -230,12 +231,13 @@ class ChainOptimizer:
     def instructions(self) -> dict[str, str]:
         return {cid: p.value for cid, p in self.parameters.items()}
 
+    @abstractmethod
     def output(self, example: Example) -> str:
         """The chain's final output on ``example`` with the current instructions."""
-        raise NotImplementedError
 
+    @abstractmethod
     def step(self, examples: Sequence[Example]) -> StepReport:
-        raise NotImplementedError
+        """One optimization step on the minibatch ``examples``."""
 
     def state(self) -> dict[str, Any]:
         return {"instructions": self.instructions()}

@@ -28,6 +28,7 @@ mixing logits over the dictionary's output rows); a head bias gets new entries t
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
@@ -40,13 +41,14 @@ from zoo.errors import ConfigError
 MODES = ("free", "dictionary")
 
 
-class NewRows(nn.Module):
+class NewRows(nn.Module, ABC):
     """The ``m`` new rows of a table, computed from the old table ``[V, *rest]`` -> ``[m, *rest]``."""
 
     num_rows: int
 
-    def forward(self, table: Tensor) -> Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def forward(self, table: Tensor) -> Tensor:
+        """The new rows ``[m, *rest]`` from the old table ``[V, *rest]``."""
 
 
 class FreeRows(NewRows):
