@@ -115,6 +115,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
 
     cfg = first.config
     st = cfg.get("callbacks", {}).get("safethink", {})
+    # the monitor's own budget, else the module's generation budget (the monitor's default)
+    max_new_tokens = st.get("max_new_tokens") or cfg.get("module", {}).get("generation", {}).get("max_new_tokens")
     recipe = cfg.get("base_policy", {})
     n_attack, n_benign = stat(values("base", "n_attack")), stat(values("base", "n_benign"))
     policy_em = stat(artifact_values(sweep.runs, "base_policy", "val/exact_match"))
@@ -154,7 +156,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         f"classifier, labelled prefixes of {rm.get('num_traces')} traces, {rm.get('epochs')} epoch(s); held-out "
         f"accuracy {fmt_stat(rm_acc, ci=False)}, AUROC {fmt_stat(rm_auroc, ci=False)}); evaluation on the test split "
         f"({n_attack.mean:.0f} attack and {n_benign.mean:.0f} benign prompts on average), sampled decoding "
-        f"(temperature {st.get('temperature')}, max {st.get('max_new_tokens')} new tokens, the same sampling seeds "
+        f"(temperature {st.get('temperature')}, max {max_new_tokens} new tokens, the same sampling seeds "
         f"in every arm), tau = {st.get('tau')}.",
         "",
         f"Cells: mean ± sd over the {seeds} seeds [95% confidence interval of the mean, Student t; wide with few "
