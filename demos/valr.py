@@ -87,6 +87,40 @@ def accuracy_by_steps(run: Run) -> tuple[float, dict[int, float]]:
     return overall, {n: sum(v) / len(v) for n, v in sorted(by.items())}
 
 
+def final_answers(run: Run) -> list[tuple[str, int]]:
+    """``(answer after </think>, rows looked up)`` of each row of the run's last held-out evaluation, in order."""
+    if not run.file(RECORDS).is_file():
+        return []
+    rows = run.read_jsonl(RECORDS)
+    last = max((r["step"] for r in rows), default=0)
+    last_rows = [r for r in rows if r["step"] == last]
+    return [(str(r["completion"]).split("</think>")[-1].strip(), int(r["num_steps"])) for r in last_rows]
+
+
+def answer_agreement(arms: dict[str, list[Run]], reference: str = "stage1") -> dict[str, list[float]]:
+    """Per arm, per seed: the fraction of held-out rows whose answer equals the ``reference`` arm's answer for the
+    same seed (same images and questions, same order)."""
+    base = {r.seed: final_answers(r) for r in arms.get(reference, [])}
+    out: dict[str, list[float]] = {}
+    for name, runs in arms.items():
+        for r in runs:
+            mine, theirs = final_answers(r), base.get(r.seed, [])
+            if mine and len(mine) == len(theirs):
+                out.setdefault(name, []).append(sum(a == b for (a, _), (b, _) in zip(mine, theirs)) / len(mine))
+    return out
+
+
+def image_blind_rate(runs: list[Run]) -> list[float]:
+    """Per run: the fraction of answers equal to the number of rows looked up -- the answer of a policy that writes
+    a count of 1 for every row without reading the image."""
+    rates = []
+    for r in runs:
+        answers = final_answers(r)
+        if answers:
+            rates.append(sum(a == str(n) for a, n in answers) / len(answers))
+    return rates
+
+
 def build(sweep: Sweep, out: Path) -> list[Path]:
     arms = sweep.arms()
     first = sweep.runs[0]
@@ -186,6 +220,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "## Reading",
         "",
         *reading(arms, acc, labels),
+        *agreement_lines(arms, labels),
         "- "
         + paired_contrast(
             "the teacher's patch features",
@@ -198,6 +233,28 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
     ]
     return [write_page(out, PAPER, text), png]
+
+
+def agreement_lines(arms: dict[str, list[Run]], labels: dict[str, str]) -> list[str]:
+    """What stage 2 changed in the answers: agreement with the stage-1 model and the image-blind answer rate."""
+    agreement = answer_agreement(arms)
+    lines = []
+    for name, rates in agreement.items():
+        if name == "stage1":
+            continue
+        lines.append(
+            f"- {labels.get(name, name)}: its answers equal the stage-1 model's on {fmt_stat(stat(rates), ci=False)} "
+            "of the held-out rows (same seed, same images)."
+        )
+    for name, runs in arms.items():
+        blind = image_blind_rate(runs)
+        if blind:
+            lines.append(
+                f"- {labels.get(name, name)}: {fmt_stat(stat(blind), ci=False)} of its answers equal the number of "
+                "rows looked up (the answer of a policy that writes a count of 1 for every row without reading the "
+                "image)."
+            )
+    return lines
 
 
 def reading(
