@@ -76,6 +76,16 @@ def test_hf_vlm_geometry_mismatch_is_a_config_error(tmp_path) -> None:
         HFVLMBackbone(str(tmp_path), image_size=64)
 
 
+def test_a_text_only_checkpoint_is_a_config_error_naming_what_is_needed(tmp_path) -> None:
+    from zoo.backbones import TinyBackbone
+
+    text_only = TinyBackbone()
+    text_only.build_model().save_pretrained(tmp_path)
+    text_only.tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="text-only LlamaConfig.*image-text checkpoint"):
+        TinyVLMBackbone(**SMALL, init_from=str(tmp_path)).build_model()
+
+
 def test_backbone_configs_compose_and_instantiate(tmp_path) -> None:
     TinyVLMBackbone(**SMALL).build_model().save_pretrained(tmp_path)
     TinyVLMBackbone(**SMALL).save_processor(tmp_path)

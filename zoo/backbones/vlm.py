@@ -81,6 +81,7 @@ class _VLMMixin:
             kwargs["dtype"] = self.dtype  # type: ignore[attr-defined]
         kwargs.update(self.from_pretrained_options())  # type: ignore[attr-defined]
         kwargs.update(quantizer.from_pretrained_kwargs())
+        check_image_text_checkpoint(path, kwargs["local_files_only"])
         model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
         check_vision_geometry(model.config, self.image_size, self.num_image_tokens, path)
         return model
@@ -88,6 +89,18 @@ class _VLMMixin:
     def save_processor(self, directory: str | Path) -> None:
         """Write the processor (or the tokenizer when there is none) next to an exported model."""
         (self.processor or self.tokenizer).save_pretrained(directory)
+
+
+def check_image_text_checkpoint(path: str, local_files_only: bool) -> None:
+    """Raise :class:`ConfigError` when the checkpoint at ``path`` is not an image-text model (e.g. a text-only export
+    given to a vision-language backbone), instead of transformers' list of every supported configuration class."""
+    config = AutoConfig.from_pretrained(path, local_files_only=local_files_only)
+    if getattr(config, "vision_config", None) is None:
+        raise ConfigError(
+            f"{path} holds a text-only {type(config).__name__} ({config.model_type}); this backbone needs an "
+            "image-text checkpoint (AutoModelForImageTextToText), e.g. the export of a +method=valr_cot run or a "
+            "local LLaVA-style model"
+        )
 
 
 def check_vision_geometry(config: Any, image_size: int, num_image_tokens: int, where: str) -> None:
