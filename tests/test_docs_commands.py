@@ -36,6 +36,9 @@ MODEL_PLACEHOLDERS = re.compile(
     r"<run dir>|<export dir(?: of any model)?>|<save_pretrained dir>|<dir>)"
 )
 MODEL = "{model}"  # where a documented command names a local model (see MODEL_PLACEHOLDERS)
+# the export of an earlier run of the same page (``<run>/export``): the newest export the page's runs wrote, else MODEL
+RUN_EXPORT_PLACEHOLDERS = re.compile(r"(?<![\w/])<(?:stage-1 )?run(?: dir)?>/export")
+RUN_EXPORT = "{run_export}"
 # what cannot run in the tests, by the option that asks for it
 SKIPPED = {
     "trainer=gpu": "needs a GPU",
@@ -101,7 +104,7 @@ def documented_commands(path: Path) -> list[Command]:
         if line.rstrip().endswith("\\"):
             pending += line.rstrip()[:-1] + " "
             continue
-        text, pending = MODEL_PLACEHOLDERS.sub(MODEL, pending + line), ""
+        text, pending = MODEL_PLACEHOLDERS.sub(MODEL, RUN_EXPORT_PLACEHOLDERS.sub(RUN_EXPORT, pending + line)), ""
         try:
             tokens = shlex.split(text, comments=True)
         except ValueError:
@@ -151,8 +154,14 @@ def test_the_documentation_shows_commands():
     assert len(all_commands()) > 50
 
 
-def with_model(argument: str, model_dir: Path) -> str:
-    return argument.replace(MODEL, str(model_dir))
+def with_model(argument: str, model_dir: Path, run_export: Path | None = None) -> str:
+    return argument.replace(RUN_EXPORT, str(run_export or model_dir)).replace(MODEL, str(model_dir))
+
+
+def newest_export(cwd: Path) -> Path | None:
+    """The export directory most recently written by a run in ``cwd`` (``logs/**/export``)."""
+    exports = [e for e in cwd.glob("logs/**/export") if e.is_dir()]
+    return max(exports, key=lambda e: e.stat().st_mtime) if exports else None
 
 
 def first_of_sweeps(argument: str) -> str:
@@ -233,11 +242,15 @@ def cheap_settings(command: Command) -> list[str]:
         if argument.startswith("+method="):
             names.extend(n.strip() for n in argument.split("=", 1)[1].strip("[]").split(","))
     smoke = [s for name in names for s in (entries.get(name, {}).get("smoke") or [])]
+    # a command that replaces a node (``module.teacher=null``, ``callbacks/wet/ranker=random``) drops the smoke
+    # settings of the node it replaced
+    replaced = [a.split("=", 1)[0].lstrip("+~").replace("/", ".") + "." for a in command.overrides if "=" in a]
+    smoke = [s for s in smoke if not any(s.lstrip("+~").startswith(node) for node in replaced)]
     return [*CHEAP, *smoke]
 
 
 def run_documented(command: Command, cwd: Path, model_dir: Path, cache_dir: Path) -> subprocess.CompletedProcess:
-    argv = [with_model(a, model_dir) for a in command.argv]
+    argv = [with_model(a, model_dir, newest_export(cwd)) for a in command.argv]
     if command.is_train:
         argv = [*argv, *cheap_settings(command)]
     program = [sys.executable, str(REPO_ROOT / "train.py")] if command.is_train else [sys.executable, *argv[1:2]]
