@@ -33,7 +33,7 @@ from zoo.report import (
 )
 
 PAPER = "thoughtfold"
-ARMS = ("grpo", "additive", "gr3", "thoughtfold")
+ARMS = ("grpo", "additive", "gr3", "thoughtfold", "thoughtfold_light")
 CURVES = ("train/think_tokens", "train/redundant_rate", "train/essential_retention", "train/accuracy")
 
 
@@ -84,6 +84,21 @@ def pair_audit(run: Run) -> dict[str, float]:
     }
 
 
+def audit_text(label: str, audits: list[dict[str, float]]) -> list[str]:
+    """The pair-audit paragraph of one ThoughtFold arm (nothing without records)."""
+    audits = [a for a in audits if a["pairs"]]
+    if not audits:
+        return []
+    return [
+        f"{label}: over the trained pairs of its runs ({fmt_stat(stat(a['pairs'] for a in audits), 0, ci=False)} "
+        "pairs per run) the pruned span the DPO loss pushes down holds an essential line (a running sum) in "
+        f"{fmt_stat(stat(a['essential_pushed_down'] for a in audits), ci=False)} of them and only redundant `check` "
+        f"lines in {fmt_stat(stat(a['redundant_only_pushed_down'] for a in audits), ci=False)}; the chosen reasoning "
+        f"is a single line in {fmt_stat(stat(a['one_line_chosen'] for a in audits), ci=False)}.",
+        "",
+    ]
+
+
 def build(sweep: Sweep, out: Path) -> list[Path]:
     head = sweep.runs[0]
     labels = head.get("demo.labels", {}) or {}
@@ -118,37 +133,31 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 fmt_stat(stat(validation_tokens(r) / 1000 for r in runs), 1, ci=False),
                 fmt_stat(stat((rollout_tokens(r) + validation_tokens(r)) / 1000 for r in runs), 1, ci=False),
                 fmt_stat(stat(total(r, "train/tf_validation_samples") for r in runs), 0, ci=False)
-                if arm == "thoughtfold"
+                if arm.startswith("thoughtfold")
                 else "",
                 fmt_stat(stat(total(r, "train/tf_pairs_built") for r in runs), 0, ci=False)
-                if arm == "thoughtfold"
+                if arm.startswith("thoughtfold")
                 else "",
                 fmt_stat(stat(total(r, "train/tf_pairs_accepted") for r in runs), 0, ci=False)
-                if arm == "thoughtfold"
+                if arm.startswith("thoughtfold")
                 else "",
             ]
         )
     base = sweep.runs
     tf = (runs_of("thoughtfold") or [head])[0]
-    audits = [a for a in (pair_audit(r) for r in runs_of("thoughtfold")) if a["pairs"]]
-    audit_lines = (
-        [
+    audit_lines = []
+    for tf_arm in [a for a in arms if a.startswith("thoughtfold")]:
+        audit_lines += audit_text(labels.get(tf_arm, tf_arm), [pair_audit(r) for r in runs_of(tf_arm)])
+    if audit_lines:
+        audit_lines = [
             "## What ThoughtFold's pairs train",
             "",
-            "Over the trained pairs of the ThoughtFold runs "
-            f"({fmt_stat(stat(a['pairs'] for a in audits), 0, ci=False)} pairs per run): "
-            "the pruned span the DPO loss pushes down holds an essential line (a running sum) in "
-            f"{fmt_stat(stat(a['essential_pushed_down'] for a in audits), ci=False)} of them and only redundant "
-            f"`check` lines in {fmt_stat(stat(a['redundant_only_pushed_down'] for a in audits), ci=False)}; the chosen "
-            f"reasoning is a single line in {fmt_stat(stat(a['one_line_chosen'] for a in audits), ci=False)}. "
+            *audit_lines,
             "Verification samples the answer after the folded reasoning, and in this task the last running sum states "
-            "the answer, so a fold that keeps only that line passes; its pairs then teach the policy to skip running "
-            "sums it cannot compute without writing them.",
+            "the answer, so a fold that keeps only that line passes; such pairs teach the policy to skip running sums "
+            "it cannot compute without writing them, which the GRPO outcome reward pushes back against.",
             "",
         ]
-        if audits
-        else []
-    )
     text = [
         "# ThoughtFold demo: GRPO vs length penalty vs GR3 vs ThoughtFold on redundant-step sums (toy scale)",
         "",
@@ -255,6 +264,9 @@ def reading(runs_of: Any, labels: dict[str, str]) -> list[str]:
         line("thoughtfold", "additive", "val/exact_match", "Final validation exact match"),
         line("thoughtfold", "gr3", "val/think_tokens", "Final think tokens"),
         line("thoughtfold", "gr3", "val/exact_match", "Final validation exact match"),
+        line("thoughtfold_light", "grpo", "val/think_tokens", "Final think tokens"),
+        line("thoughtfold_light", "grpo", "val/essential_retention", "Final essential-line retention"),
+        line("thoughtfold_light", "grpo", "val/exact_match", "Final validation exact match"),
     ]
     return [x for x in lines if x]
 
