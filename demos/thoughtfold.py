@@ -95,9 +95,9 @@ def task_text(run: Run) -> str:
         essential = "a running sum, one line per operand after the first (essential), the answer after `</think>`"
     return (
         f"`task={hydra_choice(run, 'task')}`: sums of {task.get('min_operands')}-{task.get('max_operands')} operands "
-        f"in [0, {task.get('max_value')}] (partials={partials}), whose reference reasonings hold {essential}, and an "
-        f"injected `check N` line (redundant, labelled) after an essential line with probability "
-        f"{task.get('redundant_prob')}"
+        f"in [{task.get('min_value', 0)}, {task.get('max_value')}] (partials={partials}), whose reference "
+        f"reasonings hold {essential}, and an injected `check N` line (redundant, labelled) after an essential line "
+        f"with probability {task.get('redundant_prob')}"
     )
 
 

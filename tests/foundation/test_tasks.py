@@ -128,6 +128,8 @@ def test_multisum_pairs_lines_labels_and_answer():
         ({"min_operands": 2, "max_operands": 4, "partials": "pairs"}, "must be even and at least 4"),
         ({"partials": "tree"}, "task.partials must be one of"),
         ({"min_operands": 5, "max_operands": 4}, "min_operands <= max_operands"),
+        ({"min_value": 5, "max_value": 4}, "task.min_value <= task.max_value"),
+        ({"min_value": -1}, "task.min_value <= task.max_value"),
     ],
 )
 def test_multisum_rejects_bad_arguments(kwargs, message):
@@ -143,7 +145,17 @@ def test_multisum_pairs_redundant_config():
     cfg.pop("defaults")
     task = instantiate(cfg)
     assert isinstance(task, MultiSum) and task.partials == "pairs" and task.redundant_prob == 0.5
-    assert {len(ex.prompt[:-1].split("+")) for ex in task.examples(100, seed=0)} == {4, 6}
+    examples = task.examples(100, seed=0)
+    assert {len(ex.prompt[:-1].split("+")) for ex in examples} == {4, 6}
+    # no operand 0: no pair sum repeats an operand of the prompt
+    assert {int(x) for ex in examples for x in ex.prompt[:-1].split("+")} == set(range(1, task.max_value + 1))
+
+
+def test_multisum_min_value_bounds_the_operands():
+    for partials, low in (("chain", 0), ("chain", 2), ("pairs", 1)):
+        task = MultiSum(min_operands=4, max_operands=6, max_value=5, min_value=low, partials=partials)
+        operands = {int(x) for ex in task.examples(200, seed=0) for x in ex.prompt[:-1].split("+")}
+        assert operands == set(range(low, 6))
 
 
 def test_reverse_answer():

@@ -199,9 +199,11 @@ class MultiSum(Task):
     Args:
         min_operands, max_operands: number of operands (``"pairs"``: both even and at least 4, i.e. 2 or more pairs;
             the count is drawn as a number of pairs).
-        max_value: operands are drawn from ``[0, max_value]``.
+        max_value: operands are drawn from ``[min_value, max_value]``.
         redundant_prob: probability of inserting a redundant step after each real step.
         partials: ``"chain"`` (running sum, the default) or ``"pairs"`` (disjoint pair sums).
+        min_value: the smallest operand (``"pairs"``: 1 keeps every pair sum from repeating an operand of the
+            prompt, as ``3+0=3`` does).
     """
 
     name = "multisum"
@@ -214,11 +216,14 @@ class MultiSum(Task):
         max_value: int = 9,
         redundant_prob: float = 0.0,
         partials: str = "chain",
+        min_value: int = 0,
     ) -> None:
         if not 2 <= min_operands <= max_operands:
             raise ConfigError(f"need 2 <= min_operands <= max_operands, got {min_operands}, {max_operands}")
         if not 0.0 <= redundant_prob <= 1.0:
             raise ConfigError(f"redundant_prob must be in [0, 1], got {redundant_prob}")
+        if not 0 <= min_value <= max_value:
+            raise ConfigError(f"need 0 <= task.min_value <= task.max_value, got {min_value}, {max_value}")
         if partials not in self.PARTIALS:
             raise ConfigError(f"task.partials must be one of {list(self.PARTIALS)}, got {partials!r}")
         if partials == "pairs" and (min_operands % 2 or max_operands % 2 or min_operands < 4):
@@ -230,13 +235,17 @@ class MultiSum(Task):
         self.min_operands = min_operands
         self.max_operands = max_operands
         self.max_value = max_value
+        self.min_value = min_value
         self.redundant_prob = redundant_prob
         self.partials = partials
 
     def sample(self, rng: random.Random) -> Example:
         if self.partials == "pairs":
             return self._sample_pairs(rng)
-        ops = [rng.randint(0, self.max_value) for _ in range(rng.randint(self.min_operands, self.max_operands))]
+        ops = [
+            rng.randint(self.min_value, self.max_value)
+            for _ in range(rng.randint(self.min_operands, self.max_operands))
+        ]
         steps: list[str] = []
         redundant: list[bool] = []
         total = ops[0]
@@ -250,7 +259,7 @@ class MultiSum(Task):
 
     def _sample_pairs(self, rng: random.Random) -> Example:
         num_pairs = rng.randint(self.min_operands // 2, self.max_operands // 2)
-        ops = [rng.randint(0, self.max_value) for _ in range(2 * num_pairs)]
+        ops = [rng.randint(self.min_value, self.max_value) for _ in range(2 * num_pairs)]
         steps: list[str] = []
         redundant: list[bool] = []
         for a, b in zip(ops[0::2], ops[1::2]):
