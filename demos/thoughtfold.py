@@ -60,6 +60,12 @@ def max_of(runs: list[Run], metric: str) -> float:
     return max(values) if values else math.nan
 
 
+def mean_of(run: Run, metric: str) -> float:
+    """The mean of ``metric`` over a run's logged steps (``nan`` when never logged)."""
+    points = run.series(metric)
+    return sum(v for _, v in points) / len(points) if points else math.nan
+
+
 def first(run: Run, metric: str) -> float:
     points = run.series(metric)
     return points[0][1] if points else math.nan
@@ -188,6 +194,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 fmt_stat(stat(total(r, "train/tf_pairs_accepted") for r in runs), 0, ci=False)
                 if arm.startswith("thoughtfold")
                 else "",
+                fmt_stat(stat(mean_of(r, "train/clipped_ratio") for r in runs), 4, ci=False),
             ]
         )
     base = sweep.runs
@@ -256,16 +263,17 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 "validation samples",
                 "pairs built",
                 "pairs trained",
+                "rollouts truncated",
             ],
             compute,
         ),
         "",
         f"Token totals are summed over the logged steps (every {logged_every} step(s)); the importance forwards "
-        "(one batched forward of n + 1 rows per folded rollout) are not counted as sampled tokens. Completions cut "
-        f"at max_new_tokens ({head.get('module.generation.max_new_tokens')}): at most "
-        f"{max_of(sweep.runs, 'train/clipped_ratio'):.3f} of a step's training rollouts and "
-        f"{max_of(sweep.runs, 'val/clipped_ratio'):.3f} of the validation generations of any run (a truncated "
-        "completion has no answer, so truncation would let the correctness reward shorten reasonings by itself).",
+        "(one batched forward of n + 1 rows per folded rollout) are not counted as sampled tokens. Rollouts "
+        "truncated: the share of training rollouts cut at max_new_tokens "
+        f"({head.get('module.generation.max_new_tokens')}; a truncated completion has no answer, so truncation would "
+        "let the correctness reward shorten reasonings by itself); validation generations cut: at most "
+        f"{max_of(sweep.runs, 'val/clipped_ratio'):.3f} in any run.",
         "",
         *audit_lines,
         "## Reading",
