@@ -250,6 +250,7 @@ def test_lookahead_keeps_exactly_what_no_lookahead_keeps_under_greedy(varied_lm,
         assert out.steps_closed == ref.steps_closed and out.open_step == ref.open_step
         assert out.discarded == ref.discarded
         assert monitors[lookahead].rolled_back == monitors[0].rolled_back
+        assert out.counted_tokens == ref.counted_tokens == [max_new_tokens] * len(PROMPTS)
         # the scenario: actions came late and discarded tokens sampled after their steps (in fewer hook calls)
         assert sum(out.sampled_tokens) > sum(ref.sampled_tokens), out.sampled_tokens
         assert monitors[lookahead].calls < monitors[0].calls
@@ -276,5 +277,6 @@ def test_every_unfinished_row_uses_its_whole_budget_under_sampling(varied_lm, lo
         assert counted[i] <= n and out.sampled_tokens[i] >= counted[i]
         if not bool(out.finished[i]):
             assert counted[i] == n, (i, kept_sampled, monitor.rolled_back[i])
+    assert out.counted_tokens == counted
     # with a lookahead, actions discarded tokens sampled after their steps (not counted above)
     assert (sum(out.sampled_tokens) > sum(counted)) == (lookahead > 0), (out.sampled_tokens, counted)

@@ -130,6 +130,9 @@ class StepwiseResult(GenerationResult):
         sampled_tokens: per row, number of sampled tokens kept or discarded (the decoding work; with
             ``hook_lookahead > 0`` it includes the tokens a lookahead action discarded, which the budget does not
             count).
+        counted_tokens: per row, the sampled tokens counted against ``max_new_tokens``: kept, or in a step the
+            hook rolled back (``sampled_tokens`` less those a lookahead action discarded; equal with
+            ``hook_lookahead = 0``).
     """
 
     injected_mask: torch.Tensor
@@ -139,6 +142,7 @@ class StepwiseResult(GenerationResult):
     hook_seconds: float = 0.0
     total_seconds: float = 0.0
     sampled_tokens: list[int] = field(default_factory=list)
+    counted_tokens: list[int] = field(default_factory=list)
 
     @property
     def added_tokens(self) -> list[int]:
@@ -530,6 +534,7 @@ class StepwiseDecoder(Decoder):
             hook_seconds=hook_seconds,
             total_seconds=total_seconds,
             sampled_tokens=[r.sampled for r in rows],
+            counted_tokens=[r.counted for r in rows],
         )
 
 
