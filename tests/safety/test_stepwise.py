@@ -12,17 +12,17 @@ import torch
 from zoo.backbones import TinyBackbone
 from zoo.datamodules.base import encode_prompt, pad_sequences
 from zoo.generation.sampling import SamplingParams, generate
-from zoo.generation.stepwise import StepAction, stepwise_generate
+from zoo.generation.stepwise import StepAction, StepwiseDecoder, stepwise_generate
 
 torch.set_num_threads(1)
 DELIMS = list("aeiou ")
 PROMPTS = ["abc", "hello there", "x", "JB add 123="]
 
 
-@pytest.fixture(scope="module")
-def lm():
+def _tiny_lm(**arch):
+    """A random 2-layer tiny Llama and the left-padded PROMPTS: ``(model, tok, ids, mask, encoded prompts)``."""
     bb = TinyBackbone(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, seed=3
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, **arch
     )
     model = bb.build_model().eval()
     tok = bb.tokenizer
@@ -30,6 +30,11 @@ def lm():
     ids = pad_sequences(enc, tok.pad_token_id, "left")
     mask = pad_sequences([[1] * len(e) for e in enc], 0, "left")
     return model, tok, ids, mask, enc
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return _tiny_lm(seed=3)
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -171,21 +176,7 @@ def test_bad_delimiters_rejected(lm):
 def varied_lm():
     """A tiny random Llama with untied output embeddings: its greedy text varies and closes steps at irregular
     distances (with tied random embeddings greedy decoding repeats the last token)."""
-    bb = TinyBackbone(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-        seed=0,
-    )
-    model = bb.build_model().eval()
-    tok = bb.tokenizer
-    enc = [encode_prompt(tok, p) for p in PROMPTS]
-    ids = pad_sequences(enc, tok.pad_token_id, "left")
-    mask = pad_sequences([[1] * len(e) for e in enc], 0, "left")
-    return model, tok, ids, mask
+    return _tiny_lm(tie_word_embeddings=False, seed=0)[:4]
 
 
 class ScriptedMonitor:
@@ -223,20 +214,28 @@ class ScriptedMonitor:
 SCRIPT = {(0, 3): True, (1, 6): False, (2, 2): False, (3, 8): True}
 
 
+def identity_processor(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    return scores
+
+
+@pytest.mark.parametrize("compact", [True, False])
 @pytest.mark.parametrize("wants", [True, False])
 @pytest.mark.parametrize("max_new_tokens", [40, 24])
-def test_lookahead_keeps_exactly_what_no_lookahead_keeps_under_greedy(varied_lm, max_new_tokens, wants):
+def test_lookahead_keeps_exactly_what_no_lookahead_keeps_under_greedy(varied_lm, max_new_tokens, wants, compact):
     """Tokens a lookahead action discards (sampled after the acted-on step) do not use up the row's budget, so with
     greedy decoding ``hook_lookahead`` L = 8 and L = max_new_tokens keep exactly the tokens of L = 0 in every row
     (rolled-back steps still count, as at L = 0). Without ``wants`` every step makes an event, and other rows'
-    step closes flush waiting steps early."""
+    step closes flush waiting steps early; with a logits processor (``compact=False``) rows that are done stay in the
+    batch instead of leaving it."""
     model, tok, ids, mask = varied_lm
     params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=False)
     outs, monitors = {}, {}
     for lookahead in (0, 8, max_new_tokens):
         monitor = monitors[lookahead] = ScriptedMonitor(tok, SCRIPT)
         hook = monitor if wants else (lambda events, monitor=monitor: monitor(events))
-        outs[lookahead] = stepwise_generate(model, tok, ids, mask, hook, params, DELIMS, hook_lookahead=lookahead)
+        processors = () if compact else (identity_processor,)
+        decoder = StepwiseDecoder(hook, DELIMS, processors=processors, hook_lookahead=lookahead)
+        outs[lookahead] = decoder(model, tok, ids, mask, params=params)
     ref = outs[0]
     assert all(ref.added_tokens) and sum(map(bool, ref.discarded)) == 2, "every row must be acted on"
     assert ref.sampled_tokens == [max_new_tokens] * len(PROMPTS), "every row must run to its budget"
