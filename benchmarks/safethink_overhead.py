@@ -5,12 +5,14 @@
 Policy: the tiny Llama backbone (random init unless ``--policy`` points to an export, e.g. the jailbreak task's base
 SFT policy, whose steps end at newlines); scorer: a tiny Llama sequence classifier (the safety-RM architecture of
 the demo, random init -- its cost, not its accuracy, matters here). Three runs per repeat, in rotating order
-(A B C, C A B, B C A, ...): plain generation; SafeThink whose scorer never flags (``tau = 0``, the common case: the
-completions are token-identical to plain generation, so the time ratio is the overhead); SafeThink where every
-monitored step is flagged (``tau = 1.01``, the worst case: ``m`` injections per row, different completions, compared
-in sampled tokens per second). ``--compare-full`` adds SafeThink with no violation whose classifier re-reads prompt +
-trace at every step (``incremental=False``; by default it scores each row from its KV cache), ``--lookahead L``
-SafeThink with no violation and batched scorer calls; ``--scorer-hidden``/``--scorer-layers`` size the scorer.
+(A B C, C A B, B C A, ...): plain generation; SafeThink with ``hook_lookahead=0`` (each step scored before its row
+samples on) whose scorer never flags (``tau = 0``, the common case: the completions are token-identical to plain
+generation, so the time ratio is the overhead); the same where every monitored step is flagged (``tau = 1.01``, the
+worst case: ``m`` injections per row, different completions, compared in sampled tokens per second).
+``--lookahead L`` adds both SafeThink runs with ``hook_lookahead=L`` (batched scorer calls; SafeThink's default is
+32), ``--compare-full`` SafeThink with no violation whose classifier re-reads prompt + trace at every step
+(``incremental=False``; by default it scores each row from its KV cache); ``--scorer-hidden``/``--scorer-layers``
+size the scorer.
 ``--before`` adds the numbers of an earlier run (its ``--json`` output, e.g. of an older checkout) to the
 ``## SafeThink`` section of ``docs/benchmarks.md``.
 """
@@ -49,7 +51,7 @@ def main() -> None:
     parser.add_argument("--policy", type=str, default=None, help="export directory of a trained policy")
     parser.add_argument("--json", default=None, help="also write the raw numbers here")
     parser.add_argument("--before", default=None, help="the --json output of an earlier run, reported beside")
-    parser.add_argument("--lookahead", type=int, default=0, help="also time SafeThink with this hook_lookahead")
+    parser.add_argument("--lookahead", type=int, default=0, help="also time SafeThink with this hook_lookahead (> 0)")
     parser.add_argument("--compare-full", action="store_true", help="also time the scorer re-reading every text")
     parser.add_argument("--scorer-hidden", type=int, default=64)
     parser.add_argument("--scorer-layers", type=int, default=2)
@@ -82,11 +84,17 @@ def main() -> None:
         t0 = time.perf_counter()
         out = generate_text(model, tok, prompts, params, torch.Generator().manual_seed(0))
         n = int(out.lengths.sum())
-        return {"seconds": time.perf_counter() - t0, "kept": n, "sampled": n, "scorer": 0.0, "texts": out.texts}
+        return {
+            "seconds": time.perf_counter() - t0,
+            "kept": n,
+            "sampled": n,
+            "counted": n,
+            "scorer": 0.0,
+            "texts": out.texts,
+        }
 
     def safethink(tau: float, lookahead: int = 0, which=None) -> dict:
         t0 = time.perf_counter()
-        extra = {"hook_lookahead": lookahead} if lookahead else {}
         out = safethink_generate(
             model,
             tok,
@@ -97,12 +105,14 @@ def main() -> None:
             params=params,
             generator=torch.Generator().manual_seed(0),
             step_delimiters=delims,
-            **extra,
+            hook_lookahead=lookahead,
         )
         return {
             "seconds": time.perf_counter() - t0,
             "kept": int(out.generation.completion_mask.sum()),
             "sampled": sum(out.generation.sampled_tokens),
+            # against the budget: the sampled tokens less those discarded by lookahead (= sampled at lookahead 0)
+            "counted": sum(out.generation.counted_tokens),
             "scorer": out.scorer_seconds,
             "calls": out.scorer_calls,
             "texts": out.texts,
@@ -111,6 +121,7 @@ def main() -> None:
     arms = {"plain": plain, "safe": lambda: safethink(0.0), "worst": lambda: safethink(1.01)}
     if args.lookahead:
         arms["lookahead"] = lambda: safethink(0.0, args.lookahead)
+        arms["worst_lookahead"] = lambda: safethink(1.01, args.lookahead)
     if full_scorer is not None:
         arms["full"] = lambda: safethink(0.0, which=full_scorer)
     for fn in arms.values():
@@ -121,20 +132,27 @@ def main() -> None:
         for name in names[r % len(names) :] + names[: r % len(names)]:
             runs[name].append(arms[name]())
     identical = all(s["texts"] == p["texts"] for s, p in zip(runs["safe"], runs["plain"]))
+    identical_ahead = all(s["texts"] == p["texts"] for s, p in zip(runs.get("lookahead", []), runs["plain"]))
     overhead = [s["seconds"] / p["seconds"] for s, p in zip(runs["safe"], runs["plain"])]
     ahead = [s["seconds"] / p["seconds"] for s, p in zip(runs.get("lookahead", []), runs["plain"])]
     full = [s["seconds"] / p["seconds"] for s, p in zip(runs.get("full", []), runs["plain"])]
     load = os.getloadavg()
     decoding = [(s["seconds"] - s["scorer"]) / p["seconds"] for s, p in zip(runs["safe"], runs["plain"])]
     scoring = [s["scorer"] / p["seconds"] for s, p in zip(runs["safe"], runs["plain"])]
-    worst = [
-        (p["sampled"] / p["seconds"]) / (w["sampled"] / w["seconds"]) for w, p in zip(runs["worst"], runs["plain"])
-    ]
+
+    def slowdown(name: str) -> list[float]:
+        pairs = zip(runs.get(name, []), runs["plain"])
+        return [(p["counted"] / p["seconds"]) / (w["counted"] / w["seconds"]) for w, p in pairs]
+
+    worst, worst_ahead = slowdown("worst"), slowdown("worst_lookahead")
     result = {
         "when": time.strftime("%Y-%m-%d"),
         "overhead": overhead,
         "worst_slowdown": worst,
+        "lookahead": args.lookahead,
         "lookahead_overhead": ahead,
+        "lookahead_worst_slowdown": worst_ahead,
+        "lookahead_identical": identical_ahead,
         "full_read_overhead": full,
         "load_average": load,
         "decoding_overhead": decoding,
@@ -173,20 +191,35 @@ def main() -> None:
         "| run | kept tokens | sampled tokens | total s | scorer s | sampled tokens/s |",
         "|---|---|---|---|---|---|",
         row("plain", "plain generation"),
-        row("safe", "SafeThink, no violation (tau=0)"),
-        row("worst", "SafeThink, every step <= m violates (tau=1.01)"),
+        row("safe", "SafeThink, no violation (tau=0), hook_lookahead=0"),
+        row("worst", "SafeThink, every step <= m violates (tau=1.01), hook_lookahead=0"),
         *([row("lookahead", f"SafeThink, no violation, hook_lookahead={args.lookahead}")] if ahead else []),
+        *(
+            [row("worst_lookahead", f"SafeThink, every step <= m violates, hook_lookahead={args.lookahead}")]
+            if ahead
+            else []
+        ),
         *([row("full", "SafeThink, no violation, scorer re-reading every text (incremental=false)")] if full else []),
         "",
-        f"**SafeThink with no violation / plain generation, time per repeat: median {spread(overhead)}** "
-        f"(goal <= 1.15; completions token-identical to plain generation: {'yes' if identical else 'NO'}).",
-        f"Worst case (every monitored step flagged): plain / SafeThink sampled tokens per second {spread(worst)}.",
+        "**SafeThink with no violation / plain generation, time per repeat, hook_lookahead=0: median "
+        f"{spread(overhead)}** (goal <= 1.15; completions token-identical to plain generation: "
+        f"{'yes' if identical else 'NO'}).",
+        f"Worst case (every monitored step flagged), hook_lookahead=0: plain / SafeThink sampled tokens per second "
+        f"{spread(worst)}.",
         "Where the no-violation overhead goes: SafeThink's decoding without the scorer's time takes "
         f"{spread(decoding)} times plain generation's; the scorer's calls add {spread(scoring)} of plain "
         "generation's time.",
     ]
     if ahead:
-        lines.append(f"With hook_lookahead={args.lookahead} (batched scorer calls), no violation: {spread(ahead)}.")
+        lines += [
+            f"**With hook_lookahead={args.lookahead} (batched scorer calls; SafeThink's default is 32), no violation: "
+            f"median {spread(ahead)}** (goal <= 1.15; completions token-identical to plain generation: "
+            f"{'yes' if identical_ahead else 'NO'}).",
+            f"Worst case with hook_lookahead={args.lookahead}: plain / SafeThink tokens per second counting the "
+            "tokens of the budget (the tokens sampled after a violating step are discarded, decoded again and not "
+            f"counted; {runs['worst_lookahead'][0]['sampled'] - runs['worst_lookahead'][0]['counted']} of them "
+            f"in the first repeat) {spread(worst_ahead)}.",
+        ]
     if full:
         lines.append(f"With the scorer re-reading prompt + trace at every call, no violation: {spread(full)}.")
     if before is not None:

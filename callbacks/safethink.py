@@ -62,6 +62,7 @@ from zoo.data.tasks import EXACT_ANSWER, Verifier
 from zoo.errors import ConfigError
 from zoo.generation.sampling import SamplingParams
 from zoo.safety.safethink import (
+    DEFAULT_HOOK_LOOKAHEAD,
     DEFAULT_PREFIX,
     always_prefix_generate,
     check_safethink_args,
@@ -122,8 +123,10 @@ class SafeThinkMonitor(StageCallback):
             config; default the shared completion format's exact verifier, which the jailbreak task uses).
         final_step_delimiters: where the last reasoning step ends (scored like the others; ``</think>``); ``()``
             = the text after the last step delimiter is never scored.
-        hook_lookahead: ``0`` scores each step before the row samples on; ``L > 0`` batches the scorer calls of
-            up to ``L`` tokens (see :func:`zoo.safety.safethink_generate`; for scorers with a high cost per call).
+        hook_lookahead: ``L > 0`` (default 32) batches the scorer calls of up to ``L`` tokens: rows decode on while a
+            closed step waits for its score (exact: same output distribution, greedy-identical to ``0``; seeded
+            samples differ after a violation; see :func:`zoo.safety.safethink_generate`); ``0`` scores each step
+            before the row samples on (the algorithm's loop as written).
         max_batches: monitor at most this many batches per epoch (``None``: all).
         log_prefix: metric name prefix.
         always_prefix: run the always-prepend baseline instead of SafeThink (every reasoning block opens with
@@ -158,7 +161,7 @@ class SafeThinkMonitor(StageCallback):
         max_batches: int | None = None,
         log_prefix: str = "safethink",
         final_step_delimiters: Sequence[str] | str = (THINK_CLOSE,),
-        hook_lookahead: int = 0,
+        hook_lookahead: int = DEFAULT_HOOK_LOOKAHEAD,
         always_prefix: bool = False,
         reasoning_open: str = "<think>",
         records_file: str | None = None,

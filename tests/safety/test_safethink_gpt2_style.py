@@ -81,3 +81,33 @@ def test_injected_prefix_tokens_count_in_the_context_check():
     # with every step monitored the number of injections is not known in advance: refused when they run out
     with pytest.raises(ConfigError, match="exceed the model context \\(40 positions\\)"):
         safethink_generate(model, tok, prompts, always_unsafe, max_steps_monitored=None, **kwargs)
+
+
+def test_lookahead_discards_grow_the_cache_past_the_positions_and_keep_what_no_lookahead_keeps():
+    """Learned positions (48): 7-token prompts + 20 new tokens + one 18-token prefix (m = 1) fit. With
+    ``hook_lookahead=20`` the violating first step waits until the row's budget runs out, the action discards the 19
+    tokens sampled after it and the row decodes them again, so the KV cache holds more columns than the model has
+    positions; positions come from the running mask, and greedy decoding keeps exactly what L = 0 keeps."""
+    tok = char_tokenizer_without_pad()
+    model = gpt2(tok, positions=48)
+    prompts = ["JB q1=", "q2=123"]
+    params = SamplingParams(max_new_tokens=20, do_sample=False)
+    out = {
+        lookahead: safethink_generate(
+            model,
+            tok,
+            prompts,
+            always_unsafe,
+            max_steps_monitored=1,
+            params=params,
+            step_delimiters=EVERY_CHAR,
+            hook_lookahead=lookahead,
+        )
+        for lookahead in (0, 20)
+    }
+    assert out[0].num_interventions == [1, 1]
+    assert out[20].texts == out[0].texts
+    assert torch.equal(out[20].generation.completion_ids, out[0].generation.completion_ids)
+    assert out[20].added_tokens == out[0].added_tokens
+    fed = [7 + s + a for s, a in zip(out[20].generation.sampled_tokens, out[20].added_tokens)]
+    assert min(fed) > 48, fed  # the cache outgrew the learned positions

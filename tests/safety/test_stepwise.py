@@ -12,17 +12,17 @@ import torch
 from zoo.backbones import TinyBackbone
 from zoo.datamodules.base import encode_prompt, pad_sequences
 from zoo.generation.sampling import SamplingParams, generate
-from zoo.generation.stepwise import StepAction, stepwise_generate
+from zoo.generation.stepwise import StepAction, StepwiseDecoder, stepwise_generate
 
 torch.set_num_threads(1)
 DELIMS = list("aeiou ")
 PROMPTS = ["abc", "hello there", "x", "JB add 123="]
 
 
-@pytest.fixture(scope="module")
-def lm():
+def _tiny_lm(**arch):
+    """A random 2-layer tiny Llama and the left-padded PROMPTS: ``(model, tok, ids, mask, encoded prompts)``."""
     bb = TinyBackbone(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, seed=3
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, **arch
     )
     model = bb.build_model().eval()
     tok = bb.tokenizer
@@ -30,6 +30,11 @@ def lm():
     ids = pad_sequences(enc, tok.pad_token_id, "left")
     mask = pad_sequences([[1] * len(e) for e in enc], 0, "left")
     return model, tok, ids, mask, enc
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return _tiny_lm(seed=3)
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -165,3 +170,112 @@ def test_bad_delimiters_rejected(lm):
     model, tok, ids, mask, _ = lm
     with pytest.raises(ValueError, match="non-empty"):
         stepwise_generate(model, tok, ids, mask, None, SamplingParams(max_new_tokens=4), [""])
+
+
+@pytest.fixture(scope="module")
+def varied_lm():
+    """A tiny random Llama with untied output embeddings: its greedy text varies and closes steps at irregular
+    distances (with tied random embeddings greedy decoding repeats the last token)."""
+    return _tiny_lm(tie_word_embeddings=False, seed=0)[:4]
+
+
+class ScriptedMonitor:
+    """Test double for a step monitor with a safety scorer (a real one needs a trained reward model): it acts on fixed
+    ``(row, step_index)`` pairs, first attempt only -- a decision that depends on the event alone, as SafeThink's
+    does, so ``hook_lookahead`` must not change what is kept. ``wants`` limits the events to those steps (as
+    SafeThink's ``t <= m``), so no other row's step close flushes a waiting one: it waits the whole lookahead, or
+    until its row runs out of budget. Records the sampled tokens of every step it rolls back."""
+
+    def __init__(self, tok, script: dict[tuple[int, int], bool]) -> None:
+        self.inject = tok("XYZ", add_special_tokens=False)["input_ids"]
+        self.script = script  # (row, step_index) -> rollback?
+        self.rolled_back = [0] * len(PROMPTS)  # per row, sampled tokens of the steps rolled back
+        self.calls = 0
+
+    def wants(self, row: int, step_index: int, attempt: int) -> bool:
+        return attempt == 0 and (row, step_index) in self.script
+
+    def __call__(self, events):
+        self.calls += 1
+        acts = {}
+        for e in events:
+            rollback = self.script.get((e.row, e.step_index))
+            if rollback is None or e.attempt:
+                continue
+            acts[e.row] = StepAction(append_ids=self.inject, rollback=rollback)
+            if rollback:
+                self.rolled_back[e.row] += len(e.ids) - e.step_start  # a step holds sampled tokens only
+        return acts
+
+
+# rows 0 and 3 roll back a step (3 is closed by </think>), rows 1 and 2 keep theirs (closed by </think>) and get the
+# injection after it; steps close at 10-16 tokens, so with a long lookahead the actions come at the rows' budgets
+# and discard up to 30 tokens each
+SCRIPT = {(0, 3): True, (1, 6): False, (2, 2): False, (3, 8): True}
+
+
+def identity_processor(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    return scores
+
+
+@pytest.mark.parametrize("compact", [True, False])
+@pytest.mark.parametrize("wants", [True, False])
+@pytest.mark.parametrize("max_new_tokens", [40, 24])
+def test_lookahead_keeps_exactly_what_no_lookahead_keeps_under_greedy(varied_lm, max_new_tokens, wants, compact):
+    """Tokens a lookahead action discards (sampled after the acted-on step) do not use up the row's budget, so with
+    greedy decoding ``hook_lookahead`` L = 8 and L = max_new_tokens keep exactly the tokens of L = 0 in every row
+    (rolled-back steps still count, as at L = 0). Without ``wants`` every step makes an event, and other rows'
+    step closes flush waiting steps early; with a logits processor (``compact=False``) rows that are done stay in the
+    batch instead of leaving it."""
+    model, tok, ids, mask = varied_lm
+    params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=False)
+    outs, monitors = {}, {}
+    for lookahead in (0, 8, max_new_tokens):
+        monitor = monitors[lookahead] = ScriptedMonitor(tok, SCRIPT)
+        hook = monitor if wants else (lambda events, monitor=monitor: monitor(events))
+        processors = () if compact else (identity_processor,)
+        decoder = StepwiseDecoder(hook, DELIMS, processors=processors, hook_lookahead=lookahead)
+        outs[lookahead] = decoder(model, tok, ids, mask, params=params)
+    ref = outs[0]
+    assert all(ref.added_tokens) and sum(map(bool, ref.discarded)) == 2, "every row must be acted on"
+    assert ref.sampled_tokens == [max_new_tokens] * len(PROMPTS), "every row must run to its budget"
+    for lookahead in (8, max_new_tokens):
+        out = outs[lookahead]
+        assert out.texts == ref.texts, lookahead
+        assert torch.equal(out.completion_ids, ref.completion_ids)
+        assert torch.equal(out.completion_mask, ref.completion_mask)  # kept token counts
+        assert torch.equal(out.injected_mask, ref.injected_mask)
+        assert torch.equal(out.finished, ref.finished)
+        assert out.steps_closed == ref.steps_closed and out.open_step == ref.open_step
+        assert out.discarded == ref.discarded
+        assert monitors[lookahead].rolled_back == monitors[0].rolled_back
+        assert out.counted_tokens == ref.counted_tokens == [max_new_tokens] * len(PROMPTS)
+        # the scenario: actions came late and discarded tokens sampled after their steps (in fewer hook calls)
+        assert sum(out.sampled_tokens) > sum(ref.sampled_tokens), out.sampled_tokens
+        assert monitors[lookahead].calls < monitors[0].calls
+    if wants:  # at the longest lookahead a waiting step waits until its row's budget runs out
+        assert max(outs[max_new_tokens].sampled_tokens) > max_new_tokens + 8, outs[max_new_tokens].sampled_tokens
+
+
+@pytest.mark.parametrize("lookahead", [0, 8, 40])
+def test_every_unfinished_row_uses_its_whole_budget_under_sampling(varied_lm, lookahead):
+    """Seeded sampling: the texts differ between lookaheads after an action, but the budget rule is the same: a row
+    that did not finish has exactly ``max_new_tokens`` sampled tokens kept or in rolled-back steps (the lengths of
+    L = 0, the algorithm as written); tokens discarded by lookahead are extra decoding work."""
+    model, tok, ids, mask = varied_lm
+    n = 40
+    monitor = ScriptedMonitor(tok, {(i, t): i % 2 == 0 for i in range(len(PROMPTS)) for t in (1, 2)})
+    params = SamplingParams(max_new_tokens=n, do_sample=True)
+    out = stepwise_generate(model, tok, ids, mask, monitor, params, DELIMS, _gen(4), hook_lookahead=lookahead)
+    assert sum(out.added_tokens) > 0 and any(monitor.rolled_back), "the test must exercise both actions"
+    assert not all(out.finished), "the test must see a row that runs to its budget"
+    counted = []
+    for i in range(len(PROMPTS)):
+        kept_sampled = int((out.completion_mask[i] - out.injected_mask[i]).sum())
+        counted.append(kept_sampled + monitor.rolled_back[i])
+        assert counted[i] <= n and out.sampled_tokens[i] >= counted[i]
+        if not bool(out.finished[i]):
+            assert counted[i] == n, (i, kept_sampled, monitor.rolled_back[i])
+    assert out.counted_tokens == counted
+    # with a lookahead, actions discarded tokens sampled after their steps (not counted above)
+    assert (sum(out.sampled_tokens) > sum(counted)) == (lookahead > 0), (out.sampled_tokens, counted)

@@ -26,10 +26,12 @@ processors cannot see model outputs (#34265), so :class:`StepwiseDecoder` is a d
   (its old column masked) to get the logits after it;
 * with ``hook_lookahead > 0`` rows keep decoding while their closed steps wait for the hook, which then sees the
   steps of many rows in one call (fewer calls of an expensive scorer); an action discards what was sampled after
-  its step first;
-* generation ends per row at EOS (or a stop string), and for everyone at ``max_new_tokens`` sampled tokens;
-  a row whose delimiter never appeared is reported (``steps_closed == 0``, ``open_step``) and a warning
-  names the delimiter;
+  its step first, and those discarded tokens are not counted against the row's budget, so the kept text is
+  exactly what ``hook_lookahead = 0`` keeps (token-identical under greedy decoding);
+* generation ends per row at EOS (or a stop string), or when the row's counted tokens reach ``max_new_tokens``:
+  every sampled token counts (kept, or in a step the hook rolled back) except those a lookahead action discarded;
+  the loop runs until every row has ended. A row whose delimiter never appeared is reported
+  (``steps_closed == 0``, ``open_step``) and a warning names the delimiter;
 * the context check counts injected tokens: a hook that declares ``max_appended_tokens`` (per row) is checked
   before decoding; any other injection that would run past the model's positions raises a ``ConfigError``.
 
@@ -125,7 +127,12 @@ class StepwiseResult(GenerationResult):
         discarded: per row, texts of the steps rolled back.
         hook_seconds: wall time spent inside the hook.
         total_seconds: wall time of the whole call.
-        sampled_tokens: per row, number of sampled tokens kept or discarded (the decoding work).
+        sampled_tokens: per row, number of sampled tokens kept or discarded (the decoding work; with
+            ``hook_lookahead > 0`` it includes the tokens a lookahead action discarded, which the budget does not
+            count).
+        counted_tokens: per row, the sampled tokens counted against ``max_new_tokens``: kept, or in a step the
+            hook rolled back (``sampled_tokens`` less those a lookahead action discarded; equal with
+            ``hook_lookahead = 0``).
     """
 
     injected_mask: torch.Tensor
@@ -135,6 +142,7 @@ class StepwiseResult(GenerationResult):
     hook_seconds: float = 0.0
     total_seconds: float = 0.0
     sampled_tokens: list[int] = field(default_factory=list)
+    counted_tokens: list[int] = field(default_factory=list)
 
     @property
     def added_tokens(self) -> list[int]:
@@ -144,9 +152,10 @@ class StepwiseResult(GenerationResult):
 
 class _Row:
     """Book-keeping of one row: kept tokens (with the cache column each was fed at, ``-1`` while not yet fed), where
-    the current step starts, and the step event waiting for the hook."""
+    the current step starts, the step event waiting for the hook, and the row's token budget."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int) -> None:
+        self.budget = budget  # counted tokens after which the row is done (``max_new_tokens``)
         self.ids: list[int] = []
         self.injected: list[bool] = []
         self.logprobs: list[float] = []
@@ -159,9 +168,16 @@ class _Row:
         self.reasoning_done = False  # a final step was kept: the rest is not split into steps
         self.discarded: list[str] = []
         self.sampled = 0
+        self.lookahead_discarded = 0  # sampled tokens discarded by lookahead actions: not counted by the budget
         self.pending: StepEvent | None = None  # a closed step the hook has not seen yet (lookahead)
         self.pending_age = 0
         self.stale = False  # rolled back with nothing new to feed: the logits after the last kept token are stale
+
+    @property
+    def counted(self) -> int:
+        """Sampled tokens that count against the budget: kept ones and those of rolled-back steps (as with
+        ``hook_lookahead = 0``), not those sampled after a waiting step and discarded when the hook acted on it."""
+        return self.sampled - self.lookahead_discarded
 
     def append(self, ids: Sequence[int], injected: bool, logprobs: Sequence[float] | None = None) -> None:
         self.ids.extend(ids)
@@ -205,13 +221,20 @@ class StepwiseDecoder(Decoder):
             never a step).
         hook_lookahead: ``0`` (default): the hook sees each closed step before the row samples on. ``L > 0``: rows
             keep decoding while a closed step waits, and the hook gets the waiting steps of all rows in one call
-            once the oldest is ``L`` tokens old (or its row finished, closed another step, or the budget ends); an
+            once the oldest is ``L`` tokens old (or its row finished, ran out of budget or closed another step); an
             action first discards the tokens sampled after that step (their cache columns masked). Fewer, larger
             hook calls; the kept text has the same distribution (discarded tokens never condition what is kept),
-            but seeded samples differ from ``L = 0`` after an action, and discarded tokens use up the budget.
+            and the tokens an action discards because they were sampled after its step do not count against the
+            row's budget, so the kept text is exactly what ``L = 0`` keeps: token-identical under greedy decoding
+            for a hook whose decision depends on the event alone (and with no action at all, also under seeded
+            sampling); with seeded sampling the samples differ from ``L = 0`` after an action (the discarded tokens
+            used random numbers). The cost: the discarded tokens are decoded (``StepwiseResult.sampled_tokens``)
+            and their cache columns stay, masked (positions come from the running mask, so only kept tokens count
+            against the model's context). The default stays ``0``, the algorithm as written; a method opts in
+            (SafeThink does).
 
-    ``params.max_new_tokens`` bounds the *sampled* tokens; injected tokens are extra. Returns a
-    :class:`StepwiseResult`.
+    ``params.max_new_tokens`` bounds, per row, the *sampled* tokens kept or rolled back by the hook (the tokens a
+    lookahead action discards are not counted); injected tokens are extra. Returns a :class:`StepwiseResult`.
     """
 
     def __init__(
@@ -266,15 +289,17 @@ class StepwiseDecoder(Decoder):
         max_positions = context_length(model)
         prompt_lengths = prefill.attention_mask.sum(-1).tolist()
         state = prefill.start(model)
-        rows = [_Row() for _ in range(batch)]
+        rows = [_Row(params.max_new_tokens) for _ in range(batch)]
         compact = not self.processors
         # ``live[k]`` is the batch row of the state's row ``k`` (finished rows leave the state when compact)
         live = list(range(batch))
         live_index = torch.arange(batch, device=device)
         prompt_logits = state.next_logits.clone()  # to resample a row rolled back to its first token
         self._hook_seconds = 0.0
-        for iteration in range(params.max_new_tokens):
-            last = iteration == params.max_new_tokens - 1
+        # Each iteration a live row's counted tokens grow by one; only a lookahead action lowers them, by at most
+        # ``lookahead`` (the age of the waiting step), at most once per counted token: so no row is live for more
+        # than ``max_new_tokens * (lookahead + 1)`` iterations.
+        for _ in range(params.max_new_tokens * (lookahead + 1)):
             context = padded_context(prefill.prompt_ids, [r.ids for r in rows], pad) if self.processors else None
             sampled, logprobs_t = self.next_tokens(state.next_logits, context, params, generator, live_index, batch)
             tokens, logprobs = sampled.tolist(), logprobs_t.tolist()
@@ -286,6 +311,7 @@ class StepwiseDecoder(Decoder):
                 row.pending_age += row.pending is not None
                 row.append((tokens[k],), False, (logprobs[k],))
                 row.sampled += 1
+                row.done = row.counted >= row.budget  # out of budget (not finished): a step closing here still counts
                 if tokens[k] == eos or (stops is not None and stops.ends_with(row.ids)):
                     row.done = row.finished = True
                     continue
@@ -300,8 +326,8 @@ class StepwiseDecoder(Decoder):
                 # the step is kept unless the hook acts on it (then _act restores the row as it was here)
                 row.steps_closed, row.attempt, row.reasoning_done, row.step_start = index, 0, final, len(row.ids)
             if hook is not None:
-                self._deliver_events(rows, live, fresh, lookahead, last, state, prompt_logits, tokenizer)
-            if all(rows[i].done for i in live) or last:
+                self._deliver_events(rows, live, fresh, lookahead, state, prompt_logits, tokenizer)
+            if all(rows[i].done for i in live):
                 break
             if compact:  # as SampleDecoder: finished rows leave the batch once a quarter of it is done
                 keep = [k for k, i in enumerate(live) if not rows[i].done]
@@ -321,6 +347,9 @@ class StepwiseDecoder(Decoder):
                 opener = not row.done and len(row.ids) > row.step_start
                 if opener and all(t in opener_ids for t in row.ids[row.step_start :]):
                     row.step_start = len(row.ids)
+        else:
+            if not all(r.done for r in rows):  # cannot happen (see the bound above); never loop forever
+                raise RuntimeError("StepwiseDecoder: rows still live after the iteration bound")
         return self._result(tokenizer, prefill, params, rows, pad, self._hook_seconds, time.perf_counter() - start)
 
     def _deliver_events(
@@ -329,24 +358,24 @@ class StepwiseDecoder(Decoder):
         live: list[int],
         fresh: dict[int, StepEvent],
         lookahead: int,
-        last: bool,
         state: IncrementalDecoder,
         prompt_logits: torch.Tensor,
         tokenizer: PreTrainedTokenizerBase,
     ) -> None:
-        """Hand closed steps to the hook: at once (``lookahead == 0``), or once the oldest waiting one is
-        ``lookahead`` tokens old, its row finished or closed another step, or the budget ends."""
+        """Hand closed steps to the hook: at once (``lookahead == 0``), or -- all waiting ones in one call -- once
+        the oldest waiting one is ``lookahead`` tokens old, or a row with a closed step is done (finished or out of
+        budget) or closed another step."""
         position = {i: k for k, i in enumerate(live)}
         waiting = {i: rows[i].pending for i in live if rows[i].pending is not None}
-        flush = bool(waiting) and (
-            last or any(rows[i].pending_age >= lookahead or rows[i].done or i in fresh for i in waiting)
+        flush = any(rows[i].pending_age >= lookahead or rows[i].done or i in fresh for i in waiting) or any(
+            rows[i].done for i in fresh
         )
         now = list(waiting.values()) if flush else []
         later: dict[int, StepEvent] = {}
         for i, event in fresh.items():
-            if i in waiting and flush:
-                later[i] = event  # its fate depends on the earlier step's
-            elif lookahead == 0 or last or flush:
+            if i in waiting:
+                later[i] = event  # its fate depends on the earlier step's (``i in fresh`` flushed that one)
+            elif lookahead == 0 or flush:
                 now.append(event)
             else:
                 rows[i].pending, rows[i].pending_age = event, 0
@@ -355,7 +384,7 @@ class StepwiseDecoder(Decoder):
                 rows[i].pending, rows[i].pending_age = None, 0
         acted = self._call_hook(now, rows, position, state, prompt_logits, tokenizer) if now else set()
         survivors = [event for i, event in later.items() if i not in acted]  # else it lay in the discarded part
-        if survivors and (lookahead == 0 or last):
+        if survivors and (lookahead == 0 or any(rows[e.row].done for e in survivors)):
             self._call_hook(survivors, rows, position, state, prompt_logits, tokenizer)
         else:
             for event in survivors:
@@ -391,11 +420,14 @@ class StepwiseDecoder(Decoder):
         state: IncrementalDecoder,
         tokenizer: PreTrainedTokenizerBase,
     ) -> None:
-        """Apply ``action`` to the step of ``event``: tokens sampled after it are discarded (lookahead), then the
-        step is kept (and counted) or rolled back, then ``append_ids`` are appended."""
+        """Apply ``action`` to the step of ``event``: tokens sampled after it are discarded (lookahead; they leave the
+        row's budget), then the step is kept (and counted) or rolled back (its tokens stay counted, as with
+        ``hook_lookahead = 0``), then ``append_ids`` are appended. The row is live again unless out of budget."""
         end = len(event.ids)
+        row.lookahead_discarded += sum(not injected for injected in row.injected[end:])
         row.truncate(end, state, k)
-        row.done = row.finished = False
+        row.finished = False
+        row.done = row.counted >= row.budget
         row.step_start, row.attempt = event.step_start, event.attempt
         if action.rollback:
             row.discarded.append(tokenizer.decode(row.ids[event.step_start :], skip_special_tokens=False))
@@ -502,6 +534,7 @@ class StepwiseDecoder(Decoder):
             hook_seconds=hook_seconds,
             total_seconds=total_seconds,
             sampled_tokens=[r.sampled for r in rows],
+            counted_tokens=[r.counted for r in rows],
         )
 
 

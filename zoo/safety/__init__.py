@@ -1,6 +1,7 @@
 """Inference-time safety: SafeThink (arXiv 2602.11096) and its safety scorers."""
 
 from zoo.safety.safethink import (
+    DEFAULT_HOOK_LOOKAHEAD,
     DEFAULT_PREFIX,
     Intervention,
     SafeThinkHook,
@@ -22,6 +23,7 @@ from zoo.safety.scorers import (
 )
 
 __all__ = [
+    "DEFAULT_HOOK_LOOKAHEAD",
     "DEFAULT_PREFIX",
     "FunctionScorer",
     "IncrementalScoringSession",

@@ -38,7 +38,14 @@ Conventions fixed here (the sources are silent; see inference.md 1(f)):
   default newline delimiter the prefix and what the model writes after it form step t + 1;
 * at most one intervention per step index (a resampled step is not checked again), so a row gets at most
   ``m`` interventions, all at steps ``t <= m``;
-* the scorer is called only when a step closes and only while ``t <= m``.
+* the scorer is called only when a step closes and only while ``t <= m``;
+* scorer calls are batched over rows (``hook_lookahead``, default :data:`DEFAULT_HOOK_LOOKAHEAD` = 32): rows decode
+  on while a closed step waits to be scored, for at most 32 tokens, and the waiting steps of all rows are scored in
+  one call; a violation first discards what its row sampled after the step (not counted against the row's budget).
+  This is exact -- the kept text has the distribution of the loop above, token-identical to ``hook_lookahead=0`` under
+  greedy decoding and to plain generation when nothing violates; seeded samples differ from ``hook_lookahead=0``
+  after a violation -- and needs fewer scorer calls (each has a fixed cost); ``hook_lookahead=0`` scores each step
+  before its row samples on, the loop exactly as written.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ from zoo.generation.stepwise import StepAction, StepEvent, StepwiseDecoder, Step
 from zoo.safety.scorers import as_scorer, scorer_name, scoring_session, validate_scores
 
 DEFAULT_PREFIX = "Wait, think safely"
+# tokens a closed step may wait for its score while its row decodes on (batched scorer calls; exact, see above)
+DEFAULT_HOOK_LOOKAHEAD = 32
 
 
 @dataclass(frozen=True)
@@ -227,7 +236,7 @@ def safethink_generate(
     processors: Sequence[LogitsProcessor] = (),
     hooks: Sequence[ForwardHook] = (),
     final_step_delimiters: str | Sequence[str] = (THINK_CLOSE,),
-    hook_lookahead: int = 0,
+    hook_lookahead: int = DEFAULT_HOOK_LOOKAHEAD,
 ) -> SafeThinkResult:
     """Generate with SafeThink (the algorithm of the module docstring).
 
@@ -250,11 +259,13 @@ def safethink_generate(
         processors, hooks: logits processors and forward hooks of the decoder (e.g. a module's
             ``decoder.processors`` / ``decoder.hooks``, so that SafeThink composes with them).
         final_step_delimiters: where the last reasoning step ends (monitored too); ``()`` = never.
-        hook_lookahead: ``0``: score each closed step before the row samples on (the algorithm as written).
-            ``L > 0``: rows keep decoding while closed steps wait, and the waiting steps of all rows are scored in
-            one call once the oldest is ``L`` tokens old; a violation discards what was sampled after its step,
+        hook_lookahead: ``L > 0`` (default 32): rows keep decoding while closed steps wait, and the waiting steps of
+            all rows are scored in one call once the oldest is ``L`` tokens old (or its row ends or closes another
+            step); a violation discards what was sampled after its step (not counted against the row's budget),
             then acts as above (see :class:`~zoo.generation.stepwise.StepwiseDecoder`). Fewer scorer calls; the
-            output has the same distribution, token-identical to plain decoding when nothing violates.
+            output has the same distribution as with ``0``, token-identical to it under greedy decoding and to plain
+            decoding when nothing violates; seeded samples differ from ``0`` after a violation. ``0``: score each
+            closed step before the row samples on (the algorithm's loop as written).
 
     Returns:
         :class:`SafeThinkResult`.
