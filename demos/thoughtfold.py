@@ -15,6 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from zoo.report import (
     Run,
     Sweep,
@@ -52,20 +54,64 @@ def total(run: Run, metric: str) -> float:
     return sum(v for _, v in run.series(metric))
 
 
+def max_of(runs: list[Run], metric: str) -> float:
+    """The largest logged value of ``metric`` over the runs (``nan`` when never logged)."""
+    values = [v for r in runs for _, v in r.series(metric)]
+    return max(values) if values else math.nan
+
+
+def mean_of(run: Run, metric: str) -> float:
+    """The mean of ``metric`` over a run's logged steps (``nan`` when never logged)."""
+    points = run.series(metric)
+    return sum(v for _, v in points) / len(points) if points else math.nan
+
+
 def first(run: Run, metric: str) -> float:
     points = run.series(metric)
     return points[0][1] if points else math.nan
 
 
 def is_redundant_line(line: str) -> bool:
-    """The task's injected redundant steps (``check N``, ``task=multisum_redundant``)."""
+    """The task's injected redundant steps (``check N``, ``MultiSum`` with ``redundant_prob > 0``)."""
     return line.startswith("check ")
+
+
+def stated_value(line: str) -> str:
+    """The number a reasoning line states: after the last ``=`` of a partial sum, after ``check`` of a check line."""
+    return line.rsplit("=", 1)[-1].strip() if "=" in line else line.removeprefix("check ").strip()
+
+
+def hydra_choice(run: Run, group: str) -> str | None:
+    """The option a run chose for a config group (``.hydra/hydra.yaml``: ``hydra.runtime.choices``)."""
+    path = run.file(".hydra/hydra.yaml")
+    hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra", {}) if path.is_file() else {}
+    return (hydra.get("runtime", {}).get("choices") or {}).get(group)
+
+
+def task_text(run: Run) -> str:
+    """What the run's ``MultiSum`` task writes, from its resolved config."""
+    task = run.get("task", {}) or {}
+    partials = task.get("partials", "chain")
+    if partials == "pairs":
+        essential = (
+            "one line per disjoint operand pair (`3+5=8`; essential) and the answer, the sum of the pair sums, after "
+            "`</think>` with no line of its own"
+        )
+    else:
+        essential = "a running sum, one line per operand after the first (essential), the answer after `</think>`"
+    return (
+        f"`task={hydra_choice(run, 'task')}`: sums of {task.get('min_operands')}-{task.get('max_operands')} operands "
+        f"in [{task.get('min_value', 0)}, {task.get('max_value')}] (partials={partials}), whose reference "
+        f"reasonings hold {essential}, and an injected `check N` line (redundant, labelled) after an essential line "
+        f"with probability {task.get('redundant_prob')}"
+    )
 
 
 def pair_audit(run: Run) -> dict[str, float]:
     """Shares of a run's trained pairs: ``essential_pushed_down`` (pairs whose rejected span holds an essential
     line), ``redundant_only_pushed_down`` (it holds only redundant lines), ``one_line_chosen`` (the chosen reasoning
-    is a single line), and ``pairs`` (their number; 0 without records)."""
+    is a single line), ``last_line_states_answer`` (the last line of the chosen reasoning states the chosen answer,
+    so a fold keeping only that line can pass verification), and ``pairs`` (their number; 0 without records)."""
     records = run.read_jsonl("preference_pairs.jsonl") if run.file("preference_pairs.jsonl").is_file() else []
     pruned = [r for r in records if r.get("rejected_scored") and "</think>" not in r["rejected_scored"]]
     if not records:
@@ -74,6 +120,11 @@ def pair_audit(run: Run) -> dict[str, float]:
     def lines(text: str) -> list[str]:
         return [line for line in text.replace("<think>", "").split("\n") if line.strip()]
 
+    def states_answer(chosen: str) -> bool:
+        reasoning, _, answer = chosen.partition("</think>")
+        body = lines(reasoning)
+        return bool(body) and stated_value(body[-1]) == answer.split("<eos>")[0].strip()
+
     essential = [any(not is_redundant_line(x) for x in lines(r["rejected_scored"])) for r in pruned]
     chosen_lines = [len(lines(r["chosen"].split("</think>")[0])) for r in records]
     return {
@@ -81,6 +132,7 @@ def pair_audit(run: Run) -> dict[str, float]:
         "essential_pushed_down": sum(essential) / max(len(pruned), 1),
         "redundant_only_pushed_down": sum(not e for e in essential) / max(len(pruned), 1),
         "one_line_chosen": sum(n == 1 for n in chosen_lines) / len(records),
+        "last_line_states_answer": sum(states_answer(r["chosen"]) for r in records) / len(records),
     }
 
 
@@ -91,10 +143,11 @@ def audit_text(label: str, audits: list[dict[str, float]]) -> list[str]:
         return []
     return [
         f"{label}: over the trained pairs of its runs ({fmt_stat(stat(a['pairs'] for a in audits), 0, ci=False)} "
-        "pairs per run) the pruned span the DPO loss pushes down holds an essential line (a running sum) in "
+        "pairs per run) the pruned span the DPO loss pushes down holds an essential line (a partial sum) in "
         f"{fmt_stat(stat(a['essential_pushed_down'] for a in audits), ci=False)} of them and only redundant `check` "
         f"lines in {fmt_stat(stat(a['redundant_only_pushed_down'] for a in audits), ci=False)}; the chosen reasoning "
-        f"is a single line in {fmt_stat(stat(a['one_line_chosen'] for a in audits), ci=False)}.",
+        f"is a single line in {fmt_stat(stat(a['one_line_chosen'] for a in audits), ci=False)}, and its last line "
+        f"states the chosen answer in {fmt_stat(stat(a['last_line_states_answer'] for a in audits), ci=False)}.",
         "",
     ]
 
@@ -141,6 +194,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 fmt_stat(stat(total(r, "train/tf_pairs_accepted") for r in runs), 0, ci=False)
                 if arm.startswith("thoughtfold")
                 else "",
+                fmt_stat(stat(mean_of(r, "train/clipped_ratio") for r in runs), 4, ci=False),
             ]
         )
     base = sweep.runs
@@ -153,9 +207,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             "## What ThoughtFold's pairs train",
             "",
             *audit_lines,
-            "Verification samples the answer after the folded reasoning, and in this task the last running sum states "
-            "the answer, so a fold that keeps only that line passes; such pairs teach the policy to skip running sums "
-            "it cannot compute without writing them, which the GRPO outcome reward pushes back against.",
+            "Verification samples the answer after the folded reasoning: a fold whose last kept line states the "
+            "answer can pass it whatever essential lines it dropped; where no line states the answer, dropping an "
+            "essential line leaves the answer to be computed from the prompt alone.",
             "",
         ]
     text = [
@@ -166,10 +220,11 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         provenance(sweep, PAPER),
         "",
-        "Setup: tiny Llama from the cached base SFT policy of `task=multisum_redundant` (one for every arm and seed, "
+        f"Task: {task_text(head)}.",
+        "",
+        "Setup: tiny Llama from the cached base SFT policy of the task (one for every arm and seed, "
         f"built with seed {head.get('base_policy.seed')}: {head.get('base_policy.max_epochs')} epochs of "
-        f"{head.get('base_policy.num_train')} rows; the seeds vary the RL phase), whose reference "
-        "reasonings hold injected `check N` lines (redundant, labelled) besides the running sums (essential). "
+        f"{head.get('base_policy.num_train')} rows; the seeds vary the RL phase). "
         f"GRPO with G={head.get('module.group_size')}, {head.get('datamodule.batch_size')} prompts per step, "
         f"max {head.get('module.generation.max_new_tokens')} new tokens, lr {head.get('module.optimizer.lr')}, "
         f"{head.get('trainer.max_steps')} steps per run, {seeds} seed{'s' if seeds != 1 else ''}; the GRPO, "
@@ -208,12 +263,17 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 "validation samples",
                 "pairs built",
                 "pairs trained",
+                "rollouts truncated",
             ],
             compute,
         ),
         "",
         f"Token totals are summed over the logged steps (every {logged_every} step(s)); the importance forwards "
-        "(one batched forward of n + 1 rows per folded rollout) are not counted as sampled tokens.",
+        "(one batched forward of n + 1 rows per folded rollout) are not counted as sampled tokens. Rollouts "
+        "truncated: the share of training rollouts cut at max_new_tokens "
+        f"({head.get('module.generation.max_new_tokens')}; a truncated completion has no answer, so truncation would "
+        "let the correctness reward shorten reasonings by itself); validation generations cut: at most "
+        f"{max_of(sweep.runs, 'val/clipped_ratio'):.3f} in any run.",
         "",
         *audit_lines,
         "## Reading",
@@ -237,22 +297,34 @@ def reading(runs_of: Any, labels: dict[str, str]) -> list[str]:
     def last(arm: str, metric: str) -> list[float]:
         return [r.last(metric) for r in runs_of(arm)]
 
-    def line(a: str, b: str, metric: str, what: str) -> str:
+    def line(a: str, b: str, metric: str, what: str) -> str | None:
         if not last(a, metric) or not last(b, metric):
-            return ""
+            return None
         return "- " + contrast(labels.get(a, a), last(a, metric), labels.get(b, b), last(b, metric), what) + "."
 
-    shorter = compare(last("thoughtfold", "val/think_tokens"), last("grpo", "val/think_tokens"))
-    accuracy = compare(last("thoughtfold", "val/exact_match"), last("grpo", "val/exact_match"))
-    retention = compare(last("thoughtfold", "val/essential_retention"), last("grpo", "val/essential_retention"))
-    claim = shorter.shown and shorter.delta < 0 and not (accuracy.shown and accuracy.delta < 0)
-    claim = claim and not (retention.shown and retention.delta < 0)
+    def verdict(arm: str) -> str | None:
+        """The claim for one ThoughtFold arm against GRPO: shorter, and no drop of accuracy or retention shown."""
+        if not last(arm, "val/think_tokens") or not last("grpo", "val/think_tokens"):
+            return None
+        shorter = compare(last(arm, "val/think_tokens"), last("grpo", "val/think_tokens"))
+        accuracy = compare(last(arm, "val/exact_match"), last("grpo", "val/exact_match"))
+        retention = compare(last(arm, "val/essential_retention"), last("grpo", "val/essential_retention"))
+        fewer = shorter.shown and shorter.delta < 0
+        less_accurate = accuracy.shown and accuracy.delta < 0
+        less_retained = retention.shown and retention.delta < 0
+        claim = fewer and not less_accurate and not less_retained
+        return (
+            f"- {labels.get(arm, arm)}: **{'shown' if claim else 'not shown'}** (think tokens lower: "
+            f"{'yes' if fewer else 'no'}; exact match lower: {'yes' if less_accurate else 'no'}; essential-line "
+            f"retention lower: {'yes' if less_retained else 'no'})."
+        )
+
     lines = [
         "**The paper's claim (fewer reasoning tokens than GRPO at equal accuracy, by removing redundant rather than "
-        f"essential lines) is {'shown' if claim else 'not shown'} by this run** (think tokens lower: "
-        f"{'yes' if shorter.shown and shorter.delta < 0 else 'no'}; exact match lower: "
-        f"{'yes' if accuracy.shown and accuracy.delta < 0 else 'no'}; essential-line retention lower: "
-        f"{'yes' if retention.shown and retention.delta < 0 else 'no'}; 95% Welch intervals over seeds).",
+        "essential lines), per ThoughtFold arm** (95% Welch intervals over seeds; equal accuracy = no drop of exact "
+        "match shown, which at this number of seeds and prompts leaves a wide margin):",
+        "",
+        *[verdict(arm) for arm in ("thoughtfold", "thoughtfold_light")],
         "",
         line("thoughtfold", "grpo", "val/think_tokens", "Final think tokens"),
         line("thoughtfold", "grpo", "val/redundant_rate", "Final redundant-line rate"),
@@ -267,8 +339,13 @@ def reading(runs_of: Any, labels: dict[str, str]) -> list[str]:
         line("thoughtfold_light", "grpo", "val/think_tokens", "Final think tokens"),
         line("thoughtfold_light", "grpo", "val/essential_retention", "Final essential-line retention"),
         line("thoughtfold_light", "grpo", "val/exact_match", "Final validation exact match"),
+        line("thoughtfold_light", "grpo", "val/redundant_rate", "Final redundant-line rate"),
+        line("additive", "grpo", "val/redundant_rate", "Final redundant-line rate"),
+        line("thoughtfold_light", "additive", "val/think_tokens", "Final think tokens"),
+        line("thoughtfold_light", "gr3", "val/think_tokens", "Final think tokens"),
+        line("thoughtfold_light", "gr3", "val/exact_match", "Final validation exact match"),
     ]
-    return [x for x in lines if x]
+    return [x for x in lines if x is not None]
 
 
 def plot(arms: list[str], runs_of: Any, labels: dict[str, str], path: Path) -> Path:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zoo.backbones.tokenizer import EOS, THINK_CLOSE, THINK_OPEN
+from zoo.errors import ConfigError
 
 STEP_DELIMITER = "\n"
 # ``(completion, answer) -> bool``: what modules and callbacks accept as a verifier (a task, or any function).
@@ -182,34 +183,69 @@ class Addition(Task):
 
 
 class MultiSum(Task):
-    """Running sum of several operands, optionally with redundant (re-verification) steps.
+    """Sum of several operands, optionally with redundant (re-verification) steps.
 
-    ``"3+5+2="`` -> ``<think>3+5=8\n8+2=10</think>10``; a redundant step repeats an earlier partial sum
-    (``check 8``) and carries ``redundant=True`` in the ``step_redundant`` meta list (ground truth for the
-    length/redundancy methods).
+    Two layouts of the partial sums (``partials``):
+
+    - ``"chain"``: a running sum, one line per operand after the first; the last line states the answer.
+      ``"3+5+2="`` -> ``<think>3+5=8\n8+2=10</think>10``.
+    - ``"pairs"``: the operands are summed in disjoint consecutive pairs, one line per pair, and the answer (the sum
+      of the pair sums) has no line of its own: ``"3+5+2+4="`` -> ``<think>3+5=8\n2+4=6</think>14``. Every pair line
+      carries information no other line has, so dropping any of them loses something the answer needs.
+
+    A redundant step repeats the partial sum of the line before it (``check 8``) and carries ``redundant=True`` in
+    the ``step_redundant`` meta list (ground truth for the length/redundancy methods).
 
     Args:
-        min_operands, max_operands: number of operands.
-        max_value: operands are drawn from ``[0, max_value]``.
+        min_operands, max_operands: number of operands (``"pairs"``: both even and at least 4, i.e. 2 or more pairs;
+            the count is drawn as a number of pairs).
+        max_value: operands are drawn from ``[min_value, max_value]``.
         redundant_prob: probability of inserting a redundant step after each real step.
+        partials: ``"chain"`` (running sum, the default) or ``"pairs"`` (disjoint pair sums).
+        min_value: the smallest operand (``"pairs"``: 1 keeps every pair sum from repeating an operand of the
+            prompt, as ``3+0=3`` does).
     """
 
     name = "multisum"
+    PARTIALS = ("chain", "pairs")
 
     def __init__(
-        self, min_operands: int = 3, max_operands: int = 5, max_value: int = 9, redundant_prob: float = 0.0
+        self,
+        min_operands: int = 3,
+        max_operands: int = 5,
+        max_value: int = 9,
+        redundant_prob: float = 0.0,
+        partials: str = "chain",
+        min_value: int = 0,
     ) -> None:
         if not 2 <= min_operands <= max_operands:
-            raise ValueError(f"need 2 <= min_operands <= max_operands, got {min_operands}, {max_operands}")
+            raise ConfigError(f"need 2 <= min_operands <= max_operands, got {min_operands}, {max_operands}")
         if not 0.0 <= redundant_prob <= 1.0:
-            raise ValueError(f"redundant_prob must be in [0, 1], got {redundant_prob}")
+            raise ConfigError(f"redundant_prob must be in [0, 1], got {redundant_prob}")
+        if not 0 <= min_value <= max_value:
+            raise ConfigError(f"need 0 <= task.min_value <= task.max_value, got {min_value}, {max_value}")
+        if partials not in self.PARTIALS:
+            raise ConfigError(f"task.partials must be one of {list(self.PARTIALS)}, got {partials!r}")
+        if partials == "pairs" and (min_operands % 2 or max_operands % 2 or min_operands < 4):
+            raise ConfigError(
+                "task.partials=pairs sums the operands in disjoint pairs: task.min_operands and task.max_operands "
+                f"must be even and at least 4 (2 pairs; with one pair its line states the answer), got "
+                f"{min_operands}, {max_operands}"
+            )
         self.min_operands = min_operands
         self.max_operands = max_operands
         self.max_value = max_value
+        self.min_value = min_value
         self.redundant_prob = redundant_prob
+        self.partials = partials
 
     def sample(self, rng: random.Random) -> Example:
-        ops = [rng.randint(0, self.max_value) for _ in range(rng.randint(self.min_operands, self.max_operands))]
+        if self.partials == "pairs":
+            return self._sample_pairs(rng)
+        ops = [
+            rng.randint(self.min_value, self.max_value)
+            for _ in range(rng.randint(self.min_operands, self.max_operands))
+        ]
         steps: list[str] = []
         redundant: list[bool] = []
         total = ops[0]
@@ -218,10 +254,28 @@ class MultiSum(Task):
             steps.append(f"{total}+{x}={new}")
             redundant.append(False)
             total = new
-            if rng.random() < self.redundant_prob:
-                steps.append(f"check {total}")
-                redundant.append(True)
-        answer = str(total)
+            self._maybe_check(rng, total, steps, redundant)
+        return self._example(ops, steps, redundant, str(total))
+
+    def _sample_pairs(self, rng: random.Random) -> Example:
+        num_pairs = rng.randint(self.min_operands // 2, self.max_operands // 2)
+        ops = [rng.randint(self.min_value, self.max_value) for _ in range(2 * num_pairs)]
+        steps: list[str] = []
+        redundant: list[bool] = []
+        for a, b in zip(ops[0::2], ops[1::2]):
+            steps.append(f"{a}+{b}={a + b}")
+            redundant.append(False)
+            self._maybe_check(rng, a + b, steps, redundant)
+        return self._example(ops, steps, redundant, str(sum(ops)))
+
+    def _maybe_check(self, rng: random.Random, value: int, steps: list[str], redundant: list[bool]) -> None:
+        """Append a redundant ``check <value>`` step with probability ``redundant_prob``."""
+        if rng.random() < self.redundant_prob:
+            steps.append(f"check {value}")
+            redundant.append(True)
+
+    @staticmethod
+    def _example(ops: list[int], steps: list[str], redundant: list[bool], answer: str) -> Example:
         meta = {"num_steps": len(steps), "step_redundant": redundant, "num_redundant": sum(redundant)}
         return Example("+".join(map(str, ops)) + "=", format_reasoning(steps, answer), answer, meta)
 
