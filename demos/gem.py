@@ -191,9 +191,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "What this toy can show: the balance of the buckets (GEM's uniform prior and mass penalty against a "
         "rich-get-richer vMF-EM and k-means) and how each bucketing relates to the latent topics (NMI). What it "
         "cannot: the paper's downstream accuracy gains (a 1.1B model on 25B tokens) — the LMs here have about 90K "
-        f"parameters and train for {steps} steps (where a uniform-weights LM's held-out loss has flattened; "
-        f"RegMix's proxies train {proxy_steps} steps, enough to rank mixtures), so differences in held-out loss "
-        "between mixtures are expected to be small.",
+        f"parameters and train for {steps} steps (the step count is chosen from a measured held-out loss curve, "
+        f"see conf/demo/gem.yaml; RegMix's proxies train {proxy_steps} steps, and the RegMix ρ column says how well "
+        "their losses rank mixtures), so differences in held-out loss between mixtures are expected to be small.",
     ]
     paths.insert(0, write_page(out, PAPER, lines))
     return paths
