@@ -240,32 +240,21 @@ def reading(by_arm: dict[str, list[Run]], labels: dict[str, str], sampled: str, 
     def last(arm: str, metric: str) -> list[float]:
         return [r.last(metric) for r in by_arm.get(arm, [])]
 
-    lines = []
-    for other in ("reference", "uniform_sft", "rft", "grpo"):
-        if "drift" in by_arm and other in by_arm:
+    def compare(arm: str, other: str, metric: str, what: str) -> None:
+        if arm in by_arm and other in by_arm:
             lines.append(
                 "- "
-                + contrast(
-                    labels.get("drift", "drift"),
-                    last("drift", sampled),
-                    labels.get(other, other),
-                    last(other, sampled),
-                    f"Sampled {multi}",
-                )
+                + contrast(labels.get(arm, arm), last(arm, metric), labels.get(other, other), last(other, metric), what)
                 + "."
             )
-    if "uniform_sft" in by_arm and "reference" in by_arm:
-        lines.append(
-            "- "
-            + contrast(
-                labels.get("uniform_sft"),
-                last("uniform_sft", sampled),
-                labels.get("reference"),
-                last("reference", sampled),
-                f"Sampled {multi}",
-            )
-            + "."
-        )
+
+    lines: list[str] = []
+    for other in ("reference", "uniform_sft", "rft", "grpo"):
+        compare("drift", other, sampled, f"Sampled {multi}")
+    compare("uniform_sft", "reference", sampled, f"Sampled {multi}")
+    # where the weighting acts: how early an episode is solved (sampled turn-1 accuracy)
+    for other in ("reference", "uniform_sft", "rft", "grpo"):
+        compare("drift", other, "val/sampled_multi@1", "Sampled multi@1")
     if "drift" in by_arm and "grpo" in by_arm:
         drift = {r.seed: cost_to_final(r, sampled) for r in by_arm["drift"]}
         grpo = {r.seed: cost_to_final(r, sampled) for r in by_arm["grpo"]}
