@@ -2,8 +2,9 @@
 
 1. **DRIFT vs online GRPO to the same multi@3.** From the same reference policy (the cached base policy of the DRIFT
    methods), DRIFT collects ``--prompts x --n-traj`` episodes once (``+method=drift_rollouts``) and fine-tunes on them
-   (``+method=drift``, one epoch); its final ``val/multi@3`` is the target. Online multi-turn GRPO
-   (``+method=drift_grpo``) trains until its ``val/multi@3`` reaches the target or ``--grpo-steps`` run out. Measured:
+   (``+method=drift``, one epoch); its final ``val/multi@3`` (or ``--metric``: a sampled one, for a reference whose
+   greedy mode already solves every prompt) is the target. Online multi-turn GRPO (``+method=drift_grpo``) trains
+   until the same metric reaches the target or ``--grpo-steps`` run out. Measured:
    wall-clock of the training phases (validation time excluded: both arms evaluate the same prompts) and tokens
    generated for training (DRIFT: the rollouts; GRPO: every step's episodes). Arms interleaved over ``--repeats``
    (DRIFT, GRPO, DRIFT, GRPO, ...), each repeat with its own seed offset.
@@ -14,6 +15,7 @@
 Writes the ``## DRIFT`` section of docs/benchmarks.md.
 
     python benchmarks/drift.py [--prompts 128] [--n-traj 8] [--grpo-steps 120] [--repeats 2] [--threads 1]
+        [--metric multi@3|sampled_multi@1|sampled_multi@3]
         [--reference <export dir>] [--override key=value ...]
 
 ``--reference`` makes an exported model the reference of every run (default: the cached base policy of the DRIFT
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -202,22 +205,47 @@ def main() -> None:
     parser.add_argument("--skip-training", action="store_true", help="only the collection throughput")
     parser.add_argument("--reference", type=str, default=None, help="export dir of the reference policy")
     parser.add_argument("--override", action="append", default=[], help="an override of every run (repeatable)")
+    parser.add_argument(
+        "--metric",
+        choices=("multi@3", "sampled_multi@1", "sampled_multi@3"),
+        default="multi@3",
+        help="the target metric: greedy multi@3 (the released evaluation), or sampled at temperature 1 (the "
+        "policy's distribution; 2 episodes per prompt) -- for a reference whose greedy mode already solves everything",
+    )
     args = parser.parse_args()
-    args.metric = "val/multi@3"
+    label = args.metric
+    args.metric = f"val/{args.metric}"
     torch.set_num_threads(args.threads)
     cache = Path(args.cache).resolve() if args.cache else REPO / ".zoo_cache"
+    command = " ".join("<reference export>" if a == args.reference else a for a in sys.argv[1:])
     lines = [
+        f"`python benchmarks/drift.py {command}`",
+        "",
         f"Reference policy: the cached base policy of the DRIFT methods (tiny backbone, `task=addition`, 3 turns). "
         f"Machine: {args.threads} torch thread(s) on a shared, heavily loaded CPU: absolute times are noisy, the "
-        "ratios are the result."
+        "ratios are the result.",
     ]
 
     overrides = list(args.override)
+    if args.metric.startswith("val/sampled_"):
+        # the sampled evaluation of the DRIFT demo (conf/demo/drift.yaml): 2 episodes per prompt at temperature 1
+        callback = "+callbacks.multiturn_sampled"
+        overrides += [
+            f"{callback}._target_=zoo.callbacks.MultiTurnEvaluation",
+            f"{callback}.environment=${{multiturn}}",
+            f"{callback}.max_new_tokens=48",
+            f"{callback}.splits=[val]",
+            f"{callback}.do_sample=true",
+            f"{callback}.temperature=1.0",
+            f"{callback}.samples=2",
+            f"{callback}.prefix=sampled_",
+            f"{callback}.seed=${{seed}}",
+        ]
     if args.reference:
         overrides.append(f"backbone.init_from={Path(args.reference).resolve()}")
         name = Path(args.reference).resolve()
         name = name.parent.name if name.name == "export" else name.name
-        lines[0] = lines[0].replace("the cached base policy of the DRIFT methods", f"`{name}` (one for every seed)")
+        lines[2] = lines[2].replace("the cached base policy of the DRIFT methods", f"`{name}` (one for every seed)")
     # 2. throughput (cheap): zoo decoder vs transformers generate, interleaved
     if args.reference:
         reference = Path(args.reference)
@@ -265,17 +293,17 @@ def main() -> None:
         token_ratio = [g["tokens"] / d["tokens"] for d, g in informative]
         lines += [
             "",
-            "### DRIFT (collection + training) vs online multi-turn GRPO to the same multi@3",
+            f"### DRIFT (collection + training) vs online multi-turn GRPO to the same {label}",
             "",
             f"DRIFT: {args.prompts} prompts x {args.n_traj} episodes collected once, then one epoch of weighted SFT "
-            f"(beta 0.1, gamma 0.9); target = its final `val/multi@3` on {args.val} held-out prompts. GRPO: "
+            f"(beta 0.1, gamma 0.9); target = its final `{args.metric}` on {args.val} held-out prompts. GRPO: "
             f"`+method=drift_grpo` ({grpo_runs[0]['prompts_per_step']} prompts x {grpo_runs[0]['group_size']} "
             f"episodes per step) validated every {args.grpo_val_every} steps, stopped at the target or after "
             f"{args.grpo_steps} steps. Seconds exclude validation. {args.repeats} interleaved repeats (seeds "
             f"0..{args.repeats - 1}).",
             "",
-            "| repeat | reference turn-1 / multi@3 (sampled) | DRIFT multi@3 | DRIFT s (collect + train) "
-            "| DRIFT tokens | GRPO reached | GRPO best multi@3 | GRPO s | GRPO tokens |",
+            f"| repeat | reference turn-1 / multi@3 (sampled) | DRIFT {label} | DRIFT s (collect + train) "
+            f"| DRIFT tokens | GRPO reached | GRPO best {label} | GRPO s | GRPO tokens |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for i, (d, g) in enumerate(zip(drift_runs, grpo_runs)):
