@@ -15,8 +15,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from zoo.report import (
     Run,
     Sweep,
@@ -81,13 +79,6 @@ def stated_value(line: str) -> str:
     return line.rsplit("=", 1)[-1].strip() if "=" in line else line.removeprefix("check ").strip()
 
 
-def hydra_choice(run: Run, group: str) -> str | None:
-    """The option a run chose for a config group (``.hydra/hydra.yaml``: ``hydra.runtime.choices``)."""
-    path = run.file(".hydra/hydra.yaml")
-    hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra", {}) if path.is_file() else {}
-    return (hydra.get("runtime", {}).get("choices") or {}).get(group)
-
-
 def task_text(run: Run) -> str:
     """What the run's ``MultiSum`` task writes, from its resolved config."""
     task = run.get("task", {}) or {}
@@ -100,7 +91,7 @@ def task_text(run: Run) -> str:
     else:
         essential = "a running sum, one line per operand after the first (essential), the answer after `</think>`"
     return (
-        f"`task={hydra_choice(run, 'task')}`: sums of {task.get('min_operands')}-{task.get('max_operands')} operands "
+        f"`task={run.group_choice('task')}`: sums of {task.get('min_operands')}-{task.get('max_operands')} operands "
         f"in [{task.get('min_value', 0)}, {task.get('max_value')}] (partials={partials}), whose reference "
         f"reasonings hold {essential}, and an injected `check N` line (redundant, labelled) after an essential line "
         f"with probability {task.get('redundant_prob')}"

@@ -203,6 +203,7 @@ class Run:
     arm: dict[str, str] = field(default_factory=dict)
     seed: int | None = None
     number: int = 0
+    group_choices: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: str | Path) -> Run:
@@ -214,7 +215,10 @@ class Run:
         # a single (non-multirun) run's job number is Hydra's missing value "???"
         num = str(((hydra_cfg.get("hydra") or {}).get("job") or {}).get("num") or 0)
         number = int(num) if num.isdigit() else 0
-        run = cls(path=path, overrides=overrides, number=number)
+        choices = ((hydra_cfg.get("hydra") or {}).get("runtime") or {}).get("choices") or {}
+        run = cls(
+            path=path, overrides=overrides, number=number, group_choices={str(k): str(v) for k, v in choices.items()}
+        )
         seed = values.get(SEED_KEY)
         if seed is None:
             seed = (run.config or {}).get(SEED_KEY)
@@ -234,6 +238,11 @@ class Run:
     def choice(self, key: str, default: str | None = None) -> str | None:
         """The value the run's overrides give ``key`` (``+``/``~`` ignored)."""
         return dict(split_override(o) for o in self.overrides).get(key, default)
+
+    def group_choice(self, group: str) -> str | None:
+        """The option the run's composed config took for a config group (``task``, ``method``; Hydra's
+        ``hydra.runtime.choices``, defaults included), ``None`` when unknown."""
+        return self.group_choices.get(group)
 
     @cached_property
     def metrics(self) -> dict[str, list[tuple[int, float]]]:
