@@ -208,3 +208,83 @@ def test_as_scorer_passes_the_option_to_a_classifier_directory(tok, tmp_path):
     with pytest.raises(ConfigError, match="not incremental but incremental=True"):
         as_scorer(lambda prompts, traces: [1.0] * len(traces), incremental=True)
     assert as_scorer(lambda prompts, traces: [1.0] * len(traces), incremental=False)(["a"], ["b"]) == [1.0]
+
+
+@pytest.mark.parametrize("build", [_llama, _gpt2])
+def test_several_texts_of_a_row_in_one_call_are_scored_exactly(tok, build):
+    """A row's traces after several steps in one call: each score equals a full read of its text. Texts that extend
+    the one before are read off one feed of the newest; one that does not (row 0's last trace lost a step, row 2's
+    last is shorter) starts another pass."""
+    scorer = SequenceClassifierScorer(build(tok), tok, batch_size=3)
+    rows = [r for r in (3, 0, 2, 1) for t in TRACES[r] if t is not None]
+    traces = [t for r in (3, 0, 2, 1) for t in TRACES[r] if t is not None]
+    prompts = [PROMPTS[r] for r in rows]
+    got = scorer.session()(rows, prompts, traces)
+    want = [scorer([p], [t])[0] for p, t in zip(prompts, traces)]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-5)
+    # row 3's three traces extend one another: one feed of the longest text holds all three scores
+    chain = scorer.session()
+    chain([3, 3, 3], [PROMPTS[3]] * 3, TRACES[3][:3])
+    longest = tok(scorer.texts([PROMPTS[3]], [TRACES[3][2]]))["input_ids"][0]
+    assert chain.fed_tokens == len(longest)
+
+
+class RecordingScorer(SequenceClassifierScorer):
+    """The real classifier scorer; records the rows of every session call."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[list[int]] = []
+
+    def session(self):
+        inner = super().session()
+
+        def record(rows, prompts, traces):
+            self.calls.append(list(rows))
+            return inner(rows, prompts, traces)
+
+        return record
+
+
+@pytest.mark.parametrize("discard", [False, True])
+def test_safethink_scores_several_steps_of_a_row_per_call_and_keeps_what_no_lookahead_keeps(discard):
+    """Greedy decoding with a real classifier scorer: with ``hook_lookahead`` the hook scores every waiting step of a
+    row in one call, acts on the row's first violating step and drops the later ones; the kept texts,
+    interventions and step scores equal ``hook_lookahead=0``'s, in fewer scorer calls."""
+    bb = TinyBackbone(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        seed=0,
+        tie_word_embeddings=False,  # greedy text of a random model with tied embeddings repeats one token
+    )
+    model, tok = bb.build_model().eval(), bb.tokenizer
+    rm = _llama(tok, seed=1)
+    outs, scorers = {}, {}
+    for lookahead in (0, 32):
+        scorers[lookahead] = RecordingScorer(rm, tok)
+        outs[lookahead] = safethink_generate(
+            model,
+            tok,
+            PROMPTS * 2,
+            scorers[lookahead],
+            tau=0.5,
+            max_steps_monitored=4,
+            discard_violating_step=discard,
+            params=SamplingParams(max_new_tokens=40, do_sample=False),
+            step_delimiters=list("aeiou "),
+            hook_lookahead=lookahead,
+        )
+    ref, ahead = outs[0], outs[32]
+    assert 0 < sum(ref.num_interventions) < sum(len(s) for s in ref.step_scores)  # both branches ran
+    assert ahead.texts == ref.texts
+    assert [[(i.step, i.step_text, i.discarded) for i in r] for r in ahead.interventions] == [
+        [(i.step, i.step_text, i.discarded) for i in r] for r in ref.interventions
+    ]
+    for a, b in zip(ahead.step_scores, ref.step_scores):
+        assert [s for s, _ in a] == [s for s, _ in b]
+        torch.testing.assert_close(torch.tensor([x for _, x in a]), torch.tensor([x for _, x in b]), rtol=0, atol=1e-5)
+    assert any(len(set(c)) < len(c) for c in scorers[32].calls)  # several steps of one row in a call
+    assert len(scorers[32].calls) < len(scorers[0].calls)
