@@ -31,6 +31,13 @@ from zoo.safety.scorers import (
 )
 
 torch.set_num_threads(1)
+TINY_POLICY = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+}
 PROMPTS = ["JB 44+21=", "12+3=", "JB 7+8=", "a much longer prompt: 1+2+3+4="]
 
 
@@ -160,9 +167,7 @@ def test_incremental_is_chosen_for_causal_classifiers_only(tok):
 
 @pytest.fixture(scope="module")
 def policy():
-    bb = TinyBackbone(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, seed=3
-    )
+    bb = TinyBackbone(**TINY_POLICY, seed=3)
     return bb.build_model().eval(), bb.tokenizer
 
 
@@ -186,15 +191,17 @@ def test_safethink_interventions_are_the_same_with_incremental_scoring(policy, d
             step_delimiters=list("aeiou "),
         )
 
-    full, incremental = run(False), run(True)
-    flagged = sum(full.num_interventions)
-    scored = sum(len(s) for s in full.step_scores)
-    assert 0 < flagged < scored  # some steps violate, some do not: both branches ran
-    assert incremental.texts == full.texts
-    assert [[(i.step, i.step_text, i.discarded) for i in r] for r in incremental.interventions] == [
-        [(i.step, i.step_text, i.discarded) for i in r] for r in full.interventions
+    assert_same_safethink_output(run(True), run(False))
+
+
+def assert_same_safethink_output(out, ref) -> None:
+    """Same texts, interventions and step scores; the reference intervened on some steps but not all."""
+    assert 0 < sum(ref.num_interventions) < sum(len(s) for s in ref.step_scores)  # both branches ran
+    assert out.texts == ref.texts
+    assert [[(i.step, i.step_text, i.discarded) for i in r] for r in out.interventions] == [
+        [(i.step, i.step_text, i.discarded) for i in r] for r in ref.interventions
     ]
-    for a, b in zip(incremental.step_scores, full.step_scores):
+    for a, b in zip(out.step_scores, ref.step_scores):
         assert [s for s, _ in a] == [s for s, _ in b]
         torch.testing.assert_close(torch.tensor([x for _, x in a]), torch.tensor([x for _, x in b]), rtol=0, atol=1e-5)
 
@@ -251,15 +258,8 @@ def test_safethink_scores_several_steps_of_a_row_per_call_and_keeps_what_no_look
     """Greedy decoding with a real classifier scorer: with ``hook_lookahead`` the hook scores every waiting step of a
     row in one call, acts on the row's first violating step and drops the later ones; the kept texts,
     interventions and step scores equal ``hook_lookahead=0``'s, in fewer scorer calls."""
-    bb = TinyBackbone(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        seed=0,
-        tie_word_embeddings=False,  # greedy text of a random model with tied embeddings repeats one token
-    )
+    # greedy text of a random model with tied embeddings repeats one token
+    bb = TinyBackbone(**TINY_POLICY, seed=0, tie_word_embeddings=False)
     model, tok = bb.build_model().eval(), bb.tokenizer
     rm = _llama(tok, seed=1)
     outs, scorers = {}, {}
@@ -277,14 +277,6 @@ def test_safethink_scores_several_steps_of_a_row_per_call_and_keeps_what_no_look
             step_delimiters=list("aeiou "),
             hook_lookahead=lookahead,
         )
-    ref, ahead = outs[0], outs[32]
-    assert 0 < sum(ref.num_interventions) < sum(len(s) for s in ref.step_scores)  # both branches ran
-    assert ahead.texts == ref.texts
-    assert [[(i.step, i.step_text, i.discarded) for i in r] for r in ahead.interventions] == [
-        [(i.step, i.step_text, i.discarded) for i in r] for r in ref.interventions
-    ]
-    for a, b in zip(ahead.step_scores, ref.step_scores):
-        assert [s for s, _ in a] == [s for s, _ in b]
-        torch.testing.assert_close(torch.tensor([x for _, x in a]), torch.tensor([x for _, x in b]), rtol=0, atol=1e-5)
+    assert_same_safethink_output(outs[32], outs[0])
     assert any(len(set(c)) < len(c) for c in scorers[32].calls)  # several steps of one row in a call
     assert len(scorers[32].calls) < len(scorers[0].calls)
