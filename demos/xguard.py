@@ -157,7 +157,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         f"{demo.get('lm', {}).get('num_train')} sentence pairs of the seeded multi-topic grammar, "
         f"{demo.get('lm', {}).get('epochs')} epoch (held-out loss {fmt_stat(lm_loss, 3, False)} nats/char), "
         "built once through the artifact cache and shared by every arm and seed. It writes "
-        f"{dec.get('max_sentences')} sentences after each of {wm.get('max_rows')} held-out prompts (seeing the "
+        f"{sentence_count(dec)} after each of {wm.get('max_rows')} held-out prompts (seeing the "
         f"prompt and the last {dec.get('context_sentences')} sentence), sampled at temperature "
         f"{wm.get('temperature')}, {dec.get('candidates_per_round')} candidates per row per round, at most "
         f"{dec.get('max_trials')} trials per sentence (then the last candidate is accepted).",
@@ -256,6 +256,15 @@ def reading(arms: dict[str, list[Run]], vals: Any, label: Any, attacks: list[str
                 f"{finite[best]:.3f} ({label(best)})."
             )
     return lines
+
+
+def sentence_count(decoder: dict[str, Any]) -> str:
+    """``exactly N sentences`` / ``N-M sentences`` from the decoder's min_sentences / max_sentences."""
+    low, high = int(decoder.get("min_sentences") or 0), decoder.get("max_sentences")
+    if high is not None and low == int(high):
+        return f"exactly {low} sentences (EOS masked until then)"
+    floor = f"at least {low} (EOS masked until then), " if low else ""
+    return f"{floor}at most {high} sentences" if high is not None else f"{floor}sentences until EOS"
 
 
 def length_note(arms: dict[str, list[Run]], vals: Any, label: Any, gamma: float, threshold: float) -> list[str]:
