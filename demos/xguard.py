@@ -155,7 +155,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         f"- Generator: one tiny Llama (char tokenizer) trained by `+method=sft task=topic_text` on "
         f"{demo.get('lm', {}).get('num_train')} sentence pairs of the seeded multi-topic grammar, "
-        f"{demo.get('lm', {}).get('epochs')} epoch (held-out loss {fmt_stat(lm_loss, 3, False)} nats/char), "
+        f"{epochs(demo.get('lm', {}))} (held-out loss {fmt_stat(lm_loss, 3, False)} nats/char), "
         "built once through the artifact cache and shared by every arm and seed. It writes "
         f"{sentence_count(dec)} after each of {wm.get('max_rows')} held-out prompts (seeing the "
         f"prompt and the last {dec.get('context_sentences')} sentence), sampled at temperature "
@@ -174,7 +174,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "threshold (binomial tail). TPR at 1% FPR uses the human texts' z under the run's key as negatives.",
         f"- Attacks on the watermarked texts: {', '.join(f'`{a}`' for a in attacks)} (`paraphrase`: a second tiny "
         "LM trained by `+method=sft task=topic_paraphrase` on "
-        f"{demo.get('paraphraser', {}).get('num_train')} sentence → rewrite pairs, one epoch, held-out loss "
+        f"{demo.get('paraphraser', {}).get('num_train')} sentence → rewrite pairs, "
+        f"{epochs(demo.get('paraphraser', {}))}, held-out loss "
         f"{fmt_stat(paraphraser_loss, 3, False)} nats/char; greedy, sentence by sentence).",
         "",
         "## Generation: success, trials, quality",
@@ -256,6 +257,12 @@ def reading(arms: dict[str, list[Run]], vals: Any, label: Any, attacks: list[str
                 f"{finite[best]:.3f} ({label(best)})."
             )
     return lines
+
+
+def epochs(recipe: dict[str, Any]) -> str:
+    """``1 epoch`` / ``N epochs`` of a training recipe (``epochs``, default 1)."""
+    n = int(recipe.get("epochs", 1))
+    return f"{n} epoch{'s' if n != 1 else ''}"
 
 
 def sentence_count(decoder: dict[str, Any]) -> str:
