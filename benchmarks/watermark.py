@@ -43,8 +43,8 @@ TOPIC_LM = [
     "task=topic_text",
     "datamodule.max_length=208",
     "module.generate_on_eval=false",
-    "datamodule.source.num_train=6400",
-    "trainer.max_epochs=1",
+    "datamodule.source.num_train=19200",
+    "trainer.max_epochs=4",
 ]
 
 

@@ -38,6 +38,16 @@ STAGE2 = ("cot", "latent", "valr")
 STAGE1_ARTIFACT = ("demo_policy", "valr_stage1")
 
 
+def connector_text(first: Any) -> str:
+    """How the image tokens reach the LLM (``backbone.connector_norm``, ``module.freeze_connector``)."""
+    norm = "layer-normalised" if first.get("backbone.connector_norm") else "not normalised"
+    trained = "frozen" if first.get("module.freeze_connector") else "trained"
+    return (
+        f"the image tokens are {norm} before the LLM (`backbone.connector_norm`) and the random connector is "
+        f"{trained} (`module.freeze_connector`)"
+    )
+
+
 def stage1_builds(runs: list[Run]) -> list[Run]:
     """The stage-1 build runs the sweep used (their artifact directories hold the build's CSV log), one per artifact."""
     kind, name = STAGE1_ARTIFACT
@@ -182,7 +192,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         f"{first.get('task.min_steps')}-{first.get('task.max_steps')} rows, one reasoning step per row looked up, "
         f"each followed by {first.get('task.filler')} recap clause(s) (`task.filler`): CoT completions average "
         f"{stat(lengths).mean:.0f} characters (= tokens; max {max(lengths, default=0)}). The student's "
-        f"{grid}x{grid} patch grid is average-pooled to {tokens} image tokens (`backbone.image_pool={pool}`). "
+        f"{grid}x{grid} patch grid is average-pooled to {tokens} image tokens (`backbone.image_pool={pool}`); "
+        f"{connector_text(first)}. "
         f"Stage 1 = plain CoT SFT (`+method=valr_cot`, {stage1.get('steps')} steps, lr {stage1.get('lr')}, one "
         f"model for every arm and seed, artifact cache; held-out accuracy {fmt_stat(stat(stage1_acc), ci=False)} on "
         f"its {stage1.get('num_val')} validation images; {plateau_text(plateau)}); each stage-2 arm continues "

@@ -155,9 +155,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         f"- Generator: one tiny Llama (char tokenizer) trained by `+method=sft task=topic_text` on "
         f"{demo.get('lm', {}).get('num_train')} sentence pairs of the seeded multi-topic grammar, "
-        f"{demo.get('lm', {}).get('epochs')} epoch (held-out loss {fmt_stat(lm_loss, 3, False)} nats/char), "
+        f"{epochs(demo.get('lm', {}))} (held-out loss {fmt_stat(lm_loss, 3, False)} nats/char), "
         "built once through the artifact cache and shared by every arm and seed. It writes "
-        f"{dec.get('max_sentences')} sentences after each of {wm.get('max_rows')} held-out prompts (seeing the "
+        f"{sentence_count(dec)} after each of {wm.get('max_rows')} held-out prompts (seeing the "
         f"prompt and the last {dec.get('context_sentences')} sentence), sampled at temperature "
         f"{wm.get('temperature')}, {dec.get('candidates_per_round')} candidates per row per round, at most "
         f"{dec.get('max_trials')} trials per sentence (then the last candidate is accepted).",
@@ -174,7 +174,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "threshold (binomial tail). TPR at 1% FPR uses the human texts' z under the run's key as negatives.",
         f"- Attacks on the watermarked texts: {', '.join(f'`{a}`' for a in attacks)} (`paraphrase`: a second tiny "
         "LM trained by `+method=sft task=topic_paraphrase` on "
-        f"{demo.get('paraphraser', {}).get('num_train')} sentence → rewrite pairs, one epoch, held-out loss "
+        f"{demo.get('paraphraser', {}).get('num_train')} sentence → rewrite pairs, "
+        f"{epochs(demo.get('paraphraser', {}))}, held-out loss "
         f"{fmt_stat(paraphraser_loss, 3, False)} nats/char; greedy, sentence by sentence).",
         "",
         "## Generation: success, trials, quality",
@@ -256,6 +257,21 @@ def reading(arms: dict[str, list[Run]], vals: Any, label: Any, attacks: list[str
                 f"{finite[best]:.3f} ({label(best)})."
             )
     return lines
+
+
+def epochs(recipe: dict[str, Any]) -> str:
+    """``1 epoch`` / ``N epochs`` of a training recipe (``epochs``, default 1)."""
+    n = int(recipe.get("epochs", 1))
+    return f"{n} epoch{'s' if n != 1 else ''}"
+
+
+def sentence_count(decoder: dict[str, Any]) -> str:
+    """``exactly N sentences`` / ``N-M sentences`` from the decoder's min_sentences / max_sentences."""
+    low, high = int(decoder.get("min_sentences") or 0), decoder.get("max_sentences")
+    if high is not None and low == int(high):
+        return f"exactly {low} sentences (EOS masked until then)"
+    floor = f"at least {low} (EOS masked until then), " if low else ""
+    return f"{floor}at most {high} sentences" if high is not None else f"{floor}sentences until EOS"
 
 
 def length_note(arms: dict[str, list[Run]], vals: Any, label: Any, gamma: float, threshold: float) -> list[str]:

@@ -472,3 +472,35 @@ def test_paper_defaults_align_depth_and_projector_learning_rate(backbone, teache
     assert llm["lr"] == pytest.approx(2e-3)
     assert projector["lr"] == pytest.approx(5 * 2e-3)  # paper: 1e-5 for psi vs 2e-6 for the LLM
     assert {id(p) for p in projector["params"]} == {id(p) for p in module.projector.parameters()}
+
+
+def test_freeze_connector_keeps_the_projector_fixed_while_the_lm_trains(backbone, batch) -> None:
+    def trained(freeze_connector: bool) -> tuple[VaLRModule, dict[str, torch.Tensor], torch.Tensor]:
+        module = VaLRModule(
+            backbone,
+            stage="cot",
+            align_weight=0.0,
+            freeze_connector=freeze_connector,
+            optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2),
+            generation={"max_new_tokens": 6},
+        )
+        module.configure_model()
+        connector = module.model.model.multi_modal_projector
+        before = {k: v.clone() for k, v in connector.state_dict().items()}
+        embeddings = module.model.get_input_embeddings().weight.detach().clone()
+        optimizer = module.configure_optimizers()
+        for _ in range(2):
+            optimizer.zero_grad()
+            module.losses(batch, with_alignment=False)["loss"].backward()
+            optimizer.step()
+        return module, before, embeddings
+
+    frozen, before, embeddings = trained(True)
+    connector = frozen.model.model.multi_modal_projector
+    assert not any(p.requires_grad for p in connector.parameters())
+    assert not {id(p) for p in connector.parameters()} & {id(p) for p in frozen.trainable_parameters()}
+    assert all(torch.equal(before[k], v) for k, v in connector.state_dict().items())
+    assert not torch.equal(embeddings, frozen.model.get_input_embeddings().weight)  # the LM does train
+    paper, before, _ = trained(False)  # the paper's default: the connector trains
+    after = paper.model.model.multi_modal_projector.state_dict()
+    assert not all(torch.equal(before[k], v) for k, v in after.items())

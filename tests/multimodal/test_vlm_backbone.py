@@ -128,3 +128,37 @@ def test_image_pool_settings_are_checked() -> None:
         TinyVLMBackbone(**SMALL, image_pool=2, num_image_tokens=16)
     with pytest.raises(ConfigError, match="image_pool"):
         TinyVLMBackbone(**SMALL, image_pool=5)
+
+
+def test_connector_norm_feeds_the_lm_unit_rms_image_tokens_without_new_weights(tmp_path) -> None:
+    plain = TinyVLMBackbone(**SMALL).build_model().eval()
+    backbone = TinyVLMBackbone(**SMALL, connector_norm=True)
+    normed = backbone.build_model().eval()
+    assert normed.state_dict().keys() == plain.state_dict().keys()  # a hook, no weights
+    inputs = _inputs(backbone)
+    seen: dict[str, torch.Tensor] = {}
+
+    def record(module, args, kwargs):
+        seen["embeds"] = kwargs["inputs_embeds"]
+
+    normed.model.language_model.register_forward_pre_hook(record, with_kwargs=True)
+    with torch.no_grad():
+        logits = normed(**inputs).logits
+        patches = plain.model.vision_tower(inputs["pixel_values"]).last_hidden_state[:, 1:]
+        raw = plain.model.multi_modal_projector(patches)[0]  # [16, H]: what the plain model feeds the LM
+    image = inputs["input_ids"][0] == backbone.image_token_id
+    received = seen["embeds"][0, image]
+    torch.testing.assert_close(received, torch.nn.functional.layer_norm(raw, raw.shape[-1:], eps=1e-8))
+    rms = received.pow(2).mean(-1).sqrt()
+    torch.testing.assert_close(rms, torch.ones_like(rms), atol=1e-3, rtol=0)
+    assert float(raw.pow(2).mean().sqrt()) < 0.2  # the plain projector's output is at text-embedding scale
+    # the image reaches the logits: another image changes the predictions after it
+    other = dict(inputs, pixel_values=torch.randn(1, 3, 32, 32))
+    with torch.no_grad():
+        assert not torch.allclose(normed(**other).logits[0, ~image], logits[0, ~image])
+    # no weights: an export loads back into a connector_norm backbone with the same outputs
+    normed.save_pretrained(tmp_path)
+    backbone.save_processor(tmp_path)
+    loaded = TinyVLMBackbone(**SMALL, connector_norm=True, init_from=str(tmp_path)).build_model().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**inputs).logits, logits)

@@ -155,6 +155,53 @@ def test_a_row_whose_model_ends_the_text_stops_while_the_others_go_on(lm):
             assert len(result.watermarked[b].samples) == 3 and result.finished[b]
 
 
+def test_min_sentences_keeps_a_model_that_wants_to_end_from_ending_before_the_floor(lm):
+    """EOS is masked while a row has fewer than ``min_sentences`` sentences, then the model may end the text."""
+    prompts = ["END now.", "The rain fell.", "END again."]
+    eos = lm[1].eos_token_id
+    free = run(
+        lm,
+        SemanticWatermarkDecoder(lsh_scheme(), max_trials=8, max_sentences=4),
+        prompts,
+        end_prefix="END",
+        end_bias=30.0,
+    )
+    assert [len(w.samples) for w in free.watermarked] == [0, 4, 0]  # without the floor the END rows end at once
+    floor = SemanticWatermarkDecoder(lsh_scheme(), max_trials=8, max_sentences=4, min_sentences=2)
+    result = run(lm, floor, prompts, end_prefix="END", end_bias=30.0)
+    assert [len(w.samples) for w in result.watermarked] == [2, 4, 2]
+    for b in (0, 2):  # two sentences without EOS, then EOS ends the text
+        length = int(result.lengths[b])
+        ids = result.completion_ids[b, :length].tolist()
+        assert ids[-1] == eos and eos not in ids[:-1] and result.finished[b]
+        assert len(split_sentences(result.texts[b])) == 2
+    # the kept tokens' log-probs are under the masked (renormalised) distribution: finite, and EOS-free tokens of an
+    # END row have log-prob near 0 only because EOS is masked (unmasked they would sit near -30)
+    kept = result.logprobs[0, : int(result.lengths[0]) - 1]
+    assert torch.isfinite(kept).all() and kept.min() > -15
+
+
+def test_sample_loop_no_eos_masks_eos_for_the_given_rows_only(lm):
+    model, tokenizer = lm
+    ids, mask = encode_prompts(tokenizer, ["END a.", "END b.", "END c."])
+    from zoo.generation.decoders import as_prefill
+
+    decoder = SampleDecoder(processors=[SentenceShaper(tokenizer, end_prefix="END", end_bias=30.0)])
+    with torch.no_grad():
+        result = decoder.sample_loop(
+            as_prefill(ids, mask, None, {}).start(model),
+            ids,
+            tokenizer,
+            SamplingParams(12, do_sample=True),
+            torch.Generator().manual_seed(0),
+            no_eos=torch.tensor([True, False, True]),
+        )
+    eos = tokenizer.eos_token_id
+    assert result.lengths.tolist() == [12, 1, 12]
+    assert result.completion_ids[1, 0] == eos
+    assert eos not in result.completion_ids[0].tolist() + result.completion_ids[2].tolist()
+
+
 def test_the_token_budget_ends_rows_unfinished(lm):
     decoder = SemanticWatermarkDecoder(lsh_scheme(), max_trials=10, candidates_per_round=2, sentence_max_tokens=30)
     result = run(lm, decoder, params=SamplingParams(45, do_sample=True))
@@ -222,6 +269,8 @@ def test_bad_settings_and_inputs_are_one_clear_error(lm):
     model, tokenizer = lm
     for kwargs, field in (
         ({"max_sentences": 0}, "max_sentences"),
+        ({"min_sentences": -1}, "min_sentences"),
+        ({"min_sentences": 3, "max_sentences": 2}, "min_sentences"),
         ({"sentence_max_tokens": 0}, "sentence_max_tokens"),
         ({"context_sentences": 0}, "context_sentences"),
         ({"margin": -0.1}, "margin"),

@@ -88,3 +88,19 @@ def test_real_minilm_encoder_partition_and_detection(tmp_path):
     result = detect(text, scheme)
     assert result.regions == partition.assign(embeddings[:6]).tolist()
     assert result.num_scored == 5
+
+
+def test_hashing_encoder_never_returns_zero_when_words_cancel():
+    """Two words hashed to one bucket with opposite signs cancel; the sentence still gets a nonzero vector (the
+    empty-sentence bucket), so the partitioners can place it."""
+    enc = HashingEncoder(4)
+    words = [f"w{i}" for i in range(40)]
+    buckets = {w: enc._bucket(w) for w in words}
+    a, b = next(
+        (a, b) for a in words for b in words if buckets[a][0] == buckets[b][0] and buckets[a][1] != buckets[b][1]
+    )
+    cancelled, empty = enc.encode([f"{a} {b}", ""])
+    assert cancelled.abs().sum() > 0
+    assert torch.equal(cancelled, empty)
+    one = enc.encode([a])[0]  # a single word is unchanged: its own bucket only
+    assert float(one.abs().sum()) == 1 and one[buckets[a][0]] == buckets[a][1]

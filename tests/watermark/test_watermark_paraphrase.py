@@ -101,3 +101,15 @@ def test_bad_paraphraser_settings(lm, tmp_path):
         ModelParaphraser.from_pretrained(tmp_path)
     with pytest.raises(ConfigError, match="no model and tokenizer"):
         ModelParaphraser.from_module(object())
+
+
+def test_a_sentence_too_long_for_the_paraphraser_context_is_kept_with_a_warning(lm):
+    """The small model has 256 positions: a 200-character sentence + 120 new tokens does not fit; it is kept as it
+    is (and said), the others are paraphrased."""
+    model, tokenizer = lm
+    template = "Paraphrase: {sentence}\n"
+    long = "The " + "very " * 39 + "long storm came."
+    script = Script(tokenizer, {template.format(sentence=SENTENCES[1]): "Bread was baked."})
+    paraphraser = ModelParaphraser(model, tokenizer, template=template, decoder=SampleDecoder(processors=[script]))
+    with pytest.warns(RuntimeWarning, match="1 of 2 sentences are too long"):
+        assert paraphraser([long, SENTENCES[1]]) == [long, "Bread was baked."]

@@ -75,16 +75,21 @@ class SentenceShaper:
     Only the letters a-h, the space and the period are allowed; after a period comes a space, after a space a
     letter; the period is favoured once a word has two letters. The model's own logits still decide which letter,
     so different rows and candidates write different words ("ab cfh de."): real sampling, shaped text. Rows whose
-    context starts with ``end_prefix`` get EOS as their only allowed token (a model that ends the text at once).
+    context starts with ``end_prefix`` get EOS as their only allowed token (a model that ends the text at once); with
+    ``end_bias`` they write shaped text as the other rows, but EOS is allowed and ``end_bias`` nats above the best
+    other token (a model that wants to end the text at once, and can be kept from it by masking EOS).
     """
 
-    def __init__(self, tokenizer, period_bias: float = 2.5, end_prefix: str | None = None) -> None:
+    def __init__(
+        self, tokenizer, period_bias: float = 2.5, end_prefix: str | None = None, end_bias: float | None = None
+    ) -> None:
         vocab = tokenizer.get_vocab()
         self.tokenizer = tokenizer
         self.letters = torch.tensor([vocab[c] for c in LETTERS])
         self.space, self.period = vocab[" "], vocab["."]
         self.eos = tokenizer.eos_token_id
         self.period_bias = period_bias
+        self.end_bias = end_bias
         self.end_ids = tokenizer(end_prefix, add_special_tokens=False)["input_ids"] if end_prefix else None
 
     def _ends(self, row: torch.Tensor) -> bool:
@@ -97,9 +102,11 @@ class SentenceShaper:
         out = torch.full_like(scores, -torch.inf)
         for b in range(scores.shape[0]):
             last = int(input_ids[b, -1]) if input_ids.shape[1] else self.space
-            if self._ends(input_ids[b]):
+            ends = self._ends(input_ids[b])
+            if ends and self.end_bias is None:
                 out[b, self.eos] = 0.0
-            elif last == self.period:
+                continue
+            if last == self.period:
                 out[b, self.space] = 0.0
             elif last == self.space or last not in self.letters:
                 out[b, self.letters] = scores[b, self.letters]
@@ -109,4 +116,6 @@ class SentenceShaper:
                 second = input_ids.shape[1] > 1 and int(input_ids[b, -2]) in self.letters
                 if second:
                     out[b, self.period] = scores[b, self.letters].max() + self.period_bias
+            if ends:
+                out[b, self.eos] = out[b].max() + self.end_bias
         return out

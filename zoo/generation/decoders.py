@@ -255,11 +255,18 @@ class Decoder(ABC):
         generator: torch.Generator | None,
         rows: torch.Tensor | None = None,
         num_rows: int | None = None,
+        ban_eos: tuple[torch.Tensor, int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Processors (when any; ``context_ids`` may be ``None`` when there are none), then
-        :func:`~zoo.generation.sampling.sample_next`: ``(tokens [B], logprobs [B])``."""
+        :func:`~zoo.generation.sampling.sample_next`: ``(tokens [B], logprobs [B])``. ``ban_eos = (rows [B] bool,
+        eos id)``: those rows may not sample EOS (its logit is set to ``-inf`` after the processors)."""
         if self.processors:
             logits = self.process(context_ids, logits)
+        if ban_eos is not None:
+            banned, eos = ban_eos
+            column = logits[:, eos].masked_fill(banned, float("-inf"))
+            logits = logits.clone()
+            logits[:, eos] = column
         return sample_next(logits, params, generator, rows=rows, num_rows=num_rows)
 
     def sample_loop(
@@ -270,6 +277,7 @@ class Decoder(ABC):
         params: SamplingParams,
         generator: torch.Generator | None,
         row_stop: RowStop | None = None,
+        no_eos: torch.Tensor | None = None,
     ) -> GenerationResult:
         """Sample from a prefilled ``state`` one token per row per step until every row has stopped.
 
@@ -284,6 +292,8 @@ class Decoder(ABC):
                 returned as the result's ``prompt_ids``.
             tokenizer, params, generator: as :meth:`__call__`.
             row_stop: an extra per-row stop test (e.g. a sentence end).
+            no_eos: ``[B]`` bool, rows that may not sample EOS (its logit is set to ``-inf`` after the processors,
+                so the sampling distribution and the returned log-probs are renormalised over the other tokens).
 
         Returns:
             a :class:`~zoo.generation.sampling.GenerationResult`; ``finished`` is true for rows stopped by EOS, a
@@ -301,8 +311,17 @@ class Decoder(ABC):
         rows: list[list[int]] = [[] for _ in range(batch)]
         # ``live`` maps the state's (possibly compacted) rows to rows of the batch.
         live = torch.arange(batch, device=device)
+        ban = no_eos.to(device) if no_eos is not None and eos is not None and bool(no_eos.any()) else None
         for _ in range(params.max_new_tokens):
-            sampled, sampled_lp = self.next_tokens(state.next_logits, context, params, generator, live, batch)
+            sampled, sampled_lp = self.next_tokens(
+                state.next_logits,
+                context,
+                params,
+                generator,
+                live,
+                batch,
+                ban_eos=None if ban is None else (ban[live], eos),
+            )
             tokens = torch.full((batch,), pad, dtype=torch.long, device=device)
             logprobs = torch.zeros(batch, dtype=sampled_lp.dtype, device=device)
             tokens[live] = sampled

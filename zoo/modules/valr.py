@@ -82,6 +82,10 @@ class VaLRModule(GeneratingModule):
         latent_feedback: ``f`` of ``E_{t+1} = [E_t; f(h_t)]`` (:class:`~zoo.multimodal.valr.LatentFeedback`):
             ``embedding_rms`` (default), ``raw`` (the paper's formula) or ``projection``.
         freeze_vision: keep the native vision tower frozen (paper: frozen in both stages).
+        freeze_connector: keep the vision-language connector (LLaVA's ``multi_modal_projector``) frozen. Paper: trained
+            (off). A random-init connector trained with the LM from scratch collapses: within ~250 steps its output
+            turns into a large image-independent vector (RMS x50, the image-dependent share 0.47 -> 0.06) and the LM
+            never learns to read the image; frozen, the random features stay informative [toy-scale choice].
         max_latent_segments: cap of latent segments per row at inference.
         generate_on_eval: generation + exact-match accuracy on eval (``meta["num_steps"]`` per row).
         verifier: ``(completion, answer) -> bool``, the task's (``verifier: ${task}``).
@@ -108,6 +112,7 @@ class VaLRModule(GeneratingModule):
         align_targets: str = "image",
         latent_feedback: str = "embedding_rms",
         freeze_vision: bool = True,
+        freeze_connector: bool = False,
         max_latent_segments: int = 8,
         generate_on_eval: bool = True,
         max_steps_logged: int = 8,
@@ -160,6 +165,7 @@ class VaLRModule(GeneratingModule):
         self.latent_feedback = latent_feedback
         self.feedback: LatentFeedback | None = None
         self.freeze_vision = freeze_vision
+        self.freeze_connector = freeze_connector
         self.max_latent_segments = max_latent_segments
         self.max_steps_logged = max_steps_logged
         configured = decoder if decoder is not None else self.decoder
@@ -203,6 +209,14 @@ class VaLRModule(GeneratingModule):
                 tower = getattr(self.model.model, name, None) if hasattr(self.model, "model") else None
                 if tower is not None:
                     tower.requires_grad_(False)
+        if self.freeze_connector:
+            connector = getattr(getattr(self.model, "model", None), "multi_modal_projector", None)
+            if connector is None:
+                raise ConfigError(
+                    f"module.freeze_connector=true but {type(self.model).__name__} has no multi_modal_projector "
+                    "(a LLaVA-style connector); set module.freeze_connector=false"
+                )
+            connector.requires_grad_(False)
         teacher = self.resolve_teacher()
         if teacher is not None:
             dim = int(getattr(teacher, "feature_dim", 0)) or None

@@ -122,7 +122,8 @@ class HashingEncoder:
 
     Each lower-cased word (``[a-z0-9]+``) adds ``+-1`` to one of ``dim`` buckets, both chosen by BLAKE2b of
     ``(seed, word)``, so vectors are identical across processes, platforms and ``PYTHONHASHSEED``. A sentence with
-    no word maps to the zero vector plus a fixed bucket for the empty sentence (never all zeros).
+    no word, or whose features cancel (two words in one bucket with opposite signs), also gets a fixed bucket for the
+    empty sentence, so no vector is all zeros (a zero vector has no direction to partition).
 
     Args:
         dim: embedding dimension.
@@ -151,8 +152,11 @@ class HashingEncoder:
             features = list(words)
             if self.bigrams:
                 features += [f"{a} {b}" for a, b in zip(words, words[1:])]
-            for feature in features or ["\x00empty"]:
+            for feature in features:
                 index, sign = self._bucket(feature)
+                out[row, index] += sign
+            if not out[row].any():
+                index, sign = self._bucket("\x00empty")
                 out[row, index] += sign
         return out
 

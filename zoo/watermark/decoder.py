@@ -20,6 +20,9 @@ differs. One call decodes a batch of prompts:
 4. a row ends when the model ends the text (a candidate that is EOS before any word, drawn before any passing
    candidate; or an accepted candidate that ends with EOS), after ``max_sentences`` sentences, when its
    ``max_new_tokens`` budget is spent, or after accepting a candidate that was cut by ``sentence_max_tokens``.
+   While a row has fewer than ``min_sentences`` sentences its candidates may not sample EOS (the EOS logit is
+   masked, as ``min_new_tokens`` does for tokens): the model cannot end the text early, so every text reaches the
+   length its detection needs.
 
 Candidates that cannot pass whatever their region (``valid`` of
 :meth:`~zoo.watermark.sampler.RejectionSampler.choose`): one cut by ``sentence_max_tokens`` before its sentence
@@ -155,6 +158,9 @@ class SemanticWatermarkDecoder(Decoder):
         candidates_per_round: candidates sampled per row in one batch per round.
         fallback: ``last`` (SemStamp's code) or ``best`` (the green candidate with the largest margin).
         max_sentences: sentences per row (``None``: until EOS or ``max_new_tokens``).
+        min_sentences: sentences a row writes before the model may end it with EOS (0: no floor). Detection needs
+            length: at ``gamma`` 0.25 a text of n scored sentences passes ``z > 3`` only with at least
+            ``0.25 n + 3 sqrt(0.1875 n)`` green ones.
         sentence_max_tokens: token budget of one candidate.
         context_sentences: the model sees the whole text, prompt included (``None``), or only its last ``k >= 1``
             units, the prompt counting as one: with ``k = 1`` the first sentence follows the prompt and every later
@@ -175,6 +181,7 @@ class SemanticWatermarkDecoder(Decoder):
         candidates_per_round: int = 8,
         fallback: str = "last",
         max_sentences: int | None = None,
+        min_sentences: int = 0,
         sentence_max_tokens: int = 128,
         context_sentences: int | None = None,
         stop_at_mark: bool = True,
@@ -185,6 +192,8 @@ class SemanticWatermarkDecoder(Decoder):
         check_sampler_settings(margin, max_trials, candidates_per_round, fallback)
         if max_sentences is not None and max_sentences < 1:
             raise ConfigError(f"max_sentences must be >= 1 or null, got {max_sentences}")
+        if min_sentences < 0 or (max_sentences is not None and min_sentences > max_sentences):
+            raise ConfigError(f"min_sentences must be >= 0 and <= max_sentences ({max_sentences}), got {min_sentences}")
         if sentence_max_tokens < 1:
             raise ConfigError(f"sentence_max_tokens must be >= 1, got {sentence_max_tokens}")
         if context_sentences is not None and context_sentences < 1:
@@ -200,6 +209,7 @@ class SemanticWatermarkDecoder(Decoder):
         self.candidates_per_round = int(candidates_per_round)
         self.fallback = fallback
         self.max_sentences = max_sentences
+        self.min_sentences = int(min_sentences)
         self.sentence_max_tokens = int(sentence_max_tokens)
         self.context_sentences = context_sentences
         self.stop_at_mark = stop_at_mark
@@ -233,6 +243,7 @@ class SemanticWatermarkDecoder(Decoder):
             candidates_per_round=1,
             fallback=self.fallback,
             max_sentences=self.max_sentences,
+            min_sentences=self.min_sentences,
             sentence_max_tokens=self.sentence_max_tokens,
             context_sentences=self.context_sentences,
             stop_at_mark=self.stop_at_mark,
@@ -341,7 +352,10 @@ class SemanticWatermarkDecoder(Decoder):
             return first_sentence_end(text, at_end=self.stop_at_mark) is not None
 
         round_params = replace(params, max_new_tokens=max(budgets))
-        result = self.sample_loop(state, ids[repeat], tokenizer, round_params, generator, row_stop=sentence_done)
+        short = torch.tensor([len(row.samples) < self.min_sentences for row in rows], device=device)
+        result = self.sample_loop(
+            state, ids[repeat], tokenizer, round_params, generator, row_stop=sentence_done, no_eos=short[repeat]
+        )
         out: list[list[_Candidate]] = []
         k = 0
         for row, size in zip(rows, sizes):
@@ -441,7 +455,8 @@ class SemanticWatermarkDecoder(Decoder):
         scheme = self.spec if self.spec is not None else self._scheme
         return (
             f"SemanticWatermarkDecoder(scheme={scheme!r}, margin={self.margin}, max_trials={self.max_trials}, "
-            f"candidates_per_round={self.candidates_per_round}, processors={len(self.processors)}, "
+            f"candidates_per_round={self.candidates_per_round}, min_sentences={self.min_sentences}, "
+            f"processors={len(self.processors)}, "
             f"hooks={len(self.hooks)})"
         )
 

@@ -7,11 +7,13 @@ model and its tokenizer, or a directory written by ``save_pretrained`` (e.g. ``<
 :class:`zoo.data.topic_sentences.TopicParaphrase` pairs). Each sentence is put into a prompt ``template``, the
 prompts are decoded in batches through the decoder seam (greedy by default; the module's decoder when a module is
 given), and the first sentence of each completion is the paraphrase (the input sentence itself when the model wrote
-no words). :func:`model_paraphrase` returns the attack.
+no words, or when its prompt and ``max_new_tokens`` do not fit the model's positions: such sentences are kept as
+they are, with a warning saying how many). :func:`model_paraphrase` returns the attack.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from zoo.data.topic_sentences import PARAPHRASE_PROMPT
 from zoo.errors import CheckpointNotFoundError, ConfigError
 from zoo.generation.decoders import Decoder, generate_text
-from zoo.generation.sampling import SamplingParams
+from zoo.generation.sampling import SamplingParams, context_length
 from zoo.watermark.attacks import Paraphrase
 from zoo.watermark.sentences import first_sentence
 
@@ -94,16 +96,36 @@ class ModelParaphraser:
         return cls(model, backbone.tokenizer, **options)
 
     def __call__(self, sentences: list[str]) -> list[str]:
-        """One paraphrase per sentence (the sentence itself where the model wrote no words)."""
-        out: list[str] = []
+        """One paraphrase per sentence (the sentence itself where the model wrote no words or the sentence does not
+        fit the model's context)."""
+        out = list(sentences)
         device = next(self.model.parameters()).device
         generator = torch.Generator(device=device).manual_seed(self.seed) if self.params.do_sample else None
-        for start in range(0, len(sentences), self.batch_size):
-            chunk = list(sentences[start : start + self.batch_size])
-            prompts = [self.template.format(sentence=s) for s in chunk]
-            result = generate_text(self.model, self.tokenizer, prompts, self.params, generator, self.decoder)
-            out += [first_sentence(text) or sentence for text, sentence in zip(result.texts, chunk)]
+        prompts = [self.template.format(sentence=s) for s in sentences]
+        fits = [i for i, prompt in enumerate(prompts) if self._fits(prompt)]
+        if len(fits) < len(prompts):
+            warnings.warn(
+                f"paraphraser: {len(prompts) - len(fits)} of {len(prompts)} sentences are too long for the model's "
+                f"{context_length(self.model)} positions with max_new_tokens {self.params.max_new_tokens}; they are "
+                "kept unchanged",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        for start in range(0, len(fits), self.batch_size):
+            chunk = fits[start : start + self.batch_size]
+            result = generate_text(
+                self.model, self.tokenizer, [prompts[i] for i in chunk], self.params, generator, self.decoder
+            )
+            for i, text in zip(chunk, result.texts):
+                out[i] = first_sentence(text) or sentences[i]
         return out
+
+    def _fits(self, prompt: str) -> bool:
+        positions = context_length(self.model)
+        if positions is None:
+            return True
+        length = len(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        return length + self.params.max_new_tokens <= positions
 
 
 def model_paraphrase(source: Any, *, per_sentence: bool = True, name: str = "paraphrase", **options: Any) -> Paraphrase:
