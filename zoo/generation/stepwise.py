@@ -395,14 +395,22 @@ class StepwiseDecoder(Decoder):
         the oldest waiting one is ``lookahead`` iterations old, or a row with a closed step is done (finished or out
         of budget) or closed another step. A hook that takes ``several_steps_per_row`` gets a row's later steps in
         the same call, and a done row's steps wait like the others (the row stays in the batch meanwhile) until the
-        oldest waiting step is ``lookahead`` iterations old or every row is done."""
+        oldest waiting step is ``lookahead`` iterations old, every row is done, or finished rows are about to leave
+        the batch (a quarter of it is done: the compaction of :meth:`decode`), so that waiting costs no extra
+        forward work beyond what plain decoding keeps in its batch."""
         position = {i: k for k, i in enumerate(live)}
         if lookahead and getattr(self.step_hook, "several_steps_per_row", False):
             for i, event in fresh.items():
                 rows[i].pending_age = rows[i].pending_age if rows[i].pending else 0
                 rows[i].pending.append(event)
             waiting = [i for i in live if rows[i].pending]
-            if waiting and (any(rows[i].pending_age >= lookahead for i in waiting) or all(rows[i].done for i in live)):
+            running = sum(not rows[i].done for i in live)
+            compacting = not self.processors and running <= 0.75 * len(live)
+            if waiting and (
+                any(rows[i].pending_age >= lookahead for i in waiting)
+                or running == 0
+                or (compacting and any(rows[i].done for i in waiting))
+            ):
                 events = [event for i in waiting for event in rows[i].pending]
                 for i in waiting:
                     rows[i].pending, rows[i].pending_age = [], 0

@@ -320,9 +320,8 @@ class IncrementalScoringSession:
         texts = scorer.texts(prompts, traces)
         if len(rows) != len(texts):
             raise ScorerError(f"safety scorer '{scorer.name}': a session call needs one row per text")
-        # one text at a time: a batch encode wakes the tokenizer's thread pool, slower for the few short texts of a
-        # step close than encoding them in turn
-        ids = [scorer.tokenizer(text, add_special_tokens=True)["input_ids"] for text in texts]
+        # one batch encode (measured: 2x faster than encoding in turn at 64-128 texts, no slower at 8)
+        ids = list(scorer.tokenizer(list(texts), add_special_tokens=True)["input_ids"])
         scores: list[float | None] = [None] * len(texts)
         long = [i for i, x in enumerate(ids) if len(x) > scorer.max_length or not x]
         if long:
