@@ -31,6 +31,13 @@ from zoo.safety.scorers import (
 )
 
 torch.set_num_threads(1)
+TINY_POLICY = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+}
 PROMPTS = ["JB 44+21=", "12+3=", "JB 7+8=", "a much longer prompt: 1+2+3+4="]
 
 
@@ -160,9 +167,7 @@ def test_incremental_is_chosen_for_causal_classifiers_only(tok):
 
 @pytest.fixture(scope="module")
 def policy():
-    bb = TinyBackbone(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, seed=3
-    )
+    bb = TinyBackbone(**TINY_POLICY, seed=3)
     return bb.build_model().eval(), bb.tokenizer
 
 
@@ -186,15 +191,17 @@ def test_safethink_interventions_are_the_same_with_incremental_scoring(policy, d
             step_delimiters=list("aeiou "),
         )
 
-    full, incremental = run(False), run(True)
-    flagged = sum(full.num_interventions)
-    scored = sum(len(s) for s in full.step_scores)
-    assert 0 < flagged < scored  # some steps violate, some do not: both branches ran
-    assert incremental.texts == full.texts
-    assert [[(i.step, i.step_text, i.discarded) for i in r] for r in incremental.interventions] == [
-        [(i.step, i.step_text, i.discarded) for i in r] for r in full.interventions
+    assert_same_safethink_output(run(True), run(False))
+
+
+def assert_same_safethink_output(out, ref) -> None:
+    """Same texts, interventions and step scores; the reference intervened on some steps but not all."""
+    assert 0 < sum(ref.num_interventions) < sum(len(s) for s in ref.step_scores)  # both branches ran
+    assert out.texts == ref.texts
+    assert [[(i.step, i.step_text, i.discarded) for i in r] for r in out.interventions] == [
+        [(i.step, i.step_text, i.discarded) for i in r] for r in ref.interventions
     ]
-    for a, b in zip(incremental.step_scores, full.step_scores):
+    for a, b in zip(out.step_scores, ref.step_scores):
         assert [s for s, _ in a] == [s for s, _ in b]
         torch.testing.assert_close(torch.tensor([x for _, x in a]), torch.tensor([x for _, x in b]), rtol=0, atol=1e-5)
 
@@ -208,3 +215,68 @@ def test_as_scorer_passes_the_option_to_a_classifier_directory(tok, tmp_path):
     with pytest.raises(ConfigError, match="not incremental but incremental=True"):
         as_scorer(lambda prompts, traces: [1.0] * len(traces), incremental=True)
     assert as_scorer(lambda prompts, traces: [1.0] * len(traces), incremental=False)(["a"], ["b"]) == [1.0]
+
+
+@pytest.mark.parametrize("build", [_llama, _gpt2])
+def test_several_texts_of_a_row_in_one_call_are_scored_exactly(tok, build):
+    """A row's traces after several steps in one call: each score equals a full read of its text. Texts that extend
+    the one before are read off one feed of the newest; one that does not (row 0's last trace lost a step, row 2's
+    last is shorter) starts another pass."""
+    scorer = SequenceClassifierScorer(build(tok), tok, batch_size=3)
+    rows = [r for r in (3, 0, 2, 1) for t in TRACES[r] if t is not None]
+    traces = [t for r in (3, 0, 2, 1) for t in TRACES[r] if t is not None]
+    prompts = [PROMPTS[r] for r in rows]
+    got = scorer.session()(rows, prompts, traces)
+    want = [scorer([p], [t])[0] for p, t in zip(prompts, traces)]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-5)
+    # row 3's three traces extend one another: one feed of the longest text holds all three scores
+    chain = scorer.session()
+    chain([3, 3, 3], [PROMPTS[3]] * 3, TRACES[3][:3])
+    longest = tok(scorer.texts([PROMPTS[3]], [TRACES[3][2]]))["input_ids"][0]
+    assert chain.fed_tokens == len(longest)
+
+
+class RecordingScorer(SequenceClassifierScorer):
+    """The real classifier scorer; records the rows of every session call."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[list[int]] = []
+
+    def session(self):
+        inner = super().session()
+
+        def record(rows, prompts, traces):
+            self.calls.append(list(rows))
+            return inner(rows, prompts, traces)
+
+        return record
+
+
+@pytest.mark.parametrize("discard", [False, True])
+def test_safethink_scores_several_steps_of_a_row_per_call_and_keeps_what_no_lookahead_keeps(discard):
+    """Greedy decoding with a real classifier scorer: with ``hook_lookahead`` the hook scores every waiting step of a
+    row in one call, acts on the row's first violating step and drops the later ones; the kept texts,
+    interventions and step scores equal ``hook_lookahead=0``'s, in fewer scorer calls."""
+    # greedy text of a random model with tied embeddings repeats one token
+    bb = TinyBackbone(**TINY_POLICY, seed=0, tie_word_embeddings=False)
+    model, tok = bb.build_model().eval(), bb.tokenizer
+    rm = _llama(tok, seed=1)
+    outs, scorers = {}, {}
+    for lookahead in (0, 32):
+        scorers[lookahead] = RecordingScorer(rm, tok)
+        outs[lookahead] = safethink_generate(
+            model,
+            tok,
+            PROMPTS * 2,
+            scorers[lookahead],
+            tau=0.5,
+            max_steps_monitored=4,
+            discard_violating_step=discard,
+            params=SamplingParams(max_new_tokens=40, do_sample=False),
+            step_delimiters=list("aeiou "),
+            hook_lookahead=lookahead,
+        )
+    assert_same_safethink_output(outs[32], outs[0])
+    assert any(len(set(c)) < len(c) for c in scorers[32].calls)  # several steps of one row in a call
+    assert len(scorers[32].calls) < len(scorers[0].calls)

@@ -166,6 +166,22 @@ def test_hook_acting_on_a_row_that_closed_no_step_is_an_error(lm):
         )
 
 
+@pytest.mark.parametrize(("step_index", "message"), [(None, "without saying which"), (99, "acted on step 99")])
+def test_an_action_on_a_row_with_several_steps_in_the_call_must_name_one_of_them(varied_lm, step_index, message):
+    model, tok, ids, mask = varied_lm
+
+    class ActsOnEveryRow:
+        several_steps_per_row = True
+
+        def __call__(self, events):
+            rows = [e.row for e in events]
+            return {r: StepAction(step_index=step_index) for r in rows if rows.count(r) > 1}
+
+    decoder = StepwiseDecoder(ActsOnEveryRow(), DELIMS, hook_lookahead=8)
+    with pytest.raises(ValueError, match=message):
+        decoder(model, tok, ids, mask, params=SamplingParams(max_new_tokens=40))
+
+
 def test_bad_delimiters_rejected(lm):
     model, tok, ids, mask, _ = lm
     with pytest.raises(ValueError, match="non-empty"):
@@ -184,25 +200,31 @@ class ScriptedMonitor:
     ``(row, step_index)`` pairs, first attempt only -- a decision that depends on the event alone, as SafeThink's
     does, so ``hook_lookahead`` must not change what is kept. ``wants`` limits the events to those steps (as
     SafeThink's ``t <= m``), so no other row's step close flushes a waiting one: it waits the whole lookahead, or
-    until its row runs out of budget. Records the sampled tokens of every step it rolls back."""
+    until its row runs out of budget. Records the sampled tokens of every step it rolls back. With ``several`` it
+    takes every waiting step of a row in one call (``several_steps_per_row``), acts on the row's first scripted step
+    and ignores the later ones (the action discards them)."""
 
-    def __init__(self, tok, script: dict[tuple[int, int], bool]) -> None:
+    def __init__(self, tok, script: dict[tuple[int, int], bool], several: bool = False) -> None:
         self.inject = tok("XYZ", add_special_tokens=False)["input_ids"]
         self.script = script  # (row, step_index) -> rollback?
+        self.several_steps_per_row = several
         self.rolled_back = [0] * len(PROMPTS)  # per row, sampled tokens of the steps rolled back
         self.calls = 0
+        self.most_steps_of_a_row = 0  # in one call
 
     def wants(self, row: int, step_index: int, attempt: int) -> bool:
         return attempt == 0 and (row, step_index) in self.script
 
     def __call__(self, events):
         self.calls += 1
+        rows = [e.row for e in events]
+        self.most_steps_of_a_row = max(self.most_steps_of_a_row, *(rows.count(r) for r in rows))
         acts = {}
         for e in events:
             rollback = self.script.get((e.row, e.step_index))
-            if rollback is None or e.attempt:
+            if rollback is None or e.attempt or e.row in acts:
                 continue
-            acts[e.row] = StepAction(append_ids=self.inject, rollback=rollback)
+            acts[e.row] = StepAction(append_ids=self.inject, rollback=rollback, step_index=e.step_index)
             if rollback:
                 self.rolled_back[e.row] += len(e.ids) - e.step_start  # a step holds sampled tokens only
         return acts
@@ -218,21 +240,35 @@ def identity_processor(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     return scores
 
 
+class AllSteps:
+    """A monitor without ``wants``: every closed step makes an event."""
+
+    def __init__(self, monitor: ScriptedMonitor) -> None:
+        self.monitor = monitor
+        self.several_steps_per_row = monitor.several_steps_per_row
+
+    def __call__(self, events):
+        return self.monitor(events)
+
+
+@pytest.mark.parametrize("several", [False, True])
 @pytest.mark.parametrize("compact", [True, False])
 @pytest.mark.parametrize("wants", [True, False])
 @pytest.mark.parametrize("max_new_tokens", [40, 24])
-def test_lookahead_keeps_exactly_what_no_lookahead_keeps_under_greedy(varied_lm, max_new_tokens, wants, compact):
+def test_lookahead_keeps_exactly_what_no_lookahead_keeps_under_greedy(
+    varied_lm, max_new_tokens, wants, compact, several
+):
     """Tokens a lookahead action discards (sampled after the acted-on step) do not use up the row's budget, so with
     greedy decoding ``hook_lookahead`` L = 8 and L = max_new_tokens keep exactly the tokens of L = 0 in every row
     (rolled-back steps still count, as at L = 0). Without ``wants`` every step makes an event, and other rows'
-    step closes flush waiting steps early; with a logits processor (``compact=False``) rows that are done stay in the
-    batch instead of leaving it."""
+    step closes flush waiting steps early (unless the hook takes ``several`` steps of a row per call); with a logits
+    processor (``compact=False``) rows that are done stay in the batch instead of leaving it."""
     model, tok, ids, mask = varied_lm
     params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=False)
     outs, monitors = {}, {}
     for lookahead in (0, 8, max_new_tokens):
-        monitor = monitors[lookahead] = ScriptedMonitor(tok, SCRIPT)
-        hook = monitor if wants else (lambda events, monitor=monitor: monitor(events))
+        monitor = monitors[lookahead] = ScriptedMonitor(tok, SCRIPT, several=several and lookahead > 0)
+        hook = monitor if wants else AllSteps(monitor)
         processors = () if compact else (identity_processor,)
         decoder = StepwiseDecoder(hook, DELIMS, processors=processors, hook_lookahead=lookahead)
         outs[lookahead] = decoder(model, tok, ids, mask, params=params)
@@ -253,6 +289,8 @@ def test_lookahead_keeps_exactly_what_no_lookahead_keeps_under_greedy(varied_lm,
         # the scenario: actions came late and discarded tokens sampled after their steps (in fewer hook calls)
         assert sum(out.sampled_tokens) > sum(ref.sampled_tokens), out.sampled_tokens
         assert monitors[lookahead].calls < monitors[0].calls
+    if several and not wants:  # every step makes an event: rows close several steps while one waits
+        assert monitors[8].most_steps_of_a_row > 1
     if wants:  # at the longest lookahead a waiting step waits until its row's budget runs out
         assert max(outs[max_new_tokens].sampled_tokens) > max_new_tokens + 8, outs[max_new_tokens].sampled_tokens
 

@@ -25,9 +25,10 @@ processors cannot see model outputs (#34265), so :class:`StepwiseDecoder` is a d
   tokens -- the cache is never rewritten); a row left with nothing new to feed feeds its last kept token again
   (its old column masked) to get the logits after it;
 * with ``hook_lookahead > 0`` rows keep decoding while their closed steps wait for the hook, which then sees the
-  steps of many rows in one call (fewer calls of an expensive scorer); an action discards what was sampled after
-  its step first, and those discarded tokens are not counted against the row's budget, so the kept text is
-  exactly what ``hook_lookahead = 0`` keeps (token-identical under greedy decoding);
+  steps of many rows in one call (fewer calls of an expensive scorer) -- with a hook that declares
+  ``several_steps_per_row``, also several steps of one row; an action discards what was sampled after its step
+  first, and those discarded tokens are not counted against the row's budget, so the kept text is exactly what
+  ``hook_lookahead = 0`` keeps (token-identical under greedy decoding);
 * generation ends per row at EOS (or a stop string), or when the row's counted tokens reach ``max_new_tokens``:
   every sampled token counts (kept, or in a step the hook rolled back) except those a lookahead action discarded;
   the loop runs until every row has ended. A row whose delimiter never appeared is reported
@@ -106,10 +107,13 @@ class StepAction:
     Attributes:
         append_ids: token ids appended after the step (or after the rolled-back point); injected, not sampled.
         rollback: discard the step just generated (and resample from its start, after ``append_ids``).
+        step_index: the step acted on (its :attr:`StepEvent.step_index`); ``None``: the row's only step in the call.
+            Needed when the call held several steps of the row (a hook with ``several_steps_per_row``).
     """
 
     append_ids: Sequence[int] = ()
     rollback: bool = False
+    step_index: int | None = None
 
 
 StepHook = Callable[[list[StepEvent]], dict[int, StepAction]]
@@ -169,8 +173,8 @@ class _Row:
         self.discarded: list[str] = []
         self.sampled = 0
         self.lookahead_discarded = 0  # sampled tokens discarded by lookahead actions: not counted by the budget
-        self.pending: StepEvent | None = None  # a closed step the hook has not seen yet (lookahead)
-        self.pending_age = 0
+        self.pending: list[StepEvent] = []  # closed steps the hook has not seen yet (lookahead), in step order
+        self.pending_age = 0  # tokens sampled since the oldest of them closed
         self.stale = False  # rolled back with nothing new to feed: the logits after the last kept token are stale
 
     @property
@@ -193,6 +197,24 @@ class _Row:
         del self.ids[length:], self.injected[length:], self.logprobs[length:], self.cols[length:]
 
 
+def _acted_step(events: list[StepEvent], action: StepAction) -> StepEvent:
+    """The event of a row that ``action`` applies to (its ``step_index``, or the row's only event)."""
+    if action.step_index is None:
+        if len(events) > 1:
+            raise ValueError(
+                f"step hook acted on row {events[0].row}, which closed steps {[e.step_index for e in events]} in "
+                "this call, without saying which (StepAction.step_index)"
+            )
+        return events[0]
+    for event in events:
+        if event.step_index == action.step_index:
+            return event
+    raise ValueError(
+        f"step hook acted on step {action.step_index} of row {events[0].row}, which closed steps "
+        f"{[e.step_index for e in events]} in this call"
+    )
+
+
 def _as_tuple(
     delimiters: str | Sequence[str], what: str = "step delimiters", empty_ok: bool = False
 ) -> tuple[str, ...]:
@@ -206,10 +228,14 @@ class StepwiseDecoder(Decoder):
     """Decoder with a hook called whenever rows close a reasoning step (the loop of the module docstring).
 
     Args:
-        step_hook: ``events -> {row: StepAction}`` (at most one event per row per call); ``None`` = plain decoding
-            (token-identical to :class:`~zoo.generation.decoders.SampleDecoder` with the same seed). A hook may
-            declare ``max_appended_tokens`` (an int: the most tokens it appends to one row), which the context check
-            counts, and ``wants(row, step_index, attempt) -> bool``, the steps it looks at (others make no event).
+        step_hook: ``events -> {row: StepAction}`` (one event per row per call unless the hook declares
+            ``several_steps_per_row``); ``None`` = plain decoding (token-identical to
+            :class:`~zoo.generation.decoders.SampleDecoder` with the same seed). A hook may declare
+            ``max_appended_tokens`` (an int: the most tokens it appends to one row), which the context check counts,
+            ``wants(row, step_index, attempt) -> bool``, the steps it looks at (others make no event), and
+            ``several_steps_per_row = True``: with ``hook_lookahead > 0`` it then gets every waiting step of a row
+            in one call (in step order), acts on at most one per row (:attr:`StepAction.step_index`) and ignores
+            that row's later steps in the call, which the action discards (they were sampled after it).
         step_delimiters: a step closes when its text contains one of these (default: newline, the zoo's
             ``STEP_DELIMITER``).
         step_openers: tokens that open the reasoning block (``<think>``); sampled at the start of a step they are
@@ -221,8 +247,9 @@ class StepwiseDecoder(Decoder):
             never a step).
         hook_lookahead: ``0`` (default): the hook sees each closed step before the row samples on. ``L > 0``: rows
             keep decoding while a closed step waits, and the hook gets the waiting steps of all rows in one call
-            once the oldest is ``L`` tokens old (or its row finished, ran out of budget or closed another step); an
-            action first discards the tokens sampled after that step (their cache columns masked). Fewer, larger
+            once the oldest is ``L`` tokens old (or its row finished, ran out of budget, or -- unless the hook takes
+            ``several_steps_per_row`` -- closed another step); an action first discards the tokens sampled after
+            that step (their cache columns masked). Fewer, larger
             hook calls; the kept text has the same distribution (discarded tokens never condition what is kept),
             and the tokens an action discards because they were sampled after its step do not count against the
             row's budget, so the kept text is exactly what ``L = 0`` keeps: token-identical under greedy decoding
@@ -296,19 +323,20 @@ class StepwiseDecoder(Decoder):
         live_index = torch.arange(batch, device=device)
         prompt_logits = state.next_logits.clone()  # to resample a row rolled back to its first token
         self._hook_seconds = 0.0
-        # Each iteration a live row's counted tokens grow by one; only a lookahead action lowers them, by at most
-        # ``lookahead`` (the age of the waiting step), at most once per counted token: so no row is live for more
-        # than ``max_new_tokens * (lookahead + 1)`` iterations.
-        for _ in range(params.max_new_tokens * (lookahead + 1)):
+        # Each iteration a live row's counted tokens grow by one, or the row is done and waits for the hook (at most
+        # ``lookahead`` iterations per wait); only a lookahead action lowers them, by at most ``lookahead`` (the age
+        # of the waiting step), at most once per counted token: so no row is live for more than
+        # ``max_new_tokens * (2 * lookahead + 1)`` iterations.
+        for _ in range(params.max_new_tokens * (2 * lookahead + 1)):
             context = padded_context(prefill.prompt_ids, [r.ids for r in rows], pad) if self.processors else None
             sampled, logprobs_t = self.next_tokens(state.next_logits, context, params, generator, live_index, batch)
             tokens, logprobs = sampled.tolist(), logprobs_t.tolist()
             fresh: dict[int, StepEvent] = {}  # rows that closed a step the hook wants, at this token
             for k, i in enumerate(live):
                 row = rows[i]
+                row.pending_age += bool(row.pending)  # iterations (a done row's steps may wait too)
                 if row.done:
                     continue
-                row.pending_age += row.pending is not None
                 row.append((tokens[k],), False, (logprobs[k],))
                 row.sampled += 1
                 row.done = row.counted >= row.budget  # out of budget (not finished): a step closing here still counts
@@ -330,7 +358,8 @@ class StepwiseDecoder(Decoder):
             if all(rows[i].done for i in live):
                 break
             if compact:  # as SampleDecoder: finished rows leave the batch once a quarter of it is done
-                keep = [k for k, i in enumerate(live) if not rows[i].done]
+                # a done row whose steps wait for the hook stays: an action makes it live again
+                keep = [k for k, i in enumerate(live) if not rows[i].done or rows[i].pending]
                 if len(keep) <= 0.75 * len(live):
                     index_t = torch.tensor(keep, dtype=torch.long, device=device)
                     if state.select_rows(index_t):
@@ -363,10 +392,31 @@ class StepwiseDecoder(Decoder):
         tokenizer: PreTrainedTokenizerBase,
     ) -> None:
         """Hand closed steps to the hook: at once (``lookahead == 0``), or -- all waiting ones in one call -- once
-        the oldest waiting one is ``lookahead`` tokens old, or a row with a closed step is done (finished or out of
-        budget) or closed another step."""
+        the oldest waiting one is ``lookahead`` iterations old, or a row with a closed step is done (finished or out
+        of budget) or closed another step. A hook that takes ``several_steps_per_row`` gets a row's later steps in
+        the same call, and a done row's steps wait like the others (the row stays in the batch meanwhile) until the
+        oldest waiting step is ``lookahead`` iterations old, every row is done, or finished rows are about to leave
+        the batch (a quarter of it is done: the compaction of :meth:`decode`), so that waiting costs no extra
+        forward work beyond what plain decoding keeps in its batch."""
         position = {i: k for k, i in enumerate(live)}
-        waiting = {i: rows[i].pending for i in live if rows[i].pending is not None}
+        if lookahead and getattr(self.step_hook, "several_steps_per_row", False):
+            for i, event in fresh.items():
+                rows[i].pending_age = rows[i].pending_age if rows[i].pending else 0
+                rows[i].pending.append(event)
+            waiting = [i for i in live if rows[i].pending]
+            running = sum(not rows[i].done for i in live)
+            compacting = not self.processors and running <= 0.75 * len(live)
+            if waiting and (
+                any(rows[i].pending_age >= lookahead for i in waiting)
+                or running == 0
+                or (compacting and any(rows[i].done for i in waiting))
+            ):
+                events = [event for i in waiting for event in rows[i].pending]
+                for i in waiting:
+                    rows[i].pending, rows[i].pending_age = [], 0
+                self._call_hook(events, rows, position, state, prompt_logits, tokenizer)
+            return
+        waiting = {i: rows[i].pending[0] for i in live if rows[i].pending}
         flush = any(rows[i].pending_age >= lookahead or rows[i].done or i in fresh for i in waiting) or any(
             rows[i].done for i in fresh
         )
@@ -378,17 +428,17 @@ class StepwiseDecoder(Decoder):
             elif lookahead == 0 or flush:
                 now.append(event)
             else:
-                rows[i].pending, rows[i].pending_age = event, 0
+                rows[i].pending, rows[i].pending_age = [event], 0
         if flush:
             for i in waiting:
-                rows[i].pending, rows[i].pending_age = None, 0
+                rows[i].pending, rows[i].pending_age = [], 0
         acted = self._call_hook(now, rows, position, state, prompt_logits, tokenizer) if now else set()
         survivors = [event for i, event in later.items() if i not in acted]  # else it lay in the discarded part
         if survivors and (lookahead == 0 or any(rows[e.row].done for e in survivors)):
             self._call_hook(survivors, rows, position, state, prompt_logits, tokenizer)
         else:
             for event in survivors:
-                rows[event.row].pending, rows[event.row].pending_age = event, 0
+                rows[event.row].pending, rows[event.row].pending_age = [event], 0
 
     def _call_hook(
         self,
@@ -399,16 +449,18 @@ class StepwiseDecoder(Decoder):
         prompt_logits: torch.Tensor,
         tokenizer: PreTrainedTokenizerBase,
     ) -> set[int]:
-        """Call the hook on ``events`` (one per row) and apply its actions; returns the rows acted on."""
+        """Call the hook on ``events`` (in step order per row) and apply its actions; returns the rows acted on."""
         t0 = time.perf_counter()
         actions = self.step_hook(events) or {}
         self._hook_seconds += time.perf_counter() - t0
-        by_row = {e.row: e for e in events}
+        by_row: dict[int, list[StepEvent]] = {}
+        for event in events:
+            by_row.setdefault(event.row, []).append(event)
         unknown = set(actions) - set(by_row)
         if unknown:
             raise ValueError(f"step hook returned actions for rows {sorted(unknown)} that closed no step")
         for i, action in actions.items():
-            self._act(rows[i], position[i], by_row[i], action, state, tokenizer)
+            self._act(rows[i], position[i], _acted_step(by_row[i], action), action, state, tokenizer)
         return set(actions)
 
     @staticmethod

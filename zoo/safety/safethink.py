@@ -39,9 +39,11 @@ Conventions fixed here (the sources are silent; see inference.md 1(f)):
 * at most one intervention per step index (a resampled step is not checked again), so a row gets at most
   ``m`` interventions, all at steps ``t <= m``;
 * the scorer is called only when a step closes and only while ``t <= m``;
-* scorer calls are batched over rows (``hook_lookahead``, default :data:`DEFAULT_HOOK_LOOKAHEAD` = 32): rows decode
-  on while a closed step waits to be scored, for at most 32 tokens, and the waiting steps of all rows are scored in
-  one call; a violation first discards what its row sampled after the step (not counted against the row's budget).
+* scorer calls are batched over rows and steps (``hook_lookahead``, default :data:`DEFAULT_HOOK_LOOKAHEAD` = 32):
+  rows decode on while closed steps wait to be scored, for at most 32 iterations after the oldest closed (a row that
+  finished waits in the batch), and the waiting steps of all rows -- several of one row included, read off one pass
+  of the classifier over its newest trace -- are scored in one call; a violation first discards what its row sampled
+  after the step (not counted against the row's budget), so the row's later waiting steps are dropped unrecorded.
   This is exact -- the kept text has the distribution of the loop above, token-identical to ``hook_lookahead=0`` under
   greedy decoding and to plain generation when nothing violates; seeded samples differ from ``hook_lookahead=0``
   after a violation -- and needs fewer scorer calls (each has a fixed cost); ``hook_lookahead=0`` scores each step
@@ -136,8 +138,13 @@ class SafeThinkHook:
             always resampled).
 
     ``max_appended_tokens`` (the most tokens injected into one row: ``m`` prefixes; ``None`` without ``m``) lets
-    the decoder's context check count the injections.
+    the decoder's context check count the injections. With ``hook_lookahead > 0`` the hook takes every waiting step
+    of a row in one call (``several_steps_per_row``): all of them are scored in one scorer call (a causal classifier
+    reads the scores of a row's steps off one pass over its newest trace), the row's first violating step is acted
+    on, and its later steps -- sampled after it, so discarded by the action -- are not recorded.
     """
+
+    several_steps_per_row = True
 
     def __init__(
         self,
@@ -190,11 +197,13 @@ class SafeThinkHook:
         self.calls += 1
         actions: dict[int, StepAction] = {}
         for event, score in zip(todo, scores):
+            if event.row in actions:  # after the row's violating step: discarded with what followed it
+                continue
             self.step_scores[event.row].append((event.step_index, score))
             if score < self.tau:
                 discard = self.discard or event.final
                 self.interventions[event.row].append(Intervention(event.step_index, score, event.step_text, discard))
-                actions[event.row] = StepAction(append_ids=self.prefix_ids, rollback=discard)
+                actions[event.row] = StepAction(self.prefix_ids, rollback=discard, step_index=event.step_index)
         return actions
 
 

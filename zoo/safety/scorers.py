@@ -241,6 +241,8 @@ def is_causal_classifier(model: PreTrainedModel) -> bool:
     )
 
 
+# ``session(rows, prompts, traces) -> scores``: ``rows`` name the sequence each text belongs to; a row may appear
+# several times (its texts in the order they were written, e.g. the traces after each of its steps)
 ScoringSession = Callable[[Sequence[Hashable], Sequence[str], Sequence[str]], list[float]]
 
 
@@ -281,6 +283,11 @@ class IncrementalScoringSession:
     already encoded (a grown trace: all of it; injected prefix tokens are just more new tokens; a rollback or a
     re-tokenized boundary: the part before the change) and feeds ``ids[c:]`` (at least the last token).
 
+    Several texts of one row in a call (its traces after each of several steps): when each one's tokens are a prefix
+    of the next one's, the row's newest text is fed once and every text's score is read off the hidden state at its
+    own last token (causality makes it the text's own score); a text that does not extend the one before it (a
+    template that adds tokens after the trace, a changed boundary) starts another pass.
+
     Storage: one slot per row in per-layer buffers ``[slots, kv_heads, capacity, head_dim]`` (grown by doubling);
     a row's valid positions are its first ``len(ids)`` columns. A call over ``R`` rows gathers their slots' first
     ``P = max c`` columns as the past (columns ``>= c`` of a row are masked out), feeds the new tokens right-padded
@@ -311,11 +318,10 @@ class IncrementalScoringSession:
     def __call__(self, rows: Sequence[Hashable], prompts: Sequence[str], traces: Sequence[str]) -> list[float]:
         scorer = self.scorer
         texts = scorer.texts(prompts, traces)
-        if len(rows) != len(texts) or len(set(rows)) != len(rows):
-            raise ScorerError(f"safety scorer '{scorer.name}': a session call needs one distinct row per text")
-        # one text at a time: a batch encode wakes the tokenizer's thread pool, slower for the few short texts of a
-        # step close than encoding them in turn
-        ids = [scorer.tokenizer(text, add_special_tokens=True)["input_ids"] for text in texts]
+        if len(rows) != len(texts):
+            raise ScorerError(f"safety scorer '{scorer.name}': a session call needs one row per text")
+        # one batch encode (measured: 2x faster than encoding in turn at 64-128 texts, no slower at 8)
+        ids = list(scorer.tokenizer(list(texts), add_special_tokens=True)["input_ids"])
         scores: list[float | None] = [None] * len(texts)
         long = [i for i, x in enumerate(ids) if len(x) > scorer.max_length or not x]
         if long:
@@ -323,22 +329,42 @@ class IncrementalScoringSession:
                 scores[i] = value
                 if rows[i] in self.slot:
                     self.ids[self.slot[rows[i]]] = []
-        todo = [i for i in range(len(texts)) if scores[i] is None]
+        # per row, passes: runs of its texts whose tokens extend one another; one feed per pass, every text read off it
+        passes: dict[Hashable, list[list[int]]] = {}
+        for i in range(len(texts)):
+            if scores[i] is not None:
+                continue
+            runs = passes.setdefault(rows[i], [])
+            last = runs[-1][-1] if runs else None
+            if last is not None and len(ids[i]) >= len(ids[last]) and ids[i][: len(ids[last])] == ids[last]:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
         with _eval_mode(self.model):
-            for start in range(0, len(todo), scorer.batch_size):
-                chunk = todo[start : start + scorer.batch_size]
-                for i, value in zip(chunk, self._score([rows[i] for i in chunk], [ids[i] for i in chunk])):
-                    scores[i] = value
+            for depth in range(max((len(r) for r in passes.values()), default=0)):
+                todo = [runs[depth] for runs in passes.values() if depth < len(runs)]
+                for start in range(0, len(todo), scorer.batch_size):
+                    chunk = todo[start : start + scorer.batch_size]
+                    found = self._score(
+                        [rows[run[-1]] for run in chunk],
+                        [ids[run[-1]] for run in chunk],
+                        [[len(ids[i]) for i in run] for run in chunk],
+                    )
+                    for run, values in zip(chunk, found):
+                        for i, value in zip(run, values):
+                            scores[i] = value
         return validate_scores(scores, len(texts), scorer.name)
 
-    def _score(self, rows: list[Hashable], ids: list[list[int]]) -> list[float]:
+    def _score(self, rows: list[Hashable], ids: list[list[int]], reads: list[list[int]]) -> list[list[float]]:
+        """Feed each row's ``ids`` (distinct rows) past what its slot holds; per row, the scores of its prefixes of
+        the lengths ``reads`` (ascending, the last ``len(ids)``)."""
         for row in rows:
             if row not in self.slot:
                 self.slot[row] = len(self.ids)
                 self.ids.append([])
         slots = [self.slot[row] for row in rows]
-        # keep at least the last token to feed: its hidden state is the score's input
-        reused = [min(_common_prefix(self.ids[s], x), len(x) - 1) for s, x in zip(slots, ids)]
+        # feed at least from the shortest read's last token: its hidden state is that score's input
+        reused = [min(_common_prefix(self.ids[s], x), r[0] - 1) for s, x, r in zip(slots, ids, reads)]
         new = [x[c:] for x, c in zip(ids, reused)]
         past, width = max(reused), max(len(x) for x in new)
         device = next(self.model.parameters()).device
@@ -377,13 +403,15 @@ class IncrementalScoringSession:
             **{self.cache_kwarg: cache},
         )
         self.fed_tokens += sum(len(x) for x in new)
-        last = torch.tensor([len(x) - 1 for x in new], dtype=torch.long, device=device)
-        hidden = out.last_hidden_state[torch.arange(len(rows), device=device), last]
-        probs = self.scorer.safe_probability(self.model.score(hidden))
+        # the hidden state at each read's last token (fed column n - 1 - c of the row)
+        which = torch.tensor([k for k, r in enumerate(reads) for _ in r], dtype=torch.long, device=device)
+        at = torch.tensor([n - 1 - c for c, r in zip(reused, reads) for n in r], dtype=torch.long, device=device)
+        probs = self.scorer.safe_probability(self.model.score(out.last_hidden_state[which, at])).cpu().tolist()
         self._store(cache, slot_index, columns, past)
         for s, x in zip(slots, ids):
             self.ids[s] = list(x)
-        return probs.cpu().tolist()
+        found = iter(probs)
+        return [[next(found) for _ in r] for r in reads]
 
     def _store(self, cache: DynamicCache, slot_index: torch.Tensor, columns: torch.Tensor, past: int) -> None:
         """Write the keys/values of the fed tokens (cache columns ``past ..``) to their rows' slots at ``columns``
