@@ -456,8 +456,7 @@ class SemanticWatermarkDecoder(Decoder):
         return (
             f"SemanticWatermarkDecoder(scheme={scheme!r}, margin={self.margin}, max_trials={self.max_trials}, "
             f"candidates_per_round={self.candidates_per_round}, min_sentences={self.min_sentences}, "
-            f"processors={len(self.processors)}, "
-            f"hooks={len(self.hooks)})"
+            f"processors={len(self.processors)}, hooks={len(self.hooks)})"
         )
 
 

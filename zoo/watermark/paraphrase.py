@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from zoo.data.encoding import encode_prompt
 from zoo.data.topic_sentences import PARAPHRASE_PROMPT
 from zoo.errors import CheckpointNotFoundError, ConfigError
 from zoo.generation.decoders import Decoder, generate_text
@@ -121,11 +122,12 @@ class ModelParaphraser:
         return out
 
     def _fits(self, prompt: str) -> bool:
+        """The prompt as :func:`~zoo.generation.decoders.generate_text` encodes it, plus ``max_new_tokens``, fits
+        the model's positions."""
         positions = context_length(self.model)
         if positions is None:
             return True
-        length = len(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        return length + self.params.max_new_tokens <= positions
+        return len(encode_prompt(self.tokenizer, prompt)) + self.params.max_new_tokens <= positions
 
 
 def model_paraphrase(source: Any, *, per_sentence: bool = True, name: str = "paraphrase", **options: Any) -> Paraphrase:
