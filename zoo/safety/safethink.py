@@ -40,10 +40,11 @@ Conventions fixed here (the sources are silent; see inference.md 1(f)):
   ``m`` interventions, all at steps ``t <= m``;
 * the scorer is called only when a step closes and only while ``t <= m``;
 * scorer calls are batched over rows and steps (``hook_lookahead``, default :data:`DEFAULT_HOOK_LOOKAHEAD` = 32):
-  rows decode on while closed steps wait to be scored, for at most 32 iterations after the oldest closed (a row that
-  finished waits in the batch), and the waiting steps of all rows -- several of one row included, read off one pass
-  of the classifier over its newest trace -- are scored in one call; a violation first discards what its row sampled
-  after the step (not counted against the row's budget), so the row's later waiting steps are dropped unrecorded.
+  rows decode on while closed steps wait to be scored, for at most 32 iterations after the oldest closed (a row
+  that finished waits in the batch until finished rows leave it), and the waiting steps of all rows -- several of
+  one row included, read off one pass of the classifier over its newest trace -- are scored in one call; a
+  violation first discards what its row sampled after the step (not counted against the row's budget), so the
+  row's later waiting steps are dropped unrecorded.
   This is exact -- the kept text has the distribution of the loop above, token-identical to ``hook_lookahead=0`` under
   greedy decoding and to plain generation when nothing violates; seeded samples differ from ``hook_lookahead=0``
   after a violation -- and needs fewer scorer calls (each has a fixed cost); ``hook_lookahead=0`` scores each step
@@ -269,8 +270,9 @@ def safethink_generate(
             ``decoder.processors`` / ``decoder.hooks``, so that SafeThink composes with them).
         final_step_delimiters: where the last reasoning step ends (monitored too); ``()`` = never.
         hook_lookahead: ``L > 0`` (default 32): rows keep decoding while closed steps wait, and the waiting steps of
-            all rows are scored in one call once the oldest is ``L`` tokens old (or its row ends or closes another
-            step); a violation discards what was sampled after its step (not counted against the row's budget),
+            all rows (several of one row included) are scored in one call once the oldest has waited ``L``
+            iterations, finished rows are about to leave the batch, or every row is done; a violation discards what
+            was sampled after its step (not counted against the row's budget),
             then acts as above (see :class:`~zoo.generation.stepwise.StepwiseDecoder`). Fewer scorer calls; the
             output has the same distribution as with ``0``, token-identical to it under greedy decoding and to plain
             decoding when nothing violates; seeded samples differ from ``0`` after a violation. ``0``: score each
