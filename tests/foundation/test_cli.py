@@ -236,3 +236,16 @@ def test_multirun_with_the_basic_launcher(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = sorted(tmp_path.glob("logs/train/multiruns/*/*/run_info.json"))
     assert [p.parent.name for p in runs] == ["0", "1"]
+
+
+def test_a_watermark_sentence_floor_above_the_ceiling_is_one_message(tmp_path):
+    proc = cli(
+        "+method=xguard",
+        "callbacks.watermark.decoder.scheme.encoder=hashing:64",
+        "callbacks.watermark.decoder.max_sentences=2",
+        "callbacks.watermark.decoder.min_sentences=3",
+        f"paths.log_dir={tmp_path}",
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "min_sentences must be >= 0 and <= max_sentences (2), got 3" in proc.stderr
+    assert "Traceback" not in proc.stderr
