@@ -33,6 +33,7 @@ from zoo.modules import GRPOModule
 from zoo.rl import ExactMatchReward, LossAggregator
 
 GROUP, PROMPTS_PER_STEP, MAX_NEW, LR, TEMPERATURE = 8, 8, 64, 2e-4, 1.0
+MICRO_BATCH_TOKENS = 1024  # conf/module/grpo.yaml's default
 
 
 def prompts(n: int) -> list[dict]:
@@ -64,6 +65,7 @@ def run_zoo(model_dir: Path, steps: int) -> dict:
         aggregation=LossAggregator("token_mean"),
         group_size=GROUP,
         micro_batch_size=GROUP * PROMPTS_PER_STEP,
+        micro_batch_tokens=MICRO_BATCH_TOKENS,
         generation={"max_new_tokens": MAX_NEW, "temperature": TEMPERATURE},
     )
     split: dict[str, float] = defaultdict(float)

@@ -15,6 +15,7 @@ from zoo.data.tasks import MultiSum
 from zoo.datamodules import PromptDataModule
 from zoo.errors import ConfigError
 from zoo.modules import CausalLMModule, GRPOModule
+from zoo.modules.grpo import completion_start
 from zoo.rl import (
     ClippedPolicyLoss,
     ExactMatchReward,
@@ -76,6 +77,59 @@ def test_micro_batch_split_does_not_change_the_gradient(mode):
     for a, b in zip(full, grads(module)):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
     assert loss_split.isfinite()
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_sum_norm"])
+def test_token_budget_micro_batches_cut_padding_and_keep_the_gradient(mode):
+    torch.manual_seed(0)
+    module = GRPOModule(
+        TinyBackbone(seed=2),
+        rewards={"accuracy": ExactMatchReward()},
+        aggregation=LossAggregator(mode),
+        policy_loss=ClippedPolicyLoss(beta=0.1),
+        group_size=4,
+        micro_batch_size=12,
+        generation={"max_new_tokens": 24},
+    )
+    module.configure_model()
+    rollout = module.rollout(rollout_batch(module))
+    rows = module.sequences(rollout["result"], rollout["prompt_mask"])
+    num_rows, width = rows[0].shape
+    # a random-init policy rarely ends early: end the completions at chosen lengths, as EOS would
+    prompt_width = rollout["result"].prompt_ids.shape[1]
+    lengths = torch.tensor([24, 3, 17, 9, 24, 1, 12, 20, 5, 24, 8, 15])[:num_rows]
+    cut = torch.arange(width)[None] >= prompt_width + lengths[:, None]
+    rows = (rows[0], rows[1].masked_fill(cut, 0), rows[2], rows[3].masked_fill(cut, -100))
+    advantages = torch.randn(num_rows)
+    old_full, ref_full = module.reference_logprobs(rows)
+    old = old_full + 0.05 * torch.randn_like(old_full)
+    module.policy_gradients(rows, advantages, old, ref_full)
+    full = grads(module)
+    module.model.zero_grad(set_to_none=True)
+
+    module.micro_batch_tokens = 3 * width
+    start = completion_start(rows[3])
+    chunks = module.row_micro_batches(rows, start)
+    seen = torch.cat([index for index, _ in chunks]).sort().values
+    assert torch.equal(seen, torch.arange(num_rows))  # every row exactly once
+    assert all(len(index) * w <= 3 * width for index, w in chunks)
+    for index, w in chunks:  # each micro-batch is cut to its longest row: nothing attended or labelled is cut
+        assert rows[1][index, w:].sum() == 0 and (rows[3][index, w:] == -100).all()
+        assert rows[1][index, w - 1].any() or w == start + 1
+    assert sum(len(index) * w for index, w in chunks) < num_rows * width  # padding columns were not computed
+
+    old_split, ref_split = module.reference_logprobs(rows)  # the no-grad passes take the same micro-batches
+    mask = rows[3][:, start:] != -100
+    torch.testing.assert_close(old_split * mask, old_full * mask, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ref_split * mask, ref_full * mask, atol=1e-6, rtol=1e-5)
+    module.policy_gradients(rows, advantages, old, ref_full)
+    for a, b in zip(full, grads(module)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_micro_batch_tokens_must_be_positive():
+    with pytest.raises(ConfigError, match="micro_batch_tokens"):
+        GRPOModule(TinyBackbone(), rewards={"a": ExactMatchReward()}, micro_batch_tokens=0)
 
 
 def test_reference_model_only_when_beta_positive():

@@ -132,6 +132,11 @@ class GRPOModule(GeneratingModule):
         group_size: ``G`` completions per prompt.
         num_iterations: optimizer updates per rollout step (``mu``; 1 = strictly on-policy).
         micro_batch_size: completions per forward/backward pass (memory knob; does not change the gradient).
+        micro_batch_tokens: token budget of a training micro-batch, ``None`` = off. The rows are sorted by length and
+            packed so that rows x (longest row of the micro-batch) <= ``micro_batch_tokens`` (and at most
+            ``micro_batch_size`` rows); each micro-batch is cut to its longest row, so the padding columns of a
+            batch of short and long completions are not computed (verl's dynamic batch size in spirit). Does not
+            change the gradient (:meth:`row_micro_batches`).
         max_grad_norm: gradient clipping (manual optimization; keep ``trainer.gradient_clip_val`` null).
         generation: rollout sampling (``do_sample``, ``temperature``, ``max_new_tokens``, ...).
         eval_generation: validation decoding (greedy by default, with the rollout ``max_new_tokens``).
@@ -179,6 +184,7 @@ class GRPOModule(GeneratingModule):
         group_size: int = 8,
         num_iterations: int = 1,
         micro_batch_size: int = 64,
+        micro_batch_tokens: int | None = None,
         max_grad_norm: float | None = 1.0,
         generation: dict[str, Any] | None = None,
         eval_generation: dict[str, Any] | None = None,
@@ -214,6 +220,8 @@ class GRPOModule(GeneratingModule):
             )
         if num_iterations < 1 or micro_batch_size < 1:
             raise ConfigError("module.num_iterations and module.micro_batch_size must be >= 1")
+        if micro_batch_tokens is not None and micro_batch_tokens < 1:
+            raise ConfigError(f"module.micro_batch_tokens must be >= 1 or null (off), got {micro_batch_tokens}")
         if not self.decoder.consistent_with_forward:
             raise ConfigError(
                 f"module.decoder {self.decoder!r} samples tokens in contexts a forward pass over the completion "
@@ -234,6 +242,7 @@ class GRPOModule(GeneratingModule):
         self.group_size = group_size
         self.num_iterations = num_iterations
         self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = micro_batch_tokens
         self.max_grad_norm = max_grad_norm
         self.dynamic_sampling = bool(dynamic_sampling)
         self.max_refill_rounds = int(max_refill_rounds)
@@ -434,17 +443,52 @@ class GRPOModule(GeneratingModule):
         """Row slices of at most ``micro_batch_size``."""
         return [slice(i, min(i + self.micro_batch_size, num_rows)) for i in range(0, num_rows, self.micro_batch_size)]
 
+    def row_micro_batches(self, rows: tuple[torch.Tensor, ...], start: int) -> list[tuple[torch.Tensor | slice, int]]:
+        """The training micro-batches of token rows ``(input_ids, attention_mask, position_ids, labels)``: pairs
+        ``(row index, width)``; a micro-batch is ``t[index, :width]`` of every row tensor.
+
+        Without ``micro_batch_tokens``: slices of ``micro_batch_size`` rows at the full width. With it: rows sorted by
+        their end (last attended or labelled column + 1, at least ``start + 1``), longest first, packed greedily while
+        rows x width stays within the budget. Cutting columns after a row's end leaves its log-probs unchanged
+        (causal attention, explicit position ids), so the summed micro-batch gradients are the full batch's.
+        """
+        num_rows, width = rows[0].shape
+        if self.micro_batch_tokens is None:
+            return [(chunk, width) for chunk in self.micro_batches(num_rows)]
+        columns = torch.arange(1, width + 1, device=rows[0].device)
+        used = (rows[1] != 0) | (rows[3] != IGNORE_INDEX)
+        ends = (used * columns).amax(dim=1).clamp(min=start + 1)
+        order = torch.argsort(ends, descending=True, stable=True)
+        ends_sorted = ends[order].tolist()
+        chunks: list[tuple[torch.Tensor | slice, int]] = []
+        first = 0
+        for i in range(1, num_rows + 1):
+            chunk_width = ends_sorted[first]
+            if (
+                i == num_rows
+                or (i - first + 1) * chunk_width > self.micro_batch_tokens
+                or i - first >= self.micro_batch_size
+            ):
+                chunks.append((order[first:i], chunk_width))
+                first = i
+        return chunks
+
     @torch.no_grad()
     def reference_logprobs(
         self, rows: tuple[torch.Tensor, ...], need_old: bool = True
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Old-policy log-probs (the rollout policy, before any update; ``None`` unless ``need_old``) and
         reference log-probs (``None`` unless ``beta > 0``), ``[N, T - start]`` (:func:`completion_start`)."""
-        chunks = self.micro_batches(rows[0].shape[0])
         start = completion_start(rows[3])
+        chunks = self.row_micro_batches(rows, start)
 
         def logprobs(model: torch.nn.Module) -> torch.Tensor:
-            return torch.cat([self.token_logprobs(model, tuple(t[c] for t in rows), start=start)[0] for c in chunks])
+            out = torch.zeros(rows[0].shape[0], rows[0].shape[1] - start, device=rows[0].device)
+            for index, width in chunks:
+                out[index, : width - start] = self.token_logprobs(
+                    model, tuple(t[index, :width] for t in rows), start=start
+                )[0]
+            return out
 
         old = logprobs(self.model) if need_old else None
         return old, (None if self.ref_model is None else logprobs(self.ref_model))
@@ -470,12 +514,12 @@ class GRPOModule(GeneratingModule):
         total = torch.zeros((), device=rows[0].device)
         entropy = torch.zeros((), device=rows[0].device)
         metrics: dict[str, list[torch.Tensor]] = {}
-        for chunk in self.micro_batches(rows[0].shape[0]):
+        for chunk, width in self.row_micro_batches(rows, start):
             logp, mask, chunk_entropy = self.token_logprobs(
-                self.model, tuple(t[chunk] for t in rows), with_entropy=True, start=start
+                self.model, tuple(t[chunk, :width] for t in rows), with_entropy=True, start=start
             )
-            ref = None if ref_logp is None else ref_logp[chunk]
-            old = logp.detach() if old_logp is None else old_logp[chunk]
+            ref = None if ref_logp is None else ref_logp[chunk, : width - start]
+            old = logp.detach() if old_logp is None else old_logp[chunk, : width - start]
             per_token, info = self.policy_loss(logp, old, advantages[chunk], mask, ref)
             loss = self.aggregation(per_token, mask, normalizer)
             self.check_finite(loss)
