@@ -83,6 +83,13 @@ def tail_change(run: Run, metric: str) -> float:
     return (sum(last) / len(last) - before) / before if before else float("nan")
 
 
+def pooling_text(grid: int | None, pool: int | None, tokens: int | None) -> str:
+    """How the student's patch grid becomes its image tokens."""
+    if pool is None or pool == grid:
+        return f"gives {tokens} image tokens, one per cell (`backbone.image_pool={pool}`: no pooling)"
+    return f"is average-pooled to {tokens} image tokens (`backbone.image_pool={pool}`)"
+
+
 def accuracy_by_steps(run: Run) -> tuple[float, dict[int, float]]:
     """Overall accuracy and accuracy by number of reasoning steps of the run's last held-out evaluation."""
     if not run.file(RECORDS).is_file():
@@ -192,7 +199,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         f"{first.get('task.min_steps')}-{first.get('task.max_steps')} rows, one reasoning step per row looked up, "
         f"each followed by {first.get('task.filler')} recap clause(s) (`task.filler`): CoT completions average "
         f"{stat(lengths).mean:.0f} characters (= tokens; max {max(lengths, default=0)}). The student's "
-        f"{grid}x{grid} patch grid is average-pooled to {tokens} image tokens (`backbone.image_pool={pool}`); "
+        f"{grid}x{grid} patch grid {pooling_text(grid, pool, tokens)}; "
         f"{connector_text(first)}. "
         f"Stage 1 = plain CoT SFT (`+method=valr_cot`, {stage1.get('steps')} steps, lr {stage1.get('lr')}, one "
         f"model for every arm and seed, artifact cache; held-out accuracy {fmt_stat(stat(stage1_acc), ci=False)} on "
