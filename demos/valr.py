@@ -60,15 +60,16 @@ def stage1_builds(runs: list[Run]) -> list[Run]:
     return [Run(path=Path(p), overrides=[]) for p in sorted(paths)]
 
 
-def plateau_text(change: Stat) -> str:
-    """The stage-1 plateau check as a clause: the loss change over the last quarter, or why it is missing."""
+def plateau_text(change: Stat, builds: list[Run]) -> str:
+    """The stage-1 plateau check as a clause: its held-out accuracy at each validation of the build (several), else
+    the training loss change over the last quarter, or why both are missing."""
+    curves = [b.series("val/exact_match") for b in builds]
+    if curves and all(len(c) >= 2 for c in curves):
+        points = "; ".join(", ".join(f"{v:.3f} (step {s})" for s, v in c) for c in curves)
+        return f"held-out accuracy at its validations {points}: the plateau check"
     if change.n == 0:
         return "its training loss was logged at fewer than 8 steps, so no plateau check"
-    return (
-        f"its training loss changed by {change.mean:+.1%} from the third to the last quarter of its steps, where the "
-        "one-cycle schedule anneals the learning rate, so the CoT arm below, which continues the same objective, is "
-        "the plateau check that counts"
-    )
+    return f"its training loss changed by {change.mean:+.1%} from the third to the last quarter of its steps"
 
 
 def tail_change(run: Run, metric: str) -> float:
@@ -81,6 +82,9 @@ def tail_change(run: Run, metric: str) -> float:
     third, last = values[-2 * q : -q], values[-q:]
     before = sum(third) / len(third)
     return (sum(last) / len(last) - before) / before if before else float("nan")
+
+
+CEILING = 0.95  # mean held-out accuracy from which every arm counts as at the ceiling
 
 
 def pooling_text(grid: int | None, pool: int | None, tokens: int | None) -> str:
@@ -203,7 +207,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         f"{connector_text(first)}. "
         f"Stage 1 = plain CoT SFT (`+method=valr_cot`, {stage1.get('steps')} steps, lr {stage1.get('lr')}, one "
         f"model for every arm and seed, artifact cache; held-out accuracy {fmt_stat(stat(stage1_acc), ci=False)} on "
-        f"its {stage1.get('num_val')} validation images; {plateau_text(plateau)}); each stage-2 arm continues "
+        f"its {stage1.get('num_val')} validation images; {plateau_text(plateau, builds)}); each stage-2 arm continues "
         f"from it for {first.get('trainer.max_steps')} steps (batch {first.get('datamodule.batch_size')}, "
         f"lr {first.get('module.optimizer.lr')}, K={first.get('module.num_latents')}). The VaLR teacher is the "
         f"synthetic patch encoder (`+method=valr_teacher`, artifact cache; held-out cell accuracy of its pretraining "
@@ -288,11 +292,18 @@ def reading(
         return {r.seed: a for r, (a, _) in zip(arms.get(name, []), acc.get(name, []))}
 
     pairs = [("valr", "latent"), ("valr", "cot"), ("latent", "cot"), ("cot", "stage1")]
-    return [
+    lines = [
         "- " + paired_contrast(lab(a), by_seed(a), lab(b), by_seed(b), "Held-out accuracy") + "."
         for a, b in pairs
         if a in acc and b in acc
     ]
+    lowest = min((stat(a for a, _ in results).mean for results in acc.values()), default=float("nan"))
+    if lowest >= CEILING:
+        lines.append(
+            f"- Every arm answers at least {lowest:.3f} of the held-out questions (mean over seeds): the comparison is "
+            f"at its ceiling (>= {CEILING}) in this setting, so it cannot separate the arms."
+        )
+    return lines
 
 
 def plot(

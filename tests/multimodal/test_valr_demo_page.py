@@ -32,9 +32,11 @@ def write_csv(path: Path, rows: list[dict[str, float]]) -> None:
         writer.writerows(rows)
 
 
-def test_page_numbers_come_from_the_runs_and_their_artifacts(tmp_path):
+def write_sweep(tmp_path: Path, stage1_log: list[dict[str, float]], config: dict, correct: int = 3) -> str:
+    """A 2-arm x 2-seed sweep with its artifacts; each run's 4 records have ``correct`` right answers. Returns the
+    built page."""
     stage1 = tmp_path / "cache" / "demo_policy" / "valr_stage1-abc"
-    write_csv(stage1 / "csv", [{"step": s, "train/loss": 2.0 - 0.1 * s} for s in range(8)] + [{"step": 8, "x": 0}])
+    write_csv(stage1 / "csv", stage1_log)
     artifacts = [
         {
             "kind": "valr_teacher",
@@ -53,19 +55,38 @@ def test_page_numbers_come_from_the_runs_and_their_artifacts(tmp_path):
         (run / ".hydra").mkdir(parents=True)
         (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"demo/valr/arm={arm}", f"seed={seed}"]))
         (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": num}}}))
-        (run / "resolved_config.yaml").write_text(yaml.safe_dump({**CONFIG, "seed": seed}))
+        (run / "resolved_config.yaml").write_text(yaml.safe_dump({**config, "seed": seed}))
         info = {"argv": ["train.py", "-m", "+demo=valr"], "finished_at": "2026-01-01T00:01:00+00:00"}
         (run / "run_info.json").write_text(json.dumps({**info, "wall_seconds": 10.0, "artifacts": artifacts}))
         probe = {"vision_probe/teacher_cell_accuracy": 0.9612 + 0.001 * seed, "vision_probe/cell_majority": 0.4}
         probe["vision_probe/student_cell_accuracy"] = 0.5147 + 0.002 * seed
         write_csv(run / "csv", [{"step": 0, **probe}])
-        records = [{"step": 0, "correct": i < 3, "num_steps": 1 + i % 2, "completion": "x" * 30} for i in range(4)]
+        records = [
+            {"step": 0, "correct": i < correct, "num_steps": 1 + i % 2, "completion": "x" * 30} for i in range(4)
+        ]
         (run / "eval_records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     build_demo_page("valr", root, tmp_path / "out", REPO_ROOT / "demos")
-    page = (tmp_path / "out" / "valr.md").read_text()
+    return (tmp_path / "out" / "valr.md").read_text()
+
+
+def test_page_numbers_come_from_the_runs_and_their_artifacts(tmp_path):
+    stage1_log = [{"step": s, "train/loss": 2.0 - 0.1 * s} for s in range(8)] + [{"step": 8, "x": 0}]
+    page = write_sweep(tmp_path, stage1_log, CONFIG)
     assert "heads 0.973)" in page  # the teacher's build metric (item: no typed teacher accuracy)
     assert "held-out accuracy 0.432 on its 128 validation images" in page  # the stage-1 build metric
     assert "loss changed by -12.9%" in page  # (1.4 + 1.3) / 2 vs (1.6 + 1.5) / 2 in the stage-1 build's CSV log
     assert "reach 0.516 ± 0.001" in page and "features 0.962 ± 0.001" in page  # per-seed probe values
     assert "6x6 shape grids" in page and "pooled to 9 image tokens" in page
     assert "| Stage one | 0.750 ± 0.000" in page  # 3 of 4 records correct in each run
+    assert "at its ceiling" not in page  # 0.75 answered
+
+
+def test_stage1_curve_and_ceiling_come_from_the_runs(tmp_path):
+    stage1_log = [{"step": s, "train/loss": 1.0} for s in range(8)]
+    stage1_log += [{"step": 3, "val/exact_match": 0.4125}, {"step": 7, "val/exact_match": 0.9875}]
+    config = {**CONFIG, "task": {"grid": 4, "min_steps": 1, "max_steps": 3, "filler": 1}}
+    config["backbone"] = {**CONFIG["backbone"], "image_pool": 4, "num_image_tokens": 16}
+    page = write_sweep(tmp_path, stage1_log, config, correct=4)
+    assert "held-out accuracy at its validations 0.412 (step 3), 0.988 (step 7): the plateau check" in page
+    assert "gives 16 image tokens, one per cell" in page
+    assert "Every arm answers at least 1.000 of the held-out questions" in page
