@@ -334,6 +334,11 @@ BAD_INPUTS = {
         None,
         "backbone.name_or_path=models/my-llm: no local directory",
     ),
+    "null_arriving_as_the_string_None": (
+        lambda d: ["+method=valr_cot", "backbone.image_pool=None"],
+        None,
+        "backbone.image_pool='None' must be an integer or null",
+    ),
     "misspelled_key": (
         lambda d: ["trainer.max_step=5"],
         None,

@@ -205,6 +205,12 @@ class TinyVLMBackbone(_VLMMixin, Backbone):
         self.image_size = image_size
         self.patch_size = patch_size
         side = image_size // patch_size
+        if image_pool is not None and (isinstance(image_pool, bool) or not isinstance(image_pool, int)):
+            raise ConfigError(
+                f"backbone.image_pool={image_pool!r} must be an integer or null; a string such as 'None' comes from "
+                "`backbone.image_pool=None` or from a null interpolated into an override string (an artifact's "
+                "overrides): write null, or pass the value through the artifact's `values`"
+            )
         if image_pool is not None and not 1 <= image_pool <= side:
             raise ConfigError(f"backbone.image_pool={image_pool} must lie in [1, {side}] (patches per side) or be null")
         self.image_pool = image_pool
