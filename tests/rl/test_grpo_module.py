@@ -51,8 +51,8 @@ def grads(module):
     return [p.grad.clone() for p in module.model.parameters() if p.grad is not None]
 
 
-@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
-def test_micro_batch_split_does_not_change_the_gradient(mode):
+def gradient_case(mode: str, max_new_tokens: int):
+    """A GRPO module (reference KL on, 12 rows per micro-batch) and one rollout: ``(module, rollout, rows)``."""
     torch.manual_seed(0)
     module = GRPOModule(
         TinyBackbone(seed=2),
@@ -61,11 +61,16 @@ def test_micro_batch_split_does_not_change_the_gradient(mode):
         policy_loss=ClippedPolicyLoss(beta=0.1),
         group_size=4,
         micro_batch_size=12,
-        generation={"max_new_tokens": 20},
+        generation={"max_new_tokens": max_new_tokens},
     )
     module.configure_model()
     rollout = module.rollout(rollout_batch(module))
-    rows = module.sequences(rollout["result"], rollout["prompt_mask"])
+    return module, rollout, module.sequences(rollout["result"], rollout["prompt_mask"])
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_micro_batch_split_does_not_change_the_gradient(mode):
+    module, _, rows = gradient_case(mode, max_new_tokens=20)
     advantages = torch.randn(rows[0].shape[0])  # exercise the loss with non-trivial advantages
     old, ref = module.reference_logprobs(rows)
     old = old + 0.05 * torch.randn_like(old)  # off-policy, so ratios and clipping matter
@@ -81,19 +86,7 @@ def test_micro_batch_split_does_not_change_the_gradient(mode):
 
 @pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_sum_norm"])
 def test_token_budget_micro_batches_cut_padding_and_keep_the_gradient(mode):
-    torch.manual_seed(0)
-    module = GRPOModule(
-        TinyBackbone(seed=2),
-        rewards={"accuracy": ExactMatchReward()},
-        aggregation=LossAggregator(mode),
-        policy_loss=ClippedPolicyLoss(beta=0.1),
-        group_size=4,
-        micro_batch_size=12,
-        generation={"max_new_tokens": 24},
-    )
-    module.configure_model()
-    rollout = module.rollout(rollout_batch(module))
-    rows = module.sequences(rollout["result"], rollout["prompt_mask"])
+    module, rollout, rows = gradient_case(mode, max_new_tokens=24)
     num_rows, width = rows[0].shape
     # a random-init policy rarely ends early: end the completions at chosen lengths, as EOS would
     prompt_width = rollout["result"].prompt_ids.shape[1]
