@@ -20,7 +20,14 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from hydra.utils import instantiate
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, SuppressTokensLogitsProcessor
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    SuppressTokensLogitsProcessor,
+)
 
 from zoo.backbones import HFBackbone, TinyBackbone, build_char_tokenizer
 from zoo.data.encoding import encode_prompts
@@ -37,6 +44,9 @@ from zoo.generation import (
     generate,
     sample_next,
 )
+from zoo.generation.decoders import as_prefill
+from zoo.generation.prefix import SharedPrefix
+from zoo.generation.sampling import IncrementalDecoder
 from zoo.modules import CausalLMModule
 
 torch.set_num_threads(1)
@@ -120,6 +130,59 @@ def test_sample_decoder_through_a_module_equals_the_uncached_reference(tiny, par
     assert torch.equal(result.prompt_ids, ids)
 
 
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_repeated_prompts_are_prefilled_once_and_decode_as_the_reference(tiny, params):
+    """Several samples of one prompt (a GRPO group): the distinct rows are prefilled once and their state copied to
+    the repeats; every row still decodes as the uncached reference (which re-forwards every row)."""
+    model, tok, ids, mask = tiny
+    order = torch.tensor([2, 0, 2, 5, 0, 2, 5, 1])  # repeats, out of order, first appearances 2, 0, 5, 1
+    rep_ids, rep_mask = ids[order], mask[order]
+    prefill = as_prefill(rep_ids, rep_mask, None, {})
+    first, inverse = prefill.distinct_rows()
+    assert first.tolist() == [0, 1, 3, 7]
+    assert torch.equal(rep_ids[first][inverse], rep_ids)
+    batch_sizes = []
+    handle = model.register_forward_pre_hook(
+        lambda m, a, kw: batch_sizes.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        result = SampleDecoder()(model, tok, rep_ids, rep_mask, params=params, generator=_gen(5))
+    finally:
+        handle.remove()
+    assert batch_sizes[0] == 4, "the prefill runs on the 4 distinct prompts"
+    # a decoder with forward hooks prefills every row: hooks see the batch the model runs on
+    seen = []
+    hooked = SampleDecoder(hooks=[ModuleHook("", lambda m, a, kw: seen.append(kw["input_ids"].shape[0]), True, True)])
+    hooked_result = hooked(model, tok, rep_ids, rep_mask, params=params, generator=_gen(5))
+    assert seen[0] == len(order)
+    assert torch.equal(hooked_result.completion_ids, result.completion_ids)
+    ref_ids, ref_lp, ref_done = reference_decode(model, tok, rep_ids, rep_mask, params, _gen(5))
+    assert torch.equal(result.completion_ids, ref_ids)
+    torch.testing.assert_close(result.logprobs, ref_lp, atol=1e-4, rtol=0)
+    assert torch.equal(result.finished, ref_done)
+    # the state after the prefill: the one a full prefill gives every row (logits and hidden states)
+    shared = prefill.start(model, output_hidden_states=True)
+    full = IncrementalDecoder(model, rep_ids, rep_mask, output_hidden_states=True)
+    torch.testing.assert_close(shared.next_logits, full.next_logits, atol=1e-5, rtol=0)
+    for a, b in zip(shared.hidden_states, full.hidden_states):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert torch.equal(shared.attention_mask, rep_mask)
+
+
+def test_distinct_rows_is_none_when_nothing_repeats_or_the_prefill_is_not_token_ids(tiny):
+    model, _, ids, mask = tiny
+    assert as_prefill(ids, mask, None, {}).distinct_rows() is None
+    doubled = torch.cat([ids, ids])
+    embeds = model.get_input_embeddings()(doubled)
+    assert as_prefill(doubled, torch.cat([mask, mask]), None, {}).distinct_rows() is not None
+    assert as_prefill(None, torch.cat([mask, mask]), embeds, {}).distinct_rows() is None
+    # the same ids under a different mask are different prompts
+    hidden_last = mask.clone()
+    hidden_last[:, -1] = 0
+    other = torch.cat([mask, hidden_last])
+    assert as_prefill(doubled, other, None, {}).distinct_rows() is None
+
+
 def _hf_dir(kind: str, tmp_path: Path) -> str:
     tok = build_char_tokenizer()
     ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
@@ -141,6 +204,55 @@ def _hf_dir(kind: str, tmp_path: Path) -> str:
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     return str(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_shared_prefix_gives_the_full_forward_logits_and_gradient(kind, tmp_path):
+    """Rows that repeat a left-padded prompt: the prompt runs once, micro-batches of the rows read its keys/values;
+    the logits after ``split`` and, after :meth:`SharedPrefix.backward`, the parameters' gradient equal the full
+    forward's."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(_hf_dir(kind, tmp_path)).eval()  # no dropout (GPT-2 has some)
+    tok = build_char_tokenizer()
+    prompt_ids, prompt_mask = encode_prompts(tok, ["1+1=", "22+333=", "rev ab="])
+    order = torch.tensor([0, 0, 1, 2, 1, 0, 2])
+    completions = torch.randint(5, 60, (len(order), 9))
+    completion_mask = torch.ones_like(completions)
+    completion_mask[1, 6:] = 0  # a row that ended early
+    ids = torch.cat([prompt_ids[order], completions], 1)
+    mask = torch.cat([prompt_mask[order], completion_mask], 1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    split = prompt_ids.shape[1] - 1
+
+    def loss(logits, rows):
+        return (logits.log_softmax(-1)[..., 3] * mask[rows, split : split + logits.shape[1]]).sum()
+
+    full = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, split:]
+    loss(full, slice(None)).backward()
+    full_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+
+    prefix = SharedPrefix.compute(model, ids, mask, positions, split)
+    assert prefix is not None and prefix.keys[0].shape[0] == 3  # three distinct prompts
+    # micro-batches of rows in any order, row 1's cut short after its last attended column
+    batches = ((torch.tensor([1]), ids.shape[1] - 3), (torch.tensor([5, 3, 0]), None), (torch.tensor([2, 4, 6]), None))
+    for rows, width in batches:
+        width = width or ids.shape[1]
+        cut = (ids[rows, :width], mask[rows, :width], positions[rows, :width])
+        logits = prefix.logits(model, *cut, rows=rows)
+        torch.testing.assert_close(logits, full[rows, : width - split], atol=1e-5, rtol=0)
+        loss(logits, rows).backward()
+    prefix.backward()
+    for a, b in zip([p.grad for p in model.parameters()], full_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    # nothing to share, no prefix or no suffix, activation checkpointing (no cache): the caller's full forward
+    distinct = torch.tensor([0, 2, 3])  # prompts 0, 1, 2
+    assert SharedPrefix.compute(model, ids[distinct], mask[distinct], positions[distinct], split) is None
+    assert SharedPrefix.compute(model, ids, mask, positions, 0) is None
+    assert SharedPrefix.compute(model, ids, mask, positions, ids.shape[1]) is None
+    model.activation_checkpointing_enable()
+    model.train()
+    assert SharedPrefix.compute(model, ids, mask, positions, split) is None
 
 
 @pytest.fixture(params=["llama", "gpt2"])

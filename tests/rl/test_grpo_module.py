@@ -14,6 +14,7 @@ from zoo.data.sources import TaskSource
 from zoo.data.tasks import MultiSum
 from zoo.datamodules import PromptDataModule
 from zoo.errors import ConfigError
+from zoo.generation.sampling import cache_kwarg_name
 from zoo.modules import CausalLMModule, GRPOModule
 from zoo.modules.grpo import completion_start
 from zoo.rl import (
@@ -66,6 +67,45 @@ def gradient_case(mode: str, max_new_tokens: int):
     module.configure_model()
     rollout = module.rollout(rollout_batch(module))
     return module, rollout, module.sequences(rollout["result"], rollout["prompt_mask"])
+
+
+@pytest.mark.parametrize("rows_per_micro_batch", [None, 5], ids=["full_width", "token_budget"])
+def test_the_shared_prompt_forward_keeps_log_probs_and_gradient(rows_per_micro_batch):
+    """The prompt of a group runs once (its keys/values copied to the G rows): the old/reference log-probs and the
+    gradient equal those of the plain forward, where every row runs its prompt."""
+    module, _, rows = gradient_case("token_mean", max_new_tokens=16)
+    if rows_per_micro_batch is not None:
+        module.micro_batch_tokens = rows_per_micro_batch * rows[0].shape[1]
+    advantages = torch.randn(rows[0].shape[0])
+    module.share_prompt_forward = False
+    old_plain, ref_plain = module.reference_logprobs(rows)
+    old = old_plain + 0.05 * torch.randn_like(old_plain)
+    module.policy_gradients(rows, advantages, old, ref_plain)
+    plain = grads(module)
+    module.model.zero_grad(set_to_none=True)
+
+    module.share_prompt_forward = True
+    fed_rows = []  # (rows, columns, whether the pass starts from scratch: no key/value cache given)
+    cache_kwarg = cache_kwarg_name(module.model)
+    hook = module.model.register_forward_pre_hook(
+        lambda _m, _a, kw: fed_rows.append((*kw["input_ids"].shape, kw.get(cache_kwarg) is None)), with_kwargs=True
+    )
+    try:
+        old_shared, ref_shared = module.reference_logprobs(rows)
+        module.policy_gradients(rows, advantages, old, ref_shared)
+    finally:
+        hook.remove()
+    torch.testing.assert_close(old_shared, old_plain, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ref_shared, ref_plain, atol=1e-5, rtol=0)
+    shared = grads(module)
+    assert len(shared) == len(plain)
+    for a, b in zip(plain, shared):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    # 3 prompts x G=4: one prompt pass of 3 rows per model pass (the old log-probs' and the loss's), whatever the
+    # micro-batches; the micro-batches run only the columns after it
+    split = completion_start(rows[3]) - 1
+    assert [(n, width) for n, width, from_scratch in fed_rows if from_scratch] == [(3, split), (3, split)]
+    assert sum(n for n, _, from_scratch in fed_rows if not from_scratch) == 2 * rows[0].shape[0]
 
 
 @pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])

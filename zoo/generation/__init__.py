@@ -16,6 +16,7 @@ from zoo.generation.decoders import (
     generate_text,
 )
 from zoo.generation.dts import BranchEvent, DTSDecoder, DTSResult, entropy_varentropy
+from zoo.generation.prefix import SharedPrefix, distinct_rows
 from zoo.generation.sampling import (
     GenerationResult,
     IncrementalDecoder,
@@ -55,6 +56,7 @@ __all__ = [
     "SampleDecoder",
     "SamplingParams",
     "SelfConsistencyDecoder",
+    "SharedPrefix",
     "StepAction",
     "StepEvent",
     "StepHook",
@@ -65,6 +67,7 @@ __all__ = [
     "augment_with_undo",
     "VotedResult",
     "decode_completion",
+    "distinct_rows",
     "entropy_varentropy",
     "generate",
     "generate_text",

@@ -46,6 +46,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.data.encoding import encode_prompts, pad_token_id
+from zoo.generation.prefix import distinct_rows
 from zoo.generation.sampling import (
     GenerationResult,
     IncrementalDecoder,
@@ -60,6 +61,10 @@ LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ForwardHook = Callable[[nn.Module], AbstractContextManager[Any]]
 # ``(row, completion ids so far) -> stop``: a per-row stop test of :meth:`Decoder.sample_loop`.
 RowStop = Callable[[int, list[int]], bool]
+# :meth:`Decoder.sample_loop` drops the stopped rows from the KV-cached batch once at most this fraction of its rows
+# still run (each drop copies the cache; measured on GRPO's 64-row batches of the tiny Llama: 4% less decode time
+# than at 0.75, none at 0.999)
+COMPACT_FRACTION = 0.9
 
 
 @dataclass
@@ -72,12 +77,15 @@ class Prefill:
         attention_mask: ``[B, P']`` mask of what is prefilled (``inputs_embeds`` when given, else ``prompt_ids``).
         inputs_embeds: ``[B, P', H]`` prefill vectors, or ``None`` to prefill ``prompt_ids``.
         model_inputs: extra inputs of the prefill forward (e.g. ``pixel_values``).
+        share_repeats: prefill a prompt that several rows repeat once (:meth:`start`). A decoder with forward hooks
+            turns it off: hooks see the batch the model runs on (e.g. per-row records of the prefill).
     """
 
     prompt_ids: torch.Tensor
     attention_mask: torch.Tensor
     inputs_embeds: torch.Tensor | None = None
     model_inputs: dict[str, Any] = field(default_factory=dict)
+    share_repeats: bool = True
 
     @property
     def batch_size(self) -> int:
@@ -91,6 +99,14 @@ class Prefill:
     @property
     def device(self) -> torch.device:
         return self.attention_mask.device
+
+    def distinct_rows(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(first, inverse)`` when some rows of a token-id prefill repeat another row (ids and mask): ``first``
+        ``[U]`` the first row of each distinct prompt, ``inverse`` ``[B]`` the index into ``first`` of each row; else
+        ``None`` (all rows distinct, an ``inputs_embeds`` prefill, or extra model inputs)."""
+        if self.inputs_embeds is not None or self.model_inputs:
+            return None
+        return distinct_rows(self.prompt_ids, self.attention_mask)
 
     def repeat_interleave(self, repeats: int) -> Prefill:
         """Each row ``repeats`` times in a row (``[B, ...]`` -> ``[B * repeats, ...]``): several independent samples
@@ -106,10 +122,23 @@ class Prefill:
             rep(self.attention_mask),
             None if self.inputs_embeds is None else rep(self.inputs_embeds),
             {key: rep(value) for key, value in self.model_inputs.items()},
+            self.share_repeats,
         )
 
     def start(self, model: PreTrainedModel, output_hidden_states: bool = False) -> IncrementalDecoder:
-        """Run the prefill: a KV-cached :class:`~zoo.generation.sampling.IncrementalDecoder` of the batch."""
+        """Run the prefill: a KV-cached :class:`~zoo.generation.sampling.IncrementalDecoder` of the batch.
+
+        Rows that repeat a prompt (several samples of one prompt: a GRPO group, a voting batch) are prefilled once:
+        the distinct rows go through the model and their KV cache, next-token logits and hidden states are copied
+        to the repeats (``reorder_rows``). Each row's state is the one a full prefill gives it (a row's outputs do
+        not depend on the other rows); a cache that cannot be reordered gets the full prefill."""
+        distinct = self.distinct_rows() if self.share_repeats else None
+        if distinct is not None:
+            first, inverse = distinct
+            state = Prefill(self.prompt_ids[first], self.attention_mask[first]).start(model, output_hidden_states)
+            if state.reorderable:
+                state.reorder_rows(inverse)
+                return state
         if self.inputs_embeds is not None:
             return IncrementalDecoder(
                 model,
@@ -205,6 +234,8 @@ class Decoder(ABC):
         """
         params = params or SamplingParams()
         prefill = as_prefill(prompt_ids, attention_mask, inputs_embeds, model_inputs)
+        if self.hooks:
+            prefill = replace(prefill, share_repeats=False)
         self.check_length(model, prefill, params)
         was_training = model.training
         model.eval()
@@ -284,7 +315,7 @@ class Decoder(ABC):
         A row stops at EOS, when its completion ends with one of ``params.stop_strings``, when
         ``row_stop(row, ids)`` (called after each sampled token with the row's completion ids so far, EOS
         excluded) is true, or after ``params.max_new_tokens`` tokens. Rows that stopped leave the KV-cached batch
-        once a quarter of them are done unless there are logits processors (they always see every row).
+        once a tenth of them are done unless there are logits processors (they always see every row).
 
         Args:
             state: the prefilled batch (:meth:`Prefill.start`); ``B`` rows.
@@ -346,7 +377,11 @@ class Decoder(ABC):
             if bool(done.all()):
                 break
             still = ~done[live]
-            if compact and int(still.sum()) <= 0.75 * len(live) and state.select_rows(torch.nonzero(still).flatten()):
+            if (
+                compact
+                and int(still.sum()) <= COMPACT_FRACTION * len(live)
+                and state.select_rows(torch.nonzero(still).flatten())
+            ):
                 live = live[still]
             state.feed(tokens[live][:, None], (~done[live]).long()[:, None])
         completion_ids = torch.stack(out_ids, dim=1)

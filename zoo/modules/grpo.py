@@ -40,6 +40,7 @@ from zoo.backbones.base import Backbone
 from zoo.data.tasks import Verifier
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder
+from zoo.generation.prefix import SharedPrefix
 from zoo.generation.sampling import GenerationResult, accepts_logits_to_keep, pad_width
 from zoo.losses import IGNORE_INDEX, masked_token_entropy, masked_token_logprobs
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
@@ -137,6 +138,10 @@ class GRPOModule(GeneratingModule):
             ``micro_batch_size`` rows); each micro-batch is cut to its longest row, so the padding columns of a
             batch of short and long completions are not computed (verl's dynamic batch size in spirit). Does not
             change the gradient (:meth:`row_micro_batches`).
+        share_prompt_forward: run the prompt columns of the loss and reference forwards once per distinct prompt per
+            update, for all micro-batches (:class:`~zoo.generation.prefix.SharedPrefix`): the same log-probs and
+            gradient with ``1/G`` of the prompt compute. With dropout in the model the rows of a group share the
+            prompt's dropout mask (independent masks per row need ``false``).
         max_grad_norm: gradient clipping (manual optimization; keep ``trainer.gradient_clip_val`` null).
         generation: rollout sampling (``do_sample``, ``temperature``, ``max_new_tokens``, ...).
         eval_generation: validation decoding (greedy by default, with the rollout ``max_new_tokens``).
@@ -185,6 +190,7 @@ class GRPOModule(GeneratingModule):
         num_iterations: int = 1,
         micro_batch_size: int = 64,
         micro_batch_tokens: int | None = None,
+        share_prompt_forward: bool = True,
         max_grad_norm: float | None = 1.0,
         generation: dict[str, Any] | None = None,
         eval_generation: dict[str, Any] | None = None,
@@ -243,6 +249,7 @@ class GRPOModule(GeneratingModule):
         self.num_iterations = num_iterations
         self.micro_batch_size = micro_batch_size
         self.micro_batch_tokens = micro_batch_tokens
+        self.share_prompt_forward = share_prompt_forward
         self.max_grad_norm = max_grad_norm
         self.dynamic_sampling = bool(dynamic_sampling)
         self.max_refill_rounds = int(max_refill_rounds)
@@ -363,21 +370,29 @@ class GRPOModule(GeneratingModule):
         rows: tuple[torch.Tensor, ...],
         with_entropy: bool = False,
         start: int | None = None,
+        prefix: SharedPrefix | None = None,
+        index: torch.Tensor | slice = slice(None),
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs (temperature-scaled, as sampled) of the labelled tokens from column ``start`` on:
         ``logp [N, T - start]``, ``mask [N, T - start]`` and, with ``with_entropy``, the summed entropy of the
         labelled positions (detached scalar).
 
         ``start`` defaults to :func:`completion_start`; logits are computed for positions ``start - 1 ..`` only
-        (``logits_to_keep`` where the model takes it, else sliced).
+        (``logits_to_keep`` where the model takes it, else sliced). With ``prefix`` (:meth:`shared_prompt` of the
+        batch, whose rows ``index`` these are) only the columns after the shared prompt are run.
         """
         input_ids, attention_mask, position_ids, labels = rows
         start = completion_start(labels) if start is None else start
         keep = input_ids.shape[1] - start + 1
-        if self._logits_to_keep is None:
-            self._logits_to_keep = accepts_logits_to_keep(model)
-        extra = {"logits_to_keep": keep} if self._logits_to_keep else {}
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra).logits
+        if prefix is not None:
+            logits = prefix.logits(model, input_ids, attention_mask, position_ids, index)
+        else:
+            if self._logits_to_keep is None:
+                self._logits_to_keep = accepts_logits_to_keep(model)
+            extra = {"logits_to_keep": keep} if self._logits_to_keep else {}
+            logits = model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra
+            ).logits
         logits = logits[:, -keep:]
         if self.sampling.temperature != 1.0:
             logits = logits / self.sampling.temperature
@@ -484,9 +499,10 @@ class GRPOModule(GeneratingModule):
 
         def logprobs(model: torch.nn.Module) -> torch.Tensor:
             out = torch.zeros(rows[0].shape[0], rows[0].shape[1] - start, device=rows[0].device)
+            prefix = self.shared_prompt(model, rows, start)
             for index, width in chunks:
                 out[index, : width - start] = self.token_logprobs(
-                    model, tuple(t[index, :width] for t in rows), start=start
+                    model, tuple(t[index, :width] for t in rows), start=start, prefix=prefix, index=index
                 )[0]
             return out
 
@@ -514,9 +530,15 @@ class GRPOModule(GeneratingModule):
         total = torch.zeros((), device=rows[0].device)
         entropy = torch.zeros((), device=rows[0].device)
         metrics: dict[str, list[torch.Tensor]] = {}
+        prefix = self.shared_prompt(self.model, rows, start)
         for chunk, width in self.row_micro_batches(rows, start):
             logp, mask, chunk_entropy = self.token_logprobs(
-                self.model, tuple(t[chunk, :width] for t in rows), with_entropy=True, start=start
+                self.model,
+                tuple(t[chunk, :width] for t in rows),
+                with_entropy=True,
+                start=start,
+                prefix=prefix,
+                index=chunk,
             )
             ref = None if ref_logp is None else ref_logp[chunk, : width - start]
             old = logp.detach() if old_logp is None else old_logp[chunk, : width - start]
@@ -531,9 +553,19 @@ class GRPOModule(GeneratingModule):
             entropy = entropy + chunk_entropy
             for key, value in info.items():
                 metrics.setdefault(key, []).append(value.detach())
+        if prefix is not None:
+            prefix.backward()  # the prompt's share of the gradient, through its one forward
         out = {k: torch.stack(v).mean() for k, v in metrics.items()}
         out["entropy"] = entropy / completion_mask.sum().clamp(min=1)
         return total, out
+
+    def shared_prompt(self, model: torch.nn.Module, rows: tuple[torch.Tensor, ...], start: int) -> SharedPrefix | None:
+        """The keys/values of the batch's distinct prompts (columns before ``start - 1``), computed once for all
+        micro-batches (:class:`~zoo.generation.prefix.SharedPrefix`); ``None`` with ``share_prompt_forward`` off or
+        when nothing is shared (every row then runs its prompt)."""
+        if not self.share_prompt_forward:
+            return None
+        return SharedPrefix.compute(model, rows[0], rows[1], rows[2], split=start - 1)
 
     def auxiliary_gradients(self, items: AuxiliaryItems) -> torch.Tensor:
         """Accumulate ``aux.weight`` times the auxiliary loss over micro-batches of its items (the seam divides by

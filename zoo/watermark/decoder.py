@@ -340,9 +340,7 @@ class SemanticWatermarkDecoder(Decoder):
         ids = pad_sequences(contexts, tokenizer.pad_token_id, "left").to(device)
         attention = pad_sequences([[1] * len(c) for c in contexts], 0, "left").to(device)
         repeat = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(sizes)).to(device)
-        state = Prefill(ids, attention).start(model)
-        if not state.select_rows(repeat):  # a cache without row selection: prefill every copy
-            state = Prefill(ids[repeat], attention[repeat]).start(model)
+        state = Prefill(ids[repeat], attention[repeat]).start(model)  # each context prefilled once, copied to its rows
         budget_of = [budgets[j] for j in repeat.tolist()]
 
         def sentence_done(i: int, sampled: list[int]) -> bool:
