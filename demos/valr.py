@@ -60,13 +60,22 @@ def stage1_builds(runs: list[Run]) -> list[Run]:
     return [Run(path=Path(p), overrides=[]) for p in sorted(paths)]
 
 
+PLATEAU_TOLERANCE = 0.02  # the largest held-out accuracy gain between the last two stage-1 validations of a plateau
+
+
 def plateau_text(change: Stat, builds: list[Run]) -> str:
-    """The stage-1 plateau check as a clause: its held-out accuracy at each validation of the build (several), else
-    the training loss change over the last quarter, or why both are missing."""
+    """The stage-1 plateau check as a clause: its held-out accuracy at each validation of the build (several) with the
+    verdict (a plateau when the last validation gained at most :data:`PLATEAU_TOLERANCE`), else the training loss
+    change over the last quarter, or why both are missing."""
     curves = [b.series("val/exact_match") for b in builds]
     if curves and all(len(c) >= 2 for c in curves):
         points = "; ".join(", ".join(f"{v:.3f} (step {s})" for s, v in c) for c in curves)
-        return f"held-out accuracy at its validations {points}: the plateau check"
+        rises = [c[-1][1] - c[-2][1] for c in curves]
+        if max(rises) > PLATEAU_TOLERANCE:
+            verdict = f"still rising at its last validation ({max(rises):+.3f}): NOT at a plateau"
+        else:
+            verdict = f"its last validation within {PLATEAU_TOLERANCE} of the one before: a plateau by this check"
+        return f"held-out accuracy at its validations {points}; {verdict}"
     if change.n == 0:
         return "its training loss was logged at fewer than 8 steps, so no plateau check"
     return f"its training loss changed by {change.mean:+.1%} from the third to the last quarter of its steps"

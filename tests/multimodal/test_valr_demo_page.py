@@ -81,12 +81,24 @@ def test_page_numbers_come_from_the_runs_and_their_artifacts(tmp_path):
     assert "at its ceiling" not in page  # 0.75 answered
 
 
+def test_a_flat_stage1_curve_reads_as_a_plateau(tmp_path):
+    stage1_log = [{"step": s, "train/loss": 1.0} for s in range(8)]
+    stage1_log += [{"step": 3, "val/exact_match": 0.75}, {"step": 7, "val/exact_match": 0.7625}]
+    page = write_sweep(tmp_path, stage1_log, CONFIG)
+    assert "0.750 (step 3), 0.762 (step 7); its last validation within 0.02 of the one before: a plateau" in page
+    assert "NOT at a plateau" not in page
+
+
 def test_stage1_curve_and_ceiling_come_from_the_runs(tmp_path):
     stage1_log = [{"step": s, "train/loss": 1.0} for s in range(8)]
     stage1_log += [{"step": 3, "val/exact_match": 0.4125}, {"step": 7, "val/exact_match": 0.9875}]
     config = {**CONFIG, "task": {"grid": 4, "min_steps": 1, "max_steps": 3, "filler": 1}}
     config["backbone"] = {**CONFIG["backbone"], "image_pool": 4, "num_image_tokens": 16}
     page = write_sweep(tmp_path, stage1_log, config, correct=4)
-    assert "held-out accuracy at its validations 0.412 (step 3), 0.988 (step 7): the plateau check" in page
+    assert (
+        "held-out accuracy at its validations 0.412 (step 3), 0.988 (step 7); still rising at its last validation"
+        in page
+    )
+    assert "(+0.575): NOT at a plateau" in page
     assert "gives 16 image tokens, one per cell" in page
     assert "Every arm answers at least 1.000 of the held-out questions" in page
