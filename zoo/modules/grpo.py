@@ -141,7 +141,8 @@ class GRPOModule(GeneratingModule):
         share_prompt_forward: run the prompt columns of the loss and reference forwards once per distinct prompt per
             update, for all micro-batches (:class:`~zoo.generation.prefix.SharedPrefix`): the same log-probs and
             gradient with ``1/G`` of the prompt compute. With dropout in the model the rows of a group share the
-            prompt's dropout mask (independent masks per row need ``false``).
+            prompt's dropout mask (independent masks per row need ``false``). Under data parallelism (world size > 1)
+            the loss forward runs every row's prompt (each backward pass reduces the gradients there).
         max_grad_norm: gradient clipping (manual optimization; keep ``trainer.gradient_clip_val`` null).
         generation: rollout sampling (``do_sample``, ``temperature``, ``max_new_tokens``, ...).
         eval_generation: validation decoding (greedy by default, with the rollout ``max_new_tokens``).
@@ -530,7 +531,9 @@ class GRPOModule(GeneratingModule):
         total = torch.zeros((), device=rows[0].device)
         entropy = torch.zeros((), device=rows[0].device)
         metrics: dict[str, list[torch.Tensor]] = {}
-        prefix = self.shared_prompt(self.model, rows, start)
+        # under data parallelism each backward pass reduces the gradients, so the prompt's separate one is not used
+        distributed = self._trainer is not None and self.trainer.world_size > 1
+        prefix = None if distributed else self.shared_prompt(self.model, rows, start)
         for chunk, width in self.row_micro_batches(rows, start):
             logp, mask, chunk_entropy = self.token_logprobs(
                 self.model,
