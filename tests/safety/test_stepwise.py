@@ -11,7 +11,7 @@ import torch
 
 from zoo.backbones import TinyBackbone
 from zoo.datamodules.base import encode_prompt, pad_sequences
-from zoo.generation.sampling import SamplingParams, generate
+from zoo.generation.sampling import IncrementalDecoder, SamplingParams, generate
 from zoo.generation.stepwise import StepAction, StepwiseDecoder, stepwise_generate
 
 torch.set_num_threads(1)
@@ -317,3 +317,57 @@ def test_every_unfinished_row_uses_its_whole_budget_under_sampling(varied_lm, lo
     assert out.counted_tokens == counted
     # with a lookahead, actions discarded tokens sampled after their steps (not counted above)
     assert (sum(out.sampled_tokens) > sum(counted)) == (lookahead > 0), (out.sampled_tokens, counted)
+
+
+@pytest.mark.parametrize("parkable", [True, False])
+def test_a_done_row_waiting_for_the_hook_leaves_the_batch_and_comes_back_when_the_hook_acts(
+    varied_lm, monkeypatch, parkable
+):
+    """Row 1 (greedy text ``eeeee%{OI</think>...``) closes its third step at its third token and, with a long
+    lookahead, decodes on until the stop string ``%{OI`` finishes it while the other rows run: it leaves the batch
+    with the step still waiting for the hook (parked: the batch runs 3 rows, as plain decoding would), and when the
+    hook rolls that step back it is put back in the batch and decodes on. What is kept is exactly what
+    ``hook_lookahead = 0`` keeps (greedy), where the row never left the batch. The spy counts the real
+    ``restore_rows`` calls. With a cache that cannot park rows (``parkable`` forced off) the waiting row stays in
+    the batch instead, with the same result."""
+    model, tok, ids, mask = varied_lm
+    if not parkable:
+        monkeypatch.setattr(IncrementalDecoder, "parkable", property(lambda self: False))
+    params = SamplingParams(max_new_tokens=24, do_sample=False, stop_strings=["%{OI"])
+    restored: list[int] = []
+    real_restore = IncrementalDecoder.restore_rows
+
+    def spy(self, parked):
+        restored.append(len(parked))
+        return real_restore(self, parked)
+
+    monkeypatch.setattr(IncrementalDecoder, "restore_rows", spy)
+    batch_sizes: list[int] = []
+    handle = model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: batch_sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    outs, monitors = {}, {}
+    try:
+        for lookahead in (0, 24):
+            monitor = monitors[lookahead] = ScriptedMonitor(tok, {(1, 3): True}, several=lookahead > 0)
+            batch_sizes.clear()
+            outs[lookahead] = StepwiseDecoder(monitor, DELIMS, hook_lookahead=lookahead)(
+                model, tok, ids, mask, params=params
+            )
+    finally:
+        handle.remove()
+    ref, out = outs[0], outs[24]
+    if parkable:
+        assert restored == [1], "row 1 must have been parked and put back"
+        assert 3 in batch_sizes, batch_sizes  # the batch ran without the parked row
+    else:
+        assert restored == [] and 3 not in batch_sizes, (restored, batch_sizes)
+    assert ref.discarded[1] and out.discarded == ref.discarded
+    assert out.texts == ref.texts
+    assert torch.equal(out.completion_ids, ref.completion_ids)
+    assert torch.equal(out.completion_mask, ref.completion_mask)
+    # the put-back row's cache is its own: the log-probabilities of what it decoded after coming back are unchanged
+    torch.testing.assert_close(out.logprobs, ref.logprobs, rtol=0, atol=1e-5)
+    assert torch.equal(out.finished, ref.finished)
+    assert out.counted_tokens == ref.counted_tokens
+    assert out.sampled_tokens[1] > ref.sampled_tokens[1]  # the lookahead decoded past the step, up to the stop

@@ -412,7 +412,7 @@ class SampleDecoder(Decoder):
     """The standard loop (``module/decoder=sample``): one token per row per step until EOS, a stop string or
     ``max_new_tokens``; greedy or sampled (temperature / top-k / top-p, Gumbel-max with per-row noise).
 
-    Rows that finished leave the KV-cached batch once a quarter of them are done (the sampling noise is drawn per
+    Rows that finished leave the KV-cached batch once a tenth of them are done (the sampling noise is drawn per
     batch row, so seeded outputs do not depend on it); with logits processors the batch is kept whole, so that
     processors always see every row. The loop is :meth:`Decoder.sample_loop`.
     """

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from zoo.errors import ConfigError
@@ -170,6 +171,19 @@ def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
+@dataclass
+class ParkedRow:
+    """One row set aside from an :class:`IncrementalDecoder` batch (:meth:`IncrementalDecoder.park_rows`): per layer
+    its keys/values ``[1, heads, T, head_dim]``, its attention mask ``[1, T]``, next logits ``[1, V]`` and hidden
+    states (or ``None``)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    attention_mask: torch.Tensor
+    next_logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None
+
+
 class IncrementalDecoder:
     """KV-cached decoding state of a batch.
 
@@ -291,6 +305,66 @@ class IncrementalDecoder:
         self.next_logits = self.next_logits[indices]
         if self.hidden_states is not None:
             self.hidden_states = tuple(h[indices] for h in self.hidden_states)
+
+    @property
+    def parkable(self) -> bool:
+        """Whether rows can be set aside and put back (:meth:`park_rows`): a cache of plain full-attention
+        ``DynamicLayer`` s (the per-layer key/value tensors are sliced and joined along the batch)."""
+        layers = getattr(self.cache, "layers", None)
+        return bool(layers) and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
+
+    def park_rows(self, indices: Sequence[int]) -> list[ParkedRow]:
+        """Copies of the rows ``indices`` (their keys/values, attention mask, next logits and hidden states) to put
+        back later with :meth:`restore_rows` (copies: the parked rows do not keep the batch's tensors alive, nor see
+        its later in-place changes); the state itself is unchanged (drop the rows with :meth:`select_rows`). Needs
+        :attr:`parkable`."""
+        if not self.parkable:
+            raise ConfigError(f"rows of a {type(self.cache).__name__} cannot be parked (plain DynamicLayers only)")
+        index = torch.tensor(list(indices), dtype=torch.long, device=self.attention_mask.device)
+        # one gather per tensor; each row is a view of those copies
+        keys = [layer.keys[index] for layer in self.cache.layers]
+        values = [layer.values[index] for layer in self.cache.layers]
+        mask, logits = self.attention_mask[index], self.next_logits[index]
+        hidden = None if self.hidden_states is None else [h[index] for h in self.hidden_states]
+        parked = [
+            ParkedRow(
+                keys=[k[j : j + 1] for k in keys],
+                values=[v[j : j + 1] for v in values],
+                attention_mask=mask[j : j + 1],
+                next_logits=logits[j : j + 1],
+                hidden_states=None if hidden is None else tuple(h[j : j + 1] for h in hidden),
+            )
+            for j in range(len(index))
+        ]
+        return parked
+
+    def restore_rows(self, parked: Sequence[ParkedRow]) -> None:
+        """Append parked rows (:meth:`park_rows`) at the end of the batch. Rows are padded on the right to a common
+        width with masked-out columns: positions come from the running mask, so a restored row continues exactly as
+        if it had never left (its columns keep their indices)."""
+        if not parked:
+            return
+        width = max(self.attention_mask.shape[1], *(p.attention_mask.shape[1] for p in parked))
+
+        def padded(tensor: torch.Tensor, dim: int) -> torch.Tensor:
+            missing = width - tensor.shape[dim]
+            if not missing:
+                return tensor
+            shape = list(tensor.shape)
+            shape[dim] = missing
+            return torch.cat([tensor, tensor.new_zeros(shape)], dim=dim)
+
+        for n, layer in enumerate(self.cache.layers):
+            layer.keys = torch.cat([padded(layer.keys, 2), *(padded(p.keys[n], 2) for p in parked)])
+            layer.values = torch.cat([padded(layer.values, 2), *(padded(p.values[n], 2) for p in parked)])
+        self.attention_mask = torch.cat(
+            [padded(self.attention_mask, 1), *(padded(p.attention_mask, 1) for p in parked)]
+        )
+        self.next_logits = torch.cat([self.next_logits, *(p.next_logits for p in parked)])
+        if self.hidden_states is not None:
+            self.hidden_states = tuple(
+                torch.cat([h, *(p.hidden_states[n] for p in parked)]) for n, h in enumerate(self.hidden_states)
+            )
 
     def check_reorderable(self) -> None:
         """Raise :class:`~zoo.errors.ConfigError` when the cache cannot be reordered by row."""

@@ -9,7 +9,10 @@ processors cannot see model outputs (#34265), so :class:`StepwiseDecoder` is a d
 * one :meth:`~zoo.generation.decoders.Decoder.next_tokens` call per iteration over the batch, exactly as in
   :class:`~zoo.generation.decoders.SampleDecoder` -- with no step hook, or one that never acts, the output is
   token-identical to plain decoding with the same seed (same RNG consumption, same shapes fed to the model);
-  finished rows leave the KV-cached batch as in ``SampleDecoder`` (not with logits processors, which see every row);
+  finished rows leave the KV-cached batch as in ``SampleDecoder`` (not with logits processors, which see every row)
+  -- with a lookahead, also those whose steps still wait for the hook: they are parked (their cache rows set aside,
+  :meth:`~zoo.generation.sampling.IncrementalDecoder.park_rows`) and put back only if the hook acts on them, so the
+  model runs on exactly the rows plain decoding runs on;
 * a step of a row closes when its text since the last close contains a delimiter (``step_delimiters``), or a
   final-step delimiter (``final_step_delimiters``, ``</think>`` by default: the last reasoning step closes at the
   closing tag; after it the row's text -- the answer -- is not split into steps); the hook receives every row that
@@ -54,10 +57,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from zoo.backbones.tokenizer import THINK_CLOSE, THINK_OPEN
 from zoo.data.encoding import pad_token_id
 from zoo.errors import ConfigError
-from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill, padded_context
+from zoo.generation.decoders import COMPACT_FRACTION, Decoder, ForwardHook, LogitsProcessor, Prefill, padded_context
 from zoo.generation.sampling import (
     GenerationResult,
     IncrementalDecoder,
+    ParkedRow,
     SamplingParams,
     TokenTextMatcher,
     check_context,
@@ -197,6 +201,50 @@ class _Row:
         del self.ids[length:], self.injected[length:], self.logprobs[length:], self.cols[length:]
 
 
+# Without parking (a cache that cannot set rows aside), done rows whose steps wait for the hook stay in the batch and
+# each compaction first hands their steps to the hook: compacting less often (a quarter of the batch done rather than
+# COMPACT_FRACTION's tenth) keeps those extra hook calls few.
+UNPARKED_COMPACT_FRACTION = 0.75
+
+
+@dataclass
+class _Batch:
+    """Which rows are in the KV-cached state: ``live[k]`` is the batch row of the state's row ``k`` (``index`` the
+    same as a tensor, ``prompt_logits[k]`` its logits after the prompt). ``parked`` holds, by batch row, done rows
+    whose closed steps still wait for the hook, set aside from the state (:meth:`IncrementalDecoder.park_rows`) so
+    that the batch shrinks as in plain decoding; an action on one puts it back (:meth:`restore`)."""
+
+    live: list[int]
+    index: torch.Tensor
+    prompt_logits: torch.Tensor
+    parked: dict[int, tuple[ParkedRow, torch.Tensor]] = field(default_factory=dict)
+
+    def keep(self, state: IncrementalDecoder, positions: list[int]) -> bool:
+        """Keep only the state rows ``positions``; False when the cache cannot drop rows."""
+        index = torch.tensor(positions, dtype=torch.long, device=self.index.device)
+        if not state.select_rows(index):
+            return False
+        self.live = [self.live[k] for k in positions]
+        self.index = self.index[index]
+        self.prompt_logits = self.prompt_logits[index]
+        return True
+
+    def park(self, state: IncrementalDecoder, positions: list[int]) -> None:
+        """Set the state rows ``positions`` aside (they stay in the state until :meth:`keep` drops them)."""
+        for k, row in zip(positions, state.park_rows(positions)):
+            self.parked[self.live[k]] = (row, self.prompt_logits[k : k + 1])
+
+    def restore(self, state: IncrementalDecoder, rows: list[int]) -> None:
+        """Put the parked batch rows ``rows`` back at the end of the state."""
+        if not rows:
+            return
+        parked = [self.parked.pop(i) for i in rows]
+        state.restore_rows([row for row, _ in parked])
+        self.live = self.live + list(rows)
+        self.index = torch.cat([self.index, torch.tensor(rows, dtype=torch.long, device=self.index.device)])
+        self.prompt_logits = torch.cat([self.prompt_logits, *(logits for _, logits in parked)])
+
+
 def _acted_step(events: list[StepEvent], action: StepAction) -> StepEvent:
     """The event of a row that ``action`` applies to (its ``step_index``, or the row's only event)."""
     if action.step_index is None:
@@ -318,10 +366,11 @@ class StepwiseDecoder(Decoder):
         state = prefill.start(model)
         rows = [_Row(params.max_new_tokens) for _ in range(batch)]
         compact = not self.processors
-        # ``live[k]`` is the batch row of the state's row ``k`` (finished rows leave the state when compact)
-        live = list(range(batch))
-        live_index = torch.arange(batch, device=device)
-        prompt_logits = state.next_logits.clone()  # to resample a row rolled back to its first token
+        # finished rows leave the state when compact; done rows whose steps wait for the hook are parked when the
+        # cache allows it (else they stay in the batch until the hook has seen their steps)
+        parking = compact and state.parkable
+        # the prompt logits: to resample a row rolled back to its first token
+        live = _Batch(list(range(batch)), torch.arange(batch, device=device), state.next_logits.clone())
         self._hook_seconds = 0.0
         # Each iteration a live row's counted tokens grow by one, or the row is done and waits for the hook (at most
         # ``lookahead`` iterations per wait); only a lookahead action lowers them, by at most ``lookahead`` (the age
@@ -329,10 +378,12 @@ class StepwiseDecoder(Decoder):
         # ``max_new_tokens * (2 * lookahead + 1)`` iterations.
         for _ in range(params.max_new_tokens * (2 * lookahead + 1)):
             context = padded_context(prefill.prompt_ids, [r.ids for r in rows], pad) if self.processors else None
-            sampled, logprobs_t = self.next_tokens(state.next_logits, context, params, generator, live_index, batch)
+            sampled, logprobs_t = self.next_tokens(state.next_logits, context, params, generator, live.index, batch)
             tokens, logprobs = sampled.tolist(), logprobs_t.tolist()
             fresh: dict[int, StepEvent] = {}  # rows that closed a step the hook wants, at this token
-            for k, i in enumerate(live):
+            for i in live.parked:
+                rows[i].pending_age += 1  # parked rows are done and have waiting steps
+            for k, i in enumerate(live.live):
                 row = rows[i]
                 row.pending_age += bool(row.pending)  # iterations (a done row's steps may wait too)
                 if row.done:
@@ -354,23 +405,23 @@ class StepwiseDecoder(Decoder):
                 # the step is kept unless the hook acts on it (then _act restores the row as it was here)
                 row.steps_closed, row.attempt, row.reasoning_done, row.step_start = index, 0, final, len(row.ids)
             if hook is not None:
-                self._deliver_events(rows, live, fresh, lookahead, state, prompt_logits, tokenizer)
-            if all(rows[i].done for i in live):
+                self._deliver_events(rows, live, fresh, lookahead, state, tokenizer, parking)
+            if all(rows[i].done for i in live.live):
                 break
-            if compact:  # as SampleDecoder: finished rows leave the batch once a quarter of it is done
-                # a done row whose steps wait for the hook stays: an action makes it live again
-                keep = [k for k, i in enumerate(live) if not rows[i].done or rows[i].pending]
-                if len(keep) <= 0.75 * len(live):
-                    index_t = torch.tensor(keep, dtype=torch.long, device=device)
-                    if state.select_rows(index_t):
-                        live = [live[k] for k in keep]
-                        live_index = live_index[index_t]
-                        prompt_logits = prompt_logits[index_t]
+            if parking:  # as SampleDecoder: done rows leave the batch once a tenth of it is done
+                keep = [k for k, i in enumerate(live.live) if not rows[i].done]
+                if len(keep) <= COMPACT_FRACTION * len(live.live):
+                    live.park(state, [k for k, i in enumerate(live.live) if rows[i].done and rows[i].pending])
+                    live.keep(state, keep)
+            elif compact:  # a done row whose steps wait for the hook stays: an action makes it live again
+                keep = [k for k, i in enumerate(live.live) if not rows[i].done or rows[i].pending]
+                if len(keep) <= UNPARKED_COMPACT_FRACTION * len(live.live):
+                    live.keep(state, keep)
             if max_positions is not None:
-                for i in live:
+                for i in live.live:
                     self._check_positions(i, prompt_lengths[i], rows[i], max_positions)
-            self._feed(state, rows, live, pad, prompt_logits)
-            for i in live:
+            self._feed(state, rows, live.live, pad, live.prompt_logits)
+            for i in live.live:
                 row = rows[i]
                 # An opener such as <think> that began the current step is not part of it
                 opener = not row.done and len(row.ids) > row.step_start
@@ -384,28 +435,28 @@ class StepwiseDecoder(Decoder):
     def _deliver_events(
         self,
         rows: list[_Row],
-        live: list[int],
+        live: _Batch,
         fresh: dict[int, StepEvent],
         lookahead: int,
         state: IncrementalDecoder,
-        prompt_logits: torch.Tensor,
         tokenizer: PreTrainedTokenizerBase,
+        parking: bool,
     ) -> None:
         """Hand closed steps to the hook: at once (``lookahead == 0``), or -- all waiting ones in one call -- once
         the oldest waiting one is ``lookahead`` iterations old, or a row with a closed step is done (finished or out
         of budget) or closed another step. A hook that takes ``several_steps_per_row`` gets a row's later steps in
-        the same call, and a done row's steps wait like the others (the row stays in the batch meanwhile) until the
-        oldest waiting step is ``lookahead`` iterations old, every row is done, or finished rows are about to leave
-        the batch (a quarter of it is done: the compaction of :meth:`decode`), so that waiting costs no extra
-        forward work beyond what plain decoding keeps in its batch."""
-        position = {i: k for k, i in enumerate(live)}
+        the same call, and a done row's steps wait like the others until the oldest waiting step is ``lookahead``
+        iterations old or every row is done: meanwhile the row leaves the batch with the other done rows (parked, as
+        ``parking`` allows; put back if the hook acts on it), so that waiting costs no forward work beyond what plain
+        decoding keeps in its batch. Without parking the row stays in the batch, and its steps go to the hook when
+        done rows are about to leave it (the compaction of :meth:`decode`)."""
         if lookahead and getattr(self.step_hook, "several_steps_per_row", False):
             for i, event in fresh.items():
                 rows[i].pending_age = rows[i].pending_age if rows[i].pending else 0
                 rows[i].pending.append(event)
-            waiting = [i for i in live if rows[i].pending]
-            running = sum(not rows[i].done for i in live)
-            compacting = not self.processors and running <= 0.75 * len(live)
+            waiting = sorted(i for i in [*live.live, *live.parked] if rows[i].pending)
+            running = sum(not rows[i].done for i in live.live)
+            compacting = not parking and not self.processors and running <= UNPARKED_COMPACT_FRACTION * len(live.live)
             if waiting and (
                 any(rows[i].pending_age >= lookahead for i in waiting)
                 or running == 0
@@ -414,9 +465,9 @@ class StepwiseDecoder(Decoder):
                 events = [event for i in waiting for event in rows[i].pending]
                 for i in waiting:
                     rows[i].pending, rows[i].pending_age = [], 0
-                self._call_hook(events, rows, position, state, prompt_logits, tokenizer)
+                self._call_hook(events, rows, live, state, tokenizer)
             return
-        waiting = {i: rows[i].pending[0] for i in live if rows[i].pending}
+        waiting = {i: rows[i].pending[0] for i in live.live if rows[i].pending}
         flush = any(rows[i].pending_age >= lookahead or rows[i].done or i in fresh for i in waiting) or any(
             rows[i].done for i in fresh
         )
@@ -432,10 +483,10 @@ class StepwiseDecoder(Decoder):
         if flush:
             for i in waiting:
                 rows[i].pending, rows[i].pending_age = [], 0
-        acted = self._call_hook(now, rows, position, state, prompt_logits, tokenizer) if now else set()
+        acted = self._call_hook(now, rows, live, state, tokenizer) if now else set()
         survivors = [event for i, event in later.items() if i not in acted]  # else it lay in the discarded part
         if survivors and (lookahead == 0 or any(rows[e.row].done for e in survivors)):
-            self._call_hook(survivors, rows, position, state, prompt_logits, tokenizer)
+            self._call_hook(survivors, rows, live, state, tokenizer)
         else:
             for event in survivors:
                 rows[event.row].pending, rows[event.row].pending_age = [event], 0
@@ -444,12 +495,13 @@ class StepwiseDecoder(Decoder):
         self,
         events: list[StepEvent],
         rows: list[_Row],
-        position: dict[int, int],
+        live: _Batch,
         state: IncrementalDecoder,
-        prompt_logits: torch.Tensor,
         tokenizer: PreTrainedTokenizerBase,
     ) -> set[int]:
-        """Call the hook on ``events`` (in step order per row) and apply its actions; returns the rows acted on."""
+        """Call the hook on ``events`` (in step order per row) and apply its actions (a parked row acted on is put
+        back in the batch first; the others have no waiting step left and are dropped); returns the rows acted
+        on."""
         t0 = time.perf_counter()
         actions = self.step_hook(events) or {}
         self._hook_seconds += time.perf_counter() - t0
@@ -459,6 +511,10 @@ class StepwiseDecoder(Decoder):
         unknown = set(actions) - set(by_row)
         if unknown:
             raise ValueError(f"step hook returned actions for rows {sorted(unknown)} that closed no step")
+        live.restore(state, [i for i in actions if i in live.parked])
+        for i in [i for i in live.parked if not rows[i].pending]:
+            del live.parked[i]
+        position = {i: k for k, i in enumerate(live.live)}
         for i, action in actions.items():
             self._act(rows[i], position[i], _acted_step(by_row[i], action), action, state, tokenizer)
         return set(actions)

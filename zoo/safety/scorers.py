@@ -370,19 +370,15 @@ class IncrementalScoringSession:
         device = next(self.model.parameters()).device
         pad = self.scorer.tokenizer.pad_token_id
         input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in new], dtype=torch.long, device=device)
-        mask = torch.tensor(
-            [[1] * c + [0] * (past - c) + [1] * len(x) + [0] * (width - len(x)) for c, x in zip(reused, new)],
-            dtype=torch.long,
-            device=device,
-        )
+        start = torch.tensor(reused, dtype=torch.long, device=device)[:, None]
+        length = torch.tensor([len(x) for x in new], dtype=torch.long, device=device)[:, None]
+        fed = torch.arange(width, device=device)[None]
+        # per row: its c reused columns, masked padding up to the longest reuse, its new tokens, masked padding
+        mask = torch.cat([torch.arange(past, device=device)[None] < start, fed < length], 1).long()
         # storage columns c + j; model positions the same, padding kept at the row's last position (learned position
         # tables, e.g. GPT-2's, end at the model's context)
-        columns = torch.tensor([range(c, c + width) for c in reused], dtype=torch.long, device=device)
-        positions = torch.tensor(
-            [[c + min(j, len(x) - 1) for j in range(width)] for c, x in zip(reused, new)],
-            dtype=torch.long,
-            device=device,
-        )
+        columns = start + fed
+        positions = start + torch.minimum(fed, length - 1)
         slot_index = torch.tensor(slots, dtype=torch.long, device=device)
         cache = DynamicCache(config=self.base.config)
         if not all(type(layer) is DynamicLayer for layer in cache.layers):
