@@ -424,7 +424,7 @@ class StepwiseDecoder(Decoder):
             for i in live.live:
                 row = rows[i]
                 # An opener such as <think> that began the current step is not part of it
-                opener = not row.done and len(row.ids) > row.step_start
+                opener = not row.done and len(row.ids) > row.step_start and row.ids[-1] in opener_ids
                 if opener and all(t in opener_ids for t in row.ids[row.step_start :]):
                     row.step_start = len(row.ids)
         else:
