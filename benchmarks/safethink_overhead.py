@@ -131,6 +131,25 @@ def main() -> None:
     for r in range(args.repeats):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             runs[name].append(arms[name]())
+
+    def work(fn) -> dict:
+        """One more run of an arm with the policy's forward passes counted (the same in every run: not timing)."""
+        fed = {"passes": 0, "row_tokens": 0, "row_context": 0}
+
+        def count(_module, _args, kwargs) -> None:
+            shape = (kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs["inputs_embeds"]).shape
+            fed["passes"] += 1
+            fed["row_tokens"] += shape[0] * shape[1]
+            fed["row_context"] += shape[0] * kwargs["attention_mask"].shape[1]
+
+        handle = model.register_forward_pre_hook(count, with_kwargs=True)
+        try:
+            fn()
+        finally:
+            handle.remove()
+        return fed
+
+    work_done = {name: work(fn) for name, fn in arms.items()}
     identical = all(s["texts"] == p["texts"] for s, p in zip(runs["safe"], runs["plain"]))
     identical_ahead = all(s["texts"] == p["texts"] for s, p in zip(runs.get("lookahead", []), runs["plain"]))
     overhead = [s["seconds"] / p["seconds"] for s, p in zip(runs["safe"], runs["plain"])]
@@ -158,6 +177,7 @@ def main() -> None:
         "decoding_overhead": decoding,
         "scorer_share": scoring,
         "identical": identical,
+        "work": work_done,
         "runs": {k: [{kk: vv for kk, vv in x.items() if kk != "texts"} for x in v] for k, v in runs.items()},
     }
     if args.json:
@@ -169,9 +189,10 @@ def main() -> None:
         sec = statistics.median(x["seconds"] for x in rs)
         scorer_s = statistics.median(x["scorer"] for x in rs)
         calls = statistics.median(x.get("calls", 0) for x in rs)
+        w = work_done[name]
         return (
             f"| {label} | {rs[0]['kept']} | {rs[0]['sampled']} | {sec:.2f} | {scorer_s:.2f} ({calls:.0f} calls) | "
-            f"{rs[0]['sampled'] / sec:.0f} |"
+            f"{rs[0]['sampled'] / sec:.0f} | {w['passes']} / {w['row_tokens']} / {w['row_context']} |"
         )
 
     lines = [
@@ -188,8 +209,9 @@ def main() -> None:
         f"{args.max_new_tokens} new tokens max, m = {args.m}. The scorer runs when a step closes (the last reasoning "
         "step included, at `</think>`) and only while t <= m.",
         "",
-        "| run | kept tokens | sampled tokens | total s | scorer s | sampled tokens/s |",
-        "|---|---|---|---|---|---|",
+        "| run | kept tokens | sampled tokens | total s | scorer s | sampled tokens/s | policy forward passes / "
+        "rows x tokens fed / rows x context |",
+        "|---|---|---|---|---|---|---|",
         row("plain", "plain generation"),
         row("safe", "SafeThink, no violation (tau=0), hook_lookahead=0"),
         row("worst", "SafeThink, every step <= m violates (tau=1.01), hook_lookahead=0"),
@@ -227,7 +249,26 @@ def main() -> None:
             "",
             f"Before this round of changes (same script and settings, the earlier code; measured {before['when']}): "
             f"no-violation time ratio median {spread(before['overhead'])}; worst case "
-            f"{spread(before['worst_slowdown'])}.",
+            f"{spread(before['worst_slowdown'])}"
+            + (
+                f"; with hook_lookahead={before['lookahead']}: no violation {spread(before['lookahead_overhead'])}, "
+                f"worst case {spread(before['lookahead_worst_slowdown'])}"
+                if before.get("lookahead_overhead")
+                else ""
+            )
+            + ".",
+            *(
+                [
+                    "Policy forward work then (passes / rows x tokens fed / rows x context): "
+                    + "; ".join(
+                        f"{name} {w['passes']} / {w['row_tokens']} / {w['row_context']}"
+                        for name, w in before["work"].items()
+                    )
+                    + "."
+                ]
+                if before.get("work")
+                else []
+            ),
         ]
     body = "\n".join(lines) + "\n"
     print(body)

@@ -323,14 +323,18 @@ def test_every_unfinished_row_uses_its_whole_budget_under_sampling(varied_lm, lo
 def test_a_done_row_waiting_for_the_hook_leaves_the_batch_and_comes_back_when_the_hook_acts(
     varied_lm, monkeypatch, parkable
 ):
-    """Row 1 (greedy text ``eeeee%{OI</think>...``) closes its third step at its third token and, with a long
-    lookahead, decodes on until the stop string ``%{OI`` finishes it while the other rows run: it leaves the batch
-    with the step still waiting for the hook (parked: the batch runs 3 rows, as plain decoding would), and when the
-    hook rolls that step back it is put back in the batch and decodes on. What is kept is exactly what
+    """Of 8 prompts, row 1 (greedy text ``eeeee%{OI</think>...``) closes its third step at its third token and, with
+    a long lookahead, decodes on until the stop string ``%{OI`` finishes it while the other rows run: it leaves the
+    batch with the step still waiting for the hook (parked: the batch runs 7 rows, as plain decoding would; one done
+    row of 8 is under the quarter that hands done rows' steps to the hook), and when the hook rolls that step back
+    (once every row is done) it is put back in the batch and decodes on. What is kept is exactly what
     ``hook_lookahead = 0`` keeps (greedy), where the row never left the batch. The spy counts the real
     ``restore_rows`` calls. With a cache that cannot park rows (``parkable`` forced off) the waiting row stays in
     the batch instead, with the same result."""
-    model, tok, ids, mask = varied_lm
+    model, tok = varied_lm[:2]
+    encoded = [encode_prompt(tok, p) for p in [*PROMPTS, "zz", "qrs", "The cat", "1+1="]]
+    ids = pad_sequences(encoded, tok.pad_token_id, "left")
+    mask = pad_sequences([[1] * len(e) for e in encoded], 0, "left")
     if not parkable:
         monkeypatch.setattr(IncrementalDecoder, "parkable", property(lambda self: False))
     params = SamplingParams(max_new_tokens=24, do_sample=False, stop_strings=["%{OI"])
@@ -359,9 +363,9 @@ def test_a_done_row_waiting_for_the_hook_leaves_the_batch_and_comes_back_when_th
     ref, out = outs[0], outs[24]
     if parkable:
         assert restored == [1], "row 1 must have been parked and put back"
-        assert 3 in batch_sizes, batch_sizes  # the batch ran without the parked row
+        assert 7 in batch_sizes, batch_sizes  # the batch ran without the parked row
     else:
-        assert restored == [] and 3 not in batch_sizes, (restored, batch_sizes)
+        assert restored == [] and 7 not in batch_sizes, (restored, batch_sizes)
     assert ref.discarded[1] and out.discarded == ref.discarded
     assert out.texts == ref.texts
     assert torch.equal(out.completion_ids, ref.completion_ids)

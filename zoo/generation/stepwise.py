@@ -201,10 +201,14 @@ class _Row:
         del self.ids[length:], self.injected[length:], self.logprobs[length:], self.cols[length:]
 
 
-# Without parking (a cache that cannot set rows aside), done rows whose steps wait for the hook stay in the batch and
-# each compaction first hands their steps to the hook: compacting less often (a quarter of the batch done rather than
-# COMPACT_FRACTION's tenth) keeps those extra hook calls few.
-UNPARKED_COMPACT_FRACTION = 0.75
+# Done rows whose steps wait for the hook (lookahead, a hook taking several steps per row) hand them to the hook once
+# a quarter of the rows in play are done. Measured (benchmarks/safethink_overhead.py, every monitored step violating):
+# waiting longer puts the acted-on rows back in a second wave after the batch finished, 50% more forward passes;
+# with no violation it saves one of three scorer calls.
+DONE_ROWS_FLUSH_FRACTION = 0.75
+# Without parking (a cache that cannot set rows aside) those rows stay in the batch until then: compacting earlier
+# would only trigger more hook calls.
+UNPARKED_COMPACT_FRACTION = DONE_ROWS_FLUSH_FRACTION
 
 
 @dataclass
@@ -446,17 +450,20 @@ class StepwiseDecoder(Decoder):
         the oldest waiting one is ``lookahead`` iterations old, or a row with a closed step is done (finished or out
         of budget) or closed another step. A hook that takes ``several_steps_per_row`` gets a row's later steps in
         the same call, and a done row's steps wait like the others until the oldest waiting step is ``lookahead``
-        iterations old or every row is done: meanwhile the row leaves the batch with the other done rows (parked, as
-        ``parking`` allows; put back if the hook acts on it), so that waiting costs no forward work beyond what plain
-        decoding keeps in its batch. Without parking the row stays in the batch, and its steps go to the hook when
-        done rows are about to leave it (the compaction of :meth:`decode`)."""
+        iterations old, every row is done, or a quarter of the rows in play are done (``DONE_ROWS_FLUSH_FRACTION``:
+        an action then puts the row back while the batch still runs, rather than in a second wave after it).
+        Meanwhile the done row leaves the batch with the other done rows when ``parking`` allows it (put back if the
+        hook acts on it), so that waiting costs no forward work beyond what plain decoding keeps in its batch;
+        without parking it stays in the batch until its steps have gone to the hook."""
         if lookahead and getattr(self.step_hook, "several_steps_per_row", False):
             for i, event in fresh.items():
                 rows[i].pending_age = rows[i].pending_age if rows[i].pending else 0
                 rows[i].pending.append(event)
             waiting = sorted(i for i in [*live.live, *live.parked] if rows[i].pending)
             running = sum(not rows[i].done for i in live.live)
-            compacting = not parking and not self.processors and running <= UNPARKED_COMPACT_FRACTION * len(live.live)
+            # a quarter of the rows in play done (parked rows count): a done row's steps go to the hook then
+            in_play = len(live.live) + len(live.parked)
+            compacting = not self.processors and running <= DONE_ROWS_FLUSH_FRACTION * in_play
             if waiting and (
                 any(rows[i].pending_age >= lookahead for i in waiting)
                 or running == 0

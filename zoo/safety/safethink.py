@@ -271,7 +271,8 @@ def safethink_generate(
         final_step_delimiters: where the last reasoning step ends (monitored too); ``()`` = never.
         hook_lookahead: ``L > 0`` (default 32): rows keep decoding while closed steps wait, and the waiting steps of
             all rows (several of one row included) are scored in one call once the oldest has waited ``L``
-            iterations, finished rows are about to leave the batch, or every row is done; a violation discards what
+            iterations, a quarter of the rows are done while some of them wait, or every row is done (a done row
+            that waits leaves the decoding batch meanwhile); a violation discards what
             was sampled after its step (not counted against the row's budget),
             then acts as above (see :class:`~zoo.generation.stepwise.StepwiseDecoder`). Fewer scorer calls; the
             output has the same distribution as with ``0``, token-identical to it under greedy decoding and to plain
