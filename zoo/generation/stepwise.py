@@ -409,7 +409,7 @@ class StepwiseDecoder(Decoder):
                 # the step is kept unless the hook acts on it (then _act restores the row as it was here)
                 row.steps_closed, row.attempt, row.reasoning_done, row.step_start = index, 0, final, len(row.ids)
             if hook is not None:
-                self._deliver_events(rows, live, fresh, lookahead, state, tokenizer, parking)
+                self._deliver_events(rows, live, fresh, lookahead, state, tokenizer)
             if all(rows[i].done for i in live.live):
                 break
             if parking:  # as SampleDecoder: done rows leave the batch once a tenth of it is done
@@ -444,7 +444,6 @@ class StepwiseDecoder(Decoder):
         lookahead: int,
         state: IncrementalDecoder,
         tokenizer: PreTrainedTokenizerBase,
-        parking: bool,
     ) -> None:
         """Hand closed steps to the hook: at once (``lookahead == 0``), or -- all waiting ones in one call -- once
         the oldest waiting one is ``lookahead`` iterations old, or a row with a closed step is done (finished or out
@@ -452,8 +451,8 @@ class StepwiseDecoder(Decoder):
         the same call, and a done row's steps wait like the others until the oldest waiting step is ``lookahead``
         iterations old, every row is done, or a quarter of the rows in play are done (``DONE_ROWS_FLUSH_FRACTION``:
         an action then puts the row back while the batch still runs, rather than in a second wave after it).
-        Meanwhile the done row leaves the batch with the other done rows when ``parking`` allows it (put back if the
-        hook acts on it), so that waiting costs no forward work beyond what plain decoding keeps in its batch;
+        Meanwhile the done row leaves the batch with the other done rows when its cache can be parked (put back if
+        the hook acts on it), so that waiting costs no forward work beyond what plain decoding keeps in its batch;
         without parking it stays in the batch until its steps have gone to the hook."""
         if lookahead and getattr(self.step_hook, "several_steps_per_row", False):
             for i, event in fresh.items():
@@ -463,18 +462,18 @@ class StepwiseDecoder(Decoder):
             running = sum(not rows[i].done for i in live.live)
             # a quarter of the rows in play done (parked rows count): a done row's steps go to the hook then
             in_play = len(live.live) + len(live.parked)
-            compacting = not self.processors and running <= DONE_ROWS_FLUSH_FRACTION * in_play
+            many_done = not self.processors and running <= DONE_ROWS_FLUSH_FRACTION * in_play
             if waiting and (
                 any(rows[i].pending_age >= lookahead for i in waiting)
                 or running == 0
-                or (compacting and any(rows[i].done for i in waiting))
+                or (many_done and any(rows[i].done for i in waiting))
             ):
                 events = [event for i in waiting for event in rows[i].pending]
                 for i in waiting:
                     rows[i].pending, rows[i].pending_age = [], 0
                 self._call_hook(events, rows, live, state, tokenizer)
             return
-        waiting = {i: rows[i].pending[0] for i in live.live if rows[i].pending}
+        waiting = {i: rows[i].pending[0] for i in sorted([*live.live, *live.parked]) if rows[i].pending}
         flush = any(rows[i].pending_age >= lookahead or rows[i].done or i in fresh for i in waiting) or any(
             rows[i].done for i in fresh
         )
