@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
 
-from zoo.generation.sampling import accepts_logits_to_keep, cache_kwarg_name
+from zoo.generation.sampling import accepts_logits_to_keep, cache_kwarg_name, plain_dynamic_cache
 
 
 def distinct_rows(*columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -95,11 +94,10 @@ class SharedPrefix:
             **({"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}),
         )
         cache = out.get(cache_kwarg_name(model))
-        layers = getattr(cache, "layers", None)
-        if not layers or not all(type(layer) is DynamicLayer for layer in layers):
+        if not plain_dynamic_cache(cache):
             return None
-        keys = [layer.keys for layer in layers]
-        values = [layer.values for layer in layers]
+        keys = [layer.keys for layer in cache.layers]
+        values = [layer.values for layer in cache.layers]
         if not torch.is_grad_enabled() or not keys[0].requires_grad:
             return cls(split, inverse, keys, values, None)
         graph = keys + values

@@ -165,6 +165,13 @@ def crop_cache(cache: object, num_tokens: int) -> bool:
     return True
 
 
+def plain_dynamic_cache(cache: object) -> bool:
+    """Whether ``cache`` is a transformers cache of plain full-attention ``DynamicLayer`` s only (per-layer key/value
+    tensors ``[B, heads, T, head_dim]`` that may be sliced, gathered and joined along the batch)."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
 def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether ``model.forward`` (of the base model under a PEFT wrapper) takes ``logits_to_keep``."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -310,8 +317,7 @@ class IncrementalDecoder:
     def parkable(self) -> bool:
         """Whether rows can be set aside and put back (:meth:`park_rows`): a cache of plain full-attention
         ``DynamicLayer`` s (the per-layer key/value tensors are sliced and joined along the batch)."""
-        layers = getattr(self.cache, "layers", None)
-        return bool(layers) and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
+        return plain_dynamic_cache(self.cache) and all(layer.is_initialized for layer in self.cache.layers)
 
     def park_rows(self, indices: Sequence[int]) -> list[ParkedRow]:
         """Copies of the rows ``indices`` (their keys/values, attention mask, next logits and hidden states) to put
@@ -346,20 +352,14 @@ class IncrementalDecoder:
             return
         width = max(self.attention_mask.shape[1], *(p.attention_mask.shape[1] for p in parked))
 
-        def padded(tensor: torch.Tensor, dim: int) -> torch.Tensor:
-            missing = width - tensor.shape[dim]
-            if not missing:
-                return tensor
-            shape = list(tensor.shape)
-            shape[dim] = missing
-            return torch.cat([tensor, tensor.new_zeros(shape)], dim=dim)
+        def joined(tensors: list[torch.Tensor]) -> torch.Tensor:  # [*, heads, T, head_dim], T padded to ``width``
+            return torch.cat([torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[2])) for t in tensors])
 
         for n, layer in enumerate(self.cache.layers):
-            layer.keys = torch.cat([padded(layer.keys, 2), *(padded(p.keys[n], 2) for p in parked)])
-            layer.values = torch.cat([padded(layer.values, 2), *(padded(p.values[n], 2) for p in parked)])
-        self.attention_mask = torch.cat(
-            [padded(self.attention_mask, 1), *(padded(p.attention_mask, 1) for p in parked)]
-        )
+            layer.keys = joined([layer.keys, *(p.keys[n] for p in parked)])
+            layer.values = joined([layer.values, *(p.values[n] for p in parked)])
+        masks = [self.attention_mask, *(p.attention_mask for p in parked)]
+        self.attention_mask = torch.cat([pad_width(m, width, 0, "right") for m in masks])
         self.next_logits = torch.cat([self.next_logits, *(p.next_logits for p in parked)])
         if self.hidden_states is not None:
             self.hidden_states = tuple(

@@ -37,11 +37,10 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.cache_utils import DynamicLayer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from zoo.errors import CheckpointNotFoundError, ConfigError, ZooError
-from zoo.generation.sampling import cache_kwarg_name
+from zoo.generation.sampling import cache_kwarg_name, plain_dynamic_cache
 
 SCORER_CONFIG = "zoo_scorer.json"
 
@@ -381,7 +380,7 @@ class IncrementalScoringSession:
         positions = start + torch.minimum(fed, length - 1)
         slot_index = torch.tensor(slots, dtype=torch.long, device=device)
         cache = DynamicCache(config=self.base.config)
-        if not all(type(layer) is DynamicLayer for layer in cache.layers):
+        if not plain_dynamic_cache(cache):
             raise ConfigError(
                 f"scorer '{self.scorer.name}': incremental scoring supports full-attention caches only "
                 f"({sorted({type(layer).__name__ for layer in cache.layers})}); set incremental=false"
