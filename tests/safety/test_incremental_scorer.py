@@ -27,6 +27,7 @@ from zoo.safety.scorers import (
     StatelessSession,
     as_scorer,
     is_causal_classifier,
+    length_groups,
     scoring_session,
 )
 
@@ -234,6 +235,46 @@ def test_several_texts_of_a_row_in_one_call_are_scored_exactly(tok, build):
     chain([3, 3, 3], [PROMPTS[3]] * 3, TRACES[3][:3])
     longest = tok(scorer.texts([PROMPTS[3]], [TRACES[3][2]]))["input_ids"][0]
     assert chain.fed_tokens == len(longest)
+
+
+def test_length_groups_split_where_padding_is_saved():
+    lengths = [60, 5, 58, 6, 61, 5]
+    # one pass: 6 x 61 = 366 padded tokens; short | long: 3 x 6 + 3 x 61 = 201, saving 165
+    assert length_groups(lengths, 128) == [[1, 5, 3], [2, 0, 4]]
+    assert length_groups(lengths, 166) == [[1, 5, 3, 2, 0, 4]]  # saves too little: one pass
+    assert length_groups([7] * 5, 0) == [[0, 1, 2, 3, 4]]  # nothing to save
+    assert length_groups([], 128) == []
+    groups = length_groups([1, 40, 2, 90, 41, 3, 88], 20)
+    assert sorted(k for g in groups for k in g) == list(range(7))  # every row once
+    assert groups == [[0, 2, 5], [1, 4], [6, 3]]
+
+
+@pytest.mark.parametrize("build", [_llama, _gpt2])
+def test_rows_of_very_different_lengths_are_fed_in_groups_and_scored_exactly(tok, build, monkeypatch):
+    """Short and long texts in one call: two forward passes (no short row padded to the longest), scores equal to
+    full reads, and a later call reuses what each group stored."""
+    model = build(tok)
+    scorer = SequenceClassifierScorer(model, tok)
+    # 16 rows, short and long interleaved: one pass would pad 8 texts of ~14 tokens to ~43 (saving > 128 tokens)
+    short = [f"<think>{k}\n" for k in range(8)]
+    long = [f"<think>{k}+1={k + 1}\n" * 6 for k in range(8)]
+    rows, prompts = list(range(16)), ["12+3="] * 16
+    traces = [t for pair in zip(short, long) for t in pair]
+    widths: list[int] = []
+    base = getattr(model, model.base_model_prefix)
+    hook = base.register_forward_pre_hook(lambda _m, _a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    session = scorer.session()
+    try:
+        got = session(rows, prompts, traces)
+    finally:
+        hook.remove()
+    want = [scorer([p], [t])[0] for p, t in zip(prompts, traces)]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-5)
+    assert len(widths) == 2 and min(widths) < 20 < max(widths)
+    grown = [t + "5\n" for t in traces]
+    got = session(rows, prompts, grown)
+    want = [scorer([p], [t])[0] for p, t in zip(prompts, grown)]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-5)
 
 
 class RecordingScorer(SequenceClassifierScorer):
