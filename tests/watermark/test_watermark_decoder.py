@@ -94,13 +94,16 @@ def test_rows_stop_at_their_own_sentence_ends_and_text_splits_back_into_the_acce
 
 
 def test_candidates_of_all_rows_are_sampled_in_one_batch_and_embedded_in_one_call(lm):
+    model, _ = lm
     encoder = CountingEncoder()
     decoder = SemanticWatermarkDecoder(lsh_scheme(encoder=encoder), max_trials=7, candidates_per_round=3)
     batch_sizes: list[int] = []
-    decoder.hooks.append(
-        ModuleHook("", lambda module, args, kwargs: batch_sizes.append(_rows(kwargs)), pre=True, with_kwargs=True)
-    )
-    result = run(lm, decoder, params=SamplingParams(60, do_sample=True), prompts=PROMPTS[:2])
+    # a plain torch hook (not one of the decoder's hooks): it sees the shared prefill
+    handle = model.register_forward_pre_hook(lambda m, a, kw: batch_sizes.append(_rows(kw)), with_kwargs=True)
+    try:
+        result = run(lm, decoder, params=SamplingParams(60, do_sample=True), prompts=PROMPTS[:2])
+    finally:
+        handle.remove()
     # one encoder call for the prompts' last sentences, then one per round with every candidate of the round
     assert len(encoder.calls) == 1 + result.rounds
     assert encoder.calls[0] == 2
@@ -109,6 +112,21 @@ def test_candidates_of_all_rows_are_sampled_in_one_batch_and_embedded_in_one_cal
     assert sum(s.trials for s in result.samples) <= sum(encoder.calls[1:])
     # the first round prefills the 2 contexts once, then samples 2 x 3 candidates in one batch
     assert batch_sizes[0] == 2 and batch_sizes[1] == 6
+
+
+def test_the_decoders_forward_hooks_see_every_candidate_row_of_the_prefill(lm):
+    """The seam's rule (Prefill.share_repeats): with forward hooks attached no prefill is shared, so a hook that
+    records per-row activations gets one row per candidate; the text is the same as without the hook."""
+    decoder = SemanticWatermarkDecoder(lsh_scheme(), max_trials=7, candidates_per_round=3)
+    batch_sizes: list[int] = []
+    decoder.hooks.append(
+        ModuleHook("", lambda module, args, kwargs: batch_sizes.append(_rows(kwargs)), pre=True, with_kwargs=True)
+    )
+    params = SamplingParams(60, do_sample=True)
+    hooked = run(lm, decoder, params=params, prompts=PROMPTS[:2])
+    assert batch_sizes[0] == 6 and batch_sizes[1] == 6
+    plain = SemanticWatermarkDecoder(lsh_scheme(), max_trials=7, candidates_per_round=3)
+    assert run(lm, plain, params=params, prompts=PROMPTS[:2]).texts == hooked.texts
 
 
 def _rows(kwargs) -> int:

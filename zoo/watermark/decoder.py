@@ -31,7 +31,8 @@ boundary), and a later sentence that does not start with whitespace (detection s
 whitespace). They can still be the fallback.
 
 Logits processors of the decoder apply to every candidate token; they receive the round's context (the left-padded
-ids the model sees) followed by the candidate's tokens. Forward hooks are attached around the whole call.
+ids the model sees) followed by the candidate's tokens. Forward hooks are attached around the whole call; with
+hooks no context is prefilled once for its candidates (they see every candidate row, as with every decoder).
 Returns a :class:`WatermarkGenerationResult`.
 """
 
@@ -340,7 +341,9 @@ class SemanticWatermarkDecoder(Decoder):
         ids = pad_sequences(contexts, tokenizer.pad_token_id, "left").to(device)
         attention = pad_sequences([[1] * len(c) for c in contexts], 0, "left").to(device)
         repeat = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(sizes)).to(device)
-        state = Prefill(ids[repeat], attention[repeat]).start(model)  # each context prefilled once, copied to its rows
+        # each context prefilled once and copied to its rows, unless forward hooks watch the model: they see the
+        # batch of candidate rows (the seam's rule, Prefill.share_repeats)
+        state = Prefill(ids[repeat], attention[repeat], share_repeats=not self.hooks).start(model)
         budget_of = [budgets[j] for j in repeat.tolist()]
 
         def sentence_done(i: int, sampled: list[int]) -> bool:
