@@ -206,6 +206,12 @@ class Decoder(ABC):
         self.processors: list[LogitsProcessor] = list(processors)
         self.hooks: list[ForwardHook] = list(hooks)
 
+    @property
+    def shares_prefills(self) -> bool:
+        """Whether a prefill may compute a prompt that several rows repeat once (:attr:`Prefill.share_repeats`):
+        not when forward hooks are attached, which see the batch the model runs on."""
+        return not self.hooks
+
     @torch.no_grad()
     def __call__(
         self,
@@ -234,7 +240,7 @@ class Decoder(ABC):
         """
         params = params or SamplingParams()
         prefill = as_prefill(prompt_ids, attention_mask, inputs_embeds, model_inputs)
-        if self.hooks:
+        if not self.shares_prefills:
             prefill = replace(prefill, share_repeats=False)
         self.check_length(model, prefill, params)
         was_training = model.training

@@ -341,9 +341,8 @@ class SemanticWatermarkDecoder(Decoder):
         ids = pad_sequences(contexts, tokenizer.pad_token_id, "left").to(device)
         attention = pad_sequences([[1] * len(c) for c in contexts], 0, "left").to(device)
         repeat = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(sizes)).to(device)
-        # each context prefilled once and copied to its rows, unless forward hooks watch the model: they see the
-        # batch of candidate rows (the seam's rule, Prefill.share_repeats)
-        state = Prefill(ids[repeat], attention[repeat], share_repeats=not self.hooks).start(model)
+        # each context prefilled once and copied to its rows, unless forward hooks watch the model (shares_prefills)
+        state = Prefill(ids[repeat], attention[repeat], share_repeats=self.shares_prefills).start(model)
         budget_of = [budgets[j] for j in repeat.tolist()]
 
         def sentence_done(i: int, sampled: list[int]) -> bool:
