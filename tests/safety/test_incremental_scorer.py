@@ -27,6 +27,7 @@ from zoo.safety.scorers import (
     StatelessSession,
     as_scorer,
     is_causal_classifier,
+    last_layer_mlp,
     length_groups,
     scoring_session,
 )
@@ -275,6 +276,62 @@ def test_rows_of_very_different_lengths_are_fed_in_groups_and_scored_exactly(tok
     got = session(rows, prompts, grown)
     want = [scorer([p], [t])[0] for p, t in zip(prompts, grown)]
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("build", [_llama, _gpt2])
+def test_the_last_layers_mlp_runs_only_where_a_score_is_read(tok, build):
+    """The last decoder layer's MLP gets one position per score read (the other positions need only that layer's keys
+    and values); the scores still equal full reads. Other layers run everywhere."""
+    model = build(tok)
+    scorer = SequenceClassifierScorer(model, tok)
+    mlp = last_layer_mlp(model)
+    layers = getattr(model, model.base_model_prefix)
+    blocks = layers.layers if hasattr(layers, "layers") else layers.h
+    assert mlp is blocks[-1].mlp and mlp is not blocks[0].mlp
+    positions: dict[str, list[int]] = {"last": [], "first": []}
+    hooks = [
+        mlp.register_forward_hook(lambda _m, args, _o: positions["last"].append(args[0].shape[:-1].numel())),
+        blocks[0].mlp.register_forward_hook(lambda _m, args, _o: positions["first"].append(args[0].shape[:-1].numel())),
+    ]
+    rows = [r for r in (3, 0, 2, 1) for t in TRACES[r] if t is not None]
+    traces = [t for r in (3, 0, 2, 1) for t in TRACES[r] if t is not None]
+    prompts = [PROMPTS[r] for r in rows]
+    session = scorer.session()
+    try:
+        got = session(rows, prompts, traces)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    want = [scorer([p], [t])[0] for p, t in zip(prompts, traces)]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-5)
+    assert sum(positions["last"]) == len(traces)  # one position per score
+    assert sum(positions["first"]) >= session.fed_tokens > 2 * len(traces)  # every fed token (and padding)
+
+
+def test_without_a_findable_mlp_the_last_layer_runs_whole_with_the_same_scores(tok):
+    """BERT's blocks are not a direct list of the base model (and BERT is not causal): no MLP found. A session with no
+    MLP to narrow feeds every position through the last layer and gets the same scores."""
+    config = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
+    bert = BertForSequenceClassification(config)
+    assert last_layer_mlp(bert) is None
+    model = _llama(tok)
+    scorer = SequenceClassifierScorer(model, tok)
+    rows = [r for r in (3, 0, 2, 1) for t in TRACES[r] if t is not None]
+    traces = [t for r in (3, 0, 2, 1) for t in TRACES[r] if t is not None]
+    prompts = [PROMPTS[r] for r in rows]
+    seen: list[int] = []
+    hook = model.model.layers[-1].mlp.register_forward_hook(lambda _m, a, _o: seen.append(a[0].shape[:-1].numel()))
+    try:
+        narrowed = scorer.session()
+        narrowed_scores = narrowed(rows, prompts, traces)
+        narrowed_positions, seen[:] = sum(seen), []
+        whole = scorer.session()
+        whole.last_mlp = None
+        whole_scores = whole(rows, prompts, traces)
+    finally:
+        hook.remove()
+    torch.testing.assert_close(torch.tensor(whole_scores), torch.tensor(narrowed_scores), rtol=0, atol=1e-5)
+    assert narrowed_positions == len(traces) and sum(seen) >= whole.fed_tokens > len(traces)
 
 
 class RecordingScorer(SequenceClassifierScorer):

@@ -322,6 +322,10 @@ class IncrementalScoringSession:
     tokens). Rows whose text exceeds the scorer's
     ``max_length`` are scored by a full (left-truncated) read, as :class:`SequenceClassifierScorer` does.
 
+    The last decoder layer's MLP runs only at the positions whose scores are read (:func:`last_layer_mlp`): the
+    other positions need that layer's keys and values (computed before its MLP) but not its output, which nothing
+    reads -- the same scores for about a layer's MLP less work (a third of a 2-layer classifier's matrix products).
+
     Args:
         scorer: a :class:`SequenceClassifierScorer` over a causal classifier (:func:`is_causal_classifier`).
     """
@@ -334,6 +338,7 @@ class IncrementalScoringSession:
         self.model = model
         self.base = getattr(model, model.base_model_prefix)
         self.cache_kwarg = cache_kwarg_name(self.base)
+        self.last_mlp = last_layer_mlp(model)
         self.slot: dict[Hashable, int] = {}
         self.ids: list[list[int]] = []  # per slot, the scorer tokens whose keys/values are stored
         self.keys: list[torch.Tensor] = []  # per layer, [slots, kv_heads, capacity, head_dim]
@@ -437,17 +442,18 @@ class IncrementalScoringSession:
         if past:
             for layer, (keys, values) in enumerate(zip(self.keys, self.values)):
                 cache.update(keys[slot_index, :, :past], values[slot_index, :, :past], layer)
-        out = self.base(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **{self.cache_kwarg: cache},
-        )
-        self.fed_tokens += sum(len(x) for x in new)
         # the hidden state at each read's last token (fed column n - 1 - c of the row)
         which = torch.tensor([k for k, r in enumerate(reads) for _ in r], dtype=torch.long, device=device)
         at = torch.tensor([n - 1 - c for c, r in zip(reused, reads) for n in r], dtype=torch.long, device=device)
+        with only_at_positions(self.last_mlp, which, at):
+            out = self.base(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{self.cache_kwarg: cache},
+            )
+        self.fed_tokens += sum(len(x) for x in new)
         probs = self.scorer.safe_probability(self.model.score(out.last_hidden_state[which, at])).cpu().tolist()
         self._store(cache, slot_index, columns, past)
         found = iter(probs)
@@ -474,6 +480,53 @@ class IncrementalScoringSession:
         if more_slots or more_width:
             self.keys = [_grown(t, more_slots, more_width) for t in self.keys]
             self.values = [_grown(t, more_slots, more_width) for t in self.values]
+
+
+def last_layer_mlp(model: PreTrainedModel) -> torch.nn.Module | None:
+    """The MLP (``mlp``) of the last decoder layer of a classifier's base model, or ``None`` when there is none to
+    find: the layers are the base model's ``ModuleList`` of ``config.num_hidden_layers`` blocks (``layers`` of Llama,
+    Qwen, Mistral; ``h`` of GPT-2). Such an MLP is position-wise (``[..., H] -> [..., H]``)."""
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    count = getattr(model.config, "num_hidden_layers", None)
+    if not isinstance(base, torch.nn.Module) or not count:
+        return None
+    for child in base.children():
+        if isinstance(child, torch.nn.ModuleList) and len(child) == count:
+            mlp = getattr(child[-1], "mlp", None)
+            return mlp if isinstance(mlp, torch.nn.Module) else None
+    return None
+
+
+@contextlib.contextmanager
+def only_at_positions(module: torch.nn.Module | None, rows: torch.Tensor, columns: torch.Tensor) -> Iterator[None]:
+    """Inside the block, the position-wise ``module`` (called with a ``[B, T, H]`` tensor as its first argument) runs
+    only at the positions ``(rows[i], columns[i])``; its output is zero at the others. For a layer whose output is
+    read at a few positions only (the last layer of a classifier read at the scored tokens). ``None``: no change."""
+    if module is None:
+        yield
+        return
+    inputs: list[torch.Tensor] = []
+
+    def gather(_module: torch.nn.Module, args: tuple) -> tuple | None:
+        if not args or not isinstance(args[0], torch.Tensor) or args[0].dim() != 3:
+            return None  # called in another way: runs everywhere
+        inputs.append(args[0])
+        return (args[0][rows, columns], *args[1:])
+
+    def scatter(_module: torch.nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
+        if not inputs:
+            return output
+        x = inputs.pop()
+        full = output.new_zeros(*x.shape[:-1], output.shape[-1])
+        full[rows, columns] = output
+        return full
+
+    handles = [module.register_forward_pre_hook(gather), module.register_forward_hook(scatter)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _grown(buffer: torch.Tensor, slots: int, columns: int) -> torch.Tensor:
