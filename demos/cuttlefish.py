@@ -22,6 +22,7 @@ from zoo.report import (
     contrast,
     curve,
     fmt_stat,
+    legend,
     plot_curves,
     provenance,
     pyplot,
@@ -465,5 +466,5 @@ def plot(
     plot_curves(axes[1, 1], {labels.get(n, n): curve(runs, "train/loss") for n, runs in arms.items()}, smooth=4)
     axes[1, 1].set(xlabel="step", ylabel="loss", title="Training loss", yscale="log")
     for ax in (axes[0, 0], axes[1, 0], axes[1, 1]):
-        ax.legend(fontsize=7)
+        legend(ax, fontsize=7)
     return save_figure(fig, path)

@@ -14,7 +14,20 @@ import json
 import math
 from pathlib import Path
 
-from zoo.report import Run, Sweep, contrast, fmt, fmt_stat, provenance, pyplot, save_figure, stat, table, write_page
+from zoo.report import (
+    Run,
+    Sweep,
+    contrast,
+    fmt,
+    fmt_stat,
+    legend,
+    provenance,
+    pyplot,
+    save_figure,
+    stat,
+    table,
+    write_page,
+)
 
 PAPER = "drift"
 ARMS = ("reference", "uniform_sft", "rft", "drift", "grpo")
@@ -286,5 +299,5 @@ def plot(by_arm: dict[str, list[Run]], labels: dict[str, str], metric: str, path
             )
     ax.set_xlabel("seconds (training + collection)")
     ax.set_ylabel(metric)
-    ax.legend(fontsize=7)
+    legend(ax, fontsize=7)
     return save_figure(fig, path)

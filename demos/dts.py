@@ -24,6 +24,7 @@ from zoo.report import (
     artifact_values,
     contrast,
     fmt_stat,
+    legend,
     provenance,
     pyplot,
     save_figure,
@@ -122,7 +123,7 @@ def plot(sweep: Sweep, labels: dict[str, str], tau_v: float, out: Path) -> Path:
         axes[0].bar(xs, [a.mean for a in accs], width, yerr=err, label=labels.get(arm, arm))
     axes[0].set_xticks(range(len(SETTINGS)), [f"task={s}" for s in SETTINGS])
     axes[0].set_ylabel("test accuracy (mean over seeds, 95% CI)")
-    axes[0].legend(fontsize=7)
+    legend(axes[0], fontsize=7)
     for ax, setting in zip(axes[1:], SETTINGS):
         h, v = varentropy_profile(sweep.arm(f"{setting}/dts_greedy"))
         ax.plot(range(len(v)), v, marker=".", label="varentropy V")
@@ -130,7 +131,7 @@ def plot(sweep: Sweep, labels: dict[str, str], tau_v: float, out: Path) -> Path:
         ax.axhline(tau_v, color="k", ls="--", lw=0.8, label=f"tau_V = {tau_v:g}")
         ax.set_xlabel("position in the returned completion (DTS-Greedy)")
         ax.set_title(f"task={setting}: mean H, V at T_ent by position", fontsize=9)
-        ax.legend(fontsize=7)
+        legend(ax, fontsize=7)
     fig.tight_layout()
     return save_figure(fig, out)
 

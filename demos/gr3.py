@@ -16,6 +16,7 @@ from zoo.report import (
     contrast,
     curve,
     fmt_stat,
+    legend,
     plot_curves,
     provenance,
     pyplot,
@@ -142,5 +143,5 @@ def plot(settings: list[Any], shapers: list[str], runs_of: Any, labels: dict[str
             plot_curves(ax, {labels.get(s, s): curve(runs_of(setting, s), metric) for s in shapers})
             ax.set_title(f"{labels.get(setting, setting) if setting else ''}\n{metric}", fontsize=8)
             ax.set_xlabel("step")
-        row[0].legend(fontsize=7)
+        legend(row[0], fontsize=7)
     return save_figure(fig, path)

@@ -16,6 +16,7 @@ from zoo.report import (
     Run,
     Sweep,
     fmt_stat,
+    legend,
     paired_contrast,
     provenance,
     pyplot,
@@ -351,7 +352,7 @@ def plot(arms: list[str], runs_of: dict[str, list[Run]], lab: Any, path: Path) -
         line = ax.plot(range(n), [s.mean for s in base], marker="o", label=f"{lab(arm)}: system in force")
         ax.plot(range(n), [s.mean for s in best], ls="--", color=line[0].get_color(), label=f"{lab(arm)}: best entrant")
     ax.set(xlabel="round", ylabel="success on the round's tournament tasks", ylim=(0, 1))
-    ax.legend(fontsize=6)
+    legend(ax, fontsize=6)
     ax = axes[1]
     run0 = runs_of[arms[0]][0]
     cmap = plt.get_cmap("viridis")
@@ -371,5 +372,5 @@ def plot(arms: list[str], runs_of: dict[str, list[Run]], lab: Any, path: Path) -
         ylabel="success (tournament)",
         title=f"entrants (ringed: front), seed {run0.seed}",
     )
-    ax.legend(fontsize=7)
+    legend(ax, fontsize=7)
     return save_figure(fig, path)

@@ -18,6 +18,7 @@ from zoo.report import (
     artifact_values,
     contrast,
     fmt_stat,
+    legend,
     provenance,
     pyplot,
     save_figure,
@@ -255,5 +256,5 @@ def plot(arms: dict[str, list[Run]], values: Any, path: Path) -> Path:
     ax.set(xlabel="measured bits per weight (decoder-layer linears)", ylabel="held-out perplexity (completion)")
     ax.set_title("NanoQuant demo: tiny Llama on 2-digit addition (mean, 95% CI over seeds)", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    legend(ax, fontsize=8)
     return save_figure(fig, path, dpi=120)

@@ -20,6 +20,7 @@ from zoo.report import (
     artifact_values,
     contrast,
     fmt_stat,
+    legend,
     provenance,
     pyplot,
     save_figure,
@@ -221,7 +222,7 @@ def plot(order: list[str], arms: dict[str, list[Run]], labels: dict[str, str], t
         ax.set_xticklabels([labels.get(a, a) for a in order], rotation=15, ha="right", fontsize=8)
         ax.set_title(title)
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
+        legend(ax, fontsize=8)
     ax_em.set_ylim(0, 1)
     fig.tight_layout()
     return save_figure(fig, path)

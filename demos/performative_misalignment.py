@@ -22,6 +22,7 @@ from zoo.report import (
     Sweep,
     contrast,
     fmt_stat,
+    legend,
     paired_contrast,
     provenance,
     pyplot,
@@ -374,6 +375,6 @@ def plot(
         ax.axhline(0, color="gray", lw=0.5)
         ax.set(xlabel="steering strength α", title=lab(a))
     axes[0][0].set_ylabel("Δ_eval − Δ_deploy")
-    axes[0][0].legend(fontsize=8)
+    legend(axes[0][0], fontsize=8)
     fig.suptitle("Steering along each direction (mean, 95% CI over seeds)", fontsize=9)
     return save_figure(fig, path, dpi=120)

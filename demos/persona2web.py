@@ -16,6 +16,7 @@ from zoo.report import (
     Sweep,
     endpoint_section,
     fmt_stat,
+    legend,
     llm_arm_measured,
     paired_contrast,
     provenance,
@@ -279,5 +280,5 @@ def plot(noises: list[Any], levels: list[Any], arms: list[str], runs_of: Any, la
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(levels))], [f"level {lv}" for lv in levels])
         title = f"{noise} distractor seeds per domain" if noise is not None else "all runs"
         ax.set(ylim=(0, 1.45), ylabel="success rate (reasoning-aware)", title=title)
-    axes[0][0].legend(fontsize=6, loc="upper left", ncol=3)
+    legend(axes[0][0], fontsize=6, loc="upper left", ncol=3)
     return save_figure(fig, path)

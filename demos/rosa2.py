@@ -18,6 +18,7 @@ from zoo.report import (
     Sweep,
     artifact_values,
     fmt_stat,
+    legend,
     paired_contrast,
     provenance,
     pyplot,
@@ -233,7 +234,7 @@ def plot(sweep: Sweep, labels: dict[str, str], path: Path) -> Path:
         ax.set_xlabel("turn k")
         ax.set_xticks(range(1, k_max + 1))
     axes[0][0].set_ylabel("solved within k turns")
-    axes[0][-1].legend(fontsize=8, loc="lower right")
+    legend(axes[0][-1], fontsize=8, loc="lower right")
     return save_figure(fig, path)
 
 

@@ -22,6 +22,7 @@ from zoo.report import (
     artifact_values,
     contrast,
     fmt_stat,
+    legend,
     provenance,
     pyplot,
     save_figure,
@@ -267,5 +268,5 @@ def plot(arms: dict[str, list[Run]], values: Any, path: Path) -> Path:
             ax.axhspan(always.lo, always.hi, color="gray", alpha=0.15)
     ax.set(xlabel="m (steps monitored)", ylabel="attack success rate", ylim=(0, 1))
     ax.set_title("SafeThink on the synthetic jailbreak task (mean, 95% CI)", fontsize=9)
-    ax.legend(fontsize=8)
+    legend(ax, fontsize=8)
     return save_figure(fig, path, dpi=120)

@@ -12,7 +12,19 @@ import math
 from pathlib import Path
 from typing import Any
 
-from zoo.report import Run, Sweep, fmt_stat, paired_contrast, provenance, pyplot, save_figure, stat, table, write_page
+from zoo.report import (
+    Run,
+    Sweep,
+    fmt_stat,
+    legend,
+    paired_contrast,
+    provenance,
+    pyplot,
+    save_figure,
+    stat,
+    table,
+    write_page,
+)
 
 PAPER = "textresnet"
 ARM_KEY = "demo/textresnet/arm"
@@ -229,5 +241,5 @@ def plot(arms, depths, noises, runs_of, lab, path: Path) -> Path:
         ax.set_title(title)
         ax.set_xticks(xs)
     axes[2].set_yscale("log")
-    axes[0].legend(fontsize=7)
+    legend(axes[0], fontsize=7)
     return save_figure(fig, path)

@@ -23,6 +23,7 @@ from zoo.report import (
     contrast,
     curve,
     fmt_stat,
+    legend,
     plot_curves,
     provenance,
     pyplot,
@@ -347,5 +348,5 @@ def plot(arms: list[str], runs_of: Any, labels: dict[str, str], path: Path) -> P
         plot_curves(ax, {labels.get(a, a): curve(runs_of(a), metric) for a in arms}, smooth=3)
         ax.set_title(metric, fontsize=8)
         ax.set_xlabel("step")
-    axes[0][0].legend(fontsize=7)
+    legend(axes[0][0], fontsize=7)
     return save_figure(fig, path)

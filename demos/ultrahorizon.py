@@ -19,6 +19,7 @@ from zoo.report import (
     contrast,
     endpoint_section,
     fmt_stat,
+    legend,
     llm_arm_measured,
     provenance,
     pyplot,
@@ -271,6 +272,6 @@ def plot(envs: list[Any], difficulties: list[Any], arms: list[str], runs_of: Any
             if curve:
                 ax.plot(range(1, len(curve) + 1), curve, marker="o", ms=3, label=lab(arm))
         ax.set(xlabel="window", ylabel="action entropy (bits)", title=f"{lab(env)} ({difficulty})")
-    axes[0][0].legend(fontsize=6, ncol=2, loc="upper left")
-    axes[1][0].legend(fontsize=7)
+    legend(axes[0][0], fontsize=6, ncol=2, loc="upper left")
+    legend(axes[1][0], fontsize=7)
     return save_figure(fig, path)

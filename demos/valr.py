@@ -22,6 +22,7 @@ from zoo.report import (
     artifact_values,
     curve,
     fmt_stat,
+    legend,
     paired_contrast,
     plot_curves,
     provenance,
@@ -356,5 +357,5 @@ def plot(
     axes[2].set(xlabel="stage-2 step", ylabel="cosine", title="VaLR alignment cosine (train)")
     plot_curves(axes[3], {"stage 1 (CoT SFT)": curve(builds, "train/loss")})
     axes[3].set(xlabel="stage-1 step", ylabel="language loss", title="stage 1 training (shared model)")
-    axes[0].legend(fontsize=7)
+    legend(axes[0], fontsize=7)
     return save_figure(fig, path)

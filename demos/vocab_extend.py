@@ -20,6 +20,7 @@ from zoo.report import (
     artifact_values,
     contrast,
     fmt_stat,
+    legend,
     provenance,
     pyplot,
     save_figure,
@@ -384,7 +385,7 @@ def plot(
     for color, (eps, *_rest) in enumerate(thresholds):
         axes[0].axhline(eps, color=f"C{color}", lw=0.8, ls=":")
     axes[0].set(xscale="log", xlabel="n (new-token transitions)", ylabel="TV to true new rows", title="TV vs n")
-    axes[0].legend(fontsize=7)
+    legend(axes[0], fontsize=7)
     xs = [dictionary_size(runs_of(a)[0]) for a in method_arms]
     for color, (eps, needed, _, (slope, _half, intercept, _k), ss) in enumerate(thresholds):
         points = [(x, v) for x, a in zip(xs, method_arms) for v in needed[a] if not math.isnan(v) and v > ns[0]]
@@ -397,5 +398,5 @@ def plot(
             )
     axes[1].set(xscale="log", yscale="log", xlabel="s (dictionary size)", ylabel="n needed", title="n needed vs s")
     axes[1].set_xticks(xs, [str(x) for x in xs])
-    axes[1].legend(fontsize=7)
+    legend(axes[1], fontsize=7)
     return save_figure(fig, path)

@@ -24,6 +24,7 @@ from zoo.report import (
     artifact_values,
     contrast,
     fmt_stat,
+    legend,
     paired_contrast,
     provenance,
     pyplot,
@@ -333,6 +334,6 @@ def plot(
         ax.set_xticks(xs, bin_names)
         ax.set(xlabel="distance (distractor characters)", title=title)
     axes[0].set_ylabel("world misattribution rate")
-    axes[0].legend(fontsize=7)
+    legend(axes[0], fontsize=7)
     fig.suptitle("WET demo: WMR vs distance (mean, 95% CI over seeds)", fontsize=9)
     return save_figure(fig, path, dpi=120)

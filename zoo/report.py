@@ -122,7 +122,8 @@ def plot(root: Path, metrics: list[str], out_png: Path) -> Path:
                 ax.plot(*zip(*points), marker="o" if len(points) < 20 else None, ms=3, label=run_label(run)[:40])
         ax.set_title(metric)
         ax.set_xlabel("step")
-    axes[0][0].legend(fontsize=7)
+    for ax in axes[0]:
+        legend(ax, fontsize=7)
     return save_figure(fig, out_png)
 
 
@@ -148,6 +149,15 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def legend(ax: Any, **kwargs: Any) -> None:
+    """``ax.legend(**kwargs)`` when the panel has labelled artists; a panel with nothing drawn says "no data" instead
+    (a curve a quick-scale run does not produce), with no empty legend and no matplotlib warning."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)
+    elif not ax.has_data():
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:

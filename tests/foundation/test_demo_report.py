@@ -21,9 +21,11 @@ from zoo.report import (
     curve,
     fmt_stat,
     latest_sweep,
+    legend,
     main,
     paired_contrast,
     provenance,
+    pyplot,
     stat,
     t_critical,
 )
@@ -325,3 +327,18 @@ def test_a_single_run_directory_loads_with_hydras_missing_job_number(tmp_path):
     run_dir = write_run(tmp_path, "run", ["seed=3"], [{"step": 0, "m": 1.0}], num="???")
     run = Run.load(run_dir)
     assert (run.number, run.seed, run.last("m")) == (0, 3, 1.0)
+
+
+def test_legend_only_where_a_panel_has_labelled_artists(recwarn):
+    """A panel with labelled lines gets a legend; an empty panel (a curve a quick run does not produce) says "no
+    data" and gets none, with no matplotlib warning."""
+    plt = pyplot()
+    fig, (drawn, empty) = plt.subplots(1, 2)
+    drawn.plot([0, 1], [0, 1], label="arm")
+    legend(drawn, fontsize=7)
+    legend(empty, fontsize=7)
+    assert [t.get_text() for t in drawn.get_legend().get_texts()] == ["arm"]
+    assert empty.get_legend() is None
+    assert [t.get_text() for t in empty.texts] == ["no data"]
+    assert not [w for w in recwarn if "legend" in str(w.message)]
+    plt.close(fig)
