@@ -178,7 +178,7 @@ class _Row:
         self.sampled = 0
         self.lookahead_discarded = 0  # sampled tokens discarded by lookahead actions: not counted by the budget
         self.pending: list[StepEvent] = []  # closed steps the hook has not seen yet (lookahead), in step order
-        self.pending_age = 0  # tokens sampled since the oldest of them closed
+        self.pending_since = 0  # the loop iteration at which the oldest of them closed
         self.stale = False  # rolled back with nothing new to feed: the logits after the last kept token are stale
 
     @property
@@ -186,6 +186,14 @@ class _Row:
         """Sampled tokens that count against the budget: kept ones and those of rolled-back steps (as with
         ``hook_lookahead = 0``), not those sampled after a waiting step and discarded when the hook acted on it."""
         return self.sampled - self.lookahead_discarded
+
+    def add_sampled(self, token: int, logprob: float) -> None:
+        """Append one sampled token (not yet fed) and count it."""
+        self.ids.append(token)
+        self.injected.append(False)
+        self.logprobs.append(logprob)
+        self.cols.append(-1)
+        self.sampled += 1
 
     def append(self, ids: Sequence[int], injected: bool, logprobs: Sequence[float] | None = None) -> None:
         self.ids.extend(ids)
@@ -376,61 +384,64 @@ class StepwiseDecoder(Decoder):
         # the prompt logits: to resample a row rolled back to its first token
         live = _Batch(list(range(batch)), torch.arange(batch, device=device), state.next_logits.clone())
         self._hook_seconds = 0.0
+        self._acted = False  # the hook acted since the last feed (rows may have several or no tokens to feed)
+        self._waiting: set[int] = set()  # rows with steps waiting for the hook (lookahead)
+        # rows whose injected tokens could run past the model's positions (the hook appended more than it declared):
+        # checked every iteration; sampled tokens alone cannot (``check_length``: prompt + max_new_tokens fits)
+        self._positions = (prompt_lengths, max_positions, set())
         # Each iteration a live row's counted tokens grow by one, or the row is done and waits for the hook (at most
         # ``lookahead`` iterations per wait); only a lookahead action lowers them, by at most ``lookahead`` (the age
         # of the waiting step), at most once per counted token: so no row is live for more than
         # ``max_new_tokens * (2 * lookahead + 1)`` iterations.
-        for _ in range(params.max_new_tokens * (2 * lookahead + 1)):
+        for iteration in range(params.max_new_tokens * (2 * lookahead + 1)):
             context = padded_context(prefill.prompt_ids, [r.ids for r in rows], pad) if self.processors else None
             sampled, logprobs_t = self.next_tokens(state.next_logits, context, params, generator, live.index, batch)
             tokens, logprobs = sampled.tolist(), logprobs_t.tolist()
             fresh: dict[int, StepEvent] = {}  # rows that closed a step the hook wants, at this token
-            for i in live.parked:
-                rows[i].pending_age += 1  # parked rows are done and have waiting steps
+            running = 0  # live rows not done after this token
             for k, i in enumerate(live.live):
                 row = rows[i]
-                row.pending_age += bool(row.pending)  # iterations (a done row's steps may wait too)
                 if row.done:
                     continue
-                row.append((tokens[k],), False, (logprobs[k],))
-                row.sampled += 1
-                row.done = row.counted >= row.budget  # out of budget (not finished): a step closing here still counts
-                if tokens[k] == eos or (stops is not None and stops.ends_with(row.ids)):
+                token = tokens[k]
+                row.add_sampled(token, logprobs[k])
+                # out of budget (not finished): a step closing here still counts
+                row.done = row.sampled - row.lookahead_discarded >= row.budget
+                if token == eos or (stops is not None and stops.ends_with(row.ids)):
                     row.done = row.finished = True
                     continue
-                if row.reasoning_done:
-                    continue
-                final = finals is not None and finals.contains(row.ids, row.step_start)
-                if not (final or steps.contains(row.ids, row.step_start)):
+                running += not row.done
+                final = not row.reasoning_done and finals is not None and finals.contains(row.ids, row.step_start)
+                if row.reasoning_done or not (final or steps.contains(row.ids, row.step_start)):
+                    # An opener such as <think> that began the current step is not part of it
+                    if not row.done and token in opener_ids and all(t in opener_ids for t in row.ids[row.step_start :]):
+                        row.step_start = len(row.ids)
                     continue
                 index = row.steps_closed + 1
                 if hook is not None and (wants is None or wants(i, index, row.attempt)):
                     fresh[i] = StepEvent(i, index, row.attempt, final, tuple(row.ids), row.step_start, tokenizer)
                 # the step is kept unless the hook acts on it (then _act restores the row as it was here)
                 row.steps_closed, row.attempt, row.reasoning_done, row.step_start = index, 0, final, len(row.ids)
-            if hook is not None:
-                self._deliver_events(rows, live, fresh, lookahead, state, tokenizer)
-            if all(rows[i].done for i in live.live):
+            if hook is not None and self._deliver_events(
+                rows, live, fresh, lookahead, state, tokenizer, iteration, running
+            ):
+                running = sum(not rows[i].done for i in live.live)  # the hook acted: rows may be live again
+            if running == 0:
                 break
             if parking:  # as SampleDecoder: done rows leave the batch once a tenth of it is done
-                keep = [k for k, i in enumerate(live.live) if not rows[i].done]
-                if len(keep) <= COMPACT_FRACTION * len(live.live):
+                if running <= COMPACT_FRACTION * len(live.live):
                     live.park(state, [k for k, i in enumerate(live.live) if rows[i].done and rows[i].pending])
-                    live.keep(state, keep)
+                    live.keep(state, [k for k, i in enumerate(live.live) if not rows[i].done])
             elif compact:  # a done row whose steps wait for the hook stays: an action makes it live again
                 keep = [k for k, i in enumerate(live.live) if not rows[i].done or rows[i].pending]
                 if len(keep) <= UNPARKED_COMPACT_FRACTION * len(live.live):
                     live.keep(state, keep)
-            if max_positions is not None:
+            if max_positions is not None and self._positions[2]:
                 for i in live.live:
-                    self._check_positions(i, prompt_lengths[i], rows[i], max_positions)
-            self._feed(state, rows, live.live, pad, live.prompt_logits)
-            for i in live.live:
-                row = rows[i]
-                # An opener such as <think> that began the current step is not part of it
-                opener = not row.done and len(row.ids) > row.step_start and row.ids[-1] in opener_ids
-                if opener and all(t in opener_ids for t in row.ids[row.step_start :]):
-                    row.step_start = len(row.ids)
+                    if i in self._positions[2]:
+                        self._check_positions(i, prompt_lengths[i], rows[i], max_positions)
+            self._feed(state, rows, live.live, pad, live.prompt_logits, self._acted)
+            self._acted = False
         else:
             if not all(r.done for r in rows):  # cannot happen (see the bound above); never loop forever
                 raise RuntimeError("StepwiseDecoder: rows still live after the iteration bound")
@@ -444,7 +455,9 @@ class StepwiseDecoder(Decoder):
         lookahead: int,
         state: IncrementalDecoder,
         tokenizer: PreTrainedTokenizerBase,
-    ) -> None:
+        iteration: int,
+        running: int,
+    ) -> bool:
         """Hand closed steps to the hook: at once (``lookahead == 0``), or -- all waiting ones in one call -- once
         the oldest waiting one is ``lookahead`` iterations old, or a row with a closed step is done (finished or out
         of budget) or closed another step. A hook that takes ``several_steps_per_row`` gets a row's later steps in
@@ -453,30 +466,37 @@ class StepwiseDecoder(Decoder):
         an action then puts the row back while the batch still runs, rather than in a second wave after it).
         Meanwhile the done row leaves the batch with the other done rows when its cache can be parked (put back if
         the hook acts on it), so that waiting costs no forward work beyond what plain decoding keeps in its batch;
-        without parking it stays in the batch until its steps have gone to the hook."""
+        without parking it stays in the batch until its steps have gone to the hook.
+
+        ``iteration``: the loop's iteration (a waiting step's age is counted from the one it closed at); ``running``:
+        the live rows not done. Returns whether the hook acted on a row."""
         if lookahead and getattr(self.step_hook, "several_steps_per_row", False):
             for i, event in fresh.items():
-                rows[i].pending_age = rows[i].pending_age if rows[i].pending else 0
+                if not rows[i].pending:
+                    rows[i].pending_since = iteration
+                    self._waiting.add(i)
                 rows[i].pending.append(event)
-            waiting = sorted(i for i in [*live.live, *live.parked] if rows[i].pending)
-            running = sum(not rows[i].done for i in live.live)
+            if not self._waiting:
+                return False
             # a quarter of the rows in play done (parked rows count): a done row's steps go to the hook then
             in_play = len(live.live) + len(live.parked)
             many_done = not self.processors and running <= DONE_ROWS_FLUSH_FRACTION * in_play
-            if waiting and (
-                any(rows[i].pending_age >= lookahead for i in waiting)
+            if (
+                any(iteration - rows[i].pending_since >= lookahead for i in self._waiting)
                 or running == 0
-                or (many_done and any(rows[i].done for i in waiting))
+                or (many_done and any(rows[i].done for i in self._waiting))
             ):
+                waiting = sorted(self._waiting)
                 events = [event for i in waiting for event in rows[i].pending]
                 for i in waiting:
-                    rows[i].pending, rows[i].pending_age = [], 0
-                self._call_hook(events, rows, live, state, tokenizer)
-            return
+                    rows[i].pending = []
+                self._waiting.clear()
+                return bool(self._call_hook(events, rows, live, state, tokenizer))
+            return False
         waiting = {i: rows[i].pending[0] for i in sorted([*live.live, *live.parked]) if rows[i].pending}
-        flush = any(rows[i].pending_age >= lookahead or rows[i].done or i in fresh for i in waiting) or any(
-            rows[i].done for i in fresh
-        )
+        flush = any(
+            iteration - rows[i].pending_since >= lookahead or rows[i].done or i in fresh for i in waiting
+        ) or any(rows[i].done for i in fresh)
         now = list(waiting.values()) if flush else []
         later: dict[int, StepEvent] = {}
         for i, event in fresh.items():
@@ -485,17 +505,18 @@ class StepwiseDecoder(Decoder):
             elif lookahead == 0 or flush:
                 now.append(event)
             else:
-                rows[i].pending, rows[i].pending_age = [event], 0
+                rows[i].pending, rows[i].pending_since = [event], iteration
         if flush:
             for i in waiting:
-                rows[i].pending, rows[i].pending_age = [], 0
+                rows[i].pending = []
         acted = self._call_hook(now, rows, live, state, tokenizer) if now else set()
         survivors = [event for i, event in later.items() if i not in acted]  # else it lay in the discarded part
         if survivors and (lookahead == 0 or any(rows[e.row].done for e in survivors)):
-            self._call_hook(survivors, rows, live, state, tokenizer)
+            acted |= self._call_hook(survivors, rows, live, state, tokenizer)
         else:
             for event in survivors:
-                rows[event.row].pending, rows[event.row].pending_age = [event], 0
+                rows[event.row].pending, rows[event.row].pending_since = [event], iteration
+        return bool(acted)
 
     def _call_hook(
         self,
@@ -521,8 +542,12 @@ class StepwiseDecoder(Decoder):
         for i in [i for i in live.parked if not rows[i].pending]:
             del live.parked[i]
         position = {i: k for k, i in enumerate(live.live)}
+        prompt_lengths, max_positions, at_risk = self._positions
         for i, action in actions.items():
             self._act(rows[i], position[i], _acted_step(by_row[i], action), action, state, tokenizer)
+            self._acted = True
+            if max_positions is not None and prompt_lengths[i] + rows[i].budget + sum(rows[i].injected) > max_positions:
+                at_risk.add(i)  # checked every iteration from now on
         return set(actions)
 
     @staticmethod
@@ -556,11 +581,36 @@ class StepwiseDecoder(Decoder):
 
     @staticmethod
     def _feed(
-        state: IncrementalDecoder, rows: list[_Row], live: list[int], pad: int, prompt_logits: torch.Tensor
+        state: IncrementalDecoder,
+        rows: list[_Row],
+        live: list[int],
+        pad: int,
+        prompt_logits: torch.Tensor,
+        acted: bool = True,
     ) -> None:
         """Feed every live row's tokens not yet in the cache (the sampled token, or injected ids; per-row padding);
         a row rolled back with nothing new re-feeds its last kept token (its old column masked), or gets the logits
-        after its prompt back."""
+        after its prompt back. ``acted=False`` (the hook acted on no row since the last feed): each live row that is
+        not done has exactly one token to feed, its newest (one column, as plain decoding feeds)."""
+        if not acted:
+            base_col = state.attention_mask.shape[1]
+            column, fed = [], []
+            for i in live:
+                row = rows[i]
+                if row.done:
+                    column.append(pad)
+                    fed.append(0)
+                else:
+                    column.append(row.ids[-1])
+                    fed.append(1)
+                    row.cols[-1] = base_col
+            if any(fed):
+                device = state.attention_mask.device
+                state.feed(
+                    torch.tensor(column, dtype=torch.long, device=device)[:, None],
+                    torch.tensor(fed, dtype=torch.long, device=device)[:, None],
+                )
+            return
         chunks: list[list[int]] = []
         for k, i in enumerate(live):
             row = rows[i]
