@@ -11,8 +11,8 @@ import torch
 
 from zoo.backbones import TinyBackbone
 from zoo.datamodules.base import encode_prompt, pad_sequences
-from zoo.generation.sampling import IncrementalDecoder, SamplingParams, generate
-from zoo.generation.stepwise import StepAction, StepwiseDecoder, stepwise_generate
+from zoo.generation.sampling import IncrementalDecoder, SamplingParams, decode_completion, decode_completions, generate
+from zoo.generation.stepwise import StepAction, StepEvent, StepwiseDecoder, read_traces, stepwise_generate
 
 torch.set_num_threads(1)
 DELIMS = list("aeiou ")
@@ -375,3 +375,28 @@ def test_a_done_row_waiting_for_the_hook_leaves_the_batch_and_comes_back_when_th
     assert torch.equal(out.finished, ref.finished)
     assert out.counted_tokens == ref.counted_tokens
     assert out.sampled_tokens[1] > ref.sampled_tokens[1]  # the lookahead decoded past the step, up to the stop
+
+
+def test_traces_read_together_equal_each_events_own_trace_and_are_decoded_once(lm, monkeypatch):
+    """``read_traces`` (the hook's batch read) gives every event the text ``decode_completion`` gives it alone --
+    up to the first EOS, without pad/BOS, other special tokens kept -- and decodes each event at most once."""
+    _, tok, *_ = lm
+    text = tok("x=12<think>a b", add_special_tokens=False)["input_ids"]
+    rows = [
+        text,
+        [tok.bos_token_id, *text, tok.pad_token_id],
+        [*text[:3], tok.eos_token_id, *text[3:]],
+        [],
+    ]
+    expected = [decode_completion(tok, ids) for ids in rows]
+    assert expected[0] == "x=12<think>a b" and expected[1] == expected[0] and expected[2] == "x=1"
+    assert decode_completions(tok, rows) == expected
+    events = [StepEvent(k, 1, ids=tuple(ids), tokenizer=tok) for k, ids in enumerate(rows)]
+    assert events[1].trace == expected[1]  # read alone first: kept, not decoded again
+    decoded = []
+    real = type(tok).decode
+    monkeypatch.setattr(type(tok), "decode", lambda self, ids, **kw: decoded.append(list(ids)) or real(self, ids, **kw))
+    assert read_traces(events) == expected
+    assert len(decoded) == 3
+    assert read_traces(events) == expected and len(decoded) == 3
+    assert [e.trace for e in events] == expected

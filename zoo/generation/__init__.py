@@ -22,6 +22,7 @@ from zoo.generation.sampling import (
     IncrementalDecoder,
     SamplingParams,
     decode_completion,
+    decode_completions,
     sample_next,
 )
 from zoo.generation.stepwise import (
@@ -30,6 +31,7 @@ from zoo.generation.stepwise import (
     StepHook,
     StepwiseDecoder,
     StepwiseResult,
+    read_traces,
     stepwise_generate,
 )
 from zoo.generation.undo import (
@@ -67,6 +69,7 @@ __all__ = [
     "augment_with_undo",
     "VotedResult",
     "decode_completion",
+    "decode_completions",
     "distinct_rows",
     "entropy_varentropy",
     "generate",
@@ -74,5 +77,6 @@ __all__ = [
     "majority_vote",
     "resolve_undo",
     "sample_next",
+    "read_traces",
     "stepwise_generate",
 ]

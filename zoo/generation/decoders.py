@@ -53,7 +53,7 @@ from zoo.generation.sampling import (
     SamplingParams,
     TokenTextMatcher,
     check_context,
-    decode_completion,
+    decode_completions,
     sample_next,
 )
 
@@ -396,7 +396,7 @@ class Decoder(ABC):
             completion_ids=completion_ids,
             completion_mask=torch.stack(out_mask, dim=1),
             logprobs=torch.stack(out_lp, dim=1),
-            texts=[decode_completion(tokenizer, row.tolist()) for row in completion_ids],
+            texts=decode_completions(tokenizer, completion_ids.tolist()),
             finished=finished,
         )
 

@@ -74,6 +74,7 @@ from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefi
 from zoo.generation.sampling import (
     SamplingParams,
     decode_completion,
+    decode_completions,
     ends_with_stop,
     max_token_length,
     sample_next,
@@ -476,7 +477,7 @@ class DTSDecoder(Decoder):
             completion_ids=ids,
             completion_mask=mask,
             logprobs=logprobs,
-            texts=[decode_completion(tokenizer, [n.token for n in c]) for c in chains],
+            texts=decode_completions(tokenizer, ([n.token for n in c] for c in chains)),
             finished=torch.tensor([id(h) in finished_ids for h in chosen], dtype=torch.bool, device=prefill.device),
             answers=answers,
             voted=voted,

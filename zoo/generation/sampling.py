@@ -7,8 +7,8 @@ The pieces are reusable functions and one small class, not a method of a module:
   padding) and read the next-token logits (and, optionally, the last hidden states) of every row; rows may
   diverge (e.g. after an injection) because positions come from the running attention mask.
 * :func:`sample_next` -- temperature / top-k / top-p (transformers' logits warpers) or greedy.
-* :func:`check_context`, :func:`decode_completion`, :func:`max_token_length` -- the context check, the text of a
-  completion and the tail window of stop-string checks.
+* :func:`check_context`, :func:`decode_completion` (:func:`decode_completions` for several), :func:`max_token_length`
+  -- the context check, the text of a completion and the tail window of stop-string checks.
 
 The decoding loops themselves are decoders: :class:`~zoo.generation.decoders.SampleDecoder` (the standard loop,
 also :func:`~zoo.generation.decoders.generate`), :class:`~zoo.generation.stepwise.StepwiseDecoder`, and the
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -467,11 +467,20 @@ def sample_next(
 
 def decode_completion(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
     """Text of generated ids up to the first EOS, without pad/BOS/EOS but with other special tokens kept."""
-    ids = list(ids)
-    if tokenizer.eos_token_id in ids:
-        ids = ids[: ids.index(tokenizer.eos_token_id)]
+    return decode_completions(tokenizer, [ids])[0]
+
+
+def decode_completions(tokenizer: PreTrainedTokenizerBase, rows: Iterable[Sequence[int]]) -> list[str]:
+    """:func:`decode_completion` of every row of ids (the special token ids are looked up once)."""
+    eos = tokenizer.eos_token_id
     drop = {tokenizer.pad_token_id, tokenizer.bos_token_id}
-    return tokenizer.decode([i for i in ids if i not in drop], skip_special_tokens=False)
+    texts = []
+    for ids in rows:
+        ids = list(ids)
+        if eos in ids:
+            ids = ids[: ids.index(eos)]
+        texts.append(tokenizer.decode([i for i in ids if i not in drop], skip_special_tokens=False))
+    return texts
 
 
 def ends_with_stop(tokenizer: PreTrainedTokenizerBase, ids: list[int], stops: Sequence[str], window: int) -> bool:

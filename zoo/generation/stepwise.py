@@ -67,6 +67,7 @@ from zoo.generation.sampling import (
     check_context,
     context_length,
     decode_completion,
+    decode_completions,
 )
 
 
@@ -102,6 +103,19 @@ class StepEvent:
     def trace(self) -> str:
         """The completion so far (decoded, special tokens kept), this step included."""
         return decode_completion(self.tokenizer, self.ids)
+
+
+def read_traces(events: Sequence[StepEvent]) -> list[str]:
+    """The :attr:`StepEvent.trace` of every event, those not read yet decoded together (:func:`decode_completions`:
+    the tokenizer's special ids looked up once per call, not per event) and cached on their events."""
+    unread: dict[int, list[StepEvent]] = {}
+    for event in events:
+        if "trace" not in event.__dict__:
+            unread.setdefault(id(event.tokenizer), []).append(event)
+    for group in unread.values():
+        for event, text in zip(group, decode_completions(group[0].tokenizer, (e.ids for e in group))):
+            event.__dict__["trace"] = text  # where the cached property keeps its value
+    return [event.trace for event in events]
 
 
 @dataclass(frozen=True)
@@ -690,7 +704,7 @@ class StepwiseDecoder(Decoder):
             completion_mask=completion_mask,
             injected_mask=injected_mask,
             logprobs=logprobs,
-            texts=[decode_completion(tokenizer, r.ids) for r in rows],
+            texts=decode_completions(tokenizer, (r.ids for r in rows)),
             finished=torch.tensor([r.finished for r in rows], dtype=torch.bool, device=device),
             steps_closed=[r.steps_closed for r in rows],
             open_step=open_step,

@@ -45,7 +45,7 @@ from zoo.generation.sampling import (
     GenerationResult,
     IncrementalDecoder,
     SamplingParams,
-    decode_completion,
+    decode_completions,
     ends_with_stop,
     max_token_length,
 )
@@ -480,10 +480,10 @@ class UndoDecoder(Decoder):
             completion_ids=completion_ids,
             completion_mask=completion_mask,
             logprobs=out_lp,
-            texts=[decode_completion(tokenizer, s) for s in stacks],
+            texts=decode_completions(tokenizer, stacks),
             finished=torch.tensor(finished, dtype=torch.bool, device=device),
             resolved_ids=[list(s) for s in stacks],
-            physical_texts=[decode_completion(tokenizer, p) for p in physical],
+            physical_texts=decode_completions(tokenizer, physical),
             num_undos=list(undos),
             capped=[u >= self.max_undos for u in undos],
         )

@@ -45,7 +45,7 @@ from torch import nn
 
 from zoo.backbones.vlm import LATENT_END, LATENT_SLOT, LATENT_START
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill
-from zoo.generation.sampling import GenerationResult, SamplingParams, cache_kwarg_name, decode_completion
+from zoo.generation.sampling import GenerationResult, SamplingParams, cache_kwarg_name, decode_completions
 from zoo.losses import IGNORE_INDEX, masked_nll
 
 LATENT_TOKENS = (LATENT_START, LATENT_END, LATENT_SLOT)
@@ -539,7 +539,7 @@ class LatentDecoder(Decoder):
             completion_ids=completion,
             completion_mask=torch.stack(masks, 1),
             logprobs=torch.stack(lps, 1),
-            texts=[decode_completion(tokenizer, row.tolist()) for row in completion],
+            texts=decode_completions(tokenizer, completion.tolist()),
             finished=done,
             num_latent_segments=segments,
             latent_states=states,

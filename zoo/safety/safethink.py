@@ -65,7 +65,7 @@ from zoo.backbones.tokenizer import THINK_CLOSE
 from zoo.data.encoding import encode_prompts
 from zoo.generation.decoders import ForwardHook, LogitsProcessor, SampleDecoder
 from zoo.generation.sampling import SamplingParams
-from zoo.generation.stepwise import StepAction, StepEvent, StepwiseDecoder, StepwiseResult
+from zoo.generation.stepwise import StepAction, StepEvent, StepwiseDecoder, StepwiseResult, read_traces
 from zoo.safety.scorers import as_scorer, scorer_name, scoring_session, validate_scores
 
 DEFAULT_PREFIX = "Wait, think safely"
@@ -192,7 +192,7 @@ class SafeThinkHook:
         if not todo:
             return {}
         start = time.perf_counter()
-        raw = self.session([e.row for e in todo], [self.prompts[e.row] for e in todo], [e.trace for e in todo])
+        raw = self.session([e.row for e in todo], [self.prompts[e.row] for e in todo], read_traces(todo))
         scores = validate_scores(raw, len(todo), self.name)
         self.seconds += time.perf_counter() - start
         self.calls += 1

@@ -48,7 +48,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from zoo.data.encoding import pad_sequences
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill
-from zoo.generation.sampling import GenerationResult, SamplingParams, context_length, decode_completion
+from zoo.generation.sampling import (
+    GenerationResult,
+    SamplingParams,
+    context_length,
+    decode_completion,
+    decode_completions,
+)
 from zoo.watermark.fitting import SchemeSpec, as_scheme_spec
 from zoo.watermark.sampler import (
     INITIAL_REGION,
@@ -306,7 +312,7 @@ class SemanticWatermarkDecoder(Decoder):
             completion_ids=pad_sequences([r.ids for r in rows], pad).to(prefill.device),
             completion_mask=pad_sequences([[1] * len(r.ids) for r in rows], 0).to(prefill.device),
             logprobs=_pad_floats([r.logprobs for r in rows]).to(prefill.device),
-            texts=[decode_completion(tokenizer, r.ids) for r in rows],
+            texts=decode_completions(tokenizer, (r.ids for r in rows)),
             finished=torch.tensor([r.finished for r in rows], dtype=torch.bool, device=prefill.device),
             watermarked=[WatermarkedText(r.prompt_text, [s.text for s in r.samples], r.samples) for r in rows],
             sampled_tokens=[r.sampled for r in rows],
