@@ -402,7 +402,8 @@ class StepwiseDecoder(Decoder):
         self._waiting: set[int] = set()  # rows with steps waiting for the hook (lookahead)
         # rows whose injected tokens could run past the model's positions (the hook appended more than it declared):
         # checked every iteration; sampled tokens alone cannot (``check_length``: prompt + max_new_tokens fits)
-        self._positions = (prompt_lengths, max_positions, set())
+        self._prompt_lengths, self._max_positions = prompt_lengths, max_positions
+        self._at_risk: set[int] = set()
         # Each iteration a live row's counted tokens grow by one, or the row is done and waits for the hook (at most
         # ``lookahead`` iterations per wait); only a lookahead action lowers them, by at most ``lookahead`` (the age
         # of the waiting step), at most once per counted token: so no row is live for more than
@@ -420,7 +421,7 @@ class StepwiseDecoder(Decoder):
                 token = tokens[k]
                 row.add_sampled(token, logprobs[k])
                 # out of budget (not finished): a step closing here still counts
-                row.done = row.sampled - row.lookahead_discarded >= row.budget
+                row.done = row.counted >= row.budget
                 if token == eos or (stops is not None and stops.ends_with(row.ids)):
                     row.done = row.finished = True
                     continue
@@ -450,9 +451,9 @@ class StepwiseDecoder(Decoder):
                 keep = [k for k, i in enumerate(live.live) if not rows[i].done or rows[i].pending]
                 if len(keep) <= UNPARKED_COMPACT_FRACTION * len(live.live):
                     live.keep(state, keep)
-            if max_positions is not None and self._positions[2]:
+            if self._at_risk:
                 for i in live.live:
-                    if i in self._positions[2]:
+                    if i in self._at_risk:
                         self._check_positions(i, prompt_lengths[i], rows[i], max_positions)
             self._feed(state, rows, live.live, pad, live.prompt_logits, self._acted)
             self._acted = False
@@ -556,12 +557,12 @@ class StepwiseDecoder(Decoder):
         for i in [i for i in live.parked if not rows[i].pending]:
             del live.parked[i]
         position = {i: k for k, i in enumerate(live.live)}
-        prompt_lengths, max_positions, at_risk = self._positions
+        limit = self._max_positions
         for i, action in actions.items():
             self._act(rows[i], position[i], _acted_step(by_row[i], action), action, state, tokenizer)
             self._acted = True
-            if max_positions is not None and prompt_lengths[i] + rows[i].budget + sum(rows[i].injected) > max_positions:
-                at_risk.add(i)  # checked every iteration from now on
+            if limit is not None and self._prompt_lengths[i] + rows[i].budget + sum(rows[i].injected) > limit:
+                self._at_risk.add(i)  # checked every iteration from now on
         return set(actions)
 
     @staticmethod
