@@ -111,6 +111,15 @@ def test_weights_are_normalised_within_each_prompt_not_across_prompts():
     torch.testing.assert_close(weights[:2], alone)
 
 
+def test_a_prompt_with_a_single_trajectory_gets_weight_one_as_the_released_code():
+    """``compute_weights([R], beta)`` of the released ``weight_sft.py`` is ``exp(0) / mean(exp(0)) = 1`` whatever
+    ``R``; the other groups keep their own weights."""
+    returns, groups = torch.tensor([0.0, 1.0, 0.5, -3.0]), torch.tensor([0, 0, 1, 2])
+    weights = drift_weights(returns, groups, 0.1)
+    torch.testing.assert_close(weights[2:], torch.ones(2))
+    torch.testing.assert_close(weights[:2], drift_weights(returns[:2], groups[:2], 0.1))
+
+
 def test_bad_weight_inputs_are_clear_errors():
     returns, groups = random_groups()
     for beta in (0.0, -0.1, float("nan")):
@@ -118,8 +127,6 @@ def test_bad_weight_inputs_are_clear_errors():
             drift_weights(returns, groups, beta)
     with pytest.raises(DataError, match="non-finite returns at positions \\[3\\]"):
         drift_weights(torch.tensor([0.0, 1.0, 0.5, float("inf")]), torch.tensor([0, 0, 1, 1]), 0.1)
-    with pytest.raises(DataError, match="single trajectory"):
-        drift_weights(torch.tensor([0.0, 1.0, 0.5]), torch.tensor([0, 0, 1]), 0.1)
     with pytest.raises(ValueError, match=r"\[N\]"):
         drift_weights(returns, groups[:-1], 0.1)
 

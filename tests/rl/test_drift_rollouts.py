@@ -204,12 +204,13 @@ def test_truncated_last_line_and_invalid_json_are_refused(tmp_path):
         read_rollouts(tmp_path / "missing.jsonl")
 
 
-def test_a_prompt_with_a_single_trajectory_is_an_error_for_drift_only(tmp_path):
-    rows = [good_row("a", 0), good_row("a", 1, None, 0.0), good_row("b", 0)]
+def test_a_prompt_with_a_single_trajectory_trains_with_weight_one(tmp_path):
+    """One trajectory per prompt (or a prompt left with one row) works, as in the released code: weight 1."""
+    rows = [good_row("a", 0), good_row("a", 1, None, 0.0), good_row("b", 0, None, 0.0)]
     path = write(tmp_path / "single.jsonl", rows)
-    with pytest.raises(DataError, match=r"single\.jsonl:3: prompt_id 'b' has 1 trajectory.*n_traj >= 2"):
-        RolloutSource(str(path), DriftWeighting()).rows("train")
-    assert len(RolloutSource(str(path), UniformWeighting()).rows("train")) == 3
+    drift = RolloutSource(str(path), DriftWeighting()).rows("train")
+    assert [r["loss_weight"] for r in drift][2] == pytest.approx(1.0)
+    assert len(drift) == len(RolloutSource(str(path), UniformWeighting()).rows("train")) == 3
 
 
 def test_training_rows_carry_the_weights_and_rft_leaves_the_failures_out(tmp_path):

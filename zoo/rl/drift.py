@@ -77,7 +77,9 @@ def drift_weights(returns: Tensor, group_ids: Tensor, beta: float) -> Tensor:
     m_g)``, ``m_g = max_{j in g} R_j / beta`` (the weights of every group have mean exactly 1, up to rounding).
 
     ``beta = inf`` gives all ones (uniform SFT); ``beta -> 0`` puts all the mass of a group on its argmax-return
-    trajectories. Adding a constant to every return of a group leaves its weights unchanged. Computed in float64.
+    trajectories. Adding a constant to every return of a group leaves its weights unchanged. A group with a single
+    trajectory gets weight 1, as the released ``compute_weights`` gives it (rollout files with one trajectory per
+    prompt, or rows left alone by filtering, train as plain SFT rows). Computed in float64.
 
     Args:
         returns: ``[N]`` trajectory returns.
@@ -89,8 +91,7 @@ def drift_weights(returns: Tensor, group_ids: Tensor, beta: float) -> Tensor:
 
     Raises:
         ConfigError: ``beta <= 0`` or NaN.
-        DataError: a non-finite return, or a group with a single trajectory (its weight would be 1 whatever its
-            return: collect at least 2 trajectories per prompt).
+        DataError: a non-finite return.
         ValueError: shapes or dtypes that do not match.
     """
     if not (isinstance(beta, (int, float)) and beta > 0):
@@ -109,12 +110,6 @@ def drift_weights(returns: Tensor, group_ids: Tensor, beta: float) -> Tensor:
     if bad.numel():
         raise DataError(f"non-finite returns at positions {bad[:5].tolist()} (values {values[bad[:5]].tolist()})")
     groups, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    if bool((counts < 2).any()):
-        single = groups[counts < 2][:5].tolist()
-        raise DataError(
-            f"groups {single} have a single trajectory: per-prompt self-normalised weights need at least 2 "
-            "trajectories per prompt"
-        )
     scaled = values / beta if math.isfinite(beta) else torch.zeros_like(values)
     peak = torch.full((len(groups),), -math.inf, dtype=values.dtype, device=values.device)
     peak = peak.scatter_reduce(0, inverse, scaled, reduce="amax")
@@ -149,8 +144,6 @@ class DriftWeighting(TrajectoryWeighting):
         gamma: discount (script: 0.9; argparse default 0.7); the return is recomputed from ``turn_rewards``,
             ``format_penalty`` and ``repeat_penalty``. ``None``: use the file's ``return`` as it is.
     """
-
-    min_group_size = 2
 
     def __init__(self, beta: float = 0.1, gamma: float | None = 0.9) -> None:
         if not (isinstance(beta, (int, float)) and beta > 0):
