@@ -18,13 +18,15 @@ from zoo.report import (
     Sweep,
     artifact_values,
     contrast,
-    fmt_stat,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
+)
+from zoo.stats import (
+    fmt_stat,
+    stat,
 )
 
 PAPER = "gem"

@@ -15,15 +15,17 @@ from zoo.report import (
     Sweep,
     contrast,
     curve,
-    fmt_stat,
     legend,
     plot_curves,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
+)
+from zoo.stats import (
+    fmt_stat,
+    stat,
 )
 
 PAPER = "gr3"

@@ -15,15 +15,17 @@ from zoo.memory.evolve import dominates
 from zoo.report import (
     Run,
     Sweep,
-    fmt_stat,
     legend,
     paired_contrast,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
+)
+from zoo.stats import (
+    fmt_stat,
+    stat,
 )
 
 PAPER = "memevolve"

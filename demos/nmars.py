@@ -19,14 +19,16 @@ from zoo.report import (
     Sweep,
     artifact_values,
     contrast,
-    fmt_stat,
     legend,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
+)
+from zoo.stats import (
+    fmt_stat,
+    stat,
 )
 
 PAPER = "nmars"

@@ -21,15 +21,17 @@ from zoo.report import (
     Run,
     Sweep,
     contrast,
-    fmt_stat,
     legend,
     paired_contrast,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
+)
+from zoo.stats import (
+    fmt_stat,
+    stat,
 )
 
 PAPER = "performative_misalignment"

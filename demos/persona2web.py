@@ -15,16 +15,18 @@ from zoo.report import (
     Run,
     Sweep,
     endpoint_section,
-    fmt_stat,
     legend,
     llm_arm_measured,
     paired_contrast,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
+)
+from zoo.stats import (
+    fmt_stat,
+    stat,
 )
 
 PAPER = "persona2web"

@@ -17,15 +17,17 @@ from zoo.report import (
     Run,
     Sweep,
     artifact_values,
-    fmt_stat,
     legend,
     paired_contrast,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
+)
+from zoo.stats import (
+    fmt_stat,
+    stat,
 )
 
 PAPER = "rosa2"

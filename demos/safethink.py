@@ -12,24 +12,26 @@ import math
 from pathlib import Path
 from typing import Any
 
-from zoo.backbones.tokenizer import THINK_OPEN
+from zoo.answers import split_steps
 from zoo.data.jailbreak import step_is_unsafe
-from zoo.data.tasks import split_steps
 from zoo.report import (
     Run,
-    Stat,
     Sweep,
     artifact_values,
     contrast,
-    fmt_stat,
     legend,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
 )
+from zoo.stats import (
+    Stat,
+    fmt_stat,
+    stat,
+)
+from zoo.tokens import THINK_OPEN
 
 PAPER = "safethink"
 RECORDS = "safethink_records.jsonl"

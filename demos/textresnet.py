@@ -15,15 +15,17 @@ from typing import Any
 from zoo.report import (
     Run,
     Sweep,
-    fmt_stat,
     legend,
     paired_contrast,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
+)
+from zoo.stats import (
+    fmt_stat,
+    stat,
 )
 
 PAPER = "textresnet"

@@ -19,18 +19,20 @@ from zoo.report import (
     Run,
     Sweep,
     artifact_values,
-    compare,
     contrast,
     curve,
-    fmt_stat,
     legend,
     plot_curves,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
+)
+from zoo.stats import (
+    compare,
+    fmt_stat,
+    stat,
 )
 
 PAPER = "thoughtfold"

@@ -18,15 +18,17 @@ from zoo.report import (
     Sweep,
     contrast,
     endpoint_section,
-    fmt_stat,
     legend,
     llm_arm_measured,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
+)
+from zoo.stats import (
+    fmt_stat,
+    stat,
 )
 
 PAPER = "ultrahorizon"

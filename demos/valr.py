@@ -17,20 +17,22 @@ from typing import Any
 
 from zoo.report import (
     Run,
-    Stat,
     Sweep,
     artifact_values,
     curve,
-    fmt_stat,
     legend,
     paired_contrast,
     plot_curves,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
+)
+from zoo.stats import (
+    Stat,
+    fmt_stat,
+    stat,
 )
 
 PAPER = "valr"

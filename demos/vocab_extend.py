@@ -19,15 +19,17 @@ from zoo.report import (
     Sweep,
     artifact_values,
     contrast,
-    fmt_stat,
     legend,
     provenance,
     pyplot,
     save_figure,
-    stat,
-    t_critical,
     table,
     write_page,
+)
+from zoo.stats import (
+    fmt_stat,
+    stat,
+    t_critical,
 )
 
 PAPER = "vocab_extend"

@@ -23,15 +23,17 @@ from zoo.report import (
     Sweep,
     artifact_values,
     contrast,
-    fmt_stat,
     legend,
     paired_contrast,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
+)
+from zoo.stats import (
+    fmt_stat,
+    stat,
 )
 
 PAPER = "wet"

@@ -16,13 +16,15 @@ from zoo.report import (
     Run,
     Sweep,
     contrast,
-    fmt_stat,
     provenance,
     pyplot,
     save_figure,
-    stat,
     table,
     write_page,
+)
+from zoo.stats import (
+    fmt_stat,
+    stat,
 )
 from zoo.watermark import z_score
 

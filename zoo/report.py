@@ -42,6 +42,8 @@ from typing import Any
 
 import yaml
 
+from zoo.stats import CONFIDENCE, compare, paired, stat
+
 # ----------------------------------------------------------------------------------------------------------------
 # generic report of any run / multirun directory
 # ----------------------------------------------------------------------------------------------------------------
@@ -417,140 +419,6 @@ def latest_sweep(paper: str, log_dir: str | Path | None = None) -> Path:
 # statistics over seeds
 # ----------------------------------------------------------------------------------------------------------------
 
-CONFIDENCE = 0.95
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta function ``I_x(a, b)``."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """CDF of Student's t distribution with ``df`` degrees of freedom."""
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-def t_critical(df: float, confidence: float = CONFIDENCE) -> float:
-    """Two-sided critical value ``t`` with ``P(|T| <= t) = confidence`` (e.g. 4.303 for df = 2 at 95%)."""
-    if df <= 0 or not 0.0 < confidence < 1.0:
-        raise ValueError(f"t_critical needs df > 0 and 0 < confidence < 1, got df={df}, confidence={confidence}")
-    target = 0.5 + confidence / 2.0
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < target:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if t_cdf(mid, df) < target:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
-@dataclass(frozen=True)
-class Stat:
-    """Mean over seeds with its spread.
-
-    Attributes:
-        mean: sample mean; ``sd``: sample standard deviation (``n - 1``); ``n``: number of values;
-        lo, hi: the ``confidence`` interval of the mean (Student t, ``n - 1`` degrees of freedom; ``nan`` for n < 2).
-    """
-
-    mean: float
-    sd: float
-    n: int
-    lo: float
-    hi: float
-    confidence: float = CONFIDENCE
-
-    def __str__(self) -> str:
-        return fmt_stat(self)
-
-
-def stat(values: Iterable[float], confidence: float = CONFIDENCE) -> Stat:
-    """Mean, sd and Student-t confidence interval of ``values`` (``nan``/``None`` are dropped)."""
-    xs = [float(v) for v in values if v is not None and not math.isnan(float(v))]
-    n = len(xs)
-    if n == 0:
-        return Stat(math.nan, math.nan, 0, math.nan, math.nan, confidence)
-    mean = sum(xs) / n
-    if n == 1:
-        return Stat(mean, math.nan, 1, math.nan, math.nan, confidence)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    half = t_critical(n - 1, confidence) * sd / math.sqrt(n)
-    return Stat(mean, sd, n, mean - half, mean + half, confidence)
-
-
-@dataclass(frozen=True)
-class Difference:
-    """``mean(a) - mean(b)`` with its Welch confidence interval (``nan`` when either side has fewer than 2 values).
-
-    ``shown`` is true when the interval excludes 0: a difference the seeds resolve.
-    """
-
-    delta: float
-    lo: float
-    hi: float
-    df: float
-    a: Stat
-    b: Stat
-
-    @property
-    def shown(self) -> bool:
-        return not math.isnan(self.lo) and (self.lo > 0 or self.hi < 0)
-
-
-def compare(a: Iterable[float], b: Iterable[float], confidence: float = CONFIDENCE) -> Difference:
-    """Difference of the means of ``a`` and ``b`` with a Welch (unequal variances) confidence interval."""
-    sa, sb = stat(a, confidence), stat(b, confidence)
-    delta = sa.mean - sb.mean
-    if sa.n < 2 or sb.n < 2:
-        return Difference(delta, math.nan, math.nan, math.nan, sa, sb)
-    va, vb = sa.sd**2 / sa.n, sb.sd**2 / sb.n
-    se = math.sqrt(va + vb)
-    if se == 0.0:
-        return Difference(delta, delta, delta, math.inf, sa, sb)
-    df = (va + vb) ** 2 / (va**2 / (sa.n - 1) + vb**2 / (sb.n - 1))
-    half = t_critical(df, confidence) * se
-    return Difference(delta, delta - half, delta + half, df, sa, sb)
-
-
-def fmt_stat(s: Stat, digits: int = 3, ci: bool = True) -> str:
-    """``"0.469 ± 0.031 [0.392, 0.546]"``: mean ± sd and (``ci``) the confidence interval; one value: its mean."""
-    if s.n == 0:
-        return "n/a"
-    if s.n == 1:
-        return f"{s.mean:.{digits}f}"
-    text = f"{s.mean:.{digits}f} ± {s.sd:.{digits}f}"
-    return text + f" [{s.lo:.{digits}f}, {s.hi:.{digits}f}]" if ci else text
-
 
 def contrast(name_a: str, a: Iterable[float], name_b: str, b: Iterable[float], what: str, digits: int = 3) -> str:
     """A sentence comparing two arms on one metric, filled from the numbers.
@@ -576,8 +444,7 @@ def paired_contrast(
     """A sentence comparing two arms measured on the same units (``{seed: value}``: arms of one seed sharing the
     policy and the prompts, or before/after within one run), from the per-unit differences ``a - b``: their mean and
     Student-t interval; ``"not shown"`` when the interval contains 0 (units present on one side only are left out)."""
-    diffs = [a[k] - b[k] for k in a if k in b and not math.isnan(a[k] - b[k])]
-    d = stat(diffs)
+    d = paired(a, b)
     level = round(100 * CONFIDENCE)
     if d.n < 2:
         return f"{what}: {name_a} − {name_b} not shown (fewer than two paired seeds)"

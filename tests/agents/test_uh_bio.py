@@ -9,7 +9,7 @@ import pytest
 
 from zoo.agents import AlienGeneticsLab
 from zoo.agents.envs.ultrahorizon.bio import CAPACITY, SIZE_VALUES
-from zoo.agents.stats import binom_test
+from zoo.stats import binom_test
 
 TRUTH = {
     "ploidy": 3,

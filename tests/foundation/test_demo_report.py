@@ -16,16 +16,18 @@ from zoo.report import (
     Run,
     Sweep,
     build_demo_page,
-    compare,
     contrast,
     curve,
-    fmt_stat,
     latest_sweep,
     legend,
     main,
     paired_contrast,
     provenance,
     pyplot,
+)
+from zoo.stats import (
+    compare,
+    fmt_stat,
     stat,
     t_critical,
 )
@@ -232,7 +234,8 @@ def test_provenance_reads_command_dates_machine_and_commit(sweep_dir):
 # -- pages ------------------------------------------------------------------------------------------------------
 
 BUILDER = """
-from zoo.report import Sweep, stat, table, fmt_stat, provenance, write_page
+from zoo.report import Sweep, table, provenance, write_page
+from zoo.stats import fmt_stat, stat
 
 def build(sweep: Sweep, out):
     rows = [[name, fmt_stat(stat(r.last("m") for r in runs))] for name, runs in sweep.arms().items()]

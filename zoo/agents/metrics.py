@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from zoo.agents.stats import mean_ci95
+from zoo.stats import mean_ci95
 
 
 def action_key(step: Any) -> str:

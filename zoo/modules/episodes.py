@@ -23,7 +23,7 @@ from zoo.agents.envs.base import Environment
 from zoo.agents.evaluate import run_episodes
 from zoo.agents.policies.base import Agent
 from zoo.agents.runner import Trajectory
-from zoo.agents.stats import mean_ci95
+from zoo.stats import mean_ci95
 
 SUMMARY = ("score", "tool_calls", "failed_steps", "tokens", "committed")
 

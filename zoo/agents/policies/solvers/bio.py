@@ -28,8 +28,8 @@ from typing import Any, ClassVar
 
 from zoo.agents.envs.ultrahorizon.bio import CAPACITY, COLOR_NAMES, SHELL_NAMES
 from zoo.agents.policies.hypotheses import HypothesisSet, Solver, register_solver
-from zoo.agents.stats import binom_cdf, binom_sf, binom_test
 from zoo.agents.types import ToolCall, ToolResult
+from zoo.stats import binom_cdf, binom_sf, binom_test
 
 ALPHA = 1e-3
 FULL_HARDNESS = 90.0
