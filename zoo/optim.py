@@ -1,4 +1,12 @@
-"""Learning-rate schedules taking the total number of optimizer steps (filled in by the module)."""
+"""Learning-rate schedules taking the total number of optimizer steps (filled in by the module).
+
+Where transformers has the same schedule, it is used (:func:`constant` is ``get_constant_schedule``). The warm-up
+schedules differ from transformers' ``get_constant_schedule_with_warmup`` / ``get_cosine_with_min_lr_schedule_with_
+warmup`` in two ways, on purpose: the warm-up factor at optimizer step ``s`` is ``(s + 1) / warmup`` (transformers':
+``s / warmup``, so its first step has learning rate 0 and a one-step run -- a smoke run, a ``fast_dev_run`` -- moves no
+weight), and the cosine is held at its floor after ``total_steps`` (transformers' keeps turning when a run is
+resumed for more steps than planned). :func:`one_cycle` is torch's ``OneCycleLR`` with its phases kept non-empty.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,7 @@ import math
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
+from transformers import get_constant_schedule
 
 
 def one_cycle(optimizer: torch.optim.Optimizer, total_steps: int, pct_start: float = 0.1) -> LRScheduler:
@@ -34,8 +43,8 @@ def warmup_cosine(
 
 
 def constant(optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:
-    """Constant learning rate."""
-    return LambdaLR(optimizer, lambda _: 1.0)
+    """Constant learning rate (transformers' ``get_constant_schedule``)."""
+    return get_constant_schedule(optimizer)
 
 
 def constant_with_warmup(optimizer: torch.optim.Optimizer, total_steps: int, pct_start: float = 0.1) -> LRScheduler:
