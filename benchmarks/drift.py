@@ -44,8 +44,9 @@ from zoo.cli.bootstrap import ensure_base_policy
 from zoo.cli.train import build, run
 from zoo.data.feedback import ChatPolicy, FeedbackEnvironment, run_episodes
 from zoo.data.tasks import Addition
-from zoo.generation import GenerationResult, SampleDecoder, SamplingParams
+from zoo.generation import SampleDecoder
 from zoo.generation.sampling import context_length, decode_completion
+from zoo.protocols import GenerationResult, SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -33,9 +33,10 @@ import torch
 from _results import write_section
 
 from zoo.backbones import TinyBackbone
-from zoo.data.encoding import encode_prompts
 from zoo.data.forked import ForkedTask
-from zoo.generation import DTSDecoder, ModuleHook, SampleDecoder, SamplingParams, SelfConsistencyDecoder
+from zoo.encoding import encode_prompts
+from zoo.generation import DTSDecoder, ModuleHook, SampleDecoder, SelfConsistencyDecoder
+from zoo.protocols import SamplingParams
 
 
 class PeakCache:

@@ -31,7 +31,8 @@ from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from zoo.backbones import TinyBackbone
 from zoo.data.jailbreak import JailbreakTask
-from zoo.generation.sampling import SamplingParams, generate_text
+from zoo.generation.decoders import generate_text
+from zoo.protocols import SamplingParams
 from zoo.safety import SequenceClassifierScorer, safethink_generate
 
 

@@ -29,7 +29,8 @@ from _results import write_section
 
 from zoo.backbones import TinyBackbone
 from zoo.data.topic_sentences import TopicGrammar, TopicText
-from zoo.generation import SamplingParams, generate_text
+from zoo.generation import generate_text
+from zoo.protocols import SamplingParams
 from zoo.watermark import SemanticWatermarkDecoder, detect
 from zoo.watermark.fitting import shared_encoder
 

@@ -37,7 +37,6 @@ import torch
 from zoo.callbacks.evaluation import StageCallback, log_stage_metrics, require_generating_module
 from zoo.data.alignment_faking import EvaluationGrid
 from zoo.errors import ConfigError
-from zoo.generation.sampling import SamplingParams
 from zoo.interp.performative import (
     DIRECTIONS,
     PerformativeReport,
@@ -47,6 +46,7 @@ from zoo.interp.performative import (
     text_generator,
 )
 from zoo.interp.probes import save_vectors
+from zoo.protocols import SamplingParams
 
 STAGES = ("validate", "test")
 METHODS = ("diff_of_means", "probe")

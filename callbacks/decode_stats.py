@@ -2,7 +2,7 @@
 decoding work, and the tree statistics of DTS (branch events, active hypotheses).
 
 It reads only the generation protocol's dict (``meta`` holds the decoder's per-row statistics,
-:meth:`zoo.generation.sampling.GenerationResult.row_meta`), so it works on every zoo generating module with every
+:meth:`zoo.protocols.GenerationResult.row_meta`), so it works on every zoo generating module with every
 decoder; the DTS keys appear when the decoder is ``module/decoder=dts``.
 """
 

@@ -29,7 +29,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from zoo.data.sources import RowSource
-from zoo.datamodules.base import encode_completion, encode_prompt, pad_sequences
+from zoo.datamodules.base import encode_completion
+from zoo.encoding import encode_prompt, pad_sequences
 from zoo.errors import ConfigError, DataError
 from zoo.vocab.extension import mask_new_token_logits
 from zoo.vocab.forgetting import forgetting_metrics

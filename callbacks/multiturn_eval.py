@@ -10,7 +10,7 @@ import torch
 from zoo.callbacks.evaluation import EvaluationCallback, require_generating_module
 from zoo.data.feedback import ChatPolicy, Episode, FeedbackEnvironment, run_episodes
 from zoo.errors import ConfigError
-from zoo.generation.sampling import SamplingParams
+from zoo.protocols import SamplingParams
 from zoo.rl.multiturn import MultiTurnAccuracy
 
 #: split name of the metrics -> evaluation stage

@@ -15,7 +15,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from zoo.data.tasks import STEP_DELIMITER
+from zoo.answers import STEP_DELIMITER
 from zoo.errors import ConfigError
 from zoo.rl.thoughtfold import parse_reasoning, redundancy_stats, split_steps
 

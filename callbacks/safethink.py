@@ -47,7 +47,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from zoo.backbones.tokenizer import THINK_CLOSE
+from zoo.answers import EXACT_ANSWER
 from zoo.callbacks.evaluation import (
     STAGES,
     StageCallback,
@@ -57,10 +57,9 @@ from zoo.callbacks.evaluation import (
     require_generating_module,
     summed_over_ranks,
 )
-from zoo.data.encoding import encode_prompts, pad_token_id
-from zoo.data.tasks import EXACT_ANSWER, Verifier
+from zoo.encoding import encode_prompts, pad_token_id
 from zoo.errors import ConfigError
-from zoo.generation.sampling import SamplingParams
+from zoo.protocols import SamplingParams, Verifier
 from zoo.safety.safethink import (
     DEFAULT_HOOK_LOOKAHEAD,
     DEFAULT_PREFIX,
@@ -70,6 +69,7 @@ from zoo.safety.safethink import (
     safethink_generate,
 )
 from zoo.safety.scorers import as_scorer, scorer_name
+from zoo.tokens import THINK_CLOSE
 
 _COUNTERS = (
     "attack_rows",

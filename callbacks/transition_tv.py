@@ -27,7 +27,7 @@ import torch
 
 from zoo.callbacks.evaluation import EvaluationCallback, append_jsonl, log_stage_metrics
 from zoo.data.markov import MarkovChainTask, state_token_ids, transition_tv
-from zoo.datamodules.base import encode_prompt, pad_sequences
+from zoo.encoding import encode_prompt, pad_sequences
 from zoo.errors import ConfigError
 
 

@@ -10,9 +10,9 @@ import torch
 
 from zoo.callbacks.evaluation import EvaluationCallback, require_generating_module
 from zoo.errors import ConfigError
-from zoo.generation.sampling import SamplingParams
 from zoo.generation.undo import UNDO_TOKEN, trace_undo, undo_token_id
 from zoo.losses import masked_token_logprobs
+from zoo.protocols import SamplingParams
 
 SPLIT_OF_STAGE = {"validate": "val", "test": "test"}
 

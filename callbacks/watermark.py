@@ -70,9 +70,9 @@ from zoo.callbacks.evaluation import (
     require_generating_module,
     summed_over_ranks,
 )
-from zoo.data.encoding import encode_prompts
+from zoo.encoding import encode_prompts
 from zoo.errors import ConfigError
-from zoo.generation.sampling import SamplingParams
+from zoo.protocols import SamplingParams
 from zoo.watermark.attacks import Attack
 from zoo.watermark.decoder import SemanticWatermarkDecoder, WatermarkGenerationResult
 from zoo.watermark.detect import DEFAULT_Z_THRESHOLD, detect

@@ -6,7 +6,7 @@ if __name__ != "zoo.datamodules":
         "(after 'pip install -e .' in the repository root)."
     )
 
-from zoo.datamodules.base import ResumableSampler, RowDataModule
+from zoo.datamodules.base import RowDataModule
 from zoo.datamodules.episodes import EpisodeDataModule
 from zoo.datamodules.mixture import CorpusDataModule, MixtureDataModule
 from zoo.datamodules.multiturn import MultiTurnPromptDataModule, MultiTurnSFTDataModule
@@ -24,7 +24,6 @@ __all__ = [
     "MultiTurnSFTDataModule",
     "PreferenceDataModule",
     "PromptDataModule",
-    "ResumableSampler",
     "RowDataModule",
     "SFTDataModule",
     "StructureDataModule",

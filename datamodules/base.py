@@ -11,7 +11,6 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 
-from zoo.data.encoding import encode_prompt, pad_sequences
 from zoo.data.samplers import ResumableSampler, TrainSampler
 from zoo.data.sources import Row, RowSource
 from zoo.errors import ConfigError, DataError
@@ -21,14 +20,10 @@ log = logging.getLogger("zoo")
 __all__ = [
     "IGNORE_INDEX",
     "ListDataset",
-    "ResumableSampler",
     "RowDataModule",
     "RowTooLong",
-    "TrainSampler",
     "collate_columns",
     "encode_completion",
-    "encode_prompt",
-    "pad_sequences",
 ]
 
 IGNORE_INDEX = -100

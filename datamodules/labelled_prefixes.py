@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from zoo.data.sources import Row
-from zoo.datamodules.base import RowDataModule, pad_sequences
+from zoo.datamodules.base import RowDataModule
+from zoo.encoding import pad_sequences
 from zoo.errors import DataError
 
 

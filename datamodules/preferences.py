@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.data.sources import Row
-from zoo.datamodules.base import IGNORE_INDEX, RowDataModule, encode_completion, encode_prompt, pad_sequences
+from zoo.datamodules.base import IGNORE_INDEX, RowDataModule, encode_completion
+from zoo.encoding import encode_prompt, pad_sequences
 
 
 class PreferenceDataModule(RowDataModule):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.data.sources import Row
-from zoo.datamodules.base import RowDataModule, collate_columns, encode_prompt, pad_sequences
+from zoo.datamodules.base import RowDataModule, collate_columns
+from zoo.encoding import encode_prompt, pad_sequences
 from zoo.errors import DataError
 
 

@@ -8,17 +8,9 @@ from typing import Any
 
 import torch
 
-from zoo.data.encoding import tokenizer_fingerprint
 from zoo.data.sources import Row
-from zoo.datamodules.base import (
-    IGNORE_INDEX,
-    ListDataset,
-    RowDataModule,
-    collate_columns,
-    encode_completion,
-    encode_prompt,
-    pad_sequences,
-)
+from zoo.datamodules.base import IGNORE_INDEX, ListDataset, RowDataModule, collate_columns, encode_completion
+from zoo.encoding import encode_prompt, pad_sequences, tokenizer_fingerprint
 from zoo.errors import DataError
 
 
@@ -37,7 +29,7 @@ class SFTDataModule(RowDataModule):
     Optional row columns:
 
     - ``completion_ids`` (list of ints, EOS included when wanted) and ``tokenizer`` (the
-      :func:`~zoo.data.encoding.tokenizer_fingerprint` of the tokenizer that made them): the completion's token ids,
+      :func:`~zoo.encoding.tokenizer_fingerprint` of the tokenizer that made them): the completion's token ids,
       used instead of tokenizing ``completion`` (which stays the readable text); a row whose fingerprint differs
       from this run's tokenizer is an error;
     - ``loss_mask`` (list of bools, one per completion token incl. EOS): False positions carry no loss.

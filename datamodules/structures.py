@@ -18,6 +18,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from zoo.data.samplers import TrainSampler
 from zoo.data.sources import GeneratedSource, Row, RowSource
 from zoo.data.structures import (
     SIZE_BIN_LABELS,
@@ -28,15 +29,8 @@ from zoo.data.structures import (
     make_structure_samples,
     validate_structure_sample,
 )
-from zoo.datamodules.base import (
-    IGNORE_INDEX,
-    ListDataset,
-    RowDataModule,
-    TrainSampler,
-    encode_completion,
-    encode_prompt,
-    pad_sequences,
-)
+from zoo.datamodules.base import IGNORE_INDEX, ListDataset, RowDataModule, encode_completion
+from zoo.encoding import encode_prompt, pad_sequences
 from zoo.errors import ConfigError, DataError
 
 log = logging.getLogger("zoo")

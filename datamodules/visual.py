@@ -10,11 +10,13 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from zoo.backbones.tokenizer import EOS, THINK_CLOSE, THINK_OPEN
+from zoo.answers import STEP_DELIMITER, split_steps
+from zoo.data.samplers import TrainSampler
 from zoo.data.sources import Row, RowSource
-from zoo.data.tasks import STEP_DELIMITER, split_steps
-from zoo.datamodules.base import IGNORE_INDEX, RowDataModule, TrainSampler, encode_prompt, pad_sequences
+from zoo.datamodules.base import IGNORE_INDEX, RowDataModule
+from zoo.encoding import encode_prompt, pad_sequences
 from zoo.errors import DataError
+from zoo.tokens import EOS, THINK_CLOSE, THINK_OPEN
 
 
 def load_image(value: Any, where: str) -> np.ndarray:

@@ -5,9 +5,10 @@ import json
 import pytest
 
 from zoo.backbones import build_char_tokenizer
+from zoo.data.samplers import ResumableSampler
 from zoo.data.sources import JsonlSource, TaskSource
 from zoo.data.tasks import Addition
-from zoo.datamodules import PreferenceDataModule, PromptDataModule, ResumableSampler, SFTDataModule
+from zoo.datamodules import PreferenceDataModule, PromptDataModule, SFTDataModule
 from zoo.errors import ConfigError, DataError
 
 

@@ -30,24 +30,16 @@ from transformers import (
 )
 
 from zoo.backbones import HFBackbone, TinyBackbone, build_char_tokenizer
-from zoo.data.encoding import encode_prompts
 from zoo.data.sources import TaskSource
 from zoo.data.tasks import Addition, Reverse
 from zoo.datamodules import SFTDataModule
-from zoo.generation import (
-    Decoder,
-    ModuleHook,
-    SampleDecoder,
-    SamplingParams,
-    StepAction,
-    StepwiseDecoder,
-    generate,
-    sample_next,
-)
+from zoo.encoding import encode_prompts
+from zoo.generation import Decoder, ModuleHook, SampleDecoder, StepAction, StepwiseDecoder, generate, sample_next
 from zoo.generation.decoders import as_prefill
 from zoo.generation.prefix import SharedPrefix
 from zoo.generation.sampling import IncrementalDecoder
 from zoo.modules import CausalLMModule
+from zoo.protocols import SamplingParams
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
@@ -531,7 +523,7 @@ def test_the_generation_core_runs_with_lightning_blocked():
         import torch
         from zoo.backbones import TinyBackbone
         from zoo.generation import SamplingParams, StepwiseDecoder, generate_text
-        import zoo.data.encoding, zoo.multimodal.valr  # noqa: F401
+        import zoo.encoding, zoo.multimodal.valr  # noqa: F401
 
         bb = TinyBackbone(hidden_size=32, intermediate_size=64, num_hidden_layers=1)
         model = bb.build_model()

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from zoo.backbones import TinyBackbone
-from zoo.datamodules.base import encode_prompt, pad_sequences
-from zoo.generation import IncrementalDecoder, SamplingParams, generate, generate_text
+from zoo.encoding import encode_prompt, pad_sequences
+from zoo.generation import IncrementalDecoder, generate, generate_text
+from zoo.protocols import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,9 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from zoo.answers import extract_answer, split_steps
 from zoo.data.sources import TaskSource
-from zoo.data.tasks import Addition, MultiSum, Reverse, extract_answer, split_steps
+from zoo.data.tasks import Addition, MultiSum, Reverse
 from zoo.errors import ConfigError
 
 from conftest import REPO_ROOT

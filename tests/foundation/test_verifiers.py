@@ -1,4 +1,4 @@
-"""One verifier per task: ``Task.verify`` (zoo.data.tasks.AnswerVerifier) is what modules and callbacks use, wired
+"""One verifier per task: ``Task.verify`` (zoo.answers.AnswerVerifier) is what modules and callbacks use, wired
 from the task through the config."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
+from zoo.answers import EXACT_ANSWER, AnswerVerifier
 from zoo.backbones import TinyBackbone
 from zoo.callbacks import SafeThinkMonitor
 from zoo.data.jailbreak import JailbreakTask
 from zoo.data.sources import TaskSource
 from zoo.data.structures import StructureAnswerVerifier
-from zoo.data.tasks import EXACT_ANSWER, Addition, AnswerVerifier, MultiSum
+from zoo.data.tasks import Addition, MultiSum
 from zoo.data.visual import VisualCounting
 from zoo.datamodules import SFTDataModule
 from zoo.modules import CausalLMModule

@@ -9,11 +9,12 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
+from zoo.answers import AnswerVerifier
 from zoo.backbones import TinyBackbone
-from zoo.data.encoding import encode_prompts
-from zoo.data.tasks import AnswerVerifier
+from zoo.encoding import encode_prompts
 from zoo.errors import ConfigError
-from zoo.generation import GreedyDecoder, SampleDecoder, SamplingParams, SelfConsistencyDecoder, majority_vote
+from zoo.generation import GreedyDecoder, SampleDecoder, SelfConsistencyDecoder, majority_vote
+from zoo.protocols import SamplingParams
 
 torch.set_num_threads(1)
 PROMPTS = ["1+1=", "22+3=", "rev ab=", "9+9="]

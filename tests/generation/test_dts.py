@@ -18,13 +18,14 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from zoo.answers import EXACT_ANSWER
 from zoo.backbones import TinyBackbone, build_char_tokenizer
-from zoo.data.encoding import encode_prompts
-from zoo.data.tasks import EXACT_ANSWER
+from zoo.encoding import encode_prompts
 from zoo.errors import ConfigError
-from zoo.generation import DTSDecoder, SampleDecoder, SamplingParams, entropy_varentropy, majority_vote
+from zoo.generation import DTSDecoder, SampleDecoder, entropy_varentropy, majority_vote
 from zoo.generation.dts import branch_children, is_branch_point
 from zoo.generation.sampling import IncrementalDecoder
+from zoo.protocols import SamplingParams
 
 from conftest import SMALL_BASE_POLICY
 

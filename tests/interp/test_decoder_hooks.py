@@ -22,9 +22,10 @@ from zoo.data.sources import TaskSource
 from zoo.data.tasks import Addition
 from zoo.datamodules import SFTDataModule
 from zoo.errors import ConfigError
-from zoo.generation import SampleDecoder, SamplingParams, StepwiseDecoder
+from zoo.generation import SampleDecoder, StepwiseDecoder
 from zoo.interp import HeadScaler, ResidualSteerer
 from zoo.modules import CausalLMModule
+from zoo.protocols import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS = {"max_new_tokens": 10}

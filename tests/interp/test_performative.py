@@ -25,10 +25,9 @@ from zoo.data.alignment_faking import (
     SycophancyFinetuneSource,
     SycophancyTask,
 )
-from zoo.data.encoding import encode_prompts
 from zoo.data.sources import TaskSource
+from zoo.encoding import encode_prompts
 from zoo.errors import ConfigError, DataError
-from zoo.generation import SamplingParams
 from zoo.interp import collect_activations
 from zoo.interp.hooks import forward_left_padded
 from zoo.interp.performative import (
@@ -44,6 +43,7 @@ from zoo.interp.performative import (
     symmetric_steering,
     text_generator,
 )
+from zoo.protocols import SamplingParams
 
 # -- the grid -----------------------------------------------------------------------------------------------------
 

@@ -27,9 +27,9 @@ from peft import LoraConfig, get_peft_model
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from zoo.backbones.tokenizer import build_char_tokenizer
-from zoo.data.encoding import encode_prompts
+from zoo.encoding import encode_prompts
 from zoo.errors import ConfigError
-from zoo.generation import SamplingParams, generate
+from zoo.generation import generate
 from zoo.interp import (
     ActivationCache,
     HeadPatcher,
@@ -41,6 +41,7 @@ from zoo.interp import (
 )
 from zoo.interp import architectures as arch_registry
 from zoo.interp.hooks import forward_left_padded
+from zoo.protocols import SamplingParams
 
 PROMPTS = ["7+8=", "rev abcd="]
 

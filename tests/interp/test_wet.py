@@ -16,9 +16,9 @@ import torch
 from interp_models import build_model, record_step_logits, single_thread, uncached_greedy_check  # noqa: F401
 
 from zoo.backbones.tokenizer import build_char_tokenizer
-from zoo.data.encoding import encode_prompts
+from zoo.encoding import encode_prompts
 from zoo.errors import ConfigError, DataError
-from zoo.generation import SamplingParams, generate
+from zoo.generation import generate
 from zoo.interp import HeadScaler, LinearProbe, model_layout
 from zoo.interp.hooks import forward_left_padded
 from zoo.interp.wet import (
@@ -33,6 +33,7 @@ from zoo.interp.wet import (
     top_heads,
     world_entropy,
 )
+from zoo.protocols import SamplingParams
 
 K = 4
 PLANTED = (1, 2)

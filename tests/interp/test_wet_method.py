@@ -34,7 +34,7 @@ from zoo.data.multiworld import MultiWorldRecallTask
 from zoo.data.sources import TaskSource
 from zoo.datamodules import SFTDataModule
 from zoo.errors import ConfigError, DataError
-from zoo.generation import SampleDecoder, SamplingParams
+from zoo.generation import SampleDecoder
 from zoo.interp import LinearProbe
 from zoo.interp.probes import auroc
 from zoo.interp.wet import (
@@ -51,6 +51,7 @@ from zoo.interp.wet import (
     fit_wet,
 )
 from zoo.modules import CausalLMModule
+from zoo.protocols import SamplingParams
 
 K = 4
 GEN = {"max_new_tokens": 3}
@@ -292,7 +293,7 @@ def test_wet_hook_records_gates_per_decode():
     probe = WorldEntropyProbe(0, K, LinearProbe.from_weights(torch.zeros(K, 32), torch.zeros(K)))
     hook = WETHook(probe, [(1, 0)], alpha=1.0, eta=0.5)
     decoder = SampleDecoder(hooks=[hook])
-    from zoo.data.encoding import encode_prompts
+    from zoo.encoding import encode_prompts
 
     ids, mask = encode_prompts(tok, ["W1:ab E01=", "W2: E03="])
     decoder(model, tok, ids, mask, params=SamplingParams(max_new_tokens=3))

@@ -15,7 +15,6 @@ from torch import nn
 from zoo.backbones.vlm import LATENT_END, LATENT_SLOT, LATENT_START, TinyVLMBackbone
 from zoo.data.visual import VisualCounting, VisualSource
 from zoo.datamodules.visual import VisualReasoningDataModule
-from zoo.generation import SamplingParams
 from zoo.losses import masked_nll
 from zoo.modules.valr import VaLRModule
 from zoo.modules.valr_teacher import synthetic_teacher
@@ -29,6 +28,7 @@ from zoo.multimodal.valr import (
     upsample_latents,
     valr_alignment_loss,
 )
+from zoo.protocols import SamplingParams
 
 torch.set_num_threads(1)
 SMALL = {

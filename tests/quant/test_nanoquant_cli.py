@@ -110,7 +110,8 @@ def test_method_nanoquant_quantizes_evaluates_and_exports(nanoquant_run):
 
 
 def test_reloaded_export_generates_identically(nanoquant_run):
-    from zoo.generation.sampling import SamplingParams, generate_text
+    from zoo.generation.decoders import generate_text
+    from zoo.protocols import SamplingParams
     from zoo.quant.nanoquant import NanoQuantLinear, model_bits_per_weight
     from zoo.quant.nanoquant_quantizer import load_nanoquant_causal_lm
 

@@ -22,8 +22,9 @@ from zoo.data.sources import TaskSource
 from zoo.data.tasks import Addition, MultiSum, Reverse
 from zoo.datamodules import MultiTurnPromptDataModule, MultiTurnSFTDataModule
 from zoo.errors import ConfigError, DataError
-from zoo.generation import GenerationResult, SampleDecoder, SamplingParams
+from zoo.generation import SampleDecoder
 from zoo.modules import CausalLMModule, GRPOModule, MultiTurnRollout
+from zoo.protocols import GenerationResult, SamplingParams
 from zoo.rl import ExactMatchReward
 from zoo.rl.multiturn import MultiTurnAccuracy, trajectory_rows
 

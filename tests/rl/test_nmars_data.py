@@ -13,12 +13,12 @@ import pytest
 
 from zoo.backbones import TinyBackbone, build_char_tokenizer
 from zoo.cli.train import run
-from zoo.data.encoding import tokenizer_fingerprint
 from zoo.data.offline import ResumableJsonlWriter
 from zoo.data.sources import JsonlSource, TaskSource
 from zoo.data.tasks import Addition
 from zoo.data.undo import augmented_row, error_token_pool, undo_vocabulary
 from zoo.datamodules import PromptDataModule, SFTDataModule
+from zoo.encoding import tokenizer_fingerprint
 from zoo.errors import DataError
 from zoo.generation.undo import UNDO_TOKEN, resolve_undo
 from zoo.modules import VocabExtendModule

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from zoo.backbones import TinyBackbone
-from zoo.data.encoding import encode_prompt, encode_prompts
+from zoo.encoding import encode_prompt, encode_prompts
 from zoo.errors import ConfigError
-from zoo.generation import ModuleHook, SamplingParams, decode_completion, sample_next
+from zoo.generation import ModuleHook, decode_completion, sample_next
 from zoo.generation.sampling import IncrementalDecoder
 from zoo.generation.undo import UNDO_TOKEN, UndoDecoder, resolve_undo
 from zoo.modules import GRPOModule
+from zoo.protocols import SamplingParams
 from zoo.rl import ExactMatchReward
 from zoo.vocab import extend_vocabulary, register_new_tokens
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from zoo.data.tasks import extract_answer
+from zoo.answers import extract_answer
 from zoo.rl import (
     ExactMatchReward,
     FormatReward,
@@ -36,7 +36,7 @@ def test_exact_match_reward():
     assert fn(["p"], ["<think></think> 7"], answer=[7]) == [1.0]  # non-string answers are compared as text
     last_token = ExactMatchReward(extractor=lambda c: c.split()[-1])
     assert last_token(PROMPTS, COMPLETIONS, answer=ANSWERS) == [0.0, 0.0, 1.0]
-    dotted = ExactMatchReward(extractor="zoo.data.tasks.extract_answer", correct_reward=2.0)
+    dotted = ExactMatchReward(extractor="zoo.answers.extract_answer", correct_reward=2.0)
     assert dotted(PROMPTS, COMPLETIONS, answer=ANSWERS) == [2.0, 0.0, 0.0]
     with pytest.raises(RewardFunctionError, match="'exact_match'.*'answer'"):
         fn(PROMPTS, COMPLETIONS, solution=ANSWERS)

@@ -402,7 +402,7 @@ def policy_and_aux_gradient(aux, micro_batch_size=64, reference="frozen"):
     with torch.no_grad():  # move the policy away from the reference so the DPO gradient is not trivial
         for p in module.model.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    from zoo.generation.sampling import GenerationResult
+    from zoo.protocols import GenerationResult
 
     result = rollout["result"]
     rollout["result"] = GenerationResult(

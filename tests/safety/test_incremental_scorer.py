@@ -20,7 +20,7 @@ from transformers import (
 
 from zoo.backbones import TinyBackbone
 from zoo.errors import ConfigError
-from zoo.generation.sampling import SamplingParams
+from zoo.protocols import SamplingParams
 from zoo.safety import SequenceClassifierScorer, safethink_generate
 from zoo.safety.scorers import (
     IncrementalScoringSession,

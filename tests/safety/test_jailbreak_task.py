@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from zoo.answers import split_steps
 from zoo.data.jailbreak import (
     DEFAULT_PREFIX,
     HARMFUL_ANSWER,
@@ -20,7 +21,6 @@ from zoo.data.jailbreak import (
     step_is_unsafe,
     trace_is_unsafe,
 )
-from zoo.data.tasks import split_steps
 
 
 @pytest.fixture(scope="module")

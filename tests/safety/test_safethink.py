@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from zoo.backbones import TinyBackbone
-from zoo.generation.sampling import SamplingParams, generate_text
+from zoo.generation.decoders import generate_text
+from zoo.protocols import SamplingParams
 from zoo.safety import ScorerError, safethink_generate
 from zoo.safety.scorers import FunctionScorer, validate_scores
 
@@ -237,7 +238,7 @@ def test_the_final_reasoning_step_is_monitored(lm):
 
     def run(**kw):
         nonlocal prompt_width
-        from zoo.data.encoding import encode_prompts
+        from zoo.encoding import encode_prompts
 
         ids, mask = encode_prompts(tok, PROMPTS)
         prompt_width = ids.shape[1]

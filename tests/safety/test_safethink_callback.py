@@ -19,7 +19,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.errors import ConfigError
 from zoo.generation.decoders import SampleDecoder
-from zoo.generation.sampling import SamplingParams
+from zoo.protocols import SamplingParams
 
 from conftest import char_tokenizer
 
@@ -222,7 +222,7 @@ def test_records_file_holds_one_line_per_row_that_agrees_with_the_rates(tmp_path
 
 
 def test_always_prefix_baseline_opens_every_reasoning_block_with_the_prefix(tmp_path):
-    from zoo.generation.sampling import SamplingParams
+    from zoo.protocols import SamplingParams
     from zoo.safety import always_prefix_generate
 
     path = tmp_path / "always.jsonl"
@@ -358,7 +358,7 @@ def test_a_budget_other_than_the_modules_is_refused_and_none_takes_the_modules()
     """Both arms must decode with one budget: a monitor budget that differs from the module's evaluation budget is one
     ConfigError naming both; ``max_new_tokens=None`` takes the module's."""
     from zoo.errors import ConfigError
-    from zoo.generation.sampling import SamplingParams
+    from zoo.protocols import SamplingParams
 
     module = TinyGenerator()
     module.eval_sampling = SamplingParams(max_new_tokens=7)

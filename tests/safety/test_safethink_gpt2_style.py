@@ -11,7 +11,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from zoo.errors import ConfigError
-from zoo.generation.sampling import SamplingParams, generate_text
+from zoo.generation.decoders import generate_text
+from zoo.protocols import SamplingParams
 from zoo.safety import safethink_generate
 
 from conftest import char_tokenizer
@@ -46,7 +47,7 @@ def test_a_tokenizer_without_pad_token_pads_with_eos(caplog):
     assert tok.pad_token is None
     model = gpt2(tok, positions=128)
     params = SamplingParams(max_new_tokens=12, do_sample=True)
-    with caplog.at_level(logging.INFO, logger="zoo.data.encoding"):
+    with caplog.at_level(logging.INFO, logger="zoo.encoding"):
         out = safethink_generate(
             model,
             tok,

@@ -17,8 +17,8 @@ from zoo.backbones import TinyBackbone, build_char_tokenizer
 from zoo.data.jailbreak import JailbreakTask, SafetyPrefixSource
 from zoo.datamodules.labelled_prefixes import LabelledPrefixDataModule
 from zoo.errors import DataError
-from zoo.generation.sampling import SamplingParams
 from zoo.modules.sequence_classifier import SequenceClassifierModule
+from zoo.protocols import SamplingParams
 from zoo.safety import ScorerError, SequenceClassifierScorer, load_safety_rm, safethink_generate
 from zoo.safety.scorers import SCORER_CONFIG
 

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from zoo.backbones import TinyBackbone
-from zoo.datamodules.base import encode_prompt, pad_sequences
-from zoo.generation.sampling import IncrementalDecoder, SamplingParams, decode_completion, decode_completions, generate
+from zoo.encoding import encode_prompt, pad_sequences
+from zoo.generation.decoders import generate
+from zoo.generation.sampling import IncrementalDecoder, decode_completion, decode_completions
 from zoo.generation.stepwise import StepAction, StepEvent, StepwiseDecoder, read_traces, stepwise_generate
+from zoo.protocols import SamplingParams
 
 torch.set_num_threads(1)
 DELIMS = list("aeiou ")

@@ -12,9 +12,10 @@ import pytest
 import torch
 from wm_helpers import LETTERS, SentenceShaper, small_backbone
 
-from zoo.data.encoding import encode_prompts
+from zoo.encoding import encode_prompts
 from zoo.errors import ConfigError
-from zoo.generation import ModuleHook, SampleDecoder, SamplingParams
+from zoo.generation import ModuleHook, SampleDecoder
+from zoo.protocols import SamplingParams
 from zoo.watermark import (
     HashingEncoder,
     LSHPartitioner,

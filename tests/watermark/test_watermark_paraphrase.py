@@ -13,7 +13,8 @@ import torch
 from wm_helpers import small_backbone
 
 from zoo.errors import CheckpointNotFoundError, ConfigError
-from zoo.generation import SampleDecoder, SamplingParams
+from zoo.generation import SampleDecoder
+from zoo.protocols import SamplingParams
 from zoo.watermark import ModelParaphraser, Paraphrase, model_paraphrase, split_sentences
 
 

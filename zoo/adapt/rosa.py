@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.data.encoding import encode_prompt, pad_token_id
+from zoo.encoding import encode_prompt, pad_token_id
 from zoo.errors import ConfigError, DataError
 from zoo.generation.sampling import context_length
 from zoo.losses import IGNORE_INDEX, masked_sequence_logprobs
@@ -129,7 +129,7 @@ def candidate_logprobs(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt: str, candidates: Sequence[str]
 ) -> Tensor:
     """``log pi_theta(y + <eos> | <bos> prompt)`` of each candidate response, ``[n]`` (differentiable; the prompt is
-    encoded as the zoo's datamodules and decoders encode it, :func:`~zoo.data.encoding.encode_prompt`).
+    encoded as the zoo's datamodules and decoders encode it, :func:`~zoo.encoding.encode_prompt`).
 
     Raises:
         DataError: prompt + the longest candidate does not fit in the model's context (no silent truncation).

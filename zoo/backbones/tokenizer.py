@@ -1,9 +1,9 @@
 """Character-level tokenizer built in process as a real ``PreTrainedTokenizerFast``.
 
 Every printable ASCII character and the newline is one token; ``<pad> <bos> <eos> <think> </think>`` (and
-``<unk>``) are special tokens. Methods add their own tokens with :func:`add_special_tokens` (the model's
-embeddings are resized by the backbone). The tokenizer round-trips through ``save_pretrained`` /
-``AutoTokenizer.from_pretrained`` because it is a plain ``tokenizers`` JSON underneath.
+``<unk>``, named in :mod:`zoo.tokens`) are special tokens. Methods add their own tokens with
+:func:`add_special_tokens` (the model's embeddings are resized by the backbone). The tokenizer round-trips through
+``save_pretrained`` / ``AutoTokenizer.from_pretrained`` because it is a plain ``tokenizers`` JSON underneath.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-BASE_SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, THINK_OPEN, THINK_CLOSE, UNK)
+from zoo.tokens import BASE_SPECIAL_TOKENS, BOS, EOS, PAD, THINK_CLOSE, THINK_OPEN, UNK
+
 CHARACTERS: tuple[str, ...] = (*(chr(i) for i in range(32, 127)), "\n")
 
 

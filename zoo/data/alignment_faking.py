@@ -32,8 +32,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from zoo.answers import PlainAnswerVerifier
 from zoo.data.sources import GeneratedSource, Row
-from zoo.data.tasks import Example, PlainAnswerVerifier, Task
+from zoo.data.tasks import Example, Task
 from zoo.errors import ConfigError, DataError
 
 FACTORS: tuple[str, ...] = ("audience", "monitoring", "framing", "request")

@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from zoo.data.tasks import Example, PlainAnswerVerifier, Task
+from zoo.answers import PlainAnswerVerifier
+from zoo.data.tasks import Example, Task
 from zoo.errors import ConfigError
 
 # name -> (prompt symbol, hint phrase, operation); results are taken mod the modulus

@@ -14,7 +14,7 @@ Hugging Face chat convention). :class:`ChatFormat` renders it into the text a ca
 * ``tokenizer`` -- the tokenizer's own chat template (``apply_chat_template``; e.g. an instruct model's);
 * ``auto`` (default) -- the tokenizer's template when it has one, else the markers.
 
-Rendered text never starts with the BOS token: :func:`zoo.data.encoding.encode_prompt` adds it, as for every other
+Rendered text never starts with the BOS token: :func:`zoo.encoding.encode_prompt` adds it, as for every other
 prompt of the zoo (a template that writes BOS itself has it removed, so it is not doubled).
 """
 

@@ -37,13 +37,15 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from zoo.backbones.tokenizer import THINK_CLOSE
+from zoo.answers import EXACT_ANSWER
 from zoo.data.chat import ChatFormat, Message, check_messages
-from zoo.data.encoding import encode_prompt, pad_sequences
 from zoo.data.sources import GeneratedSource, Row
-from zoo.data.tasks import EXACT_ANSWER, Task, Verifier
+from zoo.data.tasks import Task
+from zoo.encoding import encode_prompt, pad_sequences
 from zoo.errors import ConfigError, DataError
-from zoo.generation.sampling import GenerationResult, SamplingParams, context_length
+from zoo.generation.sampling import context_length
+from zoo.protocols import GenerationResult, SamplingParams, Verifier
+from zoo.tokens import THINK_CLOSE
 
 FEEDBACK_MODES: tuple[str, ...] = ("simple", "rich")
 #: ``DEFAULT_INCORRECT_OBS`` of the released ``src/prompting.py``.
@@ -118,7 +120,7 @@ class FeedbackEnvironment:
 
     Args:
         verifier: ``(completion, answer) -> bool``, normally the task (``verifier: ${task}``); an
-            :class:`~zoo.data.tasks.AnswerVerifier` also tells malformed turns (no extractable answer) apart.
+            :class:`~zoo.answers.AnswerVerifier` also tells malformed turns (no extractable answer) apart.
         max_turns: assistant turns per episode at most.
         feedback: ``simple`` | ``rich``.
         incorrect_message: the feedback text of ``simple`` mode (also the ``incorrect`` field of ``rich``).

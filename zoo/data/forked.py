@@ -23,9 +23,10 @@ from __future__ import annotations
 import math
 import random
 
-from zoo.backbones.tokenizer import THINK_OPEN
-from zoo.data.tasks import STEP_DELIMITER, Example, Task, format_reasoning
+from zoo.answers import STEP_DELIMITER, format_reasoning
+from zoo.data.tasks import Example, Task
 from zoo.errors import ConfigError
+from zoo.tokens import THINK_OPEN
 
 BRANCHES = ("short", "loop", "wrong")
 # first reasoning word of each branch (the fork token is its first letter)

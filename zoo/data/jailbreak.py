@@ -35,9 +35,10 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from zoo.backbones.tokenizer import THINK_CLOSE, THINK_OPEN
+from zoo.answers import STEP_DELIMITER, extract_answer, format_reasoning
 from zoo.data.sources import GeneratedSource, Row
-from zoo.data.tasks import STEP_DELIMITER, Example, Task, extract_answer, format_reasoning
+from zoo.data.tasks import Example, Task
+from zoo.tokens import THINK_CLOSE, THINK_OPEN
 
 TRIGGER = "JB "
 UNSAFE_MARK = "harm "

@@ -23,7 +23,8 @@ import random
 import re
 from typing import Any
 
-from zoo.data.tasks import Example, PlainAnswerVerifier, Task
+from zoo.answers import PlainAnswerVerifier
+from zoo.data.tasks import Example, Task
 
 
 class MultiWorldRecallTask(PlainAnswerVerifier, Task):

@@ -16,9 +16,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from zoo.backbones.tokenizer import THINK_CLOSE
 from zoo.data.tasks import Task
 from zoo.errors import ConfigError, DataError
+from zoo.tokens import THINK_CLOSE
 
 log = logging.getLogger("zoo")
 

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from zoo.data.tasks import AnswerVerifier
+from zoo.answers import AnswerVerifier
 from zoo.errors import ConfigError, DataError
 
 STRUCTURE_TOKEN = "<structure>"

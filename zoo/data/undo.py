@@ -9,7 +9,7 @@ A row (one JSON object per line of the data stage's output, read by :class:`zoo.
 ``reference``   the reference completion text
 ``completion``  the augmented sequence as readable text (``<UNDO>`` shown as the token string)
 ``completion_ids`` / ``loss_mask``  ``y*`` + EOS and its mask (False on error tokens; EOS True)
-``tokenizer``   :func:`~zoo.data.encoding.tokenizer_fingerprint` of the tokenizer the ids belong to: the policy's
+``tokenizer``   :func:`~zoo.encoding.tokenizer_fingerprint` of the tokenizer the ids belong to: the policy's
                 tokenizer with ``<UNDO>`` at ``undo_id`` (registered as the vocabulary extension will register it)
 ``undo_id``     the id of ``<UNDO>``
 ``deviation``   ``sample`` (the policy's own sample) or ``random`` (random error injection)
@@ -28,7 +28,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from zoo.data.encoding import tokenizer_fingerprint
+from zoo.encoding import tokenizer_fingerprint
 from zoo.errors import DataError
 from zoo.generation.undo import UNDO_TOKEN, augment_with_undo, inject_random_errors
 from zoo.vocab import register_new_tokens

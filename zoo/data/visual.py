@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from zoo.answers import format_reasoning
 from zoo.data.sources import GeneratedSource, Row
-from zoo.data.tasks import Example, Task, format_reasoning
+from zoo.data.tasks import Example, Task
 
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (230, 40, 40),

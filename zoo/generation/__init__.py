@@ -17,14 +17,7 @@ from zoo.generation.decoders import (
 )
 from zoo.generation.dts import BranchEvent, DTSDecoder, DTSResult, entropy_varentropy
 from zoo.generation.prefix import SharedPrefix, distinct_rows
-from zoo.generation.sampling import (
-    GenerationResult,
-    IncrementalDecoder,
-    SamplingParams,
-    decode_completion,
-    decode_completions,
-    sample_next,
-)
+from zoo.generation.sampling import IncrementalDecoder, decode_completion, decode_completions, sample_next
 from zoo.generation.stepwise import (
     StepAction,
     StepEvent,
@@ -48,7 +41,6 @@ __all__ = [
     "DTSResult",
     "Decoder",
     "ForwardHook",
-    "GenerationResult",
     "GreedyDecoder",
     "IncrementalDecoder",
     "LogitsProcessor",
@@ -56,7 +48,6 @@ __all__ = [
     "Prefill",
     "RowStop",
     "SampleDecoder",
-    "SamplingParams",
     "SelfConsistencyDecoder",
     "SharedPrefix",
     "StepAction",

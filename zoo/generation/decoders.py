@@ -27,7 +27,7 @@ attached the hooks. Inside the loop use :meth:`Prefill.start` for a KV-cached
 :class:`~zoo.generation.sampling.IncrementalDecoder` (token ids or ``inputs_embeds``, extra model inputs),
 :meth:`Decoder.next_tokens` to apply the processors and sample (greedy or :func:`~zoo.generation.sampling.sample_next`
 with the seeded generator), or :meth:`Decoder.sample_loop` for the whole standard token loop with an extra per-row
-stop test, and return a :class:`~zoo.generation.sampling.GenerationResult` (or a dataclass subclass of it with the
+stop test, and return a :class:`~zoo.protocols.GenerationResult` (or a dataclass subclass of it with the
 decoder's extra fields, like :class:`~zoo.generation.stepwise.StepwiseResult`). A decoder that does not keep the
 whole completion in the model's context (e.g. a sliding window) overrides :meth:`Decoder.check_length`.
 """
@@ -45,17 +45,10 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.data.encoding import encode_prompts, pad_token_id
+from zoo.encoding import encode_prompts, pad_token_id
 from zoo.generation.prefix import distinct_rows
-from zoo.generation.sampling import (
-    GenerationResult,
-    IncrementalDecoder,
-    SamplingParams,
-    TokenTextMatcher,
-    check_context,
-    decode_completions,
-    sample_next,
-)
+from zoo.generation.sampling import IncrementalDecoder, TokenTextMatcher, check_context, decode_completions, sample_next
+from zoo.protocols import GenerationResult, SamplingParams
 
 LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ForwardHook = Callable[[nn.Module], AbstractContextManager[Any]]
@@ -234,7 +227,7 @@ class Decoder(ABC):
                 context and the result's ``prompt_ids`` (their width may differ from the embeddings').
             attention_mask: ``[B, P']`` mask of the prefill (of ``inputs_embeds`` when given; ``None``: all ones).
             inputs_embeds: ``[B, P', H]`` left-padded prefill vectors, fed instead of the ids.
-            params: decoding options (default :class:`~zoo.generation.sampling.SamplingParams`).
+            params: decoding options (default :class:`~zoo.protocols.SamplingParams`).
             generator: a seeded ``torch.Generator`` for reproducible sampling.
             **model_inputs: extra inputs of the prefill forward (e.g. ``pixel_values``).
         """
@@ -333,7 +326,7 @@ class Decoder(ABC):
                 so the sampling distribution and the returned log-probs are renormalised over the other tokens).
 
         Returns:
-            a :class:`~zoo.generation.sampling.GenerationResult`; ``finished`` is true for rows stopped by EOS, a
+            a :class:`~zoo.protocols.GenerationResult`; ``finished`` is true for rows stopped by EOS, a
             stop string or ``row_stop``.
         """
         batch, device = int(context_ids.shape[0]), context_ids.device

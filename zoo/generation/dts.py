@@ -68,18 +68,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.data.tasks import AnswerVerifier
+from zoo.answers import AnswerVerifier
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill, padded_context
-from zoo.generation.sampling import (
-    SamplingParams,
-    decode_completion,
-    decode_completions,
-    ends_with_stop,
-    max_token_length,
-    sample_next,
-)
+from zoo.generation.sampling import decode_completion, decode_completions, ends_with_stop, max_token_length, sample_next
 from zoo.generation.voting import VotedResult, check_verifier, first_index, majority_vote, stack_rows, winner_share
+from zoo.protocols import SamplingParams
 
 BRANCH_RULES = ("decision_token", "high_entropy")
 MODES = ("greedy", "stable")

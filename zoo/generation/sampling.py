@@ -20,130 +20,16 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
+from zoo.encoding import pad_width
 from zoo.errors import ConfigError
-
-
-@dataclass
-class SamplingParams:
-    """Decoding options.
-
-    Attributes:
-        max_new_tokens: generation budget per row.
-        do_sample: sample (``True``) or greedy (``False``).
-        temperature, top_k, top_p: sampling transforms (``top_k=0`` and ``top_p=1`` disable them).
-        stop_strings: generation of a row stops once its completion ends with one of these (kept in the text).
-    """
-
-    max_new_tokens: int = 64
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    stop_strings: Sequence[str] = field(default_factory=tuple)
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.do_sample and self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    def with_temperature(self, temperature: float | None) -> SamplingParams:
-        """These options with a decoder's own temperature: ``None`` keeps them, ``0`` decodes greedily, ``t > 0``
-        samples at ``t`` (budget, top-k/top-p and stop strings are kept)."""
-        if temperature is None:
-            return self
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy) or None, got {temperature}")
-        if temperature == 0:
-            return replace(self, do_sample=False)
-        return replace(self, do_sample=True, temperature=float(temperature))
-
-
-@dataclass
-class GenerationResult:
-    """Output of every decoder (the fields of the generation protocol).
-
-    Attributes:
-        prompt_ids: ``[B, P]`` left-padded prompts (``[B, 0]`` when decoding started from ``inputs_embeds`` alone).
-        completion_ids: ``[B, L]`` generated tokens, right-padded with the pad id after EOS/stop.
-        completion_mask: ``[B, L]`` 1 for generated tokens (EOS included), 0 for padding.
-        logprobs: ``[B, L]`` log-probability of each sampled token under the temperature-scaled distribution
-            after the decoder's logits processors (the model's own when there are none; 0 on padding and on
-            tokens the decoder forced instead of sampling).
-        texts: decoded completions (up to EOS, special reasoning tags kept, pad/EOS removed).
-        finished: ``[B]`` whether the row ended by EOS or a stop string (False: ran out of tokens).
-    """
-
-    prompt_ids: torch.Tensor
-    completion_ids: torch.Tensor
-    completion_mask: torch.Tensor
-    logprobs: torch.Tensor
-    texts: list[str]
-    finished: torch.Tensor
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        """``[B]`` number of generated tokens per row."""
-        return self.completion_mask.sum(-1)
-
-    def row_meta(self) -> dict[str, list[Any]]:
-        """Per-row statistics for the generation protocol's ``meta`` (one list entry per row): ``finished``
-        (ended by EOS or a stop string within the budget) and ``completion_tokens`` (generated tokens, EOS included).
-        Decoders with more to say (branch events, votes, ...) extend it in their result class."""
-        return {
-            "finished": [bool(x) for x in self.finished.tolist()],
-            "completion_tokens": [int(x) for x in self.lengths.tolist()],
-        }
-
-    def select(self, rows: torch.Tensor | Sequence[int]) -> GenerationResult:
-        """The rows ``rows`` (indices, in that order) as a plain :class:`GenerationResult`."""
-        index = torch.as_tensor(rows, dtype=torch.long, device=self.completion_ids.device)
-        return GenerationResult(
-            prompt_ids=self.prompt_ids[index],
-            completion_ids=self.completion_ids[index],
-            completion_mask=self.completion_mask[index],
-            logprobs=self.logprobs[index],
-            texts=[self.texts[i] for i in index.tolist()],
-            finished=self.finished[index],
-        )
-
-    @staticmethod
-    def concat(results: Sequence[GenerationResult], pad_id: int) -> GenerationResult:
-        """Rows of several results, one after the other: prompts left-padded and completions right-padded
-        (``pad_id``; masks and log-probs with 0) to the widest of them."""
-        if not results:
-            raise ValueError("GenerationResult.concat: no results")
-        prompt_width = max(r.prompt_ids.shape[1] for r in results)
-        width = max(r.completion_ids.shape[1] for r in results)
-        return GenerationResult(
-            prompt_ids=torch.cat([pad_width(r.prompt_ids, prompt_width, pad_id, "left") for r in results]),
-            completion_ids=torch.cat([pad_width(r.completion_ids, width, pad_id, "right") for r in results]),
-            completion_mask=torch.cat([pad_width(r.completion_mask, width, 0, "right") for r in results]),
-            logprobs=torch.cat([pad_width(r.logprobs, width, 0.0, "right") for r in results]),
-            texts=[t for r in results for t in r.texts],
-            finished=torch.cat([r.finished for r in results]),
-        )
-
-
-def pad_width(values: torch.Tensor, width: int, value: float, side: str) -> torch.Tensor:
-    """``values [B, W]`` padded with ``value`` on the ``left`` or ``right`` to ``[B, width]`` (``width >= W``)."""
-    missing = width - values.shape[1]
-    if missing < 0:
-        raise ValueError(f"pad_width: tensor is wider ({values.shape[1]}) than {width}")
-    if not missing:
-        return values
-    pad = torch.full((values.shape[0], missing), value, dtype=values.dtype, device=values.device)
-    return torch.cat([pad, values] if side == "left" else [values, pad], dim=1)
+from zoo.protocols import SamplingParams
 
 
 def cache_kwarg_name(model: torch.nn.Module) -> str:
@@ -567,12 +453,3 @@ class TokenTextMatcher:
         if ids[-1] not in self.may_end:
             return False
         return ends_with_stop(self.tokenizer, list(ids), self.texts, self.window)
-
-
-def __getattr__(name: str) -> object:
-    """``generate`` and ``generate_text`` live in :mod:`zoo.generation.decoders` (kept importable from here)."""
-    if name in ("generate", "generate_text"):
-        from zoo.generation import decoders
-
-        return getattr(decoders, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

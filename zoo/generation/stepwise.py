@@ -54,21 +54,20 @@ from functools import cached_property
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.backbones.tokenizer import THINK_CLOSE, THINK_OPEN
-from zoo.data.encoding import pad_token_id
+from zoo.encoding import pad_token_id
 from zoo.errors import ConfigError
 from zoo.generation.decoders import COMPACT_FRACTION, Decoder, ForwardHook, LogitsProcessor, Prefill, padded_context
 from zoo.generation.sampling import (
-    GenerationResult,
     IncrementalDecoder,
     ParkedRow,
-    SamplingParams,
     TokenTextMatcher,
     check_context,
     context_length,
     decode_completion,
     decode_completions,
 )
+from zoo.protocols import GenerationResult, SamplingParams
+from zoo.tokens import THINK_CLOSE, THINK_OPEN
 
 
 @dataclass(frozen=True)
@@ -139,7 +138,7 @@ StepHook = Callable[[list[StepEvent]], dict[int, StepAction]]
 
 @dataclass(kw_only=True)
 class StepwiseResult(GenerationResult):
-    """Output of :class:`StepwiseDecoder`: the :class:`~zoo.generation.sampling.GenerationResult` fields
+    """Output of :class:`StepwiseDecoder`: the :class:`~zoo.protocols.GenerationResult` fields
     (``completion_ids`` hold the kept tokens, sampled and injected; ``logprobs`` are 0 on injected tokens) plus:
 
     Attributes:

@@ -41,14 +41,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.errors import ConfigError, DataError
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill, padded_context
-from zoo.generation.sampling import (
-    GenerationResult,
-    IncrementalDecoder,
-    SamplingParams,
-    decode_completions,
-    ends_with_stop,
-    max_token_length,
-)
+from zoo.generation.sampling import IncrementalDecoder, decode_completions, ends_with_stop, max_token_length
+from zoo.protocols import GenerationResult, SamplingParams
 
 UNDO_TOKEN = "<UNDO>"
 UNDO_MODES = ("keep", "crop")
@@ -293,7 +287,7 @@ def undo_token_id(tokenizer: PreTrainedTokenizerBase, token: str = UNDO_TOKEN) -
 class UndoResult(GenerationResult):
     """Output of :class:`UndoDecoder`.
 
-    The :class:`~zoo.generation.sampling.GenerationResult` fields describe the **physical** sequence (what was
+    The :class:`~zoo.protocols.GenerationResult` fields describe the **physical** sequence (what was
     sampled, errors and UNDOs included: ``completion_ids``, ``completion_mask``, ``logprobs``, ``lengths``), except
     ``texts``, which are the **resolved** outputs (what verifiers and reward functions score). Plus:
 

@@ -2,14 +2,14 @@
 
 * :func:`majority_vote` -- the most common extracted answer (``collections.Counter.most_common``), shared by
   self-consistency and DTS-Stable (:mod:`zoo.generation.dts`);
-* :class:`VotedResult` -- a :class:`~zoo.generation.sampling.GenerationResult` whose completion per prompt was
+* :class:`VotedResult` -- a :class:`~zoo.protocols.GenerationResult` whose completion per prompt was
   chosen by a vote over several traces, with the answers that voted and the decoding work;
 * :class:`SelfConsistencyDecoder` (``module/decoder=self_consistency``) -- *Self-Consistency Improves Chain of
   Thought Reasoning in Language Models* (Wang et al., arXiv 2203.11171): ``num_samples`` independent samples per
   prompt, majority vote over their extracted answers; the returned completion is the first sample that gave the
   winning answer.
 
-Answers are extracted by the task's verifier (:meth:`zoo.data.tasks.AnswerVerifier.extract_answer`, configs pass
+Answers are extracted by the task's verifier (:meth:`zoo.answers.AnswerVerifier.extract_answer`, configs pass
 ``verifier: ${task}``); traces without an answer (``None`` or empty) do not vote.
 """
 
@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.data.tasks import EXACT_ANSWER, AnswerVerifier
+from zoo.answers import EXACT_ANSWER, AnswerVerifier
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill, SampleDecoder
-from zoo.generation.sampling import GenerationResult, SamplingParams
+from zoo.protocols import GenerationResult, SamplingParams
 
 
 def majority_vote(answers: Iterable[str | None]) -> str | None:
@@ -71,7 +71,7 @@ def check_verifier(verifier: Any, owner: str) -> AnswerVerifier:
 
 @dataclass(kw_only=True)
 class VotedResult(GenerationResult):
-    """A :class:`~zoo.generation.sampling.GenerationResult` (one completion per prompt, the chosen trace) plus:
+    """A :class:`~zoo.protocols.GenerationResult` (one completion per prompt, the chosen trace) plus:
 
     Attributes:
         answers: per prompt, the extracted answers of the traces that voted, in order (``None``: no answer).

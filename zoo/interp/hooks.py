@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from zoo.data.encoding import encode_prompts
+from zoo.encoding import encode_prompts
 from zoo.errors import ConfigError
 from zoo.interp.architectures import ModelLayout, model_layout
 
@@ -394,7 +394,7 @@ def collect_activations(
     batch_size: int = 64,
 ) -> dict[int, torch.Tensor]:
     """:func:`activations_at` of text prompts, tokenized as the datamodules do
-    (:func:`zoo.data.encoding.encode_prompts`) and left-padded per batch of ``batch_size``; default position: each
+    (:func:`zoo.encoding.encode_prompts`) and left-padded per batch of ``batch_size``; default position: each
     prompt's last token."""
     if not prompts:
         raise ConfigError("prompts is empty: give at least one prompt")

@@ -44,14 +44,14 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from zoo.answers import PlainAnswerVerifier
 from zoo.data.alignment_faking import COMPLY, REFUSE, EvaluationGrid, GridCell, SycophancyTask
-from zoo.data.tasks import PlainAnswerVerifier
 from zoo.errors import ConfigError, DataError
 from zoo.generation.decoders import Decoder, generate_text
-from zoo.generation.sampling import SamplingParams
 from zoo.interp.architectures import model_layout
 from zoo.interp.hooks import ResidualSteerer, collect_activations
 from zoo.interp.probes import LinearProbe, auroc, cosine, diff_of_means
+from zoo.protocols import SamplingParams
 
 T = TypeVar("T")
 PLAIN_ANSWER = PlainAnswerVerifier()

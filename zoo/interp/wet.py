@@ -63,7 +63,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from zoo.data.encoding import encode_prompts
+from zoo.encoding import encode_prompts
 from zoo.errors import ConfigError, DataError
 from zoo.interp.architectures import model_layout
 from zoo.interp.hooks import (

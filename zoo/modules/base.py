@@ -21,8 +21,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.backbones.base import Backbone
 from zoo.errors import NaNLossError
-from zoo.generation.sampling import SamplingParams
 from zoo.lora import has_lora, merged_copy
+from zoo.protocols import SamplingParams
 from zoo.quant.base import NoQuantizer, Quantizer
 
 log = logging.getLogger("zoo")

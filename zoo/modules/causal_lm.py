@@ -9,13 +9,14 @@ import torch
 from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
+from zoo.answers import EXACT_ANSWER
 from zoo.backbones.base import Backbone
-from zoo.data.tasks import EXACT_ANSWER, Verifier
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder
 from zoo.losses import IGNORE_INDEX, NLL_NORMALIZERS, SAMPLE_REDUCTIONS, masked_nll, nll_normalizer
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
 from zoo.modules.generating import EVAL_SPLITS, GeneratingModule
+from zoo.protocols import Verifier
 from zoo.quant.base import Quantizer
 
 # The shared completion format's verifier (kept under its former name; configs pass the task: verifier: ${task}).

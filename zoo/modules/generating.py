@@ -4,11 +4,11 @@ One constructor piece and one evaluation step instead of a copy per family (SFT,
 
 * the **decoder seam** (``module/decoder=sample|stepwise|...``; :mod:`zoo.generation.decoders`) through which
   :meth:`GeneratingModule.generate` and every evaluation generation run;
-* the **verifier** (the task's, ``verifier: ${task}`` in the configs; :class:`zoo.data.tasks.AnswerVerifier`);
+* the **verifier** (the task's, ``verifier: ${task}`` in the configs; :class:`zoo.answers.AnswerVerifier`);
 * the **evaluation sampling** (``eval_generation``; the ``generation`` settings when not given);
 * the evaluation step: family losses -> generate -> verify -> ``{split}/exact_match`` -> a
   :class:`~zoo.protocols.GenerationOutput` (the dict callbacks rely on; its ``meta`` holds the decoder's per-row
-  statistics, :meth:`~zoo.generation.sampling.GenerationResult.row_meta`: ``finished``, ``completion_tokens``, and e.g.
+  statistics, :meth:`~zoo.protocols.GenerationResult.row_meta`: ``finished``, ``completion_tokens``, and e.g.
   DTS's branch events); ``predict_step`` generates and verifies.
 
 A family customises it through four small hooks: :meth:`~GeneratingModule.eval_losses` (its evaluation losses),
@@ -25,12 +25,11 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
+from zoo.answers import EXACT_ANSWER
 from zoo.backbones.base import Backbone
-from zoo.data.tasks import EXACT_ANSWER, Verifier
 from zoo.generation.decoders import Decoder, SampleDecoder
-from zoo.generation.sampling import GenerationResult, SamplingParams
 from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooModule
-from zoo.protocols import GenerationOutput
+from zoo.protocols import GenerationOutput, GenerationResult, SamplingParams, Verifier
 from zoo.quant.base import Quantizer
 
 EVAL_SPLITS = ("val", "test")
@@ -44,7 +43,7 @@ class GeneratingModule(ZooModule):
         generation: default :class:`~zoo.generation.SamplingParams` fields of :meth:`generate`.
         decoder: the decoder (``module/decoder=<name>``); ``None`` = :class:`~zoo.generation.SampleDecoder`.
         verifier: ``(completion, answer) -> bool``, normally the task (``verifier: ${task}``); ``None`` = the
-            shared completion format's exact verifier (:data:`zoo.data.tasks.EXACT_ANSWER`).
+            shared completion format's exact verifier (:data:`zoo.answers.EXACT_ANSWER`).
         eval_generation: :class:`~zoo.generation.SamplingParams` fields of evaluation generation; ``None`` = the
             ``generation`` settings.
         generate_on_eval: generate and verify in validation/test (``predict`` always generates).

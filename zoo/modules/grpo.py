@@ -37,15 +37,15 @@ from typing import Any
 import torch
 
 from zoo.backbones.base import Backbone
-from zoo.data.tasks import Verifier
+from zoo.encoding import pad_width
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder
 from zoo.generation.prefix import SharedPrefix
-from zoo.generation.sampling import GenerationResult, accepts_logits_to_keep, pad_width
+from zoo.generation.sampling import accepts_logits_to_keep
 from zoo.losses import IGNORE_INDEX, masked_token_entropy, masked_token_logprobs
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
 from zoo.modules.generating import GeneratingModule
-from zoo.protocols import GenerationOutput
+from zoo.protocols import GenerationOutput, GenerationResult, Verifier
 from zoo.quant.base import Quantizer
 from zoo.rl import (
     ClippedPolicyLoss,

@@ -27,9 +27,9 @@ from zoo.data.feedback import ChatPolicy, Episode, FeedbackEnvironment, run_epis
 from zoo.data.rollouts import RolloutWriter
 from zoo.errors import ConfigError, DataError
 from zoo.generation.decoders import Decoder
-from zoo.generation.sampling import GenerationResult
 from zoo.modules.generating import GeneratingModule
 from zoo.modules.grpo import repeat_rows
+from zoo.protocols import GenerationResult
 from zoo.quant.base import Quantizer
 from zoo.rl.drift import discounted_return
 from zoo.rl.multiturn import episode_row, trajectory_rows

@@ -29,12 +29,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo.backbones.base import Backbone
 from zoo.data.sources import JsonlSource
-from zoo.data.tasks import Verifier
 from zoo.data.undo import DEVIATIONS, UndoVocabulary, augmented_row, error_token_pool, undo_vocabulary
 from zoo.errors import ConfigError, DataError
 from zoo.generation.decoders import Decoder
 from zoo.generation.undo import UNDO_TOKEN, resolve_undo
 from zoo.modules.generating import GeneratingModule
+from zoo.protocols import Verifier
 from zoo.quant.base import Quantizer
 
 # [source: the demo] "sample at temperature 1.2"

@@ -36,10 +36,8 @@ from torchmetrics import MeanMetric
 
 from zoo.backbones.base import Backbone
 from zoo.data.structures import SIZE_BIN_LABELS, STRUCTURE_TOKEN, STRUCTURE_VERIFIER, StructureBatch
-from zoo.data.tasks import Verifier
 from zoo.errors import ConfigError, DataError
 from zoo.generation.decoders import Decoder
-from zoo.generation.sampling import GenerationResult, SamplingParams
 from zoo.lora import DEFAULT_LORA, inject_lora, merged_copy
 from zoo.losses import IGNORE_INDEX, masked_nll
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
@@ -53,7 +51,7 @@ from zoo.multimodal.cuttlefish import (
     patch_count_stats,
 )
 from zoo.multimodal.structure_encoder import FeatureStandardizer, StructureEncoder, atom_feature_stats, encode_dense
-from zoo.protocols import GenerationOutput
+from zoo.protocols import GenerationOutput, GenerationResult, SamplingParams, Verifier
 from zoo.quant.base import Quantizer
 
 STAGES = ("alignment", "llm_adaptation", "full_finetune")

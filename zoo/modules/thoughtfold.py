@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from zoo.backbones.tokenizer import THINK_CLOSE, THINK_OPEN
 from zoo.errors import ConfigError
 from zoo.losses import IGNORE_INDEX
 from zoo.rl.auxiliary import AuxiliaryLoss
@@ -43,6 +42,7 @@ from zoo.rl.thoughtfold import (
     require_eager_attention,
     split_steps,
 )
+from zoo.tokens import THINK_CLOSE, THINK_OPEN
 
 IMPORTANCE = ("leave_one_out", "attention")
 REFERENCES = ("rollout", "frozen")

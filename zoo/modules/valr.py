@@ -25,10 +25,8 @@ from torchmetrics import MeanMetric
 
 from zoo.backbones.base import Backbone
 from zoo.backbones.vlm import LATENT_END, LATENT_SLOT, LATENT_START
-from zoo.data.tasks import Verifier
 from zoo.errors import ConfigError, DataError
 from zoo.generation.decoders import Decoder, SampleDecoder
-from zoo.generation.sampling import GenerationResult
 from zoo.losses import masked_nll
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
 from zoo.modules.generating import EVAL_SPLITS, GeneratingModule
@@ -45,6 +43,7 @@ from zoo.multimodal.valr import (
     step_row_targets,
     valr_alignment_loss,
 )
+from zoo.protocols import GenerationResult, Verifier
 from zoo.quant.base import Quantizer
 
 STAGES = ("cot", "latent")

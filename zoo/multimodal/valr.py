@@ -45,8 +45,9 @@ from torch import nn
 
 from zoo.backbones.vlm import LATENT_END, LATENT_SLOT, LATENT_START
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill
-from zoo.generation.sampling import GenerationResult, SamplingParams, cache_kwarg_name, decode_completions
+from zoo.generation.sampling import cache_kwarg_name, decode_completions
 from zoo.losses import IGNORE_INDEX, masked_nll
+from zoo.protocols import GenerationResult, SamplingParams
 
 LATENT_TOKENS = (LATENT_START, LATENT_END, LATENT_SLOT)
 
@@ -412,7 +413,7 @@ def valr_alignment_loss(
 # ----------------------------------------------------------------------------------------------------------------
 @dataclass(kw_only=True)
 class LatentGenerationResult(GenerationResult):
-    """Output of :class:`LatentDecoder`: the :class:`~zoo.generation.sampling.GenerationResult` fields
+    """Output of :class:`LatentDecoder`: the :class:`~zoo.protocols.GenerationResult` fields
     (``completion_ids`` show latent slots as the slot id; ``logprobs`` are 0 on forced tokens: slots and
     ``</latent>``) plus:
 

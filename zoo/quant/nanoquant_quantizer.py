@@ -47,8 +47,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.data.encoding import pad_sequences
 from zoo.data.sources import iter_jsonl
+from zoo.encoding import pad_sequences
 from zoo.errors import ConfigError, DataError
 from zoo.quant.base import Quantizer
 from zoo.quant.baselines import quantize_onebit, quantize_sign

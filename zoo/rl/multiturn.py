@@ -19,9 +19,9 @@ from torchmetrics import Metric
 from transformers import PreTrainedTokenizerBase
 
 from zoo.data.chat import ChatFormat, encode_conversation
-from zoo.data.encoding import pad_sequences
 from zoo.data.feedback import Episode, FeedbackEnvironment
 from zoo.data.sources import Row
+from zoo.encoding import pad_sequences
 from zoo.errors import ConfigError
 from zoo.rl.drift import discounted_return
 

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from zoo.backbones.tokenizer import THINK_CLOSE, THINK_OPEN
-from zoo.data.tasks import extract_answer
+from zoo.answers import extract_answer
 from zoo.errors import ConfigError, ZooError
+from zoo.tokens import THINK_CLOSE, THINK_OPEN
 
 RewardFn = Callable[..., Sequence[float | None]]
 Extractor = Callable[[str], str | None]
@@ -74,7 +74,7 @@ class ExactMatchReward:
 
     Args:
         extractor: completion -> answer string or None; a callable or a dotted import path (Hydra-friendly).
-            Default :func:`zoo.data.tasks.extract_answer`.
+            Default :func:`zoo.answers.extract_answer`.
         answer_column: dataset column with the reference answers.
         correct_reward, incorrect_reward: the two reward values (1.0 / 0.0).
     """

@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 
-from zoo.backbones.tokenizer import EOS, THINK_CLOSE, THINK_OPEN
 from zoo.errors import ConfigError
 from zoo.losses import IGNORE_INDEX, masked_sequence_logprobs
+from zoo.tokens import EOS, THINK_CLOSE, THINK_OPEN
 
 #: Backward keywords of the released cut heuristic: a line containing one is cut before (rl.md §4).
 BACKWARD_WORDS: tuple[str, ...] = ("see", "another")

@@ -61,12 +61,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.backbones.tokenizer import THINK_CLOSE
-from zoo.data.encoding import encode_prompts
+from zoo.encoding import encode_prompts
 from zoo.generation.decoders import ForwardHook, LogitsProcessor, SampleDecoder
-from zoo.generation.sampling import SamplingParams
 from zoo.generation.stepwise import StepAction, StepEvent, StepwiseDecoder, StepwiseResult, read_traces
+from zoo.protocols import SamplingParams
 from zoo.safety.scorers import as_scorer, scorer_name, scoring_session, validate_scores
+from zoo.tokens import THINK_CLOSE
 
 DEFAULT_PREFIX = "Wait, think safely"
 # tokens a closed step may wait for its score while its row decodes on (batched scorer calls; exact, see above)

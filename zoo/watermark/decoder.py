@@ -45,16 +45,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.data.encoding import pad_sequences
+from zoo.encoding import pad_sequences
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill
-from zoo.generation.sampling import (
-    GenerationResult,
-    SamplingParams,
-    context_length,
-    decode_completion,
-    decode_completions,
-)
+from zoo.generation.sampling import context_length, decode_completion, decode_completions
+from zoo.protocols import GenerationResult, SamplingParams
 from zoo.watermark.fitting import SchemeSpec, as_scheme_spec
 from zoo.watermark.sampler import (
     INITIAL_REGION,
@@ -70,7 +65,7 @@ from zoo.watermark.sentences import first_sentence_end, split_sentences
 
 @dataclass(kw_only=True)
 class WatermarkGenerationResult(GenerationResult):
-    """Output of :class:`SemanticWatermarkDecoder`: the :class:`~zoo.generation.sampling.GenerationResult` fields
+    """Output of :class:`SemanticWatermarkDecoder`: the :class:`~zoo.protocols.GenerationResult` fields
     (``completion_ids`` = the accepted candidates' sampled ids, EOS included where the model ended the text) plus:
 
     Attributes:

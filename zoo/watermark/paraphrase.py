@@ -21,11 +21,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.data.encoding import encode_prompt
 from zoo.data.topic_sentences import PARAPHRASE_PROMPT
+from zoo.encoding import encode_prompt
 from zoo.errors import CheckpointNotFoundError, ConfigError
 from zoo.generation.decoders import Decoder, generate_text
-from zoo.generation.sampling import SamplingParams, context_length
+from zoo.generation.sampling import context_length
+from zoo.protocols import SamplingParams
 from zoo.watermark.attacks import Paraphrase
 from zoo.watermark.sentences import first_sentence
 
@@ -38,7 +39,7 @@ class ModelParaphraser:
         tokenizer: its tokenizer.
         template: the prompt of one sentence; ``{sentence}`` is replaced by it (default: the prompt of
             :class:`~zoo.data.topic_sentences.TopicParaphrase`).
-        params: decoding options, or a mapping of :class:`~zoo.generation.sampling.SamplingParams` fields
+        params: decoding options, or a mapping of :class:`~zoo.protocols.SamplingParams` fields
             (default: greedy, 120 new tokens).
         decoder: the decoder (default: plain sampling, :class:`~zoo.generation.decoders.SampleDecoder`).
         seed: seed of the sampling noise of each call (used when ``params.do_sample``).

@@ -3,7 +3,7 @@
 The chat is rendered with the tokenizer's chat template (tools passed to the template when it accepts them);
 a tokenizer without a template (the zoo's character-level tokenizer) gets a plain role-tagged transcript with
 the tools listed in the system prompt. Tool calls are recovered from the generated text. Weights load from
-local files only (``local_files_only=True``). Decoding is :func:`zoo.generation.sampling.generate` (greedy at
+local files only (``local_files_only=True``). Decoding is :func:`zoo.generation.decoders.generate` (greedy at
 temperature 0, else seeded sampling); the reply budget is capped at half the model's context, and a prompt
 longer than the rest keeps its most recent tokens (the system prompt is then cut first: small models see the
 latest observations).
@@ -103,7 +103,8 @@ class HFLocalBackend(Backend):
         return plain_transcript(flatten_messages(messages, tools)), False
 
     def _complete(self, request: dict[str, Any]) -> Completion:
-        from zoo.generation.sampling import SamplingParams, generate
+        from zoo.generation.decoders import generate
+        from zoo.protocols import SamplingParams
 
         self._load()
         model, tokenizer = self._model, self._tokenizer

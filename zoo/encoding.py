@@ -1,8 +1,8 @@
-"""Token-level encoding shared by the datamodules and the generation core: prompt ids, padding and the tokenizer
-fingerprint that pre-tokenized data carries.
+"""Token-level encoding every floor shares (ground floor, ``docs/architecture.md``): prompt ids, padding and the
+tokenizer fingerprint that pre-tokenized data carries.
 
-Plain Python + torch (no Lightning), so that :mod:`zoo.generation` can tokenize prompts exactly as the
-datamodules do without importing a Lightning layer. ``zoo.datamodules.base`` re-exports these functions.
+Plain Python + torch, so that the generation core, method cores and the datamodules tokenize prompts exactly the same
+way without importing one another.
 """
 
 from __future__ import annotations
@@ -34,6 +34,17 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_value: int, side: str = "ri
             else:
                 out[i, width - len(s) :] = torch.as_tensor(s, dtype=torch.long)
     return out
+
+
+def pad_width(values: torch.Tensor, width: int, value: float, side: str) -> torch.Tensor:
+    """``values [B, W]`` padded with ``value`` on the ``left`` or ``right`` to ``[B, width]`` (``width >= W``)."""
+    missing = width - values.shape[1]
+    if missing < 0:
+        raise ValueError(f"pad_width: tensor is wider ({values.shape[1]}) than {width}")
+    if not missing:
+        return values
+    pad = torch.full((values.shape[0], missing), value, dtype=values.dtype, device=values.device)
+    return torch.cat([pad, values] if side == "left" else [values, pad], dim=1)
 
 
 def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
@@ -88,4 +99,4 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
-__all__ = ["encode_prompt", "encode_prompts", "pad_sequences", "pad_token_id", "tokenizer_fingerprint"]
+__all__ = ["encode_prompt", "encode_prompts", "pad_sequences", "pad_token_id", "pad_width", "tokenizer_fingerprint"]
