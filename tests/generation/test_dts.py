@@ -254,10 +254,13 @@ class ScriptedTree:
     position 0, 1: digits 1/2/3 (logits 2, 1, 0.5: a decision at each); position 2: ``</think>``;
     position 3: EOS after ``11`` (empty answer), else the answer ``y`` after ``12``/``13``, ``x`` otherwise;
     position 4: EOS. Leaves in row order: 11 (finishes at step 3), then 12, 13, 21, ..., 33 (step 4).
+    With ``eleven_ends_early=False`` trace 11 emits a space at position 3 (still no answer) and finishes with the
+    others at step 4, first in row order.
     """
 
-    def __init__(self, tok, width: int) -> None:
-        self.tok, self.width = tok, width
+    def __init__(self, tok, width: int, eleven_ends_early: bool = True) -> None:
+        self.tok, self.width, self.eleven_ends_early = tok, width, eleven_ends_early
+        self.space = tok.convert_tokens_to_ids(" ")
         self.digits = tok.convert_tokens_to_ids(["1", "2", "3"])
         self.close, self.eos = tok.convert_tokens_to_ids("</think>"), tok.eos_token_id
         self.x, self.y = tok.convert_tokens_to_ids(["x", "y"])
@@ -272,7 +275,8 @@ class ScriptedTree:
                 out[row, self.close] = 0.0
             elif pos == 3:
                 first_two = self.tok.decode(ids[:2])
-                out[row, self.eos if first_two == "11" else self.y if first_two in ("12", "13") else self.x] = 0.0
+                eleven = self.eos if self.eleven_ends_early else self.space
+                out[row, eleven if first_two == "11" else self.y if first_two in ("12", "13") else self.x] = 0.0
             else:
                 out[row, self.eos] = 0.0
         return out
@@ -284,19 +288,45 @@ def scripted(tiny):
     return model, tok, ids[:2], mask[:2], ScriptedTree(tok, ids.shape[1])
 
 
-def test_stable_vote_is_counter_most_common_over_the_first_b_answers(scripted):
+def test_stable_vote_runs_over_every_trace_finished_in_the_stopping_step(scripted):
+    """The official runner votes over every trace ``kvbatch_decoder.generate`` returns: all of ``finished``, the
+    traces finishing in the step that reaches ``B`` included, empty answers skipped."""
     model, tok, ids, mask, script = scripted
     decoder = DTSDecoder(**ALWAYS, mode="stable", num_traces=3, verifier=EXACT_ANSWER, processors=[script])
     out = decoder(model, tok, ids, mask, params=SamplingParams(8, do_sample=True), generator=_gen(0))
     for row in range(2):
         assert out.finished_lengths[row] == [4] + [5] * 8  # every trace finishing in the stopping step is kept
-        assert out.answers[row] == ["", "y", "y"]  # the first B = 3 in finish order
+        assert out.answers[row] == ["", "y", "y"] + ["x"] * 6  # all 9 vote, in finish order
         expected = Counter(a for a in out.answers[row] if a).most_common(1)[0][0]
-        assert out.voted[row] == expected == majority_vote(out.answers[row]) == "y"
-        # over all 9 finished traces "x" would win; the returned trace is the first that answered "y" (12)
-        assert out.texts[row] == "12</think>y" and bool(out.finished[row])
+        assert out.voted[row] == expected == majority_vote(out.answers[row]) == "x"
+        # the returned trace is the first that answered "x" (21)
+        assert out.texts[row] == "21</think>x" and bool(out.finished[row])
         assert [len(e.children) for e in out.branch_events[row]] == [3, 3, 3, 3]
-    assert out.row_meta()["voted_answer"] == ["y", "y"]
+    assert out.row_meta()["voted_answer"] == ["x", "x"]
+
+
+def test_vote_over_first_b_votes_over_the_first_b_finished_traces_only(scripted):
+    model, tok, ids, mask, script = scripted
+    decoder = DTSDecoder(
+        **ALWAYS, mode="stable", num_traces=3, vote_over="first_b", verifier=EXACT_ANSWER, processors=[script]
+    )
+    out = decoder(model, tok, ids, mask, params=SamplingParams(8, do_sample=True), generator=_gen(0))
+    assert out.finished_lengths == [[4] + [5] * 8] * 2  # the same stop; only the voters differ
+    assert out.answers == [["", "y", "y"]] * 2 and out.voted == ["y", "y"]
+    assert out.texts == ["12</think>y"] * 2  # the first voting trace with the winning answer
+
+
+def test_greedy_does_not_return_an_unparsable_trace_over_one_that_finished_in_the_same_step(tiny):
+    """B = 1: all 9 traces finish at step 4, trace 11 (no answer) first in row order. The official vote skips its
+    empty answer, so the returned trace is the first with the winning answer, not trace 11."""
+    model, tok, ids, mask = tiny
+    script = ScriptedTree(tok, ids.shape[1], eleven_ends_early=False)
+    out = DTSDecoder(**ALWAYS, processors=[script])(
+        model, tok, ids[:2], mask[:2], params=SamplingParams(8), generator=_gen(0)
+    )
+    assert out.finished_lengths == [[5] * 9] * 2
+    assert out.answers == [["", "y", "y"] + ["x"] * 6] * 2 and out.voted == ["x", "x"]
+    assert out.texts == ["21</think>x"] * 2 and bool(out.finished.all())
 
 
 def test_greedy_on_the_scripted_tree_returns_the_early_finisher(scripted):
@@ -329,6 +359,78 @@ def test_nothing_finished_returns_the_most_likely_active_hypothesis(scripted):
     out = DTSDecoder(**ALWAYS, processors=[script])(model, tok, ids, mask, params=SamplingParams(2), generator=_gen(0))
     assert out.texts == ["11", "11"] and not bool(out.finished.any())  # digit logits 2 > 1 > 0.5: "1" then "1"
     assert out.answers == [[], []] and out.row_meta()["finished"] == [False, False]
+
+
+class PrefixScript:
+    """Next-token logits ``{token: logit}`` looked up by the text a hypothesis generated (prompt width ``width``);
+    a prefix not in the table gets EOS."""
+
+    def __init__(self, tok, width: int, table: dict[str, dict[str, float]]) -> None:
+        self.tok, self.width, self.table = tok, width, table
+
+    def logits(self, prefix: str) -> torch.Tensor:
+        out = torch.full((len(self.tok),), -math.inf)
+        for token, logit in self.table.get(prefix, {self.tok.eos_token: 0.0}).items():
+            out[self.tok.convert_tokens_to_ids(token)] = logit
+        return out
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        rows = [self.logits(self.tok.decode(ids)) for ids in input_ids[:, self.width :].tolist()]
+        return torch.stack(rows).to(scores)
+
+
+ROOT = {"1": 2.0, "2": 1.0, "3": 0.5}
+
+
+def test_entropy_and_the_branch_rule_use_the_entropy_temperature_not_t1(tiny):
+    """``H`` at ``T_ent = 0.6`` of the root (logits 2, 1, 0.5) is below ``tau_H``, at ``T = 1`` above it: with the
+    ``high_entropy`` rule the root must not branch, and the recorded ``H``/``V`` are those at ``T_ent``."""
+    model, tok, ids, mask = tiny
+    script = PrefixScript(tok, ids.shape[1], {"": ROOT})
+    root = script.logits("")
+    (h_ent, v_ent), (h_one, _) = entropy_varentropy(root, 0.6), entropy_varentropy(root, 1.0)
+    assert h_ent < h_one - 0.1
+    settings = {"branch_rule": "high_entropy", "entropy_threshold": float(h_ent + h_one) / 2, "processors": [script]}
+    params = SamplingParams(4, do_sample=True)
+    out = DTSDecoder(**settings, entropy_temperature=0.6)(
+        model, tok, ids[:2], mask[:2], params=params, generator=_gen(0)
+    )
+    assert out.branch_events == [[], []]
+    for row in range(2):
+        assert out.entropies[row][0] == pytest.approx(float(h_ent), abs=1e-5)
+        assert out.varentropies[row][0] == pytest.approx(float(v_ent), abs=1e-5)
+    at_one = DTSDecoder(**settings, entropy_temperature=1.0)(
+        model, tok, ids[:2], mask[:2], params=params, generator=_gen(0)
+    )
+    assert [len(e) for e in at_one.branch_events] == [1, 1]  # the threshold sits between the two entropies
+
+
+def test_fallback_ranks_unfinished_hypotheses_by_temperature_one_logprobs(tiny):
+    """Nothing finishes in 2 tokens; every hypothesis branches. At ``T = 1``, ``21`` (root ``log p(2) = -1.46``, then
+    a near-certain ``1``) beats ``1?`` (``log p(1) = -0.46``, then a uniform choice, ``-log 3``); at the sampling
+    temperature 0.6 the order flips. The official decoder ranks by the ``T = 1`` sum (``Hyp.logprob``)."""
+    model, tok, ids, mask = tiny
+    table = {
+        "": ROOT,
+        "1": dict.fromkeys("123", 0.0),
+        "2": {"1": 5.0, "2": 0.0, "3": 0.0},
+        "3": dict.fromkeys("123", 0.0),
+    }
+    script = PrefixScript(tok, ids.shape[1], table)
+
+    def best(temperature: float) -> str:
+        paths = {a + b: 0.0 for a in "123" for b in "123"}
+        for path in paths:
+            first = torch.log_softmax(script.logits("") / temperature, -1)[tok.convert_tokens_to_ids(path[0])]
+            second = torch.log_softmax(script.logits(path[0]) / temperature, -1)[tok.convert_tokens_to_ids(path[1])]
+            paths[path] = float(first + second)
+        return max(paths, key=paths.get)
+
+    assert best(1.0) == "21" and best(0.6) == "11"  # the two readings disagree on this tree
+    decoder = DTSDecoder(**ALWAYS, temperature=0.6, processors=[script])
+    out = decoder(model, tok, ids[:2], mask[:2], params=SamplingParams(2), generator=_gen(0))
+    assert not bool(out.finished.any())
+    assert out.texts == ["21", "21"]
 
 
 # -- bad input -------------------------------------------------------------------------------------------------------

@@ -17,11 +17,18 @@ A prompt's tree **freezes** for good once its number of active hypotheses reache
 before each hypothesis, so the count can overshoot the cap by at most ``k - 2`` within the step that reaches it.
 A hypothesis that emits EOS (or a stop string) is **finished**. A prompt is done once it has ``num_traces``
 finished traces (counted at the end of a step: every trace finishing in that step is kept, in order), or, with
-``early_stop``, as soon as the finished answers reach a consensus. Then:
+``early_stop``, as soon as the finished answers reach a consensus. Then, as the official decoder and runner
+(``kvbatch_decoder.generate`` returns every trace of ``finished``; ``run_experiments.online_majority_vote`` votes
+over all of them), **every finished trace votes** (``vote_over=finished``, so ``|finished|`` may exceed ``B``):
 
-* **DTS-Greedy** (``mode=greedy``, ``B = 1``): the first finished trajectory (lockstep: the shortest);
+* **DTS-Greedy** (``mode=greedy``, ``B = 1``): the traces that finish in the first step in which any finishes
+  (lockstep: the shortest); a trace whose answer cannot be parsed does not win over one that finished with it;
 * **DTS-Stable** (``mode=stable``): majority vote (:func:`~zoo.generation.voting.majority_vote`) over the answers
-  of the first ``B`` finished traces; the returned trajectory is the first of them that gave the winning answer.
+  of the finished traces.
+
+Traces without an answer (``None`` or empty) do not vote; the returned trajectory is the first finished trace that
+gave the winning answer, or the first finished trace when none has an answer (the runner's ``traces[0]``). The
+option ``vote_over=first_b`` votes over the first ``B`` finished traces only (finish order: step, then row).
 
 When nothing finishes within ``max_new_tokens``, the active hypothesis with the highest log-probability (``sum log
 softmax(z)``, temperature 1, as the official code) is returned, unfinished.
@@ -36,7 +43,7 @@ paper / official code                                                  here
 decision token ``H <= tau_H and V > tau_V`` (v2); ``H > tau_H`` (v1)   :func:`is_branch_point`
 children = distinct top-k ids by log-prob (ties: lower id first)       :func:`branch_children`
 freeze at ``#active >= max_active``; lockstep step; finish; fallback   :meth:`DTSDecoder.decode`
-majority vote over the first ``B`` answers; consensus early stop       :func:`~zoo.generation.voting.majority_vote`,
+majority vote over the finished answers; consensus early stop        :func:`~zoo.generation.voting.majority_vote`,
                                                                        :func:`~zoo.generation.voting.winner_share`
 =====================================================================  =================================================
 
@@ -77,6 +84,7 @@ from zoo.protocols import SamplingParams
 
 BRANCH_RULES = ("decision_token", "high_entropy")
 MODES = ("greedy", "stable")
+VOTE_OVER = ("finished", "first_b")
 DEFAULT_STABLE_TRACES = 8
 
 
@@ -251,8 +259,10 @@ class DTSDecoder(Decoder):
         entropy_temperature: ``T_ent`` of :func:`entropy_varentropy` (0.6).
         temperature: sampling temperature of tokens that do not branch (0.6, the paper's runs); ``0`` = greedy
             (the official ``prefer_greedy_when_confident``); ``None`` = the module's sampling settings.
-        mode: ``greedy`` (first finished trace) or ``stable`` (majority vote of ``num_traces`` answers).
+        mode: ``greedy`` (stop at the first finished trace) or ``stable`` (stop at ``num_traces`` finished traces).
         num_traces: ``B``; ``None`` = 1 for ``greedy``, 8 for ``stable`` (``greedy`` requires 1).
+        vote_over: which finished traces vote: ``finished`` (all of them, the traces finishing in the stopping
+            step included: the official rule) or ``first_b`` (the first ``B`` in finish order).
         branch_rule: ``decision_token`` (``H <= tau_H and V > tau_V``, default) or ``high_entropy`` (``H > tau_H``).
         early_stop: stable mode: stop a prompt once at least ``early_stop_min_answers`` finished answers exist and
             the most common holds a share ``>= early_stop_min_share`` (official defaults 4 and 0.4; off by default:
@@ -276,6 +286,7 @@ class DTSDecoder(Decoder):
         early_stop: bool = False,
         early_stop_min_answers: int = 4,
         early_stop_min_share: float = 0.4,
+        vote_over: str = "finished",
         verifier: AnswerVerifier | None = None,
         processors: Iterable[LogitsProcessor] = (),
         hooks: Iterable[ForwardHook] = (),
@@ -290,6 +301,8 @@ class DTSDecoder(Decoder):
             raise ConfigError(f"{field}.max_active must be >= 1, got {max_active}")
         if mode not in MODES:
             raise ConfigError(f"{field}.mode must be one of {MODES}, got {mode!r}")
+        if vote_over not in VOTE_OVER:
+            raise ConfigError(f"{field}.vote_over must be one of {VOTE_OVER}, got {vote_over!r}")
         if branch_rule not in BRANCH_RULES:
             raise ConfigError(f"{field}.branch_rule must be one of {BRANCH_RULES}, got {branch_rule!r}")
         if num_traces is None:
@@ -325,6 +338,7 @@ class DTSDecoder(Decoder):
         self.early_stop = bool(early_stop)
         self.early_stop_min_answers = int(early_stop_min_answers)
         self.early_stop_min_share = float(early_stop_min_share)
+        self.vote_over = vote_over
         self.verifier = check_verifier(verifier, field)
 
     # -- the loop ---------------------------------------------------------------------------------------------
@@ -447,10 +461,10 @@ class DTSDecoder(Decoder):
         voted: list[str | None] = []
         for prompt, tree in enumerate(trees):
             if tree.finished:
-                first = tree.finished[: self.num_traces]
-                votes = [a for _, a in first]
+                voting = tree.finished if self.vote_over == "finished" else tree.finished[: self.num_traces]
+                votes = [a for _, a in voting]
                 winner = majority_vote(votes)
-                chosen.append(first[first_index(votes, winner)][0])
+                chosen.append(voting[first_index(votes, winner)][0])
                 answers.append(votes)
                 voted.append(winner)
             else:  # nothing finished within the budget: the most likely active hypothesis (official fallback)
@@ -496,6 +510,7 @@ class DTSDecoder(Decoder):
 __all__ = [
     "BRANCH_RULES",
     "MODES",
+    "VOTE_OVER",
     "BranchEvent",
     "DTSDecoder",
     "DTSResult",
