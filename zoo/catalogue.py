@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from zoo.errors import ConfigError
+from zoo.verdict import read_verdict
 
 KINDS = ("module", "callback", "quantizer", "decoder", "data", "benchmark")
 STATUSES = ("stable", "experimental")
@@ -297,6 +298,22 @@ def _links(methods: Sequence[Method], prefix: str) -> str:
     return " · ".join(links) or "—"
 
 
+def verdict_cell(methods: Sequence[Method], docs: Path | None) -> str:
+    """The verdict of the paper's results page(s), read from their generated Verdict section
+    (:func:`zoo.verdict.read_verdict`): ``2/3 shown``; ``no verdict yet`` for a page without one; ``—`` without a
+    demo."""
+    demos = _unique(m.demo for m in methods)
+    if not demos:
+        return "—"
+    if docs is None:
+        return "no verdict yet"
+    cells = []
+    for demo in demos:
+        verdict = read_verdict(docs / demo)
+        cells.append(str(verdict) if verdict else "no verdict yet")
+    return "; ".join(_unique(cells))
+
+
 def _ordered(papers: Sequence[Paper], grouped: Mapping[str, list[Method]]) -> list[Paper]:
     """Papers with methods first, then planned ones, each in file order; baselines last."""
     main = [p for p in papers if not p.baseline]
@@ -307,8 +324,10 @@ def _ordered(papers: Sequence[Paper], grouped: Mapping[str, list[Method]]) -> li
     )
 
 
-def paper_index(papers: Sequence[Paper], methods: Mapping[str, Method], conf: Path | None = None) -> str:
-    """The text of ``docs/index.md``."""
+def paper_index(
+    papers: Sequence[Paper], methods: Mapping[str, Method], conf: Path | None = None, docs: Path | None = None
+) -> str:
+    """The text of ``docs/index.md`` (``docs``: the folder whose results pages give the verdict column)."""
     grouped = by_paper(papers, methods)
     main = [p for p in papers if not p.baseline]
     done = sum(1 for p in main if grouped[p.key])
@@ -321,8 +340,11 @@ def paper_index(papers: Sequence[Paper], methods: Mapping[str, Method], conf: Pa
         "`conf/method/<name>.yaml` (run it with `python train.py +method=<name>`); its `methods.<name>` entry is the "
         "source of this page and of the README table. Regenerate both with `python -m zoo.catalogue --write`.",
         "",
-        "| paper | what it is | configs | kind | status | pages |",
-        "|---|---|---|---|---|---|",
+        "The verdict column counts the claims each paper's demo shows, from the Verdict section that opens its "
+        "results page (generated from the demo's runs; `no verdict yet`: the page predates generated verdicts).",
+        "",
+        "| paper | what it is | configs | kind | status | verdict | pages |",
+        "|---|---|---|---|---|---|---|",
     ]
     for paper in _ordered(papers, grouped):
         ms = grouped[paper.key]
@@ -331,7 +353,7 @@ def paper_index(papers: Sequence[Paper], methods: Mapping[str, Method], conf: Pa
         status = "baseline" if paper.baseline and not ms else paper_status(ms)
         lines.append(
             f"| {_paper_cell(paper)} | {' '.join(paper.summary.split())} | {configs} | {kinds} | {status} | "
-            f"{_links(ms, '')} |"
+            f"{verdict_cell(ms, docs)} | {_links(ms, '')} |"
         )
     lines += [
         "",
@@ -383,10 +405,10 @@ def compatibility_matrix(methods: Mapping[str, Method], conf: Path | None = None
     return lines
 
 
-def readme_table(papers: Sequence[Paper], methods: Mapping[str, Method]) -> str:
+def readme_table(papers: Sequence[Paper], methods: Mapping[str, Method], docs: Path | None = None) -> str:
     """The README's method table (one row per paper, baselines last), with its marker comments."""
     grouped = by_paper(papers, methods)
-    lines = [README_START, GENERATED, "", "| paper | configs | kind | status |", "|---|---|---|---|"]
+    lines = [README_START, GENERATED, "", "| paper | configs | kind | status | verdict |", "|---|---|---|---|---|"]
     for paper in _ordered(papers, grouped):
         ms = grouped[paper.key]
         configs = ", ".join(f"[`+method={m.name}`](docs/methods/{m.name}.md)" for m in ms) or "—"
@@ -395,7 +417,7 @@ def readme_table(papers: Sequence[Paper], methods: Mapping[str, Method]) -> str:
         demos = _unique(m.demo for m in ms)
         if demos:
             status += ", " + ", ".join(f"[demo](docs/{d})" for d in demos)
-        lines.append(f"| {_paper_cell(paper)} | {configs} | {kinds} | {status} |")
+        lines.append(f"| {_paper_cell(paper)} | {configs} | {kinds} | {status} | {verdict_cell(ms, docs)} |")
     lines += [
         "",
         "The [paper index](docs/index.md) adds one-line summaries, links to method, results and benchmark pages, and "
@@ -421,8 +443,8 @@ def generated_files(root: Path) -> dict[Path, str]:
     papers, methods = load_catalogue()
     readme = root / "README.md"
     return {
-        root / "docs" / "index.md": paper_index(papers, methods),
-        readme: render_readme(readme.read_text(), readme_table(papers, methods)),
+        root / "docs" / "index.md": paper_index(papers, methods, docs=root / "docs"),
+        readme: render_readme(readme.read_text(), readme_table(papers, methods, docs=root / "docs")),
     }
 
 

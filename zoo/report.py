@@ -633,8 +633,16 @@ def endpoint_section(paper: str, arm: str, caps: str, note: str = "") -> list[st
     ]
 
 
-def write_page(out: Path, paper: str, lines: Sequence[str]) -> Path:
-    """Write ``<out>/<paper>.md`` from ``lines`` and the footer with the two commands that regenerate it."""
+def write_page(out: Path, paper: str, lines: Sequence[str], verdict: Sequence[str] | None = None) -> Path:
+    """Write ``<out>/<paper>.md`` from ``lines`` and the footer with the two commands that regenerate it.
+
+    ``verdict``: the page's Verdict section (:func:`zoo.verdict.verdict_section`), placed right after the title (the
+    first ``# `` line) so that the page opens with it.
+    """
+    lines = list(lines)
+    if verdict:
+        title = next((i for i, line in enumerate(lines) if line.startswith("# ")), -1)
+        lines[title + 1 : title + 1] = ["", *verdict]
     footer = [
         f"Regenerate: `OMP_NUM_THREADS=1 python train.py -m +demo={paper}`, then `python -m zoo.report demo {paper}`.",
         "",
