@@ -56,6 +56,30 @@ def test_binary_layers_are_measured_from_their_packed_storage():
     assert measured_bits_per_weight(model) == pytest.approx(bits / sum(o * i for o, i in shapes))
 
 
+def test_a_new_quantizer_format_is_measured_without_touching_the_base():
+    """The base knows no format: a quantizer class that recognises its (third-party-like) layers is asked for their
+    stored bits, and only the layers it recognises count."""
+    from zoo.quant.base import Quantizer, layer_stored_bits
+
+    class TernaryLinear(nn.Linear):  # stands for a library's layer that cannot report its own bits
+        pass
+
+    class TernaryQuantizer(Quantizer):
+        name = "ternary"
+
+        @classmethod
+        def layer_bits(cls, layer):
+            # 2 bits per weight + one 16-bit scale per output row
+            if isinstance(layer, TernaryLinear):
+                return 2 * layer.weight.numel() + 16 * layer.out_features, layer.weight.numel()
+            return None
+
+    model = nn.Sequential(TernaryLinear(8, 4), nn.ReLU(), TernaryLinear(4, 2), nn.Linear(2, 2))
+    assert layer_stored_bits(model[0]) == (2 * 32 + 16 * 4, 32)
+    assert layer_stored_bits(model[3]) is None
+    assert measured_bits_per_weight(model) == pytest.approx((2 * 40 + 16 * 6) / 40)
+
+
 @pytest.mark.parametrize(("quant", "lo", "hi"), [("none", 32.0, 32.0), ("bnb_nf4", 4.1, 4.3), ("sign", 1.0, 1.3)])
 def test_the_app_logs_measured_bits_per_weight(train_cfg, quant, lo, hi):
     from zoo.cli.train import run

@@ -27,6 +27,14 @@ class Quantizer:
         """Transform a built model in place or return a new one."""
         return model
 
+    @classmethod
+    def layer_bits(cls, layer: nn.Module) -> tuple[int, int] | None:
+        """``(stored bits, weights)`` of ``layer`` when it is a layer of this quantizer's format, else ``None``.
+
+        Formats whose layers cannot report their own ``stored_bits()`` (third-party layers) override it; the base
+        recognises none."""
+        return None
+
     @property
     def needs_pretrained_load(self) -> bool:
         """Whether the quantizer only works through ``from_pretrained`` (load-time quantization)."""
@@ -37,27 +45,47 @@ class NoQuantizer(Quantizer):
     """``quant=none``: full precision."""
 
 
+def quantizer_classes() -> list[type[Quantizer]]:
+    """Every imported subclass of :class:`Quantizer` (the formats :func:`layer_stored_bits` can recognise)."""
+    found: list[type[Quantizer]] = []
+    todo = list(Quantizer.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        if cls not in found:
+            found.append(cls)
+            todo.extend(cls.__subclasses__())
+    return found
+
+
+def layer_stored_bits(layer: nn.Module) -> tuple[int, int] | None:
+    """``(stored bits, weights)`` of a quantized layer, ``None`` for any other module.
+
+    A layer that reports ``stored_bits()`` itself (NanoQuant, sign, OneBit: packed bits + scales over
+    ``out_features * in_features`` weights), or one whose format a quantizer class recognises
+    (:meth:`Quantizer.layer_bits`, e.g. bitsandbytes' layers in :class:`zoo.quant.bnb.BnbQuantizer`).
+    """
+    own = getattr(layer, "stored_bits", None)
+    if callable(own):
+        return int(own()), int(layer.out_features * layer.in_features)
+    for quantizer in quantizer_classes():
+        found = quantizer.layer_bits(layer)
+        if found is not None:
+            return found
+    return None
+
+
 def measured_bits_per_weight(model: nn.Module) -> float:
     """Bits per weight of a model's linear layers as stored, whatever quantized it.
 
-    * bitsandbytes layers (``quant=bnb_nf4|bnb_int8``): :func:`zoo.quant.bnb.bnb_bits_per_weight` (codes + scales);
-    * layers that report ``stored_bits()`` (NanoQuant, sign, OneBit): packed bits + scales over those layers
-      (:func:`zoo.quant.nanoquant.model_bits_per_weight`);
+    * quantized layers (:func:`layer_stored_bits`: each layer or its quantizer reports its stored bits):
+      ``sum stored bits / sum weights`` over those layers (NanoQuant App. F convention; bitsandbytes: codes + scales);
     * otherwise (full precision): the storage bits of every ``nn.Linear`` weight except the output head.
 
     Embeddings, norms and the output head are never counted (they stay in full precision in every arm).
     """
-    from zoo.quant.nanoquant import model_bits_per_weight, quantized_layers
-
-    try:
-        from zoo.quant.bnb import bnb_bits_per_weight, is_bnb_quantized
-
-        if is_bnb_quantized(model):
-            return bnb_bits_per_weight(model)
-    except ImportError:  # bitsandbytes not installed: no bnb layers either
-        pass
-    if quantized_layers(model):
-        return model_bits_per_weight(model)
+    stored = [bits for m in model.modules() if (bits := layer_stored_bits(m)) is not None]
+    if stored:
+        return sum(b for b, _ in stored) / sum(n for _, n in stored)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not head]
     numel = sum(m.weight.numel() for m in linears)

@@ -12,6 +12,7 @@ the optional ``kernels`` package; without it a slower reference path is used, wi
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,6 +102,36 @@ class BnbQuantizer(Quantizer):
             return self.device_map
         return "auto" if torch.cuda.is_available() else "cpu"
 
+    @classmethod
+    def layer_bits(cls, layer: torch.nn.Module) -> tuple[int, int] | None:
+        """Stored bits and weights of a bitsandbytes layer: stored weight bytes + its quantization state (4-bit: block
+        absmax, or with double quantization the 8-bit absmax, their fp32 second-level absmax and offset; int8: the
+        fp32 row scales ``SCB``). The code books (the NF4/FP4 table and the 8-bit dynamic map) are constants of the
+        format, not per-layer data, and are not counted -- so NF4 at blocksize 64 gives 4.5 bpw, ~4.127 with double
+        quantization (QLoRA's accounting). ``None`` for other modules (and whenever bitsandbytes was never imported:
+        no layer of it can exist then)."""
+        bnb = sys.modules.get("bitsandbytes")
+        if bnb is None:
+            return None
+        if isinstance(layer, bnb.nn.Linear4bit):
+            w = layer.weight
+            qs = w.quant_state
+            bits = w.numel() * w.element_size() * 8 + qs.absmax.numel() * qs.absmax.element_size() * 8
+            if qs.nested and qs.state2 is not None:
+                bits += qs.state2.absmax.numel() * qs.state2.absmax.element_size() * 8
+                bits += 32  # the fp32 offset of the nested quantization
+            return int(bits), int(torch.Size(qs.shape).numel())
+        if isinstance(layer, bnb.nn.Linear8bitLt):
+            w = layer.weight
+            bits = w.numel() * w.element_size() * 8
+            scb = getattr(w, "SCB", None)
+            if scb is None:
+                scb = getattr(layer.state, "SCB", None)
+            if scb is not None:
+                bits += scb.numel() * scb.element_size() * 8
+            return int(bits), int(w.numel())
+        return None
+
     def apply(self, model: torch.nn.Module) -> torch.nn.Module:
         """Check that load-time quantization happened (no silent full-precision model)."""
         if not is_bnb_quantized(model):
@@ -116,37 +147,3 @@ def is_bnb_quantized(model: torch.nn.Module) -> bool:
     import bitsandbytes as bnb
 
     return any(isinstance(m, bnb.nn.Linear4bit | bnb.nn.Linear8bitLt) for m in model.modules())
-
-
-def bnb_bits_per_weight(model: torch.nn.Module) -> float:
-    """Measured bits per weight of the bitsandbytes layers over the weights of those layers only: stored weight
-    bytes + per-layer quantization state (4-bit: block absmax, or with double quantization the 8-bit absmax, their
-    fp32 second-level absmax and offset; int8: the fp32 row scales ``SCB``). The code books (the NF4/FP4 table and
-    the 8-bit dynamic map) are constants of the format, not per-layer data, and are not counted -- so NF4 at
-    blocksize 64 gives 4.5 bpw, ~4.127 with double quantization (QLoRA's accounting)."""
-    import bitsandbytes as bnb
-
-    bits = 0
-    numel = 0
-    for m in model.modules():
-        if isinstance(m, bnb.nn.Linear4bit):
-            w = m.weight
-            bits += w.numel() * w.element_size() * 8
-            qs = w.quant_state
-            numel += int(torch.Size(qs.shape).numel())
-            bits += qs.absmax.numel() * qs.absmax.element_size() * 8
-            if qs.nested and qs.state2 is not None:
-                bits += qs.state2.absmax.numel() * qs.state2.absmax.element_size() * 8
-                bits += 32  # the fp32 offset of the nested quantization
-        elif isinstance(m, bnb.nn.Linear8bitLt):
-            w = m.weight
-            bits += w.numel() * w.element_size() * 8
-            numel += w.numel()
-            scb = getattr(w, "SCB", None)
-            if scb is None:
-                scb = getattr(m.state, "SCB", None)
-            if scb is not None:
-                bits += scb.numel() * scb.element_size() * 8
-    if numel == 0:
-        raise ValueError("model has no bitsandbytes layers")
-    return bits / numel
