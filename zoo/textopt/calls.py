@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from zoo.agents.backends.base import Backend, approx_tokens
 
 ROLES = ("forward", "loss", "backward", "projector", "optimizer")
+LOSS_SYSTEM = (
+    "You evaluate an output. List what is wrong with it, one item per line; reply with nothing when it is correct."
+)
 
 
 @dataclass
@@ -41,3 +44,13 @@ def call(backend: Backend, log: CallLog, role: str, system: str, user: str, seed
     reply = backend.complete(messages, seed=seed).content
     log.record(role, system + user, reply)
     return reply
+
+
+def llm_critique(
+    backend: Backend, log: CallLog, evaluation_instruction: str, output: str, seed: int | None = None
+) -> list[str]:
+    """An LLM loss's critique of ``output`` (TextGrad's ``TextLoss``: ``L = LLM(evaluation_instruction, y)``): one
+    ``loss`` call, one critique item per non-empty reply line (none when the evaluator finds nothing wrong)."""
+    user = f"{evaluation_instruction}\n<OUTPUT>{output}</OUTPUT>"
+    reply = call(backend, log, "loss", LOSS_SYSTEM, user, seed)
+    return [line.strip() for line in reply.splitlines() if line.strip()]

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from zoo.agents.backends.base import Backend
 from zoo.errors import ConfigError, DataError
-from zoo.textopt.calls import CallLog
+from zoo.textopt.calls import CallLog, llm_critique
 from zoo.textopt.deltas import visible_deltas
 
 
@@ -83,7 +83,8 @@ class QAChain:
 
     The critic is exact match on the final answer (the last visible delta of a residual output, the whole output of
     a replace-style chain), one global critique item when it is wrong; with ``judge`` set, the critique items come
-    from a :class:`~zoo.textopt.textgrad.TextLoss` with that evaluation instruction (the reference answer is given).
+    from an LLM loss with that evaluation instruction (:func:`~zoo.textopt.calls.llm_critique`, TextGrad's ``TextLoss``;
+    the reference answer is given).
 
     Args:
         path: JSONL with ``input`` and ``answer`` fields (``meta`` optional).
@@ -139,10 +140,8 @@ class QAChain:
         if self.judge is not None:
             if backend is None or log is None:
                 raise ConfigError("QAChain judge needs a backend")
-            from zoo.textopt.textgrad import TextLoss
-
             instruction = f"{self.judge}\nQuestion: {example.input}\nReference answer: {example.target}"
-            return TextLoss(backend, instruction, log).critique(output)
+            return llm_critique(backend, log, instruction, output)
         if self.is_correct(output, example, residual):
             return []
         return [f"global: the final answer {self.answer(output, residual)!r} is wrong; expected {example.target!r}"]

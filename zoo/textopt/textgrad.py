@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zoo.agents.backends.base import Backend
-from zoo.textopt.calls import CallLog, call
+from zoo.textopt.calls import CallLog, call, llm_critique
 from zoo.textopt.problem import ChainProblem, Example, StepReport
 from zoo.textopt.variable import Variable
 
@@ -44,9 +44,6 @@ OPTIMIZER_SYSTEM = (
 OPTIMIZER_TEMPLATE = (
     "Variable role: {role}\n<VARIABLE>{value}</VARIABLE>\nFeedback:\n<FEEDBACK>\n{feedback}\n</FEEDBACK>\n"
     "{constraints}Write the improved variable between <IMPROVED_VARIABLE> and </IMPROVED_VARIABLE>."
-)
-LOSS_SYSTEM = (
-    "You evaluate an output. List what is wrong with it, one item per line; reply with nothing when it is correct."
 )
 _IMPROVED = re.compile(r"<IMPROVED_VARIABLE>(.*?)(?:</IMPROVED_VARIABLE>|$)", re.DOTALL)
 
@@ -131,9 +128,8 @@ class TextLoss:
         self.seed = seed
 
     def critique(self, output: str) -> list[str]:
-        user = f"{self.evaluation_instruction}\n<OUTPUT>{output}</OUTPUT>"
-        reply = call(self.backend, self.log, "loss", LOSS_SYSTEM, user, self.seed)
-        return [line.strip() for line in reply.splitlines() if line.strip()]
+        """The critique items of ``output`` (:func:`~zoo.textopt.calls.llm_critique`)."""
+        return llm_critique(self.backend, self.log, self.evaluation_instruction, output, self.seed)
 
     def __call__(self, output: Variable) -> Variable:
         return feedback_loss(output, self.critique(output.value))
