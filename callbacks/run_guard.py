@@ -20,6 +20,12 @@
   of the checkpoint's own step, logged after it was written), so the resumed run appends its rows after them and no
   step is lost or written twice. A checkpoint written after an epoch ended resumes at the next epoch's first batch
   (:func:`start_next_epoch_afresh`).
+* **A checkpoint is replaced whole or not at all.** At ``setup`` the strategy's plain ``TorchCheckpointIO`` is
+  replaced by :class:`AtomicCheckpointIO` (``atomic_checkpoints``): every checkpoint is written to a temporary file
+  next to it, synced and renamed over it (:func:`zoo.checkpoints.atomic_save`), so a kill or a full disk mid-write
+  leaves the previous ``last.ckpt`` as it was, also when ``$TMPDIR`` is on another filesystem (Lightning's own write
+  then falls back to truncating ``last.ckpt`` and copying into it). A full disk stops training with
+  :class:`~zoo.errors.DiskFullError`. A custom ``CheckpointIO`` given to the trainer is left alone.
 """
 
 from __future__ import annotations
@@ -32,10 +38,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 
-from zoo.checkpoints import all_finite, nonfinite_tensors, read_checkpoint
+from zoo.checkpoints import all_finite, atomic_save, nonfinite_tensors, read_checkpoint
 from zoo.errors import CheckpointError, NaNLossError, RunInterrupted
 from zoo.loggers import CSVLogger
 
@@ -121,6 +130,31 @@ def continue_logging_steps(trainer: pl.Trainer, step: int) -> None:
         loop._batches_that_stepped = step
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` whose local writes go through :func:`zoo.checkpoints.atomic_save` (a
+    temporary file in the checkpoint's own directory, fsync, rename); remote paths (``s3://``, ...) keep Lightning's
+    ``fsspec`` write."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        atomic_save(checkpoint, path)
+
+
+def use_atomic_checkpoints(trainer: pl.Trainer) -> bool:
+    """Make the trainer's strategy write checkpoints with :class:`AtomicCheckpointIO` where it uses Lightning's plain
+    ``TorchCheckpointIO`` (also inside a wrapper such as ``AsyncCheckpointIO``); returns whether it does."""
+    strategy = trainer.strategy
+    io = strategy.checkpoint_io
+    if type(io) is TorchCheckpointIO:
+        strategy.checkpoint_io = AtomicCheckpointIO()
+    elif isinstance(io, _WrappingCheckpointIO) and type(io.checkpoint_io) is TorchCheckpointIO:
+        io.checkpoint_io = AtomicCheckpointIO()
+    io = strategy.checkpoint_io
+    return isinstance(getattr(io, "checkpoint_io", io), AtomicCheckpointIO)
+
+
 class RunGuard(Callback):
     """Refuses non-finite checkpoints, stops at non-finite gradients, checkpoints on SIGINT/SIGTERM, and keeps
     resumed logs free of gaps and duplicates (see the module docstring).
@@ -130,19 +164,27 @@ class RunGuard(Callback):
             fused norm pass over the gradients and one host synchronisation per step).
         save_on_signal: write ``last.ckpt`` and stop at the end of the step when SIGINT/SIGTERM arrives during
             training (``False``: the signals keep their usual effect).
+        atomic_checkpoints: write every checkpoint with :class:`AtomicCheckpointIO` (``False``: Lightning's write).
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, check_gradients: bool = True, save_on_signal: bool = True) -> None:
+    def __init__(
+        self, check_gradients: bool = True, save_on_signal: bool = True, atomic_checkpoints: bool = True
+    ) -> None:
         super().__init__()
         self.check_gradients = bool(check_gradients)
         self.save_on_signal = bool(save_on_signal)
+        self.atomic_checkpoints = bool(atomic_checkpoints)
         self.received: int | None = None
         self.saved_step: int | None = None  # the global step of the latest checkpoint written in this fit
         self.resume_logging_step: int | None = None  # the logging step a resumed fit continues at
         self._interrupted: RunInterrupted | None = None
         self._previous: dict[int, Any] = {}
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.atomic_checkpoints:
+            use_atomic_checkpoints(trainer)
 
     # -- non-finite values -------------------------------------------------------------------------------------
     def on_before_optimizer_step(
@@ -289,4 +331,11 @@ class RunGuard(Callback):
         self._previous = {}
 
 
-__all__ = ["RunGuard", "describe_checkpoint", "last_checkpoint_path", "start_next_epoch_afresh"]
+__all__ = [
+    "AtomicCheckpointIO",
+    "RunGuard",
+    "use_atomic_checkpoints",
+    "describe_checkpoint",
+    "last_checkpoint_path",
+    "start_next_epoch_afresh",
+]

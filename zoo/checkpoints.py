@@ -4,11 +4,17 @@ Plain torch (no Lightning): :func:`read_checkpoint` is how the zoo opens a ``.ck
 ``backbone.init_from``), always with ``weights_only=True``; :func:`nonfinite_tensors` is what the run guard
 (:class:`zoo.callbacks.RunGuard`) checks a checkpoint with before it is written, so that ``last.ckpt`` is always one
 that a run can resume from, and :func:`all_finite` is its check of the gradients before every optimizer step.
+:func:`atomic_save` writes a checkpoint so that its path holds either the previous file or the complete new one (what
+the run guard's :class:`zoo.callbacks.run_guard.AtomicCheckpointIO` writes every Lightning checkpoint with).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import pickle
+import shutil
+import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,7 +22,7 @@ from typing import Any
 
 import torch
 
-from zoo.errors import CheckpointError, CheckpointNotFoundError
+from zoo.errors import CheckpointError, CheckpointNotFoundError, DiskFullError
 
 # torch.load's complaint when a weights_only load meets an object that is not a tensor or a plain container
 _REFUSED = "Weights only load failed"
@@ -106,4 +112,85 @@ def _invalid(path: Path, what: str, err: BaseException) -> str:
     )
 
 
-__all__ = ["all_finite", "nonfinite_tensors", "read_checkpoint"]
+# errors of a write that found its device (or the user's quota) full
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}."
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Remove the temporary files that :func:`atomic_save` calls of ``path`` killed mid-write left (their process is
+    gone); a temporary file of a process that still runs is left alone."""
+    for leftover in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = leftover.name[len(path.name) + 2 :].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            leftover.unlink(missing_ok=True)
+        except OSError:  # it exists but belongs to someone else
+            pass
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        handle = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:  # some filesystems cannot sync a directory; the rename is done either way
+        pass
+    finally:
+        os.close(handle)
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save(obj, path)`` such that ``path`` holds either its previous content or the complete new file.
+
+    The file is written to a temporary file **in the target's own directory** (``.<name>.<pid>.<random>.tmp``),
+    flushed and ``fsync``-ed, then renamed over ``path`` with :func:`os.replace` (atomic on POSIX within one
+    filesystem) and the directory is synced. A temporary file elsewhere (``$TMPDIR``, as ``fsspec`` and so Lightning's
+    ``_atomic_save`` use) cannot be renamed across filesystems (``EXDEV``) and falls back to truncating ``path`` and
+    copying into it: a kill during that copy left an empty or partial checkpoint and no previous one. A process
+    killed while writing leaves only its temporary file, which the next save of ``path`` removes.
+
+    Raises:
+        DiskFullError: the device (or the quota) ran out of space (``ENOSPC``/``EDQUOT``) while writing; the
+            temporary file is removed and ``path`` keeps its previous content.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(path)
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+    written = 0
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            try:
+                torch.save(obj, stream)
+                stream.flush()
+                os.fsync(stream.fileno())
+            finally:
+                written = stream.tell()
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(temp, 0o666 & ~mask)  # mkstemp creates 0600; a checkpoint gets the permissions of a new file
+        os.replace(temp, path)
+    except BaseException as err:
+        Path(temp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.errno in _FULL:
+            free = shutil.disk_usage(path.parent).free
+            kept = f"the previous {path.name} is kept as it was" if path.exists() else f"no {path.name} exists yet"
+            raise DiskFullError(
+                f"no space left on the device of {path.parent} ({os.strerror(err.errno)}): writing {path.name} "
+                f"stopped after {written:,} bytes ({free:,} bytes free there), so it was not written and {kept}. "
+                "Free some space there, or set paths.log_dir (or ZOO_LOG_DIR) to a disk with room"
+            ) from None
+        raise
+    _fsync_directory(path.parent)
+
+
+__all__ = ["all_finite", "atomic_save", "nonfinite_tensors", "read_checkpoint"]

@@ -32,6 +32,11 @@ class CheckpointError(ZooError, ValueError):
     values); the message names the file."""
 
 
+class DiskFullError(ZooError, OSError):
+    """A file could not be written because its device (or the user's quota) is full; the message names the
+    directory, what was kept and what to change."""
+
+
 class RunInterrupted(ZooError):
     """Training was stopped by a signal (SIGINT/SIGTERM); the message says where the checkpoint is and how to resume.
 

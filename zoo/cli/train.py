@@ -47,7 +47,14 @@ from zoo.callbacks.run_guard import describe_checkpoint, last_checkpoint_path
 from zoo.catalogue import KINDS, check_entries
 from zoo.checkpoints import read_checkpoint
 from zoo.cli.resolvers import register_resolvers
-from zoo.errors import CheckpointNotFoundError, ConfigError, NaNLossError, RunInterrupted, ZooError
+from zoo.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    DiskFullError,
+    NaNLossError,
+    RunInterrupted,
+    ZooError,
+)
 
 log = logging.getLogger("zoo")
 METHOD_KINDS = KINDS
@@ -337,6 +344,8 @@ def fit(
         trainer.fit(module, datamodule, ckpt_path=ckpt_path)
     except RunInterrupted as err:
         raise RunInterrupted(f"{err}. {resume_advice(cfg, trainer)}", err.exit_code) from None
+    except DiskFullError as err:  # a checkpoint met a full disk (zoo.checkpoints.atomic_save): the previous one is kept
+        raise DiskFullError(f"{err}. {resume_advice(cfg, trainer)}") from None
     except SIGTERMException:  # Lightning's own SIGTERM stop (no RunGuard in the callbacks, or before training)
         raise RunInterrupted(
             f"interrupted by SIGTERM at global step {trainer.global_step}, outside a training step: no checkpoint "

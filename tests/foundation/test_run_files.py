@@ -1,0 +1,141 @@
+"""Reliability of a run's files and launches (docs/reliability.md): checkpoints replaced whole or not at all (also
+across filesystems and on a full disk), a run directory never shared by two runs, follow-up commands that reproduce
+the run, resumable sweeps, and no network at run time."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from zoo.checkpoints import atomic_save, read_checkpoint
+from zoo.cli.train import run
+from zoo.errors import DiskFullError
+
+# small, fast runs: 8 batches of 32 per epoch, no generation during validation
+SMALL = [
+    "datamodule.source.num_train=256",
+    "datamodule.source.num_val=16",
+    "datamodule.source.num_test=16",
+    "datamodule.batch_size=32",
+    "module.generate_on_eval=false",
+    "trainer.max_epochs=1",
+    "trainer.log_every_n_steps=1",
+    "export=false",
+]
+
+
+def temp_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+# -- 3. last.ckpt is replaced whole or not at all ---------------------------------------------------------------------
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs (not an Exception, so no handler of the code under test sees it)."""
+
+
+def test_checkpoints_are_written_next_to_their_target_when_tmpdir_is_another_filesystem(
+    train_cfg, tmp_path, monkeypatch
+):
+    """$TMPDIR on another filesystem (the usual cluster set-up): a rename from it fails with EXDEV. Lightning's write
+    then truncates last.ckpt and copies into it, and a kill during that copy left a partial last.ckpt and no previous
+    one. The zoo writes the temporary file in the checkpoint's own directory, so the rename never crosses
+    filesystems and no copy happens: here every cross-directory rename fails with EXDEV, and a copy into a checkpoint
+    is killed half-way."""
+    other_fs = tmp_path / "other_fs_tmp"
+    other_fs.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(other_fs))
+    renames: list[tuple[Path, Path]] = []
+
+    def no_cross_device(original):
+        def rename(src, dst, *args, **kwargs):
+            renames.append((Path(src), Path(dst)))
+            if Path(src).resolve().parent != Path(dst).resolve().parent:
+                raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(src), None, str(dst))
+            return original(src, dst, *args, **kwargs)
+
+        return rename
+
+    monkeypatch.setattr(os, "rename", no_cross_device(os.rename))
+    monkeypatch.setattr(os, "replace", no_cross_device(os.replace))
+    copies = []
+
+    def killed_copy(src, dst, *args, **kwargs):  # shutil.move's fallback: truncate dst, copy; killed half-way
+        copies.append(dst)
+        data = Path(src).read_bytes()
+        Path(dst).write_bytes(data[: len(data) // 2])
+        if len(copies) > 1:
+            raise Killed
+
+    monkeypatch.setattr(shutil, "copyfile", killed_copy)
+    run(train_cfg([*SMALL, "callbacks.model_checkpoint.every_n_train_steps=2", "trainer.max_steps=6"]))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert copies == []
+    assert read_checkpoint(checkpoints / "last.ckpt")["global_step"] == 6
+    written = [(s, d) for s, d in renames if d.name == "last.ckpt"]
+    assert written and all(s.parent == checkpoints and s.name.startswith(".last.ckpt.") for s, d in written)
+    assert temp_files(checkpoints) == [] and list(other_fs.iterdir()) == []
+
+
+def test_a_write_killed_midway_keeps_the_previous_file_and_the_next_save_clears_its_leftover(tmp_path, monkeypatch):
+    target = tmp_path / "last.ckpt"
+    atomic_save({"global_step": 1, "w": torch.ones(3)}, target)
+    real_save = torch.save
+
+    def killed_save(obj, f, *args, **kwargs):
+        buffer = io.BytesIO()
+        real_save(obj, buffer, *args, **kwargs)
+        f.write(buffer.getvalue()[:100])
+        f.flush()
+        raise Killed
+
+    monkeypatch.setattr(torch, "save", killed_save)
+    with pytest.raises(Killed):
+        atomic_save({"global_step": 2, "w": torch.zeros(3)}, target)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert read_checkpoint(target)["global_step"] == 1 and temp_files(tmp_path) == []
+    leftover = tmp_path / ".last.ckpt.999999999.abc.tmp"  # as a SIGKILL leaves it: its process is gone
+    leftover.write_bytes(b"partial")
+    atomic_save({"global_step": 3}, target)
+    assert read_checkpoint(target)["global_step"] == 3 and temp_files(tmp_path) == []
+
+
+def full_disk_at(step: int):
+    """A ``torch.save`` that, for a checkpoint of global step ``step`` or later, writes half of it and then fails as a
+    full disk does (``OSError(ENOSPC)``)."""
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if not (isinstance(obj, dict) and obj.get("global_step", -1) >= step):
+            return real_save(obj, f, *args, **kwargs)
+        buffer = io.BytesIO()
+        real_save(obj, buffer, *args, **kwargs)
+        f.write(buffer.getvalue()[: buffer.tell() // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    return save
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so_once(zoo_main, tmp_path, monkeypatch):
+    """The checkpoint of step 4 meets a full disk half-way: exit status 2, one message naming the directory and
+    saying that the previous last.ckpt (step 2) is kept, which it is; no temporary file is left."""
+    monkeypatch.delenv("ZOO_LOG_DIR", raising=False)
+    monkeypatch.setattr(torch, "save", full_disk_at(4))
+    code, out, err = zoo_main(
+        [*SMALL, "callbacks.model_checkpoint.every_n_train_steps=2", "trainer.max_steps=6", "run_id=full"], tmp_path
+    )
+    checkpoints = tmp_path / "logs" / "train" / "runs" / "full" / "checkpoints"
+    assert code == 2, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in err + out, err[-3000:]
+    assert f"error: no space left on the device of {checkpoints} (No space left on device)" in errors[0]
+    assert "so it was not written and the previous last.ckpt is kept as it was" in errors[0]
+    assert "Resume with: python train.py " in errors[0] and errors[0].endswith("run_id=full ckpt_path=last")
+    monkeypatch.undo()
+    assert read_checkpoint(checkpoints / "last.ckpt")["global_step"] == 2
+    assert temp_files(checkpoints) == []
