@@ -144,6 +144,30 @@ def test_cli_runs_as_a_module(partition_file, tmp_path):
     assert "detected: yes" in done.stdout
 
 
+@pytest.mark.parametrize("module", ["zoo.watermark.detect", "zoo.watermark.fitting"])
+def test_the_command_line_tools_start_without_a_runpy_warning(module):
+    """``python -m zoo.watermark.<tool>`` imports the package first: it must not have imported the tool's module
+    already (runpy's 'found in sys.modules' RuntimeWarning on every call); the package's names still resolve, and
+    ``zoo.watermark.detect`` stays the function after the submodule is imported."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", module, "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+    )
+    assert done.returncode == 0 and "usage: python -m " + module in done.stdout, done.stderr
+    assert "RuntimeWarning" not in done.stderr
+    script = (
+        "import zoo.watermark as w, zoo.watermark.detect, inspect; "
+        "assert inspect.isfunction(w.detect); [getattr(w, n) for n in w.__all__]; "
+        "from zoo.watermark import detect, SemanticWatermarkDecoder; assert inspect.isfunction(detect)"
+    )
+    checked = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, env=env)
+    assert checked.returncode == 0, checked.stderr
+
+
 def test_green_sets_do_not_depend_on_the_embedding_device():
     # regions are computed in float64 on CPU whatever the input device/dtype; green sets from a CPU generator
     embeddings = ENCODER.encode(GRAMMAR.corpus(20, seed=3))
