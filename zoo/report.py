@@ -652,12 +652,22 @@ def write_page(out: Path, paper: str, lines: Sequence[str], verdict: Sequence[st
     return page
 
 
+def known_demos(demos_dir: str | Path = "demos") -> list[str]:
+    """The demos: every ``conf/demo/<paper>.yaml`` of the installed configs and every page builder in ``demos_dir``."""
+    spec = importlib.util.find_spec("zoo.conf")
+    confs = [Path(d) / "demo" for d in (spec.submodule_search_locations or [])] if spec else []
+    configs = {p.stem for d in confs for p in d.glob("*.yaml")}
+    builders = {p.stem for p in Path(demos_dir).glob("*.py") if not p.stem.startswith("_")}
+    return sorted(builders | configs)
+
+
 def load_page_builder(paper: str, demos_dir: str | Path = "demos") -> ModuleType:
     """Import ``<demos_dir>/<paper>.py`` (a page builder with ``build(sweep, out) -> list[Path]``)."""
     path = Path(demos_dir) / f"{paper}.py"
     if not path.is_file():
-        known = sorted(p.stem for p in Path(demos_dir).glob("*.py") if not p.stem.startswith("_"))
-        raise FileNotFoundError(f"no page builder {path} (known demos: {', '.join(known) or 'none'})")
+        known = known_demos(demos_dir)
+        what = "no page builder" if paper in known else f"unknown demo {paper!r}: no page builder"
+        raise FileNotFoundError(f"{what} {path} (known demos: {', '.join(known) or 'none'})")
     spec = importlib.util.spec_from_file_location(f"zoo_demo_page_{paper}", path)
     if spec is None or spec.loader is None:
         raise FileNotFoundError(f"cannot import {path}")
@@ -677,8 +687,8 @@ def build_demo_page(
     log_dir: str | Path | None = None,
 ) -> list[Path]:
     """Build ``<out>/<paper>.md`` (+ plots) from a sweep of ``python train.py -m +demo=<paper>``."""
+    builder = load_page_builder(paper, demos_dir)  # an unknown name is said before looking for its sweep
     sweep_dir = Path(sweep) if sweep else latest_sweep(paper, log_dir)
-    builder = load_page_builder(paper, demos_dir)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     return list(builder.build(Sweep.load(sweep_dir), out))
@@ -707,6 +717,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metrics", default=None, help="comma-separated metric names (default: all)")
     parser.add_argument("--out", default=None, help="output path without suffix (default: <root>/report)")
     args = parser.parse_args(argv)
+    if not Path(args.root).exists():
+        raise SystemExit(f"error: {args.root} does not exist; give a run directory or a multirun directory")
     metrics = args.metrics.split(",") if args.metrics else None
     md, png = report(args.root, metrics, args.out)
     print(f"wrote {md} and {png}")

@@ -265,9 +265,11 @@ def test_demo_page_is_built_by_the_papers_builder_from_the_newest_sweep(sweep_di
 
 
 def test_demo_page_errors_are_one_line(tmp_path):
-    with pytest.raises(SystemExit, match="no sweep of the 'toy' demo"):
-        main(["demo", "toy", "--log-dir", str(tmp_path)])
     (tmp_path / "demos").mkdir()
+    (tmp_path / "demos" / "toy.py").write_text("def build(sweep, out):\n    return []\n")
+    with pytest.raises(SystemExit, match="no sweep of the 'toy' demo"):
+        main(["demo", "toy", "--log-dir", str(tmp_path), "--demos", str(tmp_path / "demos")])
+    (tmp_path / "demos" / "toy.py").unlink()
     write_run(tmp_path / "s", "r", ["seed=0"])
     with pytest.raises(SystemExit, match="no page builder"):
         main(["demo", "toy", "--sweep", str(tmp_path / "s"), "--demos", str(tmp_path / "demos")])

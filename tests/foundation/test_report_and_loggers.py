@@ -2,6 +2,8 @@
 
 import csv
 
+import pytest
+
 from zoo.cli.train import run
 from zoo.report import main as report_main
 from zoo.report import markdown_table, summarize
@@ -44,6 +46,16 @@ def test_report_table_holds_the_last_value_of_each_metric_per_arm(tmp_path):
     report_main([str(tmp_path), "--out", str(tmp_path / "out" / "r")])
     assert (tmp_path / "out" / "r.md").read_text().count("module/grpo/shaper=") == 2
     assert (tmp_path / "out" / "r.png").stat().st_size > 1000
+
+
+def test_a_missing_root_or_an_unknown_demo_is_said(tmp_path, monkeypatch):
+    """``python -m zoo.report /nonexistent`` says the path does not exist (it said no runs were found under it);
+    ``demo <unknown>`` names the known demos (it said there was no sweep of that demo, as if it were one)."""
+    with pytest.raises(SystemExit, match=r"^error: .*nonexistent does not exist; give a run directory"):
+        report_main([str(tmp_path / "nonexistent")])
+    monkeypatch.chdir(tmp_path)  # no demos/ folder here: the names come from the installed conf/demo
+    with pytest.raises(SystemExit, match=r"unknown demo 'nosuch'.*known demos: .*\bgr3\b.*\bxguard\b"):
+        report_main(["demo", "nosuch", "--log-dir", str(tmp_path)])
 
 
 def test_tensorboard_logger_option(train_cfg, tmp_path):
