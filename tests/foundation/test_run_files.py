@@ -15,7 +15,6 @@ import torch
 
 from zoo.checkpoints import atomic_save, read_checkpoint
 from zoo.cli.train import run
-from zoo.errors import DiskFullError
 
 # small, fast runs: 8 batches of 32 per epoch, no generation during validation
 SMALL = [
@@ -139,3 +138,70 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so_once(zoo_main, tm
     monkeypatch.undo()
     assert read_checkpoint(checkpoints / "last.ckpt")["global_step"] == 2
     assert temp_files(checkpoints) == []
+
+
+# -- 7. no network at run time ---------------------------------------------------------------------------------------
+SOCKET_GUARD = """
+import ipaddress, socket, sys, traceback
+blocked = []
+def loopback(host):
+    try:
+        return ipaddress.ip_address(str(host).split("%")[0]).is_loopback
+    except ValueError:
+        return str(host) == "localhost"
+def refuse(what, host):
+    blocked.append(f"{what} {host}\\n" + "".join(traceback.format_stack(limit=12)))
+    raise OSError(f"network blocked by the test: {what} {host}")
+real_getaddrinfo, real_connect = socket.getaddrinfo, socket.socket.connect
+def getaddrinfo(host, *args, **kwargs):
+    if host is not None and not loopback(host):
+        refuse("getaddrinfo", host)
+    return real_getaddrinfo(host, *args, **kwargs)
+def connect(self, address):
+    if isinstance(address, tuple) and not loopback(address[0]):
+        refuse("connect", address[0])
+    return real_connect(self, address)
+socket.getaddrinfo, socket.socket.connect = getaddrinfo, connect
+sys.argv = ["train.py", *sys.argv[1:]]
+from zoo.cli.train import main
+try:
+    main()
+finally:
+    print("BLOCKED:" + repr(blocked), file=sys.stderr)
+"""
+
+
+def test_a_quantized_run_sends_nothing_to_the_network_without_hf_hub_offline(tmp_path):
+    """``quant=bnb_nf4`` imports bitsandbytes, whose CPU backend asks ``kernels`` for a kernel repository on the Hub
+    (a DNS query for huggingface.co). A ``python train.py`` whose environment sets none of the offline switches, with
+    every non-loopback ``getaddrinfo``/``connect`` refused and recorded, must not try any."""
+    import subprocess
+    import sys
+
+    from zoo.cli.offline import ALLOW_NETWORK, OFFLINE_SWITCHES
+
+    guard = tmp_path / "guarded_train.py"
+    guard.write_text(SOCKET_GUARD)
+    env = {k: v for k, v in os.environ.items() if k not in (*OFFLINE_SWITCHES, ALLOW_NETWORK, "ZOO_LOG_DIR")}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(
+        [sys.executable, str(guard), "quant=bnb_nf4", *SMALL, "trainer.max_steps=2", "datamodule.source.num_train=64"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("BLOCKED:")]
+    assert line == "BLOCKED:[]", proc.stderr[-4000:]
+
+
+def test_the_offline_switches_respect_the_user():
+    from zoo.cli.offline import stay_offline
+
+    environ = {"HF_HUB_OFFLINE": "0"}  # set by the user: kept; the others are set
+    assert stay_offline(environ) == ["TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"]
+    assert environ == {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    allowed = {"ZOO_ALLOW_NETWORK": "1"}  # the user asks for the network: nothing is set
+    assert stay_offline(allowed) == [] and allowed == {"ZOO_ALLOW_NETWORK": "1"}

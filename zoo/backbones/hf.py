@@ -91,7 +91,8 @@ class HFBackbone(Backbone):
             raise CheckpointNotFoundError(
                 f"backbone.name_or_path={name}: no local directory {path.resolve()}, and '{name}' is not in the "
                 "Hugging Face cache; HF_HUB_OFFLINE is set, so the Hub was not asked. Pass the directory of a model "
-                "written by save_pretrained, or download it first"
+                "written by save_pretrained, or download it first (ZOO_ALLOW_NETWORK=1 lets train.py download it: "
+                "train.py sets HF_HUB_OFFLINE itself unless asked)"
             )
         return name
 
