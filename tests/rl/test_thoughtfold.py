@@ -126,11 +126,38 @@ def test_bad_rollouts_are_classified_not_crashed_on():
     assert parse_reasoning("<think>1+2=3</think>3").answer == "3"
 
 
-def test_tail_cut_points_follow_the_keyword_heuristic():
-    steps = ["a=1", "so b=2", "see c", "d=4", "e=5"]
-    # cut inside step 1 ("so": forward) keeps 2 steps; inside step 2 ("see": backward) keeps 2; others keep j
-    assert tail_cut_points(steps) == [2, 3, 4, 5]
-    assert tail_cut_points(["x", "y", "z"]) == [1, 2, 3]
+def released_smart_cut(cot: str, mid: int) -> str:
+    """The released ``BinarySearchEnvironment._smart_cut`` (thoughtfold/binsearch/binary_search_environment.py),
+    restated to compare the cut points: snap to the previous newline, then the keyword window of the last line."""
+    chopped = cot[:mid]
+    if not chopped.endswith("\n"):
+        last = chopped.rfind("\n")
+        if last == -1:
+            return ""
+        chopped = chopped[: last + 1]
+    mid = len(chopped)
+    prev1 = chopped.rfind("\n", 0, mid)
+    prev2 = chopped.rfind("\n", 0, prev1)
+    words = {"".join(c for c in t.lower() if c.isalnum() or c == "_") for t in chopped[prev2 + 1 : mid].split()}
+    if words & {"see", "another"}:
+        return chopped[: prev1 if prev1 != -1 else mid]
+    if words & {"yes", "no", "so", "true", "good", "fine"}:
+        nxt = chopped.find("\n", mid)
+        return chopped[: nxt + 1 if nxt != -1 else len(chopped)]
+    return chopped
+
+
+def test_tail_cut_points_are_the_released_smart_cut_prefixes():
+    """A 6-line reasoning with forward and backward keywords: every character cut of the released heuristic keeps
+    0-5 whole lines (the keywords never change the kept lines); the zoo offers 1..5 (min_steps 1), then all 6."""
+    steps = ["a=1", "so b=2", "see c", "yes d=4", "another e", "f=6"]
+    body = join_steps(steps)
+    cuts = {released_smart_cut(body, mid) for mid in range(1, len(body))}
+    kept = {0 if not cut else cut.rstrip("\n").count("\n") + 1 for cut in cuts}
+    assert all(not cut or body.startswith(cut) and body[len(cut)] == "\n" or cut.endswith("\n") for cut in cuts)
+    assert sorted(kept) == [0, 1, 2, 3, 4, 5]
+    assert tail_cut_points(steps) == [1, 2, 3, 4, 5, 6]
+    assert tail_cut_points(steps, min_steps=0) == [*sorted(kept), 6]
     assert tail_cut_points(["x", "y", "z"], min_steps=2) == [2, 3]
 
 
@@ -370,8 +397,35 @@ def test_thoughtfold_prepare_builds_pairs_counts_skips_and_cost():
     assert metrics["tf_pairs_accepted"] == items.size == len(aux.last_pairs) > 0
     assert items.batch["chosen_input_ids"].shape[0] == items.size
     loss = aux.loss(module, items, slice(0, items.size))
-    # reference = the rollout-time policy: at the first update the DPO loss is exactly log 2
+    # the policy has not moved from the (frozen, initial) reference yet: the DPO loss is exactly log 2
     assert loss.item() == pytest.approx(math.log(2), abs=1e-5)
+
+
+def test_default_reference_is_frozen_so_the_dpo_term_moves_after_an_update():
+    """With the rollout-time policy as reference and one update per step, the policy equals the reference at every
+    update and the DPO loss is log 2 forever. The default (a frozen copy of the initial policy, standard DPO) is not:
+    after an update along the DPO gradient the next step's DPO loss is below log 2."""
+    folder = ThoughtFolder(min_cot_length=0, delimiter="\n", max_iterations=3)
+
+    def losses(aux):
+        module = tiny_module(aux)
+        items = aux.prepare(module, reference_rollout(module))
+        first = aux.loss(module, items, slice(0, items.size))
+        first.backward()
+        with torch.no_grad():
+            for p in module.model.parameters():
+                if p.grad is not None:
+                    p.sub_(0.5 * p.grad)
+                    p.grad = None
+        items = aux.prepare(module, reference_rollout(module))
+        return first.item(), aux.loss(module, items, slice(0, items.size)).item()
+
+    assert ThoughtFoldLoss().reference == "frozen"
+    first, second = losses(ThoughtFoldLoss(folder=folder, repeat=2))
+    assert first == pytest.approx(math.log(2), abs=1e-5)
+    assert second < math.log(2) - 1e-3
+    stuck = losses(ThoughtFoldLoss(folder=folder, repeat=2, reference="rollout"))
+    assert stuck == pytest.approx((math.log(2), math.log(2)), abs=1e-5)  # the degenerate reading, still available
 
 
 def test_pair_records_write_every_accepted_pair_with_its_scored_spans(tmp_path):

@@ -70,10 +70,10 @@ class ThoughtFoldLoss(AuxiliaryLoss):
     Args:
         weight: DPO-vs-GRPO loss weight ([assumed] 1; the loss worker is not released).
         beta: DPO temperature ``beta_D`` ([assumed] 0.1, the usual DPO value; notes' demo setting).
-        reference: ``rollout`` = the policy at rollout time, before the step's updates ([assumed] default: the
-            released trainer keeps no SFT copy in the pruning loop; with one update per step the loss is then
-            ``log 2`` at the update and its gradient the on-policy DPO direction), ``frozen`` = a frozen copy of the
-            initial policy (the SFT/base policy, the usual DPO reference).
+        reference: ``frozen`` = a frozen copy of the initial policy (the SFT/base policy: standard DPO; [assumed]
+            default, the paper and the released code do not fix it), ``rollout`` = the policy at rollout time, before
+            the step's updates (with one update per step the policy equals the reference at every update: the loss is
+            exactly ``log 2`` and its gradient a fixed push, whatever the policy has learnt).
         importance: ``leave_one_out`` (default: the answer's log-probability drop without each step; any attention
             backend) or ``attention`` (attention from the answer, the released scoring; eager attention only).
         repeat: validation answers sampled per candidate (released: 4).
@@ -91,7 +91,7 @@ class ThoughtFoldLoss(AuxiliaryLoss):
         self,
         weight: float = 1.0,
         beta: float = 0.1,
-        reference: str = "rollout",
+        reference: str = "frozen",
         importance: str = "leave_one_out",
         repeat: int = 4,
         threshold: float = 0.7,

@@ -15,7 +15,7 @@ Equation / rule -> function:
   :func:`split_steps`, :func:`join_steps`
 - binary search for the shortest passing prefix / kept count (monotone oracle) -> :func:`shortest_passing`
   (lock-step form for batched validation: :func:`bisect_shortest`, :func:`run_searches`)
-- phase 1 cut points snapped to step boundaries by the keyword heuristic -> :func:`tail_cut_points`
+- phase 1 cut points snapped to the previous step boundary (the released ``_smart_cut``) -> :func:`tail_cut_points`
 - phase 2 keep the top-k steps by importance -> :func:`fold_steps`; importance: :func:`leave_one_out_importance`
   (backend-agnostic default), :func:`attention_importance` (attention from the answer; eager attention only)
 - bridging steps (kept steps right after a pruned one) -> :func:`bridging_steps`
@@ -31,7 +31,6 @@ Equation / rule -> function:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,11 +40,6 @@ import torch
 from zoo.errors import ConfigError
 from zoo.losses import IGNORE_INDEX, masked_sequence_logprobs
 from zoo.tokens import EOS, THINK_CLOSE, THINK_OPEN
-
-#: Backward keywords of the released cut heuristic: a line containing one is cut before (rl.md §4).
-BACKWARD_WORDS: tuple[str, ...] = ("see", "another")
-#: Forward keywords: a cut inside a line containing one extends to the line's end (rl.md §4).
-FORWARD_WORDS: tuple[str, ...] = ("yes", "no", "so", "true", "good", "fine")
 
 
 # -- reasoning text ---------------------------------------------------------------------------------------------
@@ -168,29 +162,19 @@ def run_searches(
 
 
 # -- phase 1: tail truncation -----------------------------------------------------------------------------------
-def _has_word(step: str, words: Sequence[str]) -> bool:
-    tokens = set(re.findall(r"[a-z]+", step.lower()))
-    return any(w in tokens for w in words)
+def tail_cut_points(steps: Sequence[str], min_steps: int = 1) -> list[int]:
+    """The numbers of leading steps a snapped tail cut can keep, ascending, ending with ``len(steps)``:
+    ``min_steps, ..., len(steps) - 1, len(steps)``.
 
-
-def tail_cut_points(
-    steps: Sequence[str],
-    forward_words: Sequence[str] = FORWARD_WORDS,
-    backward_words: Sequence[str] = BACKWARD_WORDS,
-    min_steps: int = 1,
-) -> list[int]:
-    """The numbers of leading steps a snapped tail cut can keep, ascending, ending with ``len(steps)``.
-
-    A character cut inside step ``j`` (0-based) keeps ``j`` steps (cut before the line) when the step holds a backward
-    word, ``j + 1`` (extend to the line's end) when it holds a forward word, else ``j`` ([assumed]: the released
-    heuristic's default snaps to the previous line boundary). Counts below ``min_steps`` are dropped.
+    The released ``BinarySearchEnvironment._smart_cut`` first snaps the character cut to the previous newline, so a
+    cut inside line ``j`` (0-based) keeps ``j`` whole lines; its keyword window is then the last kept line and ends
+    at the cut, so the forward branch (``find("\\n", mid)`` past the end) keeps the same text and the backward branch
+    only drops the final newline: the keywords (``see``, ``another``; ``yes``, ``no``, ...) never change the kept
+    lines. Every prefix of whole steps is thus a cut point. The released cut snaps to any ``"\\n"``; here to the
+    step delimiter (the same with the zoo's one-step-per-line tasks). Counts below ``min_steps`` are dropped (the
+    released cut can keep 0 lines).
     """
-    keeps = set()
-    for j, step in enumerate(steps):
-        keep = j if _has_word(step, backward_words) else (j + 1 if _has_word(step, forward_words) else j)
-        if min_steps <= keep < len(steps):
-            keeps.add(keep)
-    return [*sorted(keeps), len(steps)]
+    return [*range(max(int(min_steps), 0), len(steps)), len(steps)]
 
 
 # -- phase 2: internal folding ----------------------------------------------------------------------------------
@@ -461,7 +445,7 @@ class ThoughtFolder:
         fold: run phase 2 (on the phase-1 result).
         max_iterations: oracle calls per phase and rollout (released: 5).
         min_cot_length: phase 1 only for reasonings of at least this many characters (released: 300).
-        forward_words, backward_words, min_steps: the cut heuristic (:func:`tail_cut_points`).
+        min_steps: the fewest leading steps phase 1 keeps (:func:`tail_cut_points`).
         min_keep_ratio, max_keep_ratio: phase 2 kept-fraction range (released: r in [0.1, 0.9]); [reconstruction]
             the released search bisects r; here the kept count ``k`` is bisected over that range (``r = k / n``).
         pairs_from: ``chain`` = one pair per verified shortening against the previous best (released: "rejected =
@@ -476,8 +460,6 @@ class ThoughtFolder:
         fold: bool = True,
         max_iterations: int = 5,
         min_cot_length: int = 300,
-        forward_words: Sequence[str] = FORWARD_WORDS,
-        backward_words: Sequence[str] = BACKWARD_WORDS,
         min_steps: int = 1,
         min_keep_ratio: float = 0.1,
         max_keep_ratio: float = 0.9,
@@ -501,7 +483,6 @@ class ThoughtFolder:
         self.tail, self.fold = bool(tail), bool(fold)
         self.max_iterations = int(max_iterations)
         self.min_cot_length = int(min_cot_length)
-        self.forward_words, self.backward_words = tuple(forward_words), tuple(backward_words)
         self.min_steps = int(min_steps)
         self.min_keep_ratio, self.max_keep_ratio = float(min_keep_ratio), float(max_keep_ratio)
         self.pairs_from = pairs_from
@@ -537,7 +518,7 @@ class ThoughtFolder:
         best_answer = [t.answer for t in targets]
         if self.tail:
             cuts = [
-                tail_cut_points(t.steps, self.forward_words, self.backward_words, self.min_steps)
+                tail_cut_points(t.steps, self.min_steps)
                 if len(join_steps(t.steps, self.delimiter)) >= self.min_cot_length
                 else [len(t.steps)]
                 for t in targets
@@ -670,8 +651,6 @@ def redundancy_stats(
 
 
 __all__ = [
-    "BACKWARD_WORDS",
-    "FORWARD_WORDS",
     "FoldTarget",
     "PreferencePair",
     "Reasoning",
