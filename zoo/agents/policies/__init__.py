@@ -1,13 +1,7 @@
 """Agents: random, early-commit, hypothesis-elimination, the LLM tool-calling agent, and the CRNR wrapper."""
 
 from zoo.agents.policies.base import CRNR, Action, Agent, EpisodeInfo, commit_call
-from zoo.agents.policies.hypotheses import (
-    EarlyCommitAgent,
-    HypothesisEliminationAgent,
-    HypothesisSet,
-    Solver,
-    SolverAgent,
-)
+from zoo.agents.policies.hypotheses import EarlyCommitAgent, HypothesisEliminationAgent, SolverAgent
 from zoo.agents.policies.llm import LLMToolAgent
 from zoo.agents.policies.memory import ProcWorldMemoryAgent
 from zoo.agents.policies.persona2web import (
@@ -19,6 +13,7 @@ from zoo.agents.policies.persona2web import (
     PreExecutionAgent,
 )
 from zoo.agents.policies.random import RandomAgent
+from zoo.agents.policies.solvers import HypothesisSet, Solver
 
 AGENTS: dict[str, type[Agent]] = {
     cls.name: cls

@@ -27,7 +27,7 @@ import itertools
 from typing import Any, ClassVar
 
 from zoo.agents.envs.ultrahorizon.bio import CAPACITY, COLOR_NAMES, SHELL_NAMES
-from zoo.agents.policies.hypotheses import HypothesisSet, Solver, register_solver
+from zoo.agents.policies.solvers.base import HypothesisSet, Solver, register_solver
 from zoo.agents.types import ToolCall, ToolResult
 from zoo.stats import binom_cdf, binom_sf, binom_test
 

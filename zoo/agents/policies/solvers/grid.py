@@ -15,7 +15,7 @@ from collections import deque
 from typing import Any, ClassVar
 
 from zoo.agents.envs.ultrahorizon.grid import DIRECTIONS, GRID_RULES, LETTERS, SIZE, GridContext
-from zoo.agents.policies.hypotheses import HypothesisSet, Solver, register_solver
+from zoo.agents.policies.solvers.base import HypothesisSet, Solver, register_solver
 from zoo.agents.types import ToolCall, ToolResult
 
 _TILE = re.compile(r"\((-?\d+),(-?\d+)(?:,([A-EX]))?\)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from zoo.agents.envs.ultrahorizon.sequence import ALPHABET, SEQ_RULES, STAGES, SeqContext, validate_sequence
-from zoo.agents.policies.hypotheses import HypothesisSet, Solver, register_solver
+from zoo.agents.policies.solvers.base import HypothesisSet, Solver, register_solver
 from zoo.agents.types import ToolCall, ToolResult
 
 CANDIDATE_PAIRS = 24
