@@ -15,8 +15,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from zoo.agents.memory_interface import MemoryProvider, trajectory_data
 from zoo.errors import ConfigError
-from zoo.memory.interface import MemoryProvider, trajectory_data
 
 
 class MemoryIngestCallback(pl.Callback):

@@ -1,13 +1,13 @@
 """EvolveLab memory systems and the MemEvolve outer loop (arXiv 2512.18746): a plain library, no Lightning.
 
-* :mod:`zoo.memory.interface` -- the EvolveLab provider interface (``provide_memory`` / ``take_in_memory`` /
+* :mod:`zoo.agents.memory_interface` -- the EvolveLab provider interface (``provide_memory`` / ``take_in_memory`` /
   ``initialize``) and its data types;
 * :mod:`zoo.memory.distill` -- Encode: raw trajectory, insights, skills;
 * :mod:`zoo.memory.system` -- the design space (:class:`Genotype`) and :class:`ModularMemory` with its store;
 * :mod:`zoo.memory.evolve` -- MemEvolve: diagnose, design, validate, tournament, selection.
 """
 
-from zoo.memory.interface import (
+from zoo.agents.memory_interface import (
     MemoryItem,
     MemoryItemType,
     MemoryProvider,

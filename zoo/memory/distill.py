@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from zoo.memory.interface import TrajectoryData
+from zoo.agents.memory_interface import TrajectoryData
 
 ENCODINGS = ("raw", "insight", "skill")
 

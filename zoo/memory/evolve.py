@@ -50,11 +50,11 @@ from typing import Any
 from zoo.agents.backends.base import Backend
 from zoo.agents.envs import ENVIRONMENTS
 from zoo.agents.evaluate import derive_seed
+from zoo.agents.memory_interface import MemoryProvider, NoMemory, trajectory_data
 from zoo.agents.policies.memory import ProcWorldMemoryAgent
 from zoo.agents.runner import run_episode
 from zoo.agents.sandbox import sandbox_prelude
 from zoo.errors import ConfigError
-from zoo.memory.interface import MemoryProvider, NoMemory, trajectory_data
 from zoo.memory.system import MANAGERS, RETRIEVERS, STORES, Genotype, ModularMemory
 
 SELECTIONS = ("lexicographic", "pareto")

@@ -1,8 +1,8 @@
 """EvolveLab's modular design space: a memory system is a genotype Encode x Store x Retrieve x Manage.
 
 MemEvolve (arXiv 2512.18746, Sec. 3) decomposes a memory system into four modules. :class:`Genotype` names one
-choice per module; :class:`ModularMemory` implements the EvolveLab interface (:mod:`zoo.memory.interface`) for any
-genotype, with a persistent per-system store directory.
+choice per module; :class:`ModularMemory` implements the EvolveLab interface (:mod:`zoo.agents.memory_interface`)
+for any genotype, with a persistent per-system store directory.
 
 * Encode: ``raw`` trajectory, ``insight``, ``skill`` -- :func:`zoo.memory.distill.encode`;
 * Store: ``list`` (JSONL), ``vector`` (JSONL + persisted embeddings), ``graph`` (JSONL + edges within a group) --
@@ -41,9 +41,7 @@ from typing import Any
 
 import torch
 
-from zoo.errors import ConfigError, ZooError
-from zoo.memory.distill import ENCODINGS, encode
-from zoo.memory.interface import (
+from zoo.agents.memory_interface import (
     MemoryItem,
     MemoryItemType,
     MemoryProvider,
@@ -52,6 +50,8 @@ from zoo.memory.interface import (
     MemoryStatus,
     TrajectoryData,
 )
+from zoo.errors import ConfigError, ZooError
+from zoo.memory.distill import ENCODINGS, encode
 from zoo.text.encoders import SentenceEncoder, load_encoder
 from zoo.text.retrieval import BM25Retriever, DenseRetriever, HybridRetriever, rank_top_k
 
@@ -427,7 +427,7 @@ class ModularMemory(MemoryProvider):
 
 def build_memory(store_dir: str, encoder: str = "hashing", index: str = "exact", **config: Any) -> MemoryProvider:
     """Hydra entry: ``memory`` config node -> a :class:`ModularMemory` (``encode: none`` -> no memory)."""
-    from zoo.memory.interface import NoMemory
+    from zoo.agents.memory_interface import NoMemory
 
     if config.get("encode") == "none":
         return NoMemory()

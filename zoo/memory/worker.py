@@ -13,8 +13,8 @@ import json
 import signal
 import sys
 
+from zoo.agents.memory_interface import MemoryProvider
 from zoo.memory.evolve import run_stream
-from zoo.memory.interface import MemoryProvider
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ reproduced baselines (``compare``), the initial base and the evolved winner, eac
 Equation / step -> function map (paper Sec. 3-4; released ``MemEvolve/core/auto_evolver.py``):
 
 * memory genotype Omega = (Encode, Store, Retrieve, Manage) -> :class:`zoo.memory.Genotype`,
-  :class:`zoo.memory.ModularMemory`; provide / take-in interface -> :mod:`zoo.memory.interface`;
+  :class:`zoo.memory.ModularMemory`; provide / take-in interface -> :mod:`zoo.agents.memory_interface`;
 * inner loop (tasks with a fixed Omega, each trajectory ingested) -> :func:`zoo.memory.evolve.run_stream`;
 * analyze / diagnose -> :func:`zoo.memory.evolve.diagnose`;
 * generate / design -> :func:`zoo.memory.evolve.rule_based_design`, :class:`zoo.memory.evolve.LLMDesigner`;
@@ -32,9 +32,9 @@ from typing import Any
 import lightning.pytorch as pl
 from omegaconf import DictConfig, OmegaConf
 
+from zoo.agents.memory_interface import NoMemory
 from zoo.errors import ConfigError
 from zoo.memory.evolve import Candidate, LLMDesigner, MemEvolve, compare_systems
-from zoo.memory.interface import NoMemory
 from zoo.memory.system import Genotype, ModularMemory
 
 log = logging.getLogger("zoo")

@@ -15,10 +15,10 @@ import json
 from typing import Any, ClassVar
 
 from zoo.agents.backends.base import approx_tokens
+from zoo.agents.memory_interface import MemoryProvider, MemoryRequest, MemoryStatus
 from zoo.agents.policies.base import Action, Agent, EpisodeInfo
 from zoo.agents.types import ToolCall, ToolResult, Usage
 from zoo.errors import ConfigError
-from zoo.memory.interface import MemoryProvider, MemoryRequest, MemoryStatus
 
 
 class ProcWorldMemoryAgent(Agent):

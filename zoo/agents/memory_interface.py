@@ -13,6 +13,9 @@ system three calls:
 Here ``trajectory`` is a list of step dicts (``tool``, ``arguments``, ``ok``, ``observation``, ``error``) as the
 episode harness records them (:class:`zoo.agents.runner.StepRecord`); :func:`trajectory_data` converts a harness
 trajectory.
+
+It lives with the agents (floor 3, ``docs/architecture.md``): an agent queries a memory only through this interface,
+and the memory systems (:mod:`zoo.memory`) build on the agents, never the reverse.
 """
 
 from __future__ import annotations
