@@ -452,6 +452,17 @@ def test_bad_settings_are_one_clear_error(kwargs, field):
         DTSDecoder(**kwargs)
 
 
+def test_a_negative_entropy_threshold_that_never_branches_is_refused():
+    """decision_token branches where H <= tau_H; H >= 0, so tau_H < 0 decoded without a single branch event and no
+    word (a plain sampler passed off as DTS). high_entropy (H > tau_H) does branch with it, so it stays allowed."""
+    entropy = torch.tensor([0.0, 0.5, 3.0])
+    assert not is_branch_point(entropy, torch.full_like(entropy, 9.0), "decision_token", -1.0, 0.0).any()
+    with pytest.raises(ConfigError, match=r"module.decoder.entropy_threshold=-1.0 never branches.*varentropy_thr"):
+        DTSDecoder(entropy_threshold=-1.0)
+    assert DTSDecoder(entropy_threshold=-1.0, branch_rule="high_entropy").entropy_threshold == -1.0
+    assert DTSDecoder(entropy_threshold=0.0).entropy_threshold == 0.0
+
+
 def test_branch_top_k_above_the_vocabulary_is_a_clear_error(tiny):
     model, tok, ids, mask = tiny
     with pytest.raises(ConfigError, match=r"branch_top_k=500 exceeds the vocabulary of the model \(102 tokens\)"):

@@ -326,6 +326,13 @@ class DTSDecoder(Decoder):
         for name, value in (("entropy_threshold", entropy_threshold), ("varentropy_threshold", varentropy_threshold)):
             if math.isnan(float(value)):
                 raise ConfigError(f"{field}.{name} must be a number (inf allowed), got {value!r}")
+        if branch_rule == "decision_token" and float(entropy_threshold) < 0:
+            # H >= 0 always, so H <= tau_H never holds: a plain sampler that looks like DTS
+            raise ConfigError(
+                f"{field}.entropy_threshold={entropy_threshold} never branches: branch_rule=decision_token branches "
+                "where the entropy H <= entropy_threshold, and H is never negative. Use a threshold >= 0 (the paper: "
+                "2.5); to decode without branching on purpose set module.decoder.varentropy_threshold=inf"
+            )
         self.entropy_threshold = float(entropy_threshold)
         self.varentropy_threshold = float(varentropy_threshold)
         self.branch_top_k = int(branch_top_k)
