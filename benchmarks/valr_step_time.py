@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from zoo.backbones.vlm import TinyVLMBackbone
+from zoo.cli.prerequisites import obtain
 from zoo.data.visual import VisualCounting, VisualSource
 from zoo.datamodules.visual import VisualReasoningDataModule
 from zoo.modules.valr import VaLRModule
@@ -53,7 +54,7 @@ def main() -> None:
     )
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
-    teacher = synthetic_teacher()
+    teacher = obtain(synthetic_teacher())  # built through the artifact cache on first use
     cot = VaLRModule(backbone, stage="cot", align_weight=0.0)
     cot.configure_model()
     rows = [("CoT SFT (1 forward)", 0, step_time(cot, batch, args.reps), 1)]

@@ -20,6 +20,12 @@ returned); its presence marks the directory as complete.
 
 Every artifact :func:`ensure` returns is noted in this process (:func:`artifacts_used`), so that a run can record which
 prerequisites it used (``run_info.json`` -> ``artifacts``: kind, path, key, whether it was built now, its metrics).
+
+**Prerequisites declared by configs.** A config node whose ``_target_`` is marked with :func:`prerequisite` (a
+*plan*: a generator function) declares what the run needs before it starts; the CLI (``zoo.cli.prerequisites``)
+builds it before the job and puts the plan's return value (a path, or a config node) in the node's place. A plan
+yields :class:`Prerequisite` requests -- runs of the app described as data -- and receives each built
+artifact's directory back; code below the CLI never runs the app itself.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +236,58 @@ def ensure(
     return _note_use(target, built=True)
 
 
+@dataclass(frozen=True)
+class Prerequisite:
+    """A run of the app (``python train.py <overrides>``) whose product is cached and reused: a request that a plan
+    yields (see :func:`prerequisite`); the CLI builds it through :func:`ensure`, keyed by the run's composed config.
+
+    Attributes:
+        kind: cache sub-folder (``base_policy``, ``nmars_policy``, ``valr_teacher``, ...).
+        overrides: command-line overrides of the build run (``+method=nmars_sft``, ...).
+        values: dotted key -> value set on the composed config (whole nodes, e.g. the parent run's ``task``).
+        name: readable prefix of the artifact directory.
+        reason: why it is needed (logged when it is built).
+        product: what the run writes that consumers use, relative to its output directory (``export``).
+        cache_dir, root_dir: the parent run's ``paths.cache_dir`` / ``paths.root_dir`` (``None``: the defaults).
+        execution: where it runs, not what it builds (``{"trainer.accelerator": "gpu"}``): not part of the key.
+    """
+
+    kind: str
+    overrides: Sequence[str] = ()
+    values: Mapping[str, Any] = field(default_factory=dict)
+    name: str = ""
+    reason: str = "first use"
+    product: str = "export"
+    cache_dir: str | Path | None = None
+    root_dir: str | Path | None = None
+    execution: Mapping[str, Any] = field(default_factory=dict)
+
+
+# A plan: yields the runs it needs, receives each artifact's directory, returns what replaces its config node.
+Plan = Generator[Prerequisite, Path, Any]
+PLAN_ATTRIBUTE = "__zoo_prerequisite__"
+
+
+def prerequisite(plan: Callable[..., Plan]) -> Callable[..., Plan]:
+    """Mark a generator function as a prerequisite plan: a config node with it as ``_target_`` is built by the CLI
+    before the job (``zoo.cli.prerequisites.prepare``), and the plan's return value takes the node's place.
+
+    Example::
+
+        @prerequisite
+        def teacher(steps: int = 400) -> Plan:
+            directory = yield Prerequisite("valr_teacher", ["+method=valr_teacher"], {"trainer.max_steps": steps})
+            return str(directory / "export")
+    """
+    setattr(plan, PLAN_ATTRIBUTE, plan)
+    return plan
+
+
+def plan_of(target: Any) -> Callable[..., Plan] | None:
+    """The plan behind a ``_target_`` object (``None`` when it is not a prerequisite)."""
+    return getattr(target, PLAN_ATTRIBUTE, None)
+
+
 def model_fingerprint(model: torch.nn.Module, sample: int = 4096) -> str:
     """A content key of a model's weights, for specs of artifacts fitted on a model (probes, head rankings, ...).
 
@@ -250,6 +309,9 @@ def model_fingerprint(model: torch.nn.Module, sample: int = 4096) -> str:
 
 __all__ = [
     "ARTIFACT_META",
+    "PLAN_ATTRIBUTE",
+    "Plan",
+    "Prerequisite",
     "artifact_path",
     "artifacts_mark",
     "artifacts_used",
@@ -257,6 +319,8 @@ __all__ = [
     "ensure",
     "is_complete",
     "model_fingerprint",
+    "plan_of",
+    "prerequisite",
     "read_meta",
     "remove_stale_temporaries",
     "spec_key",

@@ -18,8 +18,9 @@ from zoo.losses import IGNORE_INDEX
 from zoo.modules.structure_encoder_pretrain import (
     ENCODER_WEIGHTS,
     PretrainRecipe,
-    encoder_build,
+    encoder_request,
     load_encoder,
+    pretrained_encoder,
 )
 from zoo.modules.structure_lm import StructureLMModule
 from zoo.multimodal.cuttlefish import CuttlefishConnector
@@ -262,25 +263,34 @@ def test_cuttlefish_method_fast_dev_run_bootstraps_encoder(train_cfg, tmp_path, 
     with caplog.at_level(logging.INFO, logger="zoo"):
         metrics = run(cfg)
     assert "building the structure_encoder artifact" in caplog.text
-    build = encoder_build(cfg.paths.cache_dir, dict(cfg.module.encoder), dict(cfg.module.encoder_pretrain))
+    from zoo.cli.artifacts import plan_request
+    from zoo.cli.prerequisites import fulfil
+
+    build = plan_request(
+        encoder_request(cfg.paths.cache_dir, dict(cfg.module.encoder), dict(cfg.module.encoder_pretrain))
+    )
     assert (build.export_dir / ENCODER_WEIGHTS).is_file()
     assert build.config.trainer.max_steps == 2  # the recipe reached the +method=structure_encoder_pretrain run
     for key in ("val/exact_match", "val/loss", "val/tokens_per_structure"):
         assert key in metrics
     assert any(k.startswith("val/acc_size/") for k in metrics)
-    # a second module with the same encoder + recipe loads the cached encoder instead of pretraining
+    # the same encoder + recipe asked for again is the cached encoder (no pretraining), and a module loads it
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="zoo"):
+        again = fulfil(
+            pretrained_encoder(dict(cfg.module.encoder), dict(cfg.module.encoder_pretrain), cfg.paths.cache_dir)
+        )
+    assert "using the cached structure_encoder artifact" in caplog.text
+    assert "building" not in caplog.text
+    assert again == str(build.export_dir)
     module = StructureLMModule(
         TinyBackbone(extra_tokens=[STRUCTURE_TOKEN]),
         connector=functools.partial(CuttlefishConnector, num_fusion_blocks=0, k_max=8),
         encoder=dict(cfg.module.encoder),
         encoder_pretrain=dict(cfg.module.encoder_pretrain),
-        cache_dir=cfg.paths.cache_dir,
+        encoder_init=again,
     )
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="zoo"):
-        module.configure_model()
-    assert "using the cached structure_encoder artifact" in caplog.text
-    assert "building" not in caplog.text
+    module.configure_model()
     cached = load_encoder(build.export_dir)
     assert all(
         torch.equal(a, b) for a, b in zip(cached.state_dict().values(), module.structure_encoder.state_dict().values())
@@ -336,11 +346,15 @@ def test_cuttlefish_default_recipe_is_the_default_structure_encoder_pretrain_run
         assert info.paper == "arXiv:2602.02780"
         assert info.kind == "module"
     cfg = train_cfg(["+method=cuttlefish"])
-    wanted = encoder_build(tmp_path, dict(cfg.module.encoder), dict(cfg.module.encoder_pretrain))
+    from zoo.cli.artifacts import plan_request
+
+    wanted = plan_request(encoder_request(tmp_path, dict(cfg.module.encoder), dict(cfg.module.encoder_pretrain)))
     default = plan_artifact("structure_encoder", ["+method=structure_encoder_pretrain"], cache_dir=tmp_path)
     assert wanted.spec == default.spec
     # each recipe field lands on the option of the pretraining run that it names
-    changed = encoder_build(tmp_path, {"hidden": 32}, PretrainRecipe(steps=7, batch_size=3, coord_noise=0.1, seed=5))
+    changed = plan_request(
+        encoder_request(tmp_path, {"hidden": 32}, PretrainRecipe(steps=7, batch_size=3, coord_noise=0.1, seed=5))
+    )
     assert changed.config.trainer.max_steps == 7
     assert changed.config.datamodule.batch_size == 3
     assert changed.config.module.objective.coord_noise == 0.1

@@ -56,7 +56,10 @@ def batch(backbone):
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
-    return synthetic_teacher(num_images=32, steps=5, batch_size=16, dim=16, cache_dir=tmp_path_factory.mktemp("cache"))
+    from zoo.cli.prerequisites import obtain
+
+    cache = tmp_path_factory.mktemp("cache")
+    return obtain(synthetic_teacher(num_images=32, steps=5, batch_size=16, dim=16, cache_dir=cache))
 
 
 def _ids(tok) -> dict[str, int]:

@@ -79,30 +79,37 @@ def test_valr_teacher_module_refuses_batches_without_cells():
 
 
 def test_synthetic_teacher_is_built_once_through_the_cache(tmp_path, caplog):
+    from zoo.cli.prerequisites import obtain
+
     small = {"num_images": 32, "batch_size": 16, "steps": 3, "dim": 16, "cache_dir": tmp_path}
     with caplog.at_level(logging.INFO, logger="zoo"):
-        first = synthetic_teacher(**small)
+        first = obtain(synthetic_teacher(**small))
     assert "building the valr_teacher artifact" in caplog.text
     built = [p for p in (tmp_path / "valr_teacher").iterdir() if p.name.startswith("patch16-")]
     assert len(built) == 1 and (built[0] / "export" / "teacher.safetensors").is_file()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="zoo"):
-        again = synthetic_teacher(**small)
+        again = obtain(synthetic_teacher(**small))
     assert "using the cached valr_teacher artifact" in caplog.text and "building" not in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values()))
-    other = synthetic_teacher(**{**small, "seed": 7})  # another recipe, another artifact
+    other = obtain(synthetic_teacher(**{**small, "seed": 7}))  # another recipe, another artifact
     assert len([p for p in (tmp_path / "valr_teacher").iterdir() if p.name.startswith("patch16-")]) == 2
     assert not all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), other.state_dict().values()))
     with pytest.raises(ConfigError, match="num_images"):
-        synthetic_teacher(**{**small, "num_images": 8})
+        obtain(synthetic_teacher(**{**small, "num_images": 8}))
 
 
 def test_valr_module_builds_its_teacher_in_setup_before_the_model(tmp_path):
     """The teacher factory runs in ``setup`` (outside the strategy's init context), before ``configure_model``."""
     from zoo.backbones.vlm import TinyVLMBackbone
+    from zoo.cli.prerequisites import obtain
     from zoo.modules.valr import VaLRModule
 
-    factory = functools.partial(synthetic_teacher, num_images=32, batch_size=16, steps=2, dim=16, cache_dir=tmp_path)
+    plan = functools.partial(synthetic_teacher, num_images=32, batch_size=16, steps=2, dim=16, cache_dir=tmp_path)
+
+    def factory():
+        return obtain(plan())
+
     module = VaLRModule(TinyVLMBackbone(hidden_size=32, intermediate_size=64, num_hidden_layers=2), teacher=factory)
     assert module.teacher is None
     module.setup("fit")

@@ -11,8 +11,10 @@ artifact cache (:func:`zoo.artifacts.ensure`):
   ``export/`` is the artifact (``<cache_dir>/<kind>/<name>-<key>/export``), next to the run's logs, resolved config
   and ``artifact.json`` (with the run's final metrics).
 
-Both work inside a running Hydra app (``python train.py ...`` resolving ``backbone.init_from=base``) and outside it
-(tests, notebooks): Hydra's global state and the caller's random-number state are saved before and restored after.
+Inside a running Hydra app the build's config is composed with the app's own Hydra (``hydra.compose``, the public
+API); outside one (tests, notebooks) under ``initialize_config_module``, which restores Hydra's state after. The
+caller's random-number state is kept. Inside the app, builds happen only before the job starts
+(:func:`zoo.cli.prerequisites.prepare`): a running job never starts another run.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import copy
 import os
 import random
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,11 +33,9 @@ import numpy as np
 import torch
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.core.singleton import Singleton
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from zoo.artifacts import artifact_path, default_cache_dir, ensure
+from zoo.artifacts import PLAN_ATTRIBUTE, Plan, Prerequisite, artifact_path, default_cache_dir, ensure
 from zoo.errors import ZooError
 
 # Where a build runs, not what it builds: set on the build run, left out of its key.
@@ -46,20 +46,6 @@ DESCRIPTIVE_FIELDS = ("methods", "tags")
 BUILD_OVERRIDES = ("export=true", "++callbacks.model_checkpoint=null", "++trainer.enable_checkpointing=false")
 PATH_FIELDS = ("root_dir", "log_dir", "output_dir", "cache_dir")
 SEED_ENV = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")
-
-
-@contextlib.contextmanager
-def hydra_isolated() -> Iterator[None]:
-    """Run a block with Hydra's global state (``GlobalHydra``, ``HydraConfig``) cleared, and restore it after."""
-    saved = {cls: Singleton._instances.pop(cls, None) for cls in (GlobalHydra, HydraConfig)}
-    try:
-        yield
-    finally:
-        for cls, instance in saved.items():
-            if instance is None:
-                Singleton._instances.pop(cls, None)
-            else:
-                Singleton._instances[cls] = instance
 
 
 @contextlib.contextmanager
@@ -104,8 +90,12 @@ def compose_config(
     :class:`ArtifactBuild` points it at a build directory.
     """
     # Hydra's first composition imports its plugins, which may draw random numbers: keep the caller's state
-    with hydra_isolated(), rng_isolated(), initialize_config_module(config_module="zoo.conf", version_base="1.3"):
-        cfg = compose(config_name="train", overrides=list(overrides))
+    with rng_isolated():
+        if GlobalHydra.instance().is_initialized():  # inside the app (or a caller's initialize_*): its Hydra
+            cfg = compose(config_name="train", overrides=list(overrides))
+        else:
+            with initialize_config_module(config_module="zoo.conf", version_base="1.3"):
+                cfg = compose(config_name="train", overrides=list(overrides))
     root = Path(root_dir).expanduser().resolve() if root_dir is not None else Path.cwd()
     with open_dict(cfg):
         for key, value in (values or {}).items():
@@ -154,6 +144,9 @@ class ArtifactBuild:
     cache_dir: Path
     overrides: tuple[str, ...]
     product: str = "export"
+    # runs the build's config: zoo.cli.train.run by default (its prerequisites, then its job); the orchestrator
+    # (zoo.cli.prerequisites) passes its own, so that no job starts inside another
+    runner: Callable[[DictConfig], dict[str, float]] | None = None
 
     @property
     def path(self) -> Path:
@@ -178,10 +171,12 @@ class ArtifactBuild:
             cfg.paths.output_dir = str(directory)
             cfg.paths.log_dir = str(directory / "logs")
             cfg.run_id = "artifact"
-        with hydra_isolated(), rng_isolated():
-            from zoo.cli.train import run  # its first import (Lightning) may draw random numbers too
+        with rng_isolated():
+            runner = self.runner
+            if runner is None:
+                from zoo.cli.train import run as runner  # its first import (Lightning) may draw random numbers too
 
-            metrics = run(cfg)
+            metrics = runner(cfg)
         shutil.rmtree(directory / "checkpoints", ignore_errors=True)
         if not (directory / self.product).exists():
             raise ZooError(
@@ -192,7 +187,11 @@ class ArtifactBuild:
 
     def ensure(self, reason: str = "first use") -> Path:
         """The artifact's ``product`` (``export/``), built first if it is not cached."""
-        return ensure(self.kind, self.spec, self, self.cache_dir, name=self.name, reason=reason) / self.product
+        return self.ensure_artifact(reason) / self.product
+
+    def ensure_artifact(self, reason: str = "first use") -> Path:
+        """The artifact's directory, built first if it is not cached."""
+        return ensure(self.kind, self.spec, self, self.cache_dir, name=self.name, reason=reason)
 
 
 def plan_artifact(
@@ -232,6 +231,47 @@ def plan_artifact(
     return ArtifactBuild(kind, name, cfg, spec, cache, tuple(all_overrides), product)
 
 
+def plan_request(request: Prerequisite) -> ArtifactBuild:
+    """The build run of a :class:`~zoo.artifacts.Prerequisite` that a plan yielded (see :func:`plan_artifact`)."""
+    return plan_artifact(
+        request.kind,
+        request.overrides,
+        request.values,
+        name=request.name,
+        cache_dir=request.cache_dir,
+        root_dir=request.root_dir,
+        execution=request.execution,
+        product=request.product,
+    )
+
+
+def train_artifact_plan(
+    kind: str,
+    overrides: Sequence[str] = (),
+    values: Mapping[str, Any] | None = None,
+    *,
+    name: str = "",
+    reason: str = "first use",
+    cache_dir: str | Path | None = None,
+    root_dir: str | Path | None = None,
+    execution: Mapping[str, Any] | None = None,
+) -> Plan:
+    """The plan behind a ``_target_: zoo.cli.artifacts.train_artifact`` config node: the run's ``export/``."""
+    if OmegaConf.is_config(values):  # a node with _recursive_: false passes its values as a config
+        values = OmegaConf.to_container(values, resolve=True)
+    directory = yield Prerequisite(
+        kind,
+        tuple(overrides),
+        dict(values or {}),
+        name=name,
+        reason=reason,
+        cache_dir=cache_dir,
+        root_dir=root_dir,
+        execution=dict(execution or {}),
+    )
+    return str(directory / "export")
+
+
 def train_artifact(
     kind: str,
     overrides: Sequence[str] = (),
@@ -253,14 +293,19 @@ def train_artifact(
     return plan.ensure(reason)
 
 
+# as a config node's _target_, train_artifact is a prerequisite: built by the CLI before the job
+setattr(train_artifact, PLAN_ATTRIBUTE, train_artifact_plan)
+
+
 __all__ = [
     "BUILD_OVERRIDES",
     "EXECUTION_FIELDS",
     "ArtifactBuild",
     "compose_config",
     "config_spec",
-    "hydra_isolated",
     "plan_artifact",
+    "plan_request",
     "rng_isolated",
     "train_artifact",
+    "train_artifact_plan",
 ]

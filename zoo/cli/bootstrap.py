@@ -14,21 +14,18 @@ the build run's datamodule option (default ``sft``: the task's prompt/completion
 policy of multi-turn feedback episodes (DRIFT); the parent run's ``multiturn`` node (the episodes' environment, when
 it has one) is then passed to the build with the task.
 
-``backbone.init_from`` may also be a node with a ``_target_`` (a function that returns the directory of a policy,
-typically built through the artifact cache, e.g. :func:`zoo.modules.nmars.undo_policy`): :func:`resolve_init_from`
-calls it with ``backbone=`` the rest of the backbone node (a plain dict) and puts the returned directory in its place.
+The orchestrator (:func:`zoo.cli.prerequisites.prepare`) builds it before the run's job, like any other declared
+prerequisite (``backbone.init_from`` may also be a prerequisite node, e.g. :func:`zoo.modules.nmars.undo_policy`).
 """
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import get_method, instantiate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 
-from zoo.backbones.base import BASE_POLICY
 from zoo.cli.artifacts import ArtifactBuild, plan_artifact
 from zoo.errors import ConfigError
 
@@ -94,36 +91,16 @@ def base_policy_dir(cfg: DictConfig) -> Path:
     return base_policy_build(cfg).export_dir
 
 
-def ensure_base_policy(cfg: DictConfig) -> Path:
-    """The base policy's directory (``save_pretrained`` layout), trained and cached first if it does not exist."""
-    build = base_policy_build(cfg)
-    task = build.name
-    return build.ensure(
-        f"backbone.init_from=base asks for the base SFT policy of task '{task}', trained before this run starts: "
+def base_policy_reason(cfg: DictConfig, build: ArtifactBuild) -> str:
+    """Why the base policy is built (logged when it is)."""
+    return (
+        f"backbone.init_from=base asks for the base SFT policy of task '{build.name}', trained before this run starts: "
         f"{recipe_summary(cfg.base_policy)} (the run's trainer.max_steps does not apply to it; a quicker one: "
         f"{QUICK_RECIPE})"
     )
 
 
-def resolve_init_from(cfg: DictConfig) -> None:
-    """Replace ``backbone.init_from`` by a directory when it names a policy to build: ``base`` (the cached base SFT
-    policy, :func:`ensure_base_policy`) or a node with a ``_target_`` that returns the directory (called with
-    ``backbone=`` the backbone node without ``init_from``, as a plain dict, when the target takes a ``backbone``
-    argument, e.g. :func:`zoo.modules.nmars.undo_policy`; :func:`zoo.cli.artifacts.train_artifact` does not)."""
-    init_from = cfg.backbone.get("init_from")
-    if init_from == BASE_POLICY:
-        path = ensure_base_policy(cfg)
-    elif isinstance(init_from, DictConfig) and "_target_" in init_from:
-        extra: dict[str, Any] = {}
-        if "backbone" in inspect.signature(get_method(init_from._target_)).parameters:
-            extra["backbone"] = OmegaConf.to_container(cfg.backbone, resolve=True)
-            extra["backbone"].pop("init_from")
-        path = instantiate(init_from, **extra)
-        if not isinstance(path, (str, Path)):
-            raise ConfigError(
-                f"backbone.init_from._target_={init_from._target_} returned {type(path).__name__}, not a directory"
-            )
-    else:
-        return
-    with open_dict(cfg):
-        cfg.backbone.init_from = str(path)
+def ensure_base_policy(cfg: DictConfig) -> Path:
+    """The base policy's directory (``save_pretrained`` layout), trained and cached first if it does not exist."""
+    build = base_policy_build(cfg)
+    return build.ensure(base_policy_reason(cfg, build))

@@ -1,7 +1,8 @@
 """Mixtures built by the normal app through the artifact cache: DoReMi's weights, RegMix's proxies and prediction.
 
-Used from configs as ``_target_`` nodes (the path they return is what the consuming node receives), e.g. the mixture
-datamodule's ``datamodule.sampler.weights_file``:
+Used from configs as ``_target_`` nodes: prerequisite plans (:func:`zoo.artifacts.prerequisite`) that the CLI builds
+before the job (:func:`zoo.cli.prerequisites.prepare`); the path they return is what the consuming node receives, e.g.
+the mixture datamodule's ``datamodule.sampler.weights_file``:
 
 * :func:`artifact_file` -- a file inside the artifact built by ``python train.py <overrides>`` (DoReMi's average
   weights, ``export/domain_weights.json``; a bucketed corpus, ``export``);
@@ -23,15 +24,16 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from zoo.artifacts import ensure, read_meta
-from zoo.cli.artifacts import compose_config, plan_artifact
+from zoo.artifacts import Plan, Prerequisite, ensure, prerequisite, read_meta
+from zoo.cli.artifacts import compose_config
 from zoo.errors import ConfigError
 from zoo.mixing.regmix import (
+    fit_regressor,
     holdout_spearman,
-    make_regressor,
     mixture_prior,
     predict_best_mixture,
     sample_mixtures,
+    usage_bound,
 )
 
 log = logging.getLogger("zoo")
@@ -42,6 +44,7 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
+@prerequisite
 def artifact_file(
     kind: str,
     overrides: Sequence[str],
@@ -51,15 +54,14 @@ def artifact_file(
     name: str = "",
     cache_dir: str | None = None,
     root_dir: str | None = None,
-) -> str:
+) -> Plan:
     """``<artifact>/<file>`` of the artifact trained by ``python train.py <overrides>`` (built on first use; ``file``
     is relative to the artifact directory, e.g. ``export/domain_weights.json``)."""
     values = {key: _plain(value) for key, value in (values or {}).items()}
-    plan = plan_artifact(kind, overrides, values, name=name, cache_dir=cache_dir, root_dir=root_dir)
-    plan.ensure()
-    path = plan.path / file
+    directory = yield Prerequisite(kind, tuple(overrides), values, name=name, cache_dir=cache_dir, root_dir=root_dir)
+    path = Path(directory) / file
     if not path.exists():
-        raise ConfigError(f"the {kind} artifact at {plan.path} has no {file}")
+        raise ConfigError(f"the {kind} artifact at {directory} has no {file}")
     return str(path)
 
 
@@ -80,6 +82,7 @@ def domain_token_counts(
     return dict(sorted(counts.items()))
 
 
+@prerequisite
 def regmix_weights(
     proxy_overrides: Sequence[str],
     proxy_values: Mapping[str, Any] | None = None,
@@ -89,7 +92,9 @@ def regmix_weights(
     temperature: float = 0.5,
     concentration: Sequence[float] = (0.1, 5.0),
     min_weight: float = 2e-4,
+    max_usage: float | None = 15.0,
     regressor: str = "auto",
+    regressor_options: Mapping[str, Any] | None = None,
     num_simulations: int = 100_000,
     top_k: int = 128,
     num_splits: int = 10,
@@ -98,7 +103,7 @@ def regmix_weights(
     name: str = "",
     cache_dir: str | None = None,
     root_dir: str | None = None,
-) -> str:
+) -> Plan:
     """Run RegMix and return the path of the predicted mixture ``weights.json`` (``{domain: weight}``).
 
     Args:
@@ -111,8 +116,12 @@ def regmix_weights(
         target_metric: the proxy's final metric to minimise (``val/loss``: the held-out loss).
         temperature, concentration, min_weight: Dirichlet prior of the proxy and simulated mixtures
             (:func:`zoo.mixing.regmix.sample_mixtures`; RegMix: 0.5, [0.1, 5], 2e-4).
+        max_usage: no proxy mixture uses a domain beyond this many epochs of its tokens (RegMix: 15; ``None``: no
+            bound; :func:`zoo.mixing.regmix.usage_bound`).
         regressor: ``auto`` | ``lightgbm`` | ``linear``.
-        num_simulations, top_k: simulated mixtures and how many of the best are averaged (RegMix: 100k, 128).
+        regressor_options: keyword arguments of the LightGBM regressor (e.g. ``min_child_samples`` for a few proxies).
+        num_simulations, top_k: simulated mixtures ``Dir(token shares)`` and how many of the best are averaged
+            (RegMix: 100k, 128).
         num_splits: random held-out splits of the Spearman probe.
         seed: seed of the mixtures.
     """
@@ -121,21 +130,30 @@ def regmix_weights(
     counts = domain_token_counts(overrides, values, root_dir, cache_dir)
     domains = list(counts)
     prior = mixture_prior([counts[d] for d in domains], temperature)
-    mixtures = sample_mixtures(prior, num_proxies, concentration=tuple(concentration), min_weight=min_weight, seed=seed)
+    shares = mixture_prior([counts[d] for d in domains], 1.0)
+    options = dict(_plain(regressor_options) or {})
+    mixtures = sample_mixtures(
+        prior,
+        num_proxies,
+        concentration=tuple(concentration),
+        min_weight=min_weight,
+        seed=seed,
+        bound=usage_bound(shares, max_usage),
+    )
     losses = []
     for index, mixture in enumerate(mixtures.tolist()):
-        plan = plan_artifact(
+        directory = yield Prerequisite(
             "regmix_proxy",
-            overrides,
+            tuple(overrides),
             {**values, "datamodule.sampler.weights": dict(zip(domains, mixture))},
             name=f"{name}-proxy{index}" if name else f"proxy{index}",
+            reason=f"RegMix proxy {index + 1}/{num_proxies}",
             cache_dir=cache_dir,
             root_dir=root_dir,
         )
-        plan.ensure(f"RegMix proxy {index + 1}/{num_proxies}")
-        metrics = read_meta(plan.path).get("metrics", {})
+        metrics = read_meta(directory).get("metrics", {})
         if target_metric not in metrics:
-            raise ConfigError(f"RegMix proxy {plan.path} did not report {target_metric} (has {sorted(metrics)})")
+            raise ConfigError(f"RegMix proxy {directory} did not report {target_metric} (has {sorted(metrics)})")
         losses.append(float(metrics[target_metric]))
     spec = {
         "domains": domains,
@@ -148,21 +166,19 @@ def regmix_weights(
         "prior": prior.tolist(),
         "concentration": list(concentration),
         "min_weight": min_weight,
+        "max_usage": max_usage,
+        "regressor_options": options,
     }
 
     def build(directory: Path) -> dict[str, Any]:
         loss_tensor = torch.tensor(losses, dtype=torch.float64)
-        rhos = holdout_spearman(mixtures, loss_tensor, regressor, num_splits, seed=seed) if num_proxies >= 4 else []
-        model = make_regressor(regressor, seed=seed).fit(mixtures, loss_tensor)
-        best = predict_best_mixture(
-            model,
-            prior,
-            num_simulations,
-            min(top_k, num_simulations),
-            concentration=tuple(concentration),
-            min_weight=min_weight,
-            seed=seed + 1,
+        rhos = (
+            holdout_spearman(mixtures, loss_tensor, regressor, num_splits, seed=seed, **options)
+            if num_proxies >= 4
+            else []
         )
+        model = fit_regressor(regressor, mixtures, loss_tensor, seed=seed, **options)
+        best = predict_best_mixture(model, shares, num_simulations, min(top_k, num_simulations), seed=seed + 1)
         weights = dict(zip(domains, best.tolist()))
         (directory / "weights.json").write_text(json.dumps(weights, indent=2, sort_keys=True))
         finite = [r for r in rhos if r == r]

@@ -15,12 +15,13 @@ from typing import Any
 
 from hydra.utils import instantiate
 
-from zoo.cli.artifacts import ArtifactBuild, plan_artifact
+from zoo.artifacts import Plan, Prerequisite, prerequisite
+from zoo.cli.artifacts import ArtifactBuild, plan_request
 
 ROLLOUT_FILE = "rollouts.jsonl"
 
 
-def reference_rollouts_build(
+def reference_rollouts_request(
     task: Mapping[str, Any],
     multiturn: Mapping[str, Any],
     backbone: Mapping[str, Any],
@@ -34,7 +35,7 @@ def reference_rollouts_build(
     cache_dir: str | None = None,
     root_dir: str | None = None,
     accelerator: str = "auto",
-) -> ArtifactBuild:
+) -> Prerequisite:
     """The ``+method=drift_rollouts`` build run of a parent run's reference rollouts (see the module docstring).
 
     Args:
@@ -59,27 +60,36 @@ def reference_rollouts_build(
     }
     if generation is not None:
         values["module.generation"] = dict(generation)
-    return plan_artifact(
+    return Prerequisite(
         "drift_rollouts",
-        ["+method=drift_rollouts"],
+        ("+method=drift_rollouts",),
         values,
         name=instantiate(dict(task)).name,
+        reason=(
+            f"datamodule.source.path is null: the offline method trains on its reference policy's rollouts "
+            f"({n_traj} trajectories for each of {num_prompts} prompts)"
+        ),
+        product=ROLLOUT_FILE,
         cache_dir=cache_dir,
         root_dir=root_dir,
         execution={"trainer.accelerator": accelerator},
-        product=ROLLOUT_FILE,
     )
 
 
-def reference_rollouts(**kwargs: Any) -> str:
+def reference_rollouts_build(**kwargs: Any) -> ArtifactBuild:
+    """The build run of :func:`reference_rollouts_request` (arguments: see there)."""
+    return plan_request(reference_rollouts_request(**kwargs))
+
+
+@prerequisite
+def reference_rollouts(given: str | None = None, **kwargs: Any) -> Plan:
     """The parent run's reference rollout file, collected first if it is not cached (arguments: see
-    :func:`reference_rollouts_build`)."""
-    build = reference_rollouts_build(**kwargs)
-    path: Path = build.ensure(
-        f"datamodule.source.path is null: the offline method trains on its reference policy's rollouts "
-        f"({kwargs.get('n_traj', 8)} trajectories for each of {kwargs.get('num_prompts', 512)} prompts)"
-    )
-    return str(path)
+    :func:`reference_rollouts_request`): a prerequisite plan that the CLI builds before the job. ``given``: the run's
+    own rollout file (``datamodule.source.path``); when set, nothing is collected and the plan returns ``None``."""
+    if given:
+        return None
+    directory = yield reference_rollouts_request(**kwargs)
+    return str(Path(directory) / ROLLOUT_FILE)
 
 
-__all__ = ["ROLLOUT_FILE", "reference_rollouts", "reference_rollouts_build"]
+__all__ = ["ROLLOUT_FILE", "reference_rollouts", "reference_rollouts_build", "reference_rollouts_request"]

@@ -46,6 +46,7 @@ from zoo.artifacts import artifacts_mark, artifacts_used
 from zoo.callbacks.run_guard import describe_checkpoint, last_checkpoint_path
 from zoo.catalogue import KINDS, check_entries
 from zoo.checkpoints import read_checkpoint
+from zoo.cli.prerequisites import prepare
 from zoo.cli.resolvers import register_resolvers
 from zoo.errors import (
     CheckpointNotFoundError,
@@ -224,12 +225,17 @@ def check_slurm(cfg: DictConfig) -> None:
 
 
 def build(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningDataModule, pl.Trainer]:
-    """Instantiate backbone, quantizer, datamodule, module, callbacks, loggers and trainer from ``cfg``."""
+    """The prerequisites ``cfg`` declares (:func:`zoo.cli.prerequisites.prepare`, each its own run), then the
+    objects of :func:`build_objects` (for Python callers; :func:`run` prepares before its job)."""
+    prepare(cfg, run_job)
+    return build_objects(cfg)
+
+
+def build_objects(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningDataModule, pl.Trainer]:
+    """Instantiate backbone, quantizer, datamodule, module, callbacks, loggers and trainer from ``cfg`` (its
+    prerequisites already built)."""
     if cfg.get("backbone") is None:
         return build_without_backbone(cfg)
-    from zoo.cli.bootstrap import resolve_init_from
-
-    resolve_init_from(cfg)
     # _convert_="all": plain dicts/lists reach the objects (checkpoints then hold no OmegaConf types and load with
     # torch.load(weights_only=True)).
     backbone = instantiate(cfg.backbone, _convert_="all")
@@ -302,17 +308,33 @@ def check_optimizer(cfg: DictConfig) -> None:
         raise ConfigError(f"module.optimizer ({node._target_}): {cause} (settings: {values})") from None
 
 
-def run(cfg: DictConfig) -> dict[str, float]:
-    """Run ``cfg.stage`` and return the final metrics."""
+def check_config(cfg: DictConfig) -> None:
+    """The checks of a run's settings that build nothing (stage, methods, SLURM, optimizer)."""
     if cfg.stage not in STAGES:
         raise ConfigError(f"stage={cfg.stage!r}; use one of {STAGES}")
     check_methods(cfg)
     check_slurm(cfg)
     check_optimizer(cfg)
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Build the prerequisites ``cfg`` declares, each as its own run of :func:`run_job`, one after the other
+    (:func:`zoo.cli.prerequisites.prepare`), then run ``cfg``'s job; return its final metrics."""
+    check_config(cfg)  # a bad setting fails before any prerequisite is built
     start, mark = time.monotonic(), artifacts_mark()
+    prepare(cfg, run_job)
+    return run_job(cfg, start=start, mark=mark)
+
+
+def run_job(cfg: DictConfig, start: float | None = None, mark: int | None = None) -> dict[str, float]:
+    """Run ``cfg.stage`` of a config whose prerequisites are built (:func:`run` does that first) and return the final
+    metrics; ``start``/``mark``: when the run began and where its record of used artifacts starts."""
+    check_config(cfg)
+    start = time.monotonic() if start is None else start
+    mark = artifacts_mark() if mark is None else mark
     ckpt_path = resolve_ckpt_path(cfg)
     pl.seed_everything(cfg.seed, workers=True)
-    module, datamodule, trainer = build(cfg)
+    module, datamodule, trainer = build_objects(cfg)
     if hasattr(datamodule, "setup"):
         # build the datasets now (Lightning reuses them): malformed data fails before the run directory is written
         datamodule.setup(cfg.stage)

@@ -284,9 +284,9 @@ class RolloutSource(RowSource):
         path: the rollout file; ``None``: the file ``collect()`` returns.
         weighting: ``rows -> weights``; ``None``: weight 1. Its ``min_group_size`` (default 1) is checked per prompt.
         held_out: source of the ``val`` and ``test`` splits.
-        collect: called (once, when the training rows are first needed) for the file when ``path`` is ``None``:
-            e.g. the reference policy's rollouts built through the artifact cache
-            (:func:`zoo.cli.rollouts.reference_rollouts`).
+        collect: the file to use when ``path`` is ``None`` (e.g. the reference policy's rollouts, built by the CLI
+            through the artifact cache before the job: :func:`zoo.cli.rollouts.reference_rollouts`), or a callable
+            returning it (called once, when the training rows are first needed).
 
     Raises:
         DataError: naming the file and line (see :func:`read_rollouts`), a prompt with fewer trajectories than the
@@ -298,8 +298,10 @@ class RolloutSource(RowSource):
         path: str | None = None,
         weighting: Weighting | None = None,
         held_out: RowSource | None = None,
-        collect: Callable[[], str] | None = None,
+        collect: Callable[[], str] | str | None = None,
     ) -> None:
+        if not path and isinstance(collect, (str, Path)):
+            path = collect
         if not path and collect is None:
             raise ConfigError(
                 "datamodule.source.path: give a rollout file (collected with python train.py +method=drift_rollouts)"

@@ -6,10 +6,10 @@ cores and the equation -> function map are in :mod:`zoo.generation.undo`; this f
 - :class:`UndoAugmentationModule` -- the data stage (``+method=nmars_data``, ``stage=predict``): sample deviations
   from the current policy at a configurable temperature (or inject random errors, the baseline), align, augment,
   and return the rows that :class:`zoo.callbacks.OfflineRowWriter` writes (resumable, progress bar);
-- :func:`undo_data` -- the data stage's output as a :class:`~zoo.data.sources.JsonlSource`, built through the
-  artifact cache on first use (the default training data of ``+method=nmars_sft``);
-- :func:`undo_policy` -- the export of a ``+method=nmars_sft`` run, built through the artifact cache (the default
-  starting policy of ``+method=nmars_grpo``).
+- :func:`undo_data` -- the data stage's output as a :class:`~zoo.data.sources.JsonlSource` (the default training
+  data of ``+method=nmars_sft``) and :func:`undo_policy` -- the export of a ``+method=nmars_sft`` run (the default
+  starting policy of ``+method=nmars_grpo``): prerequisite plans (:func:`zoo.artifacts.prerequisite`) that the CLI
+  builds through the artifact cache before the job.
 
 Masked SFT itself is the vocabulary-extension family module (:class:`zoo.modules.VocabExtendModule`, which adds
 ``<UNDO>`` with output rows) over pre-tokenized rows whose loss mask becomes ``-100`` labels in
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from zoo.artifacts import Plan, Prerequisite, prerequisite
 from zoo.backbones.base import Backbone
 from zoo.data.sources import JsonlSource
 from zoo.data.undo import DEVIATIONS, UndoVocabulary, augmented_row, error_token_pool, undo_vocabulary
@@ -193,6 +194,7 @@ def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
+@prerequisite
 def undo_data(
     task: Mapping[str, Any],
     backbone: Mapping[str, Any],
@@ -203,11 +205,12 @@ def undo_data(
     overrides: Sequence[str] = (),
     cache_dir: str | None = None,
     root_dir: str | None = None,
-) -> JsonlSource:
-    """N-MARS rows of the ``train`` and ``val`` prompts of ``task``: two ``+method=nmars_data`` runs, built through
-    the artifact cache on first use, read as a :class:`~zoo.data.sources.JsonlSource` (``test`` falls back to
-    ``val``). The ``val`` run keeps every row (``module.max_undos_per_row=null``), so the held-out prompts are the
-    complete validation split whatever the policy wrote.
+) -> Plan:
+    """N-MARS rows of the ``train`` and ``val`` prompts of ``task``: two ``+method=nmars_data`` runs (built by the CLI
+    through the artifact cache before the job), read as a :class:`~zoo.data.sources.JsonlSource` (the plan returns
+    its config node; ``test`` falls back to ``val``). The ``val`` run keeps every row
+    (``module.max_undos_per_row=null``), so the held-out prompts are the complete validation split whatever the policy
+    wrote.
 
     Args:
         task, backbone, seed: the parent run's ``task``, ``backbone`` (whose policy samples the deviations: pass the
@@ -218,8 +221,6 @@ def undo_data(
             ``module.deviation=random`` for the random-error baseline, ...).
         cache_dir, root_dir: the parent run's ``paths.cache_dir`` / ``paths.root_dir``.
     """
-    from zoo.cli.artifacts import plan_artifact
-
     paths: dict[str, str] = {}
     for split in ("train", "val"):
         values = {
@@ -232,19 +233,20 @@ def undo_data(
         }
         # held-out rows are never filtered: every arm is evaluated on the same, complete set of prompts
         keep_all = ["module.max_undos_per_row=null"] if split == "val" else []
-        build = plan_artifact(
+        directory = yield Prerequisite(
             "nmars_data",
-            ["+method=nmars_data", f"datamodule.predict_split={split}", *keep_all, *overrides],
+            ("+method=nmars_data", f"datamodule.predict_split={split}", *keep_all, *overrides),
             values,
             name=split,
+            reason=f"N-MARS {split} rows (+method=nmars_data) for masked SFT",
             cache_dir=cache_dir,
             root_dir=root_dir,
         )
-        export = build.ensure(f"N-MARS {split} rows (+method=nmars_data) for masked SFT")
-        paths[split] = str(Path(export) / f"undo_{split}.jsonl")
-    return JsonlSource(train_path=paths["train"], val_path=paths["val"])
+        paths[split] = str(Path(directory) / "export" / f"undo_{split}.jsonl")
+    return {"_target_": f"{JsonlSource.__module__}.JsonlSource", "train_path": paths["train"], "val_path": paths["val"]}
 
 
+@prerequisite
 def undo_policy(
     backbone: Mapping[str, Any],
     task: Mapping[str, Any],
@@ -256,23 +258,21 @@ def undo_policy(
     overrides: Sequence[str] = (),
     cache_dir: str | None = None,
     root_dir: str | None = None,
-) -> str:
-    """The export of a ``+method=nmars_sft`` run (a plain checkpoint whose vocabulary has ``<UNDO>``), built through
-    the artifact cache on first use: the ``backbone.init_from`` of later stages (``+method=nmars_grpo``).
+) -> Plan:
+    """The export of a ``+method=nmars_sft`` run (a plain checkpoint whose vocabulary has ``<UNDO>``), built by the
+    CLI through the artifact cache before the job: the ``backbone.init_from`` of later stages (``+method=nmars_grpo``).
 
     The run masked-fine-tunes the base SFT policy of ``task`` (``backbone.init_from: base`` with the ``base_policy``
     recipe) on rows of ``+method=nmars_data`` (built on the way).
 
     Args:
-        backbone: the backbone node without ``init_from`` (passed by
-            :func:`zoo.cli.bootstrap.resolve_init_from`).
+        backbone: the backbone node without ``init_from`` (passed by the CLI to a plan at ``backbone.init_from``,
+            :func:`zoo.cli.prerequisites.prepare`).
         task, seed, base_policy: the parent run's ``task``, ``seed`` and ``base_policy`` recipe.
         num_train, num_val, max_epochs: the run's data-stage prompts and epochs (``None``: the method's defaults).
         overrides: further overrides of the ``+method=nmars_sft`` run.
         cache_dir, root_dir: the parent run's ``paths.cache_dir`` / ``paths.root_dir``.
     """
-    from zoo.cli.artifacts import plan_artifact
-
     values: dict[str, Any] = {"task": _plain(task), "backbone": {**_plain(backbone), "init_from": "base"}, "seed": seed}
     if base_policy is not None:
         values["base_policy"] = _plain(base_policy)
@@ -282,10 +282,16 @@ def undo_policy(
         "trainer.max_epochs": max_epochs,
     }
     values.update({key: value for key, value in settings.items() if value is not None})
-    build = plan_artifact(
-        "nmars_policy", ["+method=nmars_sft", *overrides], values, name="msft", cache_dir=cache_dir, root_dir=root_dir
+    directory = yield Prerequisite(
+        "nmars_policy",
+        ("+method=nmars_sft", *overrides),
+        values,
+        name="msft",
+        reason="backbone.init_from asks for the masked-SFT N-MARS policy (+method=nmars_sft)",
+        cache_dir=cache_dir,
+        root_dir=root_dir,
     )
-    return str(build.ensure("backbone.init_from asks for the masked-SFT N-MARS policy (+method=nmars_sft)"))
+    return str(Path(directory) / "export")
 
 
 __all__ = ["DEFAULT_DATA_GENERATION", "UndoAugmentationModule", "undo_data", "undo_policy"]

@@ -13,9 +13,10 @@ Equation -> function:
 - the sum with weights ``type/dist/coord`` -> :func:`pretraining_objective`
 - the training loop -> :class:`StructureEncoderPretrainModule` run by ``train.py``
 
-Pretrained encoders used by the structure-LM module (``module.encoder_init: pretrained``) are built by this method
-through the artifact cache: :func:`ensure_pretrained_encoder` turns a :class:`PretrainRecipe` and the encoder kwargs
-into a ``+method=structure_encoder_pretrain`` run (:meth:`PretrainRecipe.config_values`) whose export
+Pretrained encoders used by the structure-LM module (``module.encoder_init``, by default the prerequisite node of
+:func:`pretrained_encoder`) are built by this method through the artifact cache, by the CLI before the job:
+:func:`encoder_request` turns a :class:`PretrainRecipe` and the encoder kwargs into a
+``+method=structure_encoder_pretrain`` run (:meth:`PretrainRecipe.config_values`) whose export
 (``encoder.safetensors`` + ``encoder.json``) lives at ``<cache_dir>/structure_encoder/egnn<hidden>x<layers>-<key>/``,
 the key hashing that run's composed config.
 """
@@ -25,18 +26,16 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from zoo.artifacts import Plan, Prerequisite, prerequisite
 from zoo.errors import CheckpointNotFoundError, ConfigError
 from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooBaseModule
 from zoo.multimodal.structure_encoder import StructureEncoder, StructurePretrainHeads, structure_pretraining_loss
-
-if TYPE_CHECKING:
-    from zoo.cli.artifacts import ArtifactBuild
 
 ENCODER_WEIGHTS = "encoder.safetensors"
 ENCODER_META = "encoder.json"
@@ -201,34 +200,37 @@ def pretraining_objective(
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def encoder_build(
+def encoder_request(
     cache_dir: str | Path | None, encoder: dict[str, Any], recipe: PretrainRecipe | dict[str, Any]
-) -> ArtifactBuild:
+) -> Prerequisite:
     """The ``+method=structure_encoder_pretrain`` build run of the encoder ``encoder`` + ``recipe`` describe."""
-    from zoo.cli.artifacts import plan_artifact
-
     recipe = recipe if isinstance(recipe, PretrainRecipe) else PretrainRecipe(**recipe)
     values = recipe.config_values(encoder)
     kwargs = values["module.encoder"]
-    return plan_artifact(
+    return Prerequisite(
         "structure_encoder",
-        ["+method=structure_encoder_pretrain"],
+        ("+method=structure_encoder_pretrain",),
         values,
         name=f"egnn{kwargs['hidden']}x{kwargs['num_layers']}",
+        reason=(
+            "module.encoder_init asks for a structure encoder pretrained with module.encoder_pretrain "
+            f"({values['trainer.max_steps']} steps of +method=structure_encoder_pretrain)"
+        ),
         cache_dir=cache_dir,
     )
 
 
-def ensure_pretrained_encoder(
-    cache_dir: str | Path | None, encoder: dict[str, Any], recipe: PretrainRecipe | dict[str, Any]
-) -> Path:
-    """Directory of the encoder pretrained with ``recipe`` (``encoder.safetensors``), pretraining it first if needed."""
-    build = encoder_build(cache_dir, encoder, recipe)
-    steps = build.config.trainer.max_steps
-    return build.ensure(
-        f"module.encoder_init=pretrained asks for a structure encoder pretrained with module.encoder_pretrain "
-        f"({steps} steps of +method=structure_encoder_pretrain)"
+@prerequisite
+def pretrained_encoder(
+    encoder: dict[str, Any], recipe: PretrainRecipe | dict[str, Any], cache_dir: str | Path | None = None
+) -> Plan:
+    """The directory of the encoder pretrained with ``recipe`` (``encoder.safetensors``): a prerequisite plan, built by
+    the CLI through the artifact cache before the job (the default ``module.encoder_init`` of ``+method=cuttlefish``).
+    """
+    directory = yield encoder_request(
+        cache_dir, dict(encoder), recipe if isinstance(recipe, PretrainRecipe) else dict(recipe)
     )
+    return str(Path(directory) / "export")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from zoo.lora import DEFAULT_LORA, inject_lora, merged_copy
 from zoo.losses import IGNORE_INDEX, masked_nll
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
 from zoo.modules.generating import EVAL_SPLITS, GeneratingModule
-from zoo.modules.structure_encoder_pretrain import PretrainRecipe, ensure_pretrained_encoder, load_encoder
+from zoo.modules.structure_encoder_pretrain import PretrainRecipe, load_encoder
 from zoo.multimodal.cuttlefish import (
     ConnectorOutput,
     InsertedInputs,
@@ -67,10 +67,11 @@ class StructureLMModule(GeneratingModule):
         backbone, quantizer, optimizer, scheduler, generation: as :class:`~zoo.modules.base.ZooModule`.
         connector: partial taking ``(node_dim=, llm_dim=)`` and returning a connector with the Cuttlefish interface.
         encoder: :class:`~zoo.multimodal.structure_encoder.StructureEncoder` kwargs.
-        encoder_init: ``pretrained`` (cached encoder for ``encoder`` + ``encoder_pretrain``, pretrained on first
-            use), ``random`` (no pretraining; ablation), or a directory written by the pretraining method.
-        encoder_pretrain: :class:`~zoo.modules.structure_encoder_pretrain.PretrainRecipe` fields.
-        cache_dir: root of the encoder cache (``paths.cache_dir``).
+        encoder_init: a directory written by the pretraining method (the config's default is the prerequisite node
+            :func:`zoo.modules.structure_encoder_pretrain.pretrained_encoder`, which the CLI builds through the
+            artifact cache before the job and replaces by its directory) or ``random`` (no pretraining; ablation).
+        encoder_pretrain: :class:`~zoo.modules.structure_encoder_pretrain.PretrainRecipe` fields (recorded with the
+            hyperparameters: the recipe of the pretrained encoder).
         stage: ``alignment`` (LLM frozen), ``llm_adaptation`` (LoRA on the LLM) or ``full_finetune`` (every LLM
             weight trains with the connector; not a stage of the paper: for a small random-init LLM, which LoRA on a
             frozen random network cannot adapt).
@@ -100,9 +101,8 @@ class StructureLMModule(GeneratingModule):
         generation: dict[str, Any] | None = None,
         connector: ConnectorFactory | None = None,
         encoder: dict[str, Any] | None = None,
-        encoder_init: str = "pretrained",
+        encoder_init: str = "random",
         encoder_pretrain: dict[str, Any] | None = None,
-        cache_dir: str | None = None,
         stage: str = "alignment",
         lora: dict[str, Any] | None = None,
         connector_init: str | None = None,
@@ -142,8 +142,13 @@ class StructureLMModule(GeneratingModule):
         self.connector_factory = connector
         self.encoder_kwargs = dict(encoder or {})
         self.encoder_init = str(encoder_init)
+        if self.encoder_init == "pretrained":
+            raise ConfigError(
+                "module.encoder_init=pretrained: the module loads an encoder directory; the config's default "
+                "(module.encoder_init: the zoo.modules.structure_encoder_pretrain.pretrained_encoder node) builds "
+                "it through the artifact cache. Drop the override, or give module.encoder_init=<dir> or random"
+            )
         self.recipe = PretrainRecipe(**dict(encoder_pretrain or {}))
-        self.cache_dir = cache_dir
         self.stage = stage
         self.lora = {**DEFAULT_LORA, **dict(lora or {})}
         self.connector_init = connector_init
@@ -160,18 +165,13 @@ class StructureLMModule(GeneratingModule):
 
     # -- building ---------------------------------------------------------------------------------------------------
     def resolve_encoder(self) -> Path | None:
-        """Directory of the encoder weights (pretraining it first if ``encoder_init=pretrained`` and not cached)."""
+        """Directory of the encoder weights (``None`` for ``encoder_init=random``)."""
         if self._encoder_dir is None and self.encoder_init != "random":
-            if self.encoder_init == "pretrained":
-                if self.cache_dir is None:
-                    raise ConfigError("module.encoder_init=pretrained needs module.cache_dir (paths.cache_dir)")
-                self._encoder_dir = ensure_pretrained_encoder(self.cache_dir, self.encoder_kwargs, self.recipe)
-            else:
-                self._encoder_dir = Path(self.encoder_init).expanduser()
+            self._encoder_dir = Path(self.encoder_init).expanduser()
         return self._encoder_dir
 
     def setup(self, stage: str) -> None:
-        self.resolve_encoder()  # outside the strategy's init context: may pretrain on first use
+        self.resolve_encoder()
         if stage == "fit" and self.standardize_features and self._trainer is not None:
             datamodule = self.trainer.datamodule
             if datamodule is not None and hasattr(datamodule, "dataset"):

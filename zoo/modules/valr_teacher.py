@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from zoo.artifacts import Plan, Prerequisite, prerequisite
 from zoo.errors import ConfigError, DataError
 from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooBaseModule
 from zoo.multimodal.teacher import (
     CellAttributeHeads,
-    FrozenTeacher,
     PatchEncoder,
     cell_attribute_loss,
     load_teacher,
@@ -113,6 +113,7 @@ class VaLRTeacherModule(ZooBaseModule):
         return save_teacher(self.encoder, directory, self.encoder_kwargs, accuracy=accuracy)
 
 
+@prerequisite
 def synthetic_teacher(
     grid: int = 4,
     cell: int = 8,
@@ -127,8 +128,10 @@ def synthetic_teacher(
     image_mean: Sequence[float] = (0.5, 0.5, 0.5),
     image_std: Sequence[float] = (0.5, 0.5, 0.5),
     cache_dir: str | Path | None = None,
-) -> FrozenTeacher:
-    """The frozen synthetic teacher: the export of a ``+method=valr_teacher`` run, built through the artifact cache.
+) -> Plan:
+    """The frozen synthetic teacher: the export of a ``+method=valr_teacher`` run, built by the CLI through the
+    artifact cache before the job (a prerequisite plan); the plan returns the config node that loads it
+    (:func:`zoo.multimodal.teacher.load_teacher` on the export directory).
 
     Args:
         grid, cell, colors, shapes, fill_prob: the shape grids (``task.*`` of the run; match the VaLR task's).
@@ -140,8 +143,6 @@ def synthetic_teacher(
         image_mean, image_std: pixel normalisation (``datamodule.image_mean/std``; match the student's).
         cache_dir: artifact cache root (default ``$ZOO_CACHE_DIR`` or ``./.zoo_cache``).
     """
-    from zoo.cli.artifacts import plan_artifact
-
     if num_images < batch_size:
         raise ConfigError(
             f"module.teacher.num_images={num_images} is smaller than the teacher's batch size {batch_size}: an epoch "
@@ -162,9 +163,15 @@ def synthetic_teacher(
         "module.dim": dim,
         "seed": seed,
     }
-    build = plan_artifact("valr_teacher", ["+method=valr_teacher"], values, name=f"patch{dim}", cache_dir=cache_dir)
-    export = build.ensure(f"module.teacher asks for the synthetic VaLR teacher ({steps} steps of +method=valr_teacher)")
-    return load_teacher(export)
+    directory = yield Prerequisite(
+        "valr_teacher",
+        ("+method=valr_teacher",),
+        values,
+        name=f"patch{dim}",
+        reason=f"module.teacher asks for the synthetic VaLR teacher ({steps} steps of +method=valr_teacher)",
+        cache_dir=cache_dir,
+    )
+    return {"_target_": f"{load_teacher.__module__}.load_teacher", "directory": str(Path(directory) / "export")}
 
 
 __all__ = ["VaLRTeacherModule", "synthetic_teacher"]
