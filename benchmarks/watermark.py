@@ -28,9 +28,10 @@ import torch
 from _results import write_section
 
 from zoo.backbones import TinyBackbone
-from zoo.data.topic_sentences import TopicGrammar, TopicText
+from zoo.data.topic_sentences import TopicText
 from zoo.generation import generate_text
 from zoo.protocols import SamplingParams
+from zoo.text.topics import TopicGrammar
 from zoo.watermark import SemanticWatermarkDecoder, detect
 from zoo.watermark.fitting import shared_encoder
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from zoo.data.topic_sentences import TOPICS, TopicGrammar
 from zoo.errors import ConfigError
+from zoo.text.topics import TOPICS, TopicGrammar
 from zoo.watermark import split_sentences
 
 
@@ -76,7 +76,8 @@ GRAMMAR_TEXT = "The chef baked fresh bread with garlic."
 
 
 def test_topic_paraphrase_rewrites_the_sentence_and_verifies_up_to_synonyms_and_order():
-    from zoo.data.topic_sentences import PARAPHRASE_PROMPT, TopicParaphrase
+    from zoo.data.topic_sentences import TopicParaphrase
+    from zoo.watermark.paraphrase import PARAPHRASE_PROMPT
 
     task = TopicParaphrase()
     examples = task.examples(80, seed=0)

@@ -10,7 +10,7 @@ from functools import cache
 
 import torch
 
-from zoo.data.topic_sentences import TopicGrammar
+from zoo.text.topics import TopicGrammar
 from zoo.watermark import BalancedPartitioner, HashingEncoder, KMeansPartitioner, LSHPartitioner, Partitioner
 
 # small tensors: one intra-op thread avoids thread spinning on a shared machine (tens of times faster here)

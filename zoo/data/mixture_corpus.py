@@ -1,7 +1,7 @@
 """A procedurally generated multi-domain corpus: latent topics of Zipf-imbalanced sizes plus a near-duplicate cluster.
 
 The GEM demo's data (notes ``multimodal_quant_data.md`` §2d): ``num_topics`` latent topics (up to 12), each with its
-own vocabulary over a shared sentence grammar (:class:`zoo.data.topic_sentences.TopicGrammar`), topic sizes
+own vocabulary over a shared sentence grammar (:class:`zoo.text.topics.TopicGrammar`), topic sizes
 ``share_k ∝ 1/(k+1)^zipf`` (the head topic dominates, the tail is rare), and a ``synthetic`` cluster of near-duplicate
 templated documents (web-spam-like contamination) that a bucketing should not let swallow or dominate its buckets.
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from zoo.data.sources import Row, RowSource, read_jsonl
-from zoo.data.topic_sentences import TOPICS, TopicGrammar
 from zoo.errors import ConfigError, DataError
+from zoo.text.topics import TOPICS, TopicGrammar
 
 EXTRA_TOPICS: dict[str, dict[str, tuple[str, ...]]] = {
     "medicine": {

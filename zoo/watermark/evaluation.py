@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from zoo.errors import ConfigError, DataError
+from zoo.text.topics import TopicGrammar
 from zoo.watermark.green import check_gamma, green_regions
 
 
@@ -98,8 +99,6 @@ def human_texts(corpus: str = "topics", texts: int = 200, sentences: int = 20, s
     if texts < 1 or sentences < 2:
         raise ConfigError(f"human texts need texts >= 1 and sentences >= 2, got {texts} and {sentences}")
     if corpus == "topics":
-        from zoo.data.topic_sentences import TopicGrammar
-
         grammar = TopicGrammar()
         return [grammar.text(sentences, seed=seed + i) for i in range(texts)]
     from zoo.watermark.fitting import domain_corpus

@@ -3,7 +3,7 @@
 A partition is trained once from a *domain corpus* and then shared by generation and detection:
 
 * :func:`domain_corpus` -- the sentences to fit on: the seeded multi-topic grammar (``"topics"``,
-  :mod:`zoo.data.topic_sentences`), a UTF-8 text file (``.txt``: split into sentences by the detector's rule) or a
+  :mod:`zoo.text.topics`), a UTF-8 text file (``.txt``: split into sentences by the detector's rule) or a
   JSONL file (one object per line; its ``text_field`` is split into sentences);
 * :class:`PartitionSpec` -- kind, number of regions, seed, constructor options and corpus of a partition;
   :func:`fit_partition` is the fit as a pure function: the same spec and encoder give the same partition;
@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 from zoo.errors import ConfigError, DataError, ZooError
 from zoo.text.encoders import SentenceEncoder, load_encoder
+from zoo.text.topics import TopicGrammar
 from zoo.watermark import xguard as _xguard  # noqa: F401  (registers the "balanced" partition kind)
 from zoo.watermark.green import check_gamma
 from zoo.watermark.partition import Partitioner, load_partitioner, partitioner_class
@@ -61,8 +62,6 @@ def domain_corpus(source: str = TOPICS_CORPUS, size: int = 2000, seed: int = 0, 
     if size < 1:
         raise ConfigError(f"corpus size must be >= 1, got {size}")
     if source == TOPICS_CORPUS:
-        from zoo.data.topic_sentences import TopicGrammar
-
         return TopicGrammar().corpus(size, seed)
     path = Path(source).expanduser()
     if not path.is_file():

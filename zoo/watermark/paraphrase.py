@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zoo.data.topic_sentences import PARAPHRASE_PROMPT
 from zoo.encoding import encode_prompt
 from zoo.errors import CheckpointNotFoundError, ConfigError
 from zoo.generation.decoders import Decoder, generate_text
@@ -29,6 +28,9 @@ from zoo.generation.sampling import context_length
 from zoo.protocols import SamplingParams
 from zoo.watermark.attacks import Paraphrase
 from zoo.watermark.sentences import first_sentence
+
+# the prompt of the paraphrasing LM (the training prompt of ``task=topic_paraphrase``)
+PARAPHRASE_PROMPT = "Paraphrase: {sentence}\n"
 
 
 class ModelParaphraser:
