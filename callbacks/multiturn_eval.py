@@ -9,9 +9,9 @@ import torch
 
 from zoo.callbacks.evaluation import EvaluationCallback, require_generating_module
 from zoo.data.feedback import ChatPolicy, Episode, FeedbackEnvironment, run_episodes
+from zoo.data.multiturn import MultiTurnAccuracy
 from zoo.errors import ConfigError
 from zoo.protocols import SamplingParams
-from zoo.rl.multiturn import MultiTurnAccuracy
 
 #: split name of the metrics -> evaluation stage
 SPLITS = {"val": "validate", "test": "test"}
@@ -20,7 +20,7 @@ SPLITS = {"val": "validate", "test": "test"}
 class MultiTurnEvaluation(EvaluationCallback):
     """Plays the retry-with-feedback episodes of every validation/test prompt greedily (temperature 0, as DRIFT's
     released evaluation; or sampled) with the module's ``generate`` and logs
-    :class:`~zoo.rl.multiturn.MultiTurnAccuracy`: ``{split}/{prefix}multi@k`` for ``k = 1..max_turns`` (solved within
+    :class:`~zoo.data.multiturn.MultiTurnAccuracy`: ``{split}/{prefix}multi@k`` for ``k = 1..max_turns`` (solved within
     ``k`` turns: the cumulative accuracy per turn; ``multi@1`` is the turn-1 accuracy) and
     ``{split}/{prefix}mean_turns_to_solve`` (over the solved episodes).
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from zoo.backbones import TinyBackbone
-from zoo.data.feedback import FeedbackEnvironment, repeat_penalty
+from zoo.data.feedback import FeedbackEnvironment
 from zoo.data.sources import Row, RowSource
 from zoo.datamodules import MultiTurnSFTDataModule
 from zoo.errors import ConfigError, DataError
@@ -21,6 +21,7 @@ from zoo.rl.drift import (
     UniformWeighting,
     discounted_return,
     drift_weights,
+    repeat_penalty,
 )
 
 

@@ -18,6 +18,7 @@ from zoo.data.feedback import (
     run_episodes,
     wrong_candidates,
 )
+from zoo.data.multiturn import MultiTurnAccuracy, trajectory_rows
 from zoo.data.sources import TaskSource
 from zoo.data.tasks import Addition, MultiSum, Reverse
 from zoo.datamodules import MultiTurnPromptDataModule, MultiTurnSFTDataModule
@@ -26,7 +27,6 @@ from zoo.generation import SampleDecoder
 from zoo.modules import CausalLMModule, GRPOModule, MultiTurnRollout
 from zoo.protocols import GenerationResult, SamplingParams
 from zoo.rl import ExactMatchReward
-from zoo.rl.multiturn import MultiTurnAccuracy, trajectory_rows
 
 SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
 

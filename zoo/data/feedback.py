@@ -11,7 +11,7 @@ released code (``src/prompting.py``, ``src/generate_weighted_data_vllm_metamathq
 * a *malformed* turn (the verifier extracts no answer) adds ``format_penalty`` (``-0.1``, ``FORMAT_PENALTY`` of
   ``scripts/run_generate_data.sh``) to the episode;
 * ``repeat_penalty = lambda (1 - #unique answers / #answers)`` over the normalised answers of the well-formed turns
-  (``lambda = 0.5``, ``TRAJECTORY_PENALTY_LAMBDA`` of ``src/weight_sft.py``); see :func:`repeat_penalty`;
+  (``lambda = 0.5``, ``TRAJECTORY_PENALTY_LAMBDA`` of ``src/weight_sft.py``); see :func:`zoo.rl.drift.repeat_penalty`;
 * an episode whose next turn would not fit in the model's positions ends there, unsolved (``out_of_context``).
 
 The episode loop :func:`run_episodes` is batched: every turn, the conversations still running are rendered with the
@@ -45,6 +45,7 @@ from zoo.encoding import encode_prompt, pad_sequences
 from zoo.errors import ConfigError, DataError
 from zoo.generation.sampling import context_length
 from zoo.protocols import GenerationResult, SamplingParams, Verifier
+from zoo.rl.drift import repeat_penalty
 from zoo.tokens import THINK_CLOSE
 
 FEEDBACK_MODES: tuple[str, ...] = ("simple", "rich")
@@ -62,19 +63,6 @@ Generate = Callable[..., GenerationResult]
 def normalize_answer(text: str) -> str:
     """Lower-case, whitespace removed (``normalize_answer`` of the released code): how repeats are detected."""
     return re.sub(r"\s+", "", text.strip().lower())
-
-
-def repeat_penalty(answers: Sequence[str], weight: float = 0.5) -> float:
-    """``weight * (1 - #unique / #answers)`` (``compute_trajectory_penalty`` of the released ``src/weight_sft.py``,
-    ``TRAJECTORY_PENALTY_LAMBDA = 0.5``); 0 without answers. Empty strings count as answers but never as new ones.
-
-    >>> repeat_penalty(["3", "3", "4", "3"])
-    0.25
-    """
-    if not answers:
-        return 0.0
-    unique = {a for a in answers if a}
-    return max(0.0, weight * (1.0 - len(unique) / len(answers)))
 
 
 @dataclass

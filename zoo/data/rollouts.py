@@ -2,7 +2,8 @@
 
 A rollout file is written once by ``python train.py +method=drift_rollouts`` (a reference policy's episodes of
 :class:`~zoo.data.feedback.FeedbackEnvironment`, :class:`~zoo.modules.MultiTurnRolloutModule`; rows made by
-:func:`zoo.rl.multiturn.episode_row`) and read by any offline method (DRIFT and its baselines: :class:`RolloutSource`).
+:func:`zoo.data.multiturn.episode_row`) and read by any offline method (DRIFT and its baselines:
+:class:`RolloutSource`).
 One JSON object per line, one line per trajectory:
 
 ============== =========================================================================================================

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from zoo.backbones.base import Backbone
 from zoo.data.feedback import ChatPolicy, Episode, FeedbackEnvironment, run_episodes
+from zoo.data.multiturn import episode_row, trajectory_rows
 from zoo.data.rollouts import RolloutWriter
 from zoo.errors import ConfigError, DataError
 from zoo.generation.decoders import Decoder
@@ -32,7 +33,6 @@ from zoo.modules.grpo import repeat_rows
 from zoo.protocols import GenerationResult
 from zoo.quant.base import Quantizer
 from zoo.rl.drift import discounted_return
-from zoo.rl.multiturn import episode_row, trajectory_rows
 
 log = logging.getLogger("zoo")
 

@@ -40,10 +40,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from zoo.data.feedback import repeat_penalty
 from zoo.errors import ConfigError, DataError
 
 Rollout = Mapping[str, Any]
+
+
+def repeat_penalty(answers: Sequence[str], weight: float = 0.5) -> float:
+    """``weight * (1 - #unique / #answers)`` (``compute_trajectory_penalty`` of the released ``src/weight_sft.py``,
+    ``TRAJECTORY_PENALTY_LAMBDA = 0.5``); 0 without answers. Empty strings count as answers but never as new ones.
+
+    >>> repeat_penalty(["3", "3", "4", "3"])
+    0.25
+    """
+    if not answers:
+        return 0.0
+    unique = {a for a in answers if a}
+    return max(0.0, weight * (1.0 - len(unique) / len(answers)))
 
 
 def discounted_return(
