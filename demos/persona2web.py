@@ -11,12 +11,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from _agent_pages import endpoint_section, llm_arm_measured
+
 from zoo.report import (
     Run,
     Sweep,
-    endpoint_section,
     legend,
-    llm_arm_measured,
     paired_contrast,
     provenance,
     pyplot,

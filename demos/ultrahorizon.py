@@ -12,14 +12,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from _agent_pages import endpoint_section, llm_arm_measured
+
 from zoo.agents.metrics import mean_curve
 from zoo.report import (
     Run,
     Sweep,
     contrast,
-    endpoint_section,
     legend,
-    llm_arm_measured,
     provenance,
     pyplot,
     save_figure,

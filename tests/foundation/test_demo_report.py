@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -20,17 +22,19 @@ from zoo.report import (
     curve,
     latest_sweep,
     legend,
-    main,
     paired_contrast,
     provenance,
     pyplot,
 )
+from zoo.report.__main__ import main
 from zoo.stats import (
     compare,
     fmt_stat,
     stat,
     t_critical,
 )
+
+from conftest import REPO_ROOT
 
 
 def write_run(
@@ -304,8 +308,19 @@ def test_provenance_names_every_launch_of_a_merged_sweep(tmp_path):
     assert json.dumps(single.commands) == '["python train.py -m +demo=toy"]'
 
 
+def agent_pages():
+    """The agent demos' shared page sections (``demos/_agent_pages.py``), imported as a page builder imports them."""
+    sys.path.insert(0, str(REPO_ROOT / "demos"))
+    try:
+        return importlib.import_module("_agent_pages")
+    finally:
+        sys.path.remove(str(REPO_ROOT / "demos"))
+
+
 def test_llm_arm_sentence_counts_steps_calls_and_commits(tmp_path):
-    from zoo.report import Run, llm_arm_measured
+    from zoo.report import Run
+
+    llm_arm_measured = agent_pages().llm_arm_measured
 
     run = Run.load(write_run(tmp_path, "llm/seed0", ["seed=0"], [{"step": 0, "test/tokens": 120.0}]))
     episodes = [
@@ -318,9 +333,7 @@ def test_llm_arm_sentence_counts_steps_calls_and_commits(tmp_path):
 
 
 def test_endpoint_section_names_the_arm_and_the_caps():
-    from zoo.report import endpoint_section
-
-    lines = endpoint_section("toy", "llm_endpoint", "demo.llm.max_tokens=1024", ", on-demand scheme")
+    lines = agent_pages().endpoint_section("toy", "llm_endpoint", "demo.llm.max_tokens=1024", ", on-demand scheme")
     assert lines[0] == "## Any OpenAI-compatible endpoint"
     assert "the arm `llm_endpoint`, on-demand scheme;" in lines[2]
     assert "OMP_NUM_THREADS=1 python train.py -m +demo=toy demo/toy/arm=llm_endpoint \\" in lines

@@ -5,8 +5,8 @@ import csv
 import pytest
 
 from zoo.cli.train import run
-from zoo.report import main as report_main
 from zoo.report import markdown_table, summarize
+from zoo.report.__main__ import main as report_main
 
 
 def write_run(root, name, overrides, rows):

@@ -1,0 +1,51 @@
+"""Page sections shared by the agent demos' builders (UltraHorizon, Persona2Web): the measured sentence of an LLM
+arm and the section that reruns a demo with a served model. Builders import it as ``_agent_pages`` (the page loader
+puts ``demos/`` on the import path)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from zoo.report import Run
+from zoo.stats import stat
+
+
+def llm_arm_measured(runs: Sequence[Run], episodes: Sequence[dict[str, Any]], score: str) -> str:
+    """The measured sentence of an LLM-agent arm of an episode demo (``trajectories.jsonl`` rows in ``episodes``):
+    runs, episodes, steps, steps with a parsed tool call, steps that succeeded, commits, tokens per episode, and
+    whether every run finished; ``score`` is the formatted score part (e.g. ``"score 0.000 ± 0.000"``)."""
+    steps = [s for e in episodes for s in e.get("steps", [])]
+    called = sum(s.get("tool") is not None for s in steps)
+    ok = sum(bool(s.get("ok")) for s in steps)
+    committed = sum(bool(e.get("committed")) for e in episodes)
+    finished = (
+        "Every run finished: the model's unparseable replies were recorded as failed steps, never a crash."
+        if all(r.finished for r in runs)
+        else f"{sum(not r.finished for r in runs)} of {len(runs)} runs did not finish."
+    )
+    return (
+        f"Measured over {len(runs)} runs ({len(episodes)} episodes, {len(steps)} steps): {score}; steps with a parsed "
+        f"tool call {called} of {len(steps)}, steps that succeeded {ok}; committed {committed} of {len(episodes)} "
+        f"episodes; {stat(r.last('test/tokens') for r in runs).mean:.0f} tokens per episode (prompt + completion). "
+        + finished
+    )
+
+
+def endpoint_section(paper: str, arm: str, caps: str, note: str = "") -> list[str]:
+    """The page section that reruns an episode demo with a served model (``demo/<paper>/arm=<arm>``) and rebuilds its
+    page; ``caps`` are the demo's LLM caps for a real model (e.g. ``"demo.llm.max_tokens=1024"``), ``note`` is added
+    after the arm's name (e.g. ``", on-demand scheme"``)."""
+    return [
+        "## Any OpenAI-compatible endpoint",
+        "",
+        f"The same sweep with a served model as the agent (`pip install 'paperzoo[agents]'`; the arm `{arm}`{note}; "
+        "replies can be recorded and replayed with `backend.cache.path=... backend.cache.mode=auto`):",
+        "",
+        "```bash",
+        f"OMP_NUM_THREADS=1 python train.py -m +demo={paper} demo/{paper}/arm={arm} \\",
+        "    backend.base_url=http://localhost:8000/v1 backend.model=<served model> \\",
+        f"    {caps}",
+        f"python -m zoo.report demo {paper}",
+        "```",
+    ]

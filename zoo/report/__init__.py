@@ -1,0 +1,70 @@
+"""Reports built from run directories only: the generic table/plot of any run or multirun, and the demo pages.
+
+Generic: ``python -m zoo.report <run or multirun dir> [--metrics val/exact_match,train/loss] [--out docs/results/x]``.
+Every run directory with a ``csv/metrics.csv`` (Lightning's CSV logger) becomes one row; the row is labelled by the
+run's Hydra overrides (``.hydra/overrides.yaml``) so the arms of a multirun are told apart. The table holds the last
+logged value of each metric; the plot draws each metric over ``step`` for every run.
+
+Demo pages: ``python -m zoo.report demo <paper> [--sweep DIR] [--out docs/results]`` builds
+``<out>/<paper>.md`` and its plots from the sweep of ``python train.py -m +demo=<paper>`` (default: the newest
+sweep under ``<log dir>/demos/<paper>/``) by calling ``build(sweep, out)`` of the page builder ``demos/<paper>.py``
+(see ``docs/demos.md``). The package, by concern:
+
+* :mod:`zoo.report.runs` -- a sweep -> :class:`Sweep` of :class:`Run` (each run's overrides -> arm + seed, metric
+  series from the CSV logger, JSON/JSONL files a callback wrote, the resolved config and ``run_info.json``); the
+  prerequisites the runs used -> :func:`artifact_values`;
+* :mod:`zoo.stats` -- aggregating over seeds (mean, sd and Student-t interval; Welch and paired differences);
+* :mod:`zoo.verdict` -- the Verdict that opens every page, one line per claim, decided from its interval;
+* :mod:`zoo.report.plots` -- curves with confidence bands (:func:`curve`, :func:`plot_curves`), one legend rule;
+* :mod:`zoo.report.pages` -- markdown (:func:`table`, :func:`fmt`, :func:`contrast`, :func:`paired_contrast`), the
+  page header :func:`provenance` (the exact command, date, machine and wall time, read from the runs) and the page
+  itself, :func:`write_page` (the Verdict after the title, the footer with the commands that regenerate it).
+
+Each demo's own prose lives with its page builder in ``demos/``. This module holds the names page builders use.
+"""
+
+from __future__ import annotations
+
+from zoo.report.pages import (
+    build_demo_page,
+    contrast,
+    fmt,
+    known_demos,
+    load_page_builder,
+    markdown_table,
+    paired_contrast,
+    provenance,
+    report,
+    table,
+    write_page,
+)
+from zoo.report.plots import Curve, curve, legend, plot, plot_curves, pyplot, save_figure
+from zoo.report.runs import Run, Sweep, artifact_values, latest_sweep, read_metrics, summarize, values
+
+__all__ = [
+    "Curve",
+    "Run",
+    "Sweep",
+    "artifact_values",
+    "build_demo_page",
+    "contrast",
+    "curve",
+    "fmt",
+    "known_demos",
+    "latest_sweep",
+    "legend",
+    "load_page_builder",
+    "markdown_table",
+    "paired_contrast",
+    "plot",
+    "plot_curves",
+    "provenance",
+    "pyplot",
+    "read_metrics",
+    "report",
+    "save_figure",
+    "summarize",
+    "table",
+    "values",
+    "write_page",
+]

@@ -1,0 +1,318 @@
+"""Run and sweep directories as data: metric series from Lightning's CSV logger, each run's Hydra overrides (arm and
+seed), its resolved config, ``run_info.json`` and the files its callbacks wrote; the newest sweep of a demo."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Run directories (holding ``csv/metrics.csv``) under ``root``, sorted."""
+    return sorted({p.parent.parent for p in root.rglob("csv/metrics.csv")})
+
+
+def read_metrics(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{metric: [(step, value), ...]}`` from a run's CSV log (empty cells skipped; no log: ``{}``)."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    path = run / "csv" / "metrics.csv"
+    if not path.is_file():
+        return series
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            step = int(float(row.get("step") or 0))
+            for key, value in row.items():
+                if key in ("step", "epoch") or value in (None, ""):
+                    continue
+                series.setdefault(key, []).append((step, float(value)))
+    return series
+
+
+def run_label(run: Path) -> str:
+    """The run's overrides joined by spaces (or its directory name)."""
+    overrides = run / ".hydra" / "overrides.yaml"
+    if overrides.is_file():
+        items = yaml.safe_load(overrides.read_text()) or []
+        items = [o for o in items if not o.startswith(("paths.", "hydra.", "run_id"))]
+        if items:
+            return " ".join(items)
+    return run.name
+
+
+def summarize(root: Path, metrics: list[str] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """Columns and rows (run label + last value of each metric) of every run under ``root``."""
+    rows, names = [], set()
+    for run in find_runs(root):
+        series = read_metrics(run)
+        wanted = metrics or sorted(k for k in series if not k.startswith("lr-"))
+        names.update(wanted)
+        rows.append({"run": run_label(run), **{k: series[k][-1][1] for k in wanted if series.get(k)}})
+    columns = metrics or sorted(names)
+    return columns, rows
+
+
+SEED_KEY = "seed"
+
+
+def split_override(override: str) -> tuple[str, str]:
+    """``"+demo/x/arm=rm"`` -> ``("demo/x/arm", "rm")``: the key without ``+``/``++``/``~`` and the value text."""
+    key, _, value = override.partition("=")
+    return key.lstrip("+~"), value
+
+
+def _is_sweep(value: str) -> bool:
+    """Whether an override value is a sweep (Hydra's parser; a top-level comma when it cannot be parsed)."""
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        return OverridesParser.create().parse_override(f"k={value}").is_sweep_override()
+    except Exception:  # a value Hydra cannot parse outside its app: fall back to the comma
+        return "," in value
+
+
+def _load_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text()) if path.is_file() else None
+
+
+@dataclass
+class Run:
+    """One run directory of a sweep.
+
+    Attributes:
+        path: the run directory (Hydra's job output directory).
+        overrides: the job's overrides (``.hydra/overrides.yaml``), command-line ones included.
+        arm: the swept overrides other than the seed (``{key: value}``, filled by :class:`Sweep`).
+        seed: the run's seed (its ``seed=`` override, else the resolved config's ``seed``).
+        number: Hydra's job number in the sweep (order of launch).
+    """
+
+    path: Path
+    overrides: list[str]
+    arm: dict[str, str] = field(default_factory=dict)
+    seed: int | None = None
+    number: int = 0
+    group_choices: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Run:
+        """Read a run directory (its overrides, seed and job number)."""
+        path = Path(path)
+        overrides = [str(o) for o in (_load_yaml(path / ".hydra" / "overrides.yaml") or [])]
+        values = dict(split_override(o) for o in overrides)
+        hydra_cfg = _load_yaml(path / ".hydra" / "hydra.yaml") or {}
+        # a single (non-multirun) run's job number is Hydra's missing value "???"
+        num = str(((hydra_cfg.get("hydra") or {}).get("job") or {}).get("num") or 0)
+        number = int(num) if num.isdigit() else 0
+        choices = ((hydra_cfg.get("hydra") or {}).get("runtime") or {}).get("choices") or {}
+        run = cls(
+            path=path, overrides=overrides, number=number, group_choices={str(k): str(v) for k, v in choices.items()}
+        )
+        seed = values.get(SEED_KEY)
+        if seed is None:
+            seed = (run.config or {}).get(SEED_KEY)
+        run.seed = int(seed) if seed is not None else None
+        return run
+
+    @property
+    def name(self) -> str:
+        """The arm's values joined by ``/`` (e.g. ``rlhf/gr3``); ``"all"`` when nothing but the seed is swept."""
+        return "/".join(self.arm.values()) or "all"
+
+    @property
+    def label(self) -> str:
+        """The arm's overrides, ``key=value`` joined by spaces."""
+        return " ".join(f"{k}={v}" for k, v in self.arm.items())
+
+    def choice(self, key: str, default: str | None = None) -> str | None:
+        """The value the run's overrides give ``key`` (``+``/``~`` ignored)."""
+        return dict(split_override(o) for o in self.overrides).get(key, default)
+
+    def group_choice(self, group: str) -> str | None:
+        """The option the run's composed config took for a config group (``task``, ``method``; Hydra's
+        ``hydra.runtime.choices``, defaults included), ``None`` when unknown."""
+        return self.group_choices.get(group)
+
+    @cached_property
+    def metrics(self) -> dict[str, list[tuple[int, float]]]:
+        """``{metric: [(step, value), ...]}`` of the CSV logger (``{}`` without one)."""
+        return read_metrics(self.path)
+
+    def series(self, metric: str) -> list[tuple[int, float]]:
+        """The logged ``(step, value)`` pairs of ``metric`` (empty when never logged)."""
+        return self.metrics.get(metric, [])
+
+    def last(self, metric: str) -> float:
+        """The last logged value of ``metric`` (``nan`` when never logged)."""
+        points = self.series(metric)
+        return points[-1][1] if points else math.nan
+
+    @cached_property
+    def config(self) -> dict[str, Any]:
+        """The run's resolved config (``resolved_config.yaml``; ``{}`` when absent)."""
+        return _load_yaml(self.path / "resolved_config.yaml") or {}
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        """A value of the resolved config by dotted key (``"module.shaper.alpha"``)."""
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    @cached_property
+    def info(self) -> dict[str, Any]:
+        """``run_info.json`` (command line, commit, versions, machine, start/finish times; ``{}`` when absent)."""
+        path = self.path / "run_info.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run finished (``run_info.json`` has ``finished_at``)."""
+        return "finished_at" in self.info
+
+    def file(self, relative: str) -> Path:
+        """A file of the run directory (it may not exist)."""
+        return self.path / relative
+
+    def read_json(self, relative: str) -> Any:
+        """A JSON file a callback wrote into the run directory."""
+        return json.loads(self.file(relative).read_text())
+
+    def read_jsonl(self, relative: str) -> list[dict[str, Any]]:
+        """A JSONL file a callback wrote into the run directory (one record per line)."""
+        with self.file(relative).open() as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+
+
+@dataclass
+class Sweep:
+    """The runs of one multirun directory, grouped into arms (swept overrides other than the seed).
+
+    Attributes:
+        path: the sweep directory (``hydra.sweep.dir``).
+        runs: its runs in launch order.
+        swept: the override keys that define the arms, in sweep order.
+        multirun: ``multirun.yaml`` (the composed config of the sweep; ``{}`` when absent).
+    """
+
+    path: Path
+    runs: list[Run]
+    swept: list[str]
+    multirun: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: str | Path) -> Sweep:
+        """Read every run under ``path`` (directories holding ``.hydra/overrides.yaml``)."""
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"no sweep directory at {path}")
+        runs = sorted(
+            (Run.load(p.parent.parent) for p in path.rglob(".hydra/overrides.yaml")), key=lambda r: (r.number, r.path)
+        )
+        if not runs:
+            raise FileNotFoundError(f"no run directories (with .hydra/overrides.yaml) under {path}")
+        multirun = _load_yaml(path / "multirun.yaml") or {}
+        swept = cls._swept_keys(runs, multirun)
+        for run in runs:
+            values = dict(split_override(o) for o in run.overrides)
+            run.arm = {k: values[k] for k in swept if k in values}
+        return cls(path=path, runs=runs, swept=swept, multirun=multirun)
+
+    @staticmethod
+    def _swept_keys(runs: list[Run], multirun: dict[str, Any]) -> list[str]:
+        """Keys declared as sweeps (``hydra.sweeper.params``, then the command line) or whose value varies across
+        runs; the seed is left out."""
+        hydra_cfg = multirun.get("hydra") or {}
+        declared = [(str(k), str(v)) for k, v in ((hydra_cfg.get("sweeper") or {}).get("params") or {}).items()]
+        declared += [split_override(str(o)) for o in ((hydra_cfg.get("overrides") or {}).get("task") or [])]
+        keys: list[str] = []
+        for key, value in declared:
+            key = key.lstrip("+~")
+            if _is_sweep(value) and key not in keys:
+                keys.append(key)
+        per_run = [dict(split_override(o) for o in r.overrides) for r in runs]
+        every = {k for values in per_run for k in values}
+        keys += sorted(k for k in every if k not in keys and len({v.get(k) for v in per_run}) > 1)
+        return [k for k in keys if k != SEED_KEY and any(k in v for v in per_run)]
+
+    # -- grouping -------------------------------------------------------------------------------------------------
+    def arms(self) -> dict[str, list[Run]]:
+        """``{arm name: runs}`` in launch order (arm name: :attr:`Run.name`)."""
+        groups: dict[str, list[Run]] = {}
+        for run in self.runs:
+            groups.setdefault(run.name, []).append(run)
+        return groups
+
+    def arm(self, name: str) -> list[Run]:
+        """The runs of one arm (empty when the sweep has none)."""
+        return self.arms().get(name, [])
+
+    @property
+    def seeds(self) -> list[int]:
+        """The seeds of the sweep, sorted."""
+        return sorted({r.seed for r in self.runs if r.seed is not None})
+
+    # -- provenance -----------------------------------------------------------------------------------------------
+    @property
+    def command(self) -> str:
+        """The command line that launched the sweep (``python`` + the first run's ``argv``)."""
+        commands = self.commands
+        return commands[0] if commands else "(unknown: the runs hold no run_info.json)"
+
+    @property
+    def commands(self) -> list[str]:
+        """Every distinct command line of the runs (``python`` + ``argv``), in launch order: one for a sweep made by a
+        single launch, several when runs of further launches (e.g. some arms run in parallel) joined the folder."""
+        found: list[str] = []
+        for run in sorted(self.runs, key=lambda r: (str(r.info.get("started_at") or ""), r.number)):
+            argv = run.info.get("argv")
+            if argv:
+                command = " ".join(["python", Path(argv[0]).name, *map(_quote, argv[1:])])
+                if command not in found:
+                    found.append(command)
+        return found
+
+
+def _quote(arg: str) -> str:
+    return f"'{arg}'" if any(c in arg for c in " ${}[]*?") else arg
+
+
+def latest_sweep(paper: str, log_dir: str | Path | None = None) -> Path:
+    """The newest sweep of ``paper`` under ``<log_dir>/demos/<paper>/`` (by the time of its ``multirun.yaml``, which
+    Hydra writes when the sweep starts)."""
+    root = Path(log_dir or os.environ.get("ZOO_LOG_DIR") or "logs") / "demos" / paper
+    marks = sorted(root.glob("*/multirun.yaml"), key=lambda p: (p.stat().st_mtime, p.parent.name))
+    if not marks:
+        raise FileNotFoundError(
+            f"no sweep of the {paper!r} demo under {root}; run `python train.py -m +demo={paper}` first "
+            "(or pass --sweep DIR)"
+        )
+    return marks[-1].parent
+
+
+def artifact_values(runs: Iterable[Run], kind: str, metric: str, name: str | None = None) -> list[float]:
+    """A build metric of the prerequisites of ``kind`` (and, when given, of that ``name``) the runs used
+    (``run_info.json`` -> ``artifacts``), one value per distinct artifact (several runs of a seed share one)."""
+    seen: dict[str, float] = {}
+    for run in runs:
+        for used in run.info.get("artifacts", []):
+            value = (used.get("metrics") or {}).get(metric)
+            if used.get("kind") == kind and (name is None or used.get("name") == name) and value is not None:
+                seen[used["path"]] = float(value)
+    return list(seen.values())
+
+
+def values(runs: Iterable[Run], fn: str | Callable[[Run], float]) -> list[float]:
+    """One value per run: the last logged value of a metric name, or ``fn(run)``."""
+    get = (lambda r: r.last(fn)) if isinstance(fn, str) else fn
+    return [float(get(r)) for r in runs]
