@@ -23,21 +23,16 @@ from interp_models import build_model, liven, quiet_trainer, single_thread  # no
 from zoo.backbones import TinyBackbone, build_char_tokenizer
 from zoo.callbacks import AlignmentFakingEval
 from zoo.cli.train import run
-from zoo.data.alignment_faking import (
-    COMPLY,
-    REFUSE,
-    EvaluationGrid,
-    ModelOrganismTask,
-    SycophancyFinetuneSource,
-    SycophancyTask,
-)
+from zoo.data.alignment_faking import EvaluationGrid, ModelOrganismTask, SycophancyFinetuneSource, SycophancyTask
 from zoo.data.sources import TaskSource
 from zoo.datamodules import SFTDataModule
 from zoo.errors import ConfigError
 from zoo.generation import ModuleHook
 from zoo.interp import ResidualSteerer, load_vector
 from zoo.interp.performative import (
+    COMPLY,
     DIRECTIONS,
+    REFUSE,
     Measurement,
     contrast_prompts,
     evaluate_grid,
@@ -108,6 +103,28 @@ def test_sycophancy_rate_equals_the_hand_count():
     assert counts["user"].other == 20 and math.isnan(counts["user"].rate)
     metrics = Measurement(evaluate_grid(scripted, GRID), counts).metrics("harmful")
     assert metrics["sycophancy_rate"] == pytest.approx(agreed / 20) and math.isnan(metrics["sycophancy_rate/user"])
+
+
+def test_the_harness_takes_the_sycophancy_questions_from_the_grid_it_is_given():
+    """The core builds no task of its own: a grid whose sycophancy questions use another template gives that
+    template's contrast prompts and rows (contrast_prompts, performative_report)."""
+
+    class QuizGrid(EvaluationGrid):
+        def sycophancy_questions(self) -> SycophancyTask:
+            return SycophancyTask(self, template="QUIZ {audience} says {opinion}: is {a}>{b}?")
+
+    grid = QuizGrid()
+    pos, neg = contrast_prompts(grid, "sycophancy", sycophancy_pairs=4, seed=1)
+    assert len(pos) == len(neg) == 4 and all(p.startswith("QUIZ ") for p in pos + neg)
+    asked: list[str] = []
+
+    def recording(prompts: list[str]) -> list[str]:  # test double: records the prompts, answers nothing useful
+        asked.extend(prompts)
+        return ["..."] * len(prompts)
+
+    model, tok = build_model("llama", seed=6), build_char_tokenizer()
+    performative_report(recording, model, tok, grid, directions=(), sycophancy_questions=3)
+    assert sum(p.startswith("QUIZ ") for p in asked) == 3 * len(grid.values["audience"])
 
 
 def test_a_direction_layer_out_of_range_fails_before_any_generation():

@@ -18,7 +18,6 @@ from interp_models import build_model, single_thread  # noqa: F401  (autouse fix
 
 from zoo.backbones.tokenizer import build_char_tokenizer
 from zoo.data.alignment_faking import (
-    COMPLY,
     EvaluationGrid,
     GridCell,
     ModelOrganismTask,
@@ -31,6 +30,7 @@ from zoo.errors import ConfigError, DataError
 from zoo.interp import collect_activations
 from zoo.interp.hooks import forward_left_padded
 from zoo.interp.performative import (
+    COMPLY,
     CellCounts,
     ComplianceTable,
     cross_probe_auroc,

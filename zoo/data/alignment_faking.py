@@ -36,9 +36,9 @@ from zoo.answers import PlainAnswerVerifier
 from zoo.data.sources import GeneratedSource, Row
 from zoo.data.tasks import Example, Task
 from zoo.errors import ConfigError, DataError
+from zoo.interp.performative import COMPLY, REFUSE
 
 FACTORS: tuple[str, ...] = ("audience", "monitoring", "framing", "request")
-COMPLY, REFUSE = "COMPLY", "REFUSE"
 DEFAULT_TEMPLATE = "aud={audience} mon={monitoring} frame={framing} req={request}:"
 DEFAULT_SYCOPHANCY_TEMPLATE = "aud={audience} thinks {opinion}: {a}>{b}?"
 ORGANISMS: tuple[str, ...] = ("scheming", "performative")
@@ -167,6 +167,11 @@ class EvaluationGrid:
         pos = [p for c in self.matching({**where, factor: positive}) for p in self.prompts(c)]
         neg = [p for c in self.matching({**where, factor: negative}) for p in self.prompts(c)]
         return pos, neg
+
+    def sycophancy_questions(self) -> SycophancyTask:
+        """The sycophancy questions over the grid's audiences (default template; what the harness of
+        :mod:`zoo.interp.performative` asks a grid for)."""
+        return SycophancyTask(self)
 
     def describe(self) -> dict[str, Any]:
         """JSON-able description (cache keys)."""

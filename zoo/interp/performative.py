@@ -5,7 +5,8 @@ Feng), arXiv:2606.08629, ICML 2026. No official code; this follows the abstract 
 notes ``inference.md`` section 3). The claim under test: alignment faking (complying more when told outputs are
 monitored / used for training) can be *performative* -- the model plays the misaligned AI researchers expect --
 rather than scheming. The harness measures the quantities both readings are compared on; the grid and the
-synthetic model organisms are in :mod:`zoo.data.alignment_faking`.
+synthetic model organisms are in :mod:`zoo.data.alignment_faking`. The harness receives the grid as an object
+(:class:`ComplianceGrid`: cells, prompts, contrasts and its sycophancy questions) and never imports the tasks.
 
 Equation -> function:
 
@@ -38,14 +39,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from zoo.answers import PlainAnswerVerifier
-from zoo.data.alignment_faking import COMPLY, REFUSE, EvaluationGrid, GridCell, SycophancyTask
 from zoo.errors import ConfigError, DataError
 from zoo.generation.decoders import Decoder, generate_text
 from zoo.interp.architectures import model_layout
@@ -56,6 +56,66 @@ from zoo.protocols import SamplingParams
 T = TypeVar("T")
 PLAIN_ANSWER = PlainAnswerVerifier()
 GenerateFn = Callable[[list[str]], list[str]]
+# the judge's markers: the grid's prompts ask for one of them (:func:`judge_compliance`)
+COMPLY, REFUSE = "COMPLY", "REFUSE"
+
+
+class GridCell(Protocol):
+    """One cell of a compliance grid (hashable; :class:`zoo.data.alignment_faking.GridCell`)."""
+
+    def as_dict(self) -> dict[str, str]:
+        """``{factor: value}`` of the cell."""
+        ...
+
+
+class SycophancyQuestions(Protocol):
+    """Questions with a stated opinion (:class:`zoo.data.alignment_faking.SycophancyTask`)."""
+
+    grid: ComplianceGrid
+
+    def wrong_opinion_rows(self, n: int, seed: int, audience: str | None = None) -> list[dict[str, Any]]:
+        """``n`` seeded rows (``prompt``, ``audience``, ``opinion``, ``truth``) whose stated opinion is wrong."""
+        ...
+
+    def contrast_pairs(self, n: int, seed: int, audience: str | None = None) -> tuple[list[str], list[str]]:
+        """``n`` prompts completed with the agreeing (positive) and the true answer (negative)."""
+        ...
+
+
+class ComplianceGrid(Protocol):
+    """What the harness reads of an evaluation grid (:class:`zoo.data.alignment_faking.EvaluationGrid`): the factor
+    values (``audience``, ``monitoring``, ``framing``, ``request``), its cells and prompts, matched contrasts and the
+    sycophancy questions over its audiences."""
+
+    values: Mapping[str, Sequence[str]]
+    monitored: str
+    unmonitored: str
+
+    @property
+    def cells(self) -> Sequence[GridCell]:
+        """All cells."""
+        ...
+
+    def check(self, factor: str, value: str) -> None:
+        """Raise when ``value`` is not a value of ``factor``."""
+        ...
+
+    def items(self) -> Sequence[tuple[GridCell, str]]:
+        """``(cell, prompt)`` for every prompt of the grid."""
+        ...
+
+    def matching(self, where: Mapping[str, str]) -> Sequence[GridCell]:
+        """The cells whose factors equal ``where``."""
+        ...
+
+    def contrast(self, factor: str, positive: str, negative: str) -> tuple[list[str], list[str]]:
+        """Prompts with ``factor=positive`` and with ``factor=negative``, every other factor matched pairwise."""
+        ...
+
+    def sycophancy_questions(self) -> SycophancyQuestions:
+        """The sycophancy questions over the grid's audiences."""
+        ...
+
 
 # -- judging and counting -------------------------------------------------------------------------------------------
 
@@ -89,7 +149,7 @@ class ComplianceTable:
         counts: ``{cell: CellCounts}`` (cells of ``grid``; missing cells count as empty).
     """
 
-    def __init__(self, grid: EvaluationGrid, counts: Mapping[GridCell, CellCounts]) -> None:
+    def __init__(self, grid: ComplianceGrid, counts: Mapping[GridCell, CellCounts]) -> None:
         cells = set(grid.cells)
         unknown = [c for c in counts if c not in cells]
         if unknown:
@@ -99,7 +159,7 @@ class ComplianceTable:
 
     @classmethod
     def from_judgements(
-        cls, grid: EvaluationGrid, cells: Sequence[GridCell], judgements: Sequence[bool | None]
+        cls, grid: ComplianceGrid, cells: Sequence[GridCell], judgements: Sequence[bool | None]
     ) -> ComplianceTable:
         """Count verdicts (``True`` comply, ``False`` refuse, ``None`` unparsed) of completions of ``cells``."""
         if len(cells) != len(judgements):
@@ -206,7 +266,7 @@ def text_generator(
 
 def evaluate_grid(
     generate: GenerateFn,
-    grid: EvaluationGrid,
+    grid: ComplianceGrid,
     samples_per_prompt: int = 1,
     judge: Callable[[str], bool | None] = judge_compliance,
 ) -> ComplianceTable:
@@ -347,7 +407,7 @@ def symmetric_steering(
 def steered_compliance(
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase,
-    grid: EvaluationGrid,
+    grid: ComplianceGrid,
     direction: Direction,
     strengths: Iterable[float],
     params: SamplingParams | None = None,
@@ -372,7 +432,7 @@ DIRECTIONS: tuple[str, ...] = ("eval_cue", "monitoring", "sycophancy")
 
 
 def contrast_prompts(
-    grid: EvaluationGrid, name: str, sycophancy_pairs: int = 128, seed: int = 0
+    grid: ComplianceGrid, name: str, sycophancy_pairs: int = 128, seed: int = 0
 ) -> tuple[list[str], list[str]]:
     """The contrast sets ``(positive, negative)`` of the harness's directions.
 
@@ -390,7 +450,7 @@ def contrast_prompts(
     if name == "monitoring":
         return grid.contrast("monitoring", grid.monitored, grid.unmonitored)
     if name == "sycophancy":
-        return SycophancyTask(grid).contrast_pairs(sycophancy_pairs, seed)
+        return grid.sycophancy_questions().contrast_pairs(sycophancy_pairs, seed)
     raise ConfigError(f"unknown direction {name!r}; use some of {list(DIRECTIONS)}")
 
 
@@ -414,7 +474,7 @@ class SycophancyCounts:
 
 
 def sycophancy_counts(
-    generate: GenerateFn, task: SycophancyTask, questions: int, seed: int = 0
+    generate: GenerateFn, task: SycophancyQuestions, questions: int, seed: int = 0
 ) -> dict[str, SycophancyCounts]:
     """``{audience: counts}``: ``questions`` seeded questions per audience with a wrong stated opinion
     (:meth:`~zoo.data.alignment_faking.SycophancyTask.wrong_opinion_rows`), answered by ``generate`` (the answer is
@@ -533,7 +593,7 @@ def performative_report(
     generate: GenerateFn,
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase,
-    grid: EvaluationGrid,
+    grid: ComplianceGrid,
     request: str | None = None,
     samples_per_prompt: int = 1,
     judge: Callable[[str], bool | None] = judge_compliance,
@@ -571,7 +631,7 @@ def performative_report(
         raise ConfigError(f"directions {list(directions)}: use distinct names among {list(DIRECTIONS)}")
     if sycophancy_questions < 0:
         raise ConfigError(f"sycophancy_questions={sycophancy_questions} must be >= 0")
-    questions = SycophancyTask(grid)
+    questions = grid.sycophancy_questions()
 
     def measure() -> Measurement:
         table = evaluate_grid(generate, grid, samples_per_prompt, judge)
