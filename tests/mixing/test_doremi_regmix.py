@@ -101,7 +101,8 @@ def test_dirichlet_mixtures_sum_to_one_and_respect_the_minimum():
     prior = mixture_prior([1000, 300, 50, 5, 1], temperature=0.5)
     mixtures = sample_mixtures(prior, 500, min_weight=0.01, seed=3)
     assert mixtures.shape == (500, 5)
-    assert torch.allclose(mixtures.sum(dim=1), torch.ones(500, dtype=torch.float64))
+    # rounded to multiples of min_weight after renormalising (the repo): sums within K * min_weight / 2 of 1
+    assert float((mixtures.sum(dim=1) - 1).abs().max()) <= 5 * 0.01 / 2 + 1e-12
     positive = mixtures[mixtures > 0]
     assert (positive >= 0.01).all()
     assert (mixtures == 0).any()  # small concentrations do produce sparse mixtures

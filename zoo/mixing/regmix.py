@@ -4,13 +4,18 @@ Small proxy models are trained on Dirichlet-sampled mixtures; a regressor maps a
 many simulated mixtures are scored and the top-k predicted ones averaged. Equation -> function (notes
 ``multimodal_quant_data.md`` §2 "RegMix"):
 
-- proxy mixtures ``w ~ Dir(c * p^T)`` around the token-count prior ``p`` (temperature ``T``, concentration ``c``
-  log-uniform in ``[c_min, c_max]``; weights below ``min_weight`` set to 0 and the rest renormalised) [reconstruction
-  of the repo's ``synthesize_mixture``] -> :func:`sample_mixtures`, :func:`mixture_prior`
-- regressor ``w -> target loss``: LightGBM as in the paper (lr 1e-2, 1000 iterations) -> :class:`LightGBMRegressor`;
-  the documented fallback, ridge regression on ``[w, 1]`` (the paper's linear baseline) -> :class:`LinearRegressor`
-  -> :func:`make_regressor`
-- simulate and average the top-k -> :func:`predict_best_mixture`
+- proxy mixtures ``w ~ Dir(c * p^T)`` around the token-count prior ``p`` (temperature ``T``; strength ``c`` drawn from
+  15 log-spaced values in ``[c_min, c_max]``), rejected when a domain would be used beyond ``max_usage`` epochs
+  (``w_k > min(15 p_k, 1)``), weights below ``min_weight`` set to 0, renormalised, rounded to multiples of
+  ``min_weight``, de-duplicated, ``num`` drawn from ``100 num`` candidates (the repo's
+  ``mixture_config/synthesize_mixture.py``, ``generate_weights_dirichlet``) -> :func:`sample_mixtures`,
+  :func:`mixture_prior`
+- regressor ``w -> target loss``: LightGBM as in the repo notebook (lr 1e-2, 1000 iterations, LightGBM's other
+  defaults, early stopping after 3 rounds on held-out proxies) -> :class:`LightGBMRegressor`; the documented
+  fallback, ridge regression on ``[w, 1]`` (the paper's linear baseline) -> :class:`LinearRegressor`
+  -> :func:`make_regressor`, :func:`fit_regressor`
+- simulate ``Dir(p)`` mixtures (the notebook: ``np.random.dirichlet(prior_dist * 1, 100000)``, ``p`` the token
+  shares) and average the top-k -> :func:`predict_best_mixture`
 - "mixing predictability": rank correlation on held-out proxies -> :func:`spearman`, :func:`holdout_spearman`
 
 Plain torch / numpy; LightGBM only when chosen (``pip install 'paperzoo[mixing]'``).
@@ -18,10 +23,11 @@ Plain torch / numpy; LightGBM only when chosen (``pip install 'paperzoo[mixing]'
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -43,6 +49,18 @@ def mixture_prior(token_counts: Sequence[float] | Tensor, temperature: float = 0
     return prior / prior.sum()
 
 
+def usage_bound(token_shares: Sequence[float] | Tensor, max_usage: float | None = 15.0) -> Tensor:
+    """``[K]`` largest weight of each domain, ``min(max_usage * s_k, 1)`` with ``s_k`` its share of the available
+    tokens: no domain is sampled beyond ``max_usage`` epochs when the run draws as many tokens as there are (the
+    repo's ``MAXIMUM_USAGE = 15``). ``max_usage=None``: no bound (all ones)."""
+    shares = torch.as_tensor(token_shares, dtype=torch.float64)
+    if max_usage is None:
+        return torch.ones_like(shares)
+    if not max_usage > 0:
+        raise ConfigError(f"max_usage must be > 0 epochs (or null: no bound), got {max_usage}")
+    return (shares / shares.sum() * float(max_usage)).clamp(max=1.0)
+
+
 def sample_mixtures(
     prior: Tensor,
     num: int,
@@ -50,39 +68,66 @@ def sample_mixtures(
     concentration: tuple[float, float] = (0.1, 5.0),
     min_weight: float = 2e-4,
     seed: int = 0,
+    bound: Tensor | None = None,
+    num_strengths: int = 15,
+    sample_multiplier: int = 100,
 ) -> Tensor:
-    """``[num, K]`` mixtures ``w ~ Dir(c * K * prior)``, ``c`` log-uniform in ``concentration`` per sample.
+    """``[num, K]`` distinct proxy mixtures, as the repo's ``generate_weights_dirichlet``:
 
-    Entries below ``min_weight`` are set to 0 and the row renormalised (repeated until every positive entry is
-    ``>= min_weight``; the largest entry is always kept), so each row sums to 1 and respects the minimum.
+    1. ``num * sample_multiplier`` candidates ``w ~ Dir(c * prior)``, ``c`` drawn uniformly from ``num_strengths``
+       log-spaced values in ``concentration`` (``np.logspace(log10 0.1, log10 5, 15)``);
+    2. a candidate with some ``w_k > bound_k`` is rejected (:func:`usage_bound`; ``None``: no bound);
+    3. entries below ``min_weight`` are set to 0, the row renormalised and rounded to multiples of ``min_weight``
+       (``np.round(w / m) * m``; rows then sum to 1 within ``K * min_weight / 2``);
+    4. duplicates are dropped and ``num`` rows drawn without replacement (in the order drawn).
+
+    Raises:
+        ConfigError: bad settings, or fewer than ``num`` distinct candidates survive (loosen the bound, lower
+            ``min_weight`` or raise ``sample_multiplier``).
     """
     prior = torch.as_tensor(prior, dtype=torch.float64)
     low, high = (float(v) for v in concentration)
-    if not 0 < low <= high or num < 1 or not 0 <= min_weight < 1.0 / len(prior):
+    if (
+        not 0 < low <= high
+        or num < 1
+        or not 0 <= min_weight < 1.0 / len(prior)
+        or num_strengths < 1
+        or sample_multiplier < 1
+    ):
         raise ConfigError(
-            f"sample_mixtures: need num >= 1, 0 < concentration low <= high, 0 <= min_weight < 1/K; got num={num}, "
-            f"concentration={concentration}, min_weight={min_weight}, K={len(prior)}"
+            f"sample_mixtures: need num >= 1, 0 < concentration low <= high, 0 <= min_weight < 1/K, "
+            f"num_strengths >= 1, sample_multiplier >= 1; got num={num}, concentration={concentration}, "
+            f"min_weight={min_weight}, K={len(prior)}, num_strengths={num_strengths}, "
+            f"sample_multiplier={sample_multiplier}"
         )
+    upper = np.ones(len(prior)) if bound is None else np.asarray(torch.as_tensor(bound, dtype=torch.float64))
     rng = np.random.default_rng(seed)
-    scales = np.exp(rng.uniform(math.log(low), math.log(high), size=num))
-    rows = []
-    for scale in scales:
-        alpha = np.maximum(scale * len(prior) * prior.numpy(), 1e-6)
-        w = rng.dirichlet(alpha)
-        while True:
-            small = (w < min_weight) & (w > 0)
-            if not small.any():
-                break
-            w[small] = 0.0
-            w = w / w.sum()
-        rows.append(w)
-    return torch.tensor(np.stack(rows), dtype=torch.float64)
+    strengths = np.logspace(math.log10(low), math.log10(high), num_strengths)
+    total = num * sample_multiplier
+    w = np.stack([rng.dirichlet(np.maximum(c * prior.numpy(), 1e-6)) for c in rng.choice(strengths, size=total)])
+    w = w[(w <= upper[None]).all(axis=1)]
+    if min_weight > 0:
+        w = np.where(w < min_weight, 0.0, w)
+        w = w / w.sum(axis=1, keepdims=True)
+        w = np.round(w / min_weight) * min_weight
+    w = w[w.sum(axis=1) > 0]
+    _, first = np.unique(np.round(w, 12), axis=0, return_index=True)
+    distinct = w[np.sort(first)]
+    if len(distinct) < num:
+        raise ConfigError(
+            f"sample_mixtures: only {len(distinct)} distinct mixtures within the usage bound out of {total} "
+            f"candidates, {num} needed (raise max_usage or sample_multiplier, or lower min_weight)"
+        )
+    return torch.tensor(distinct[np.sort(rng.choice(len(distinct), num, replace=False))], dtype=torch.float64)
 
 
 class MixtureRegressor(Protocol):
-    """``fit(mixtures [n, K], losses [n])`` then ``predict(mixtures [m, K]) -> [m]``."""
+    """``fit(mixtures [n, K], losses [n], eval_set=None)`` then ``predict(mixtures [m, K]) -> [m]``; ``eval_set``
+    (held-out ``(mixtures, losses)``) is used for early stopping by the regressors that stop early."""
 
-    def fit(self, mixtures: Tensor, losses: Tensor) -> MixtureRegressor: ...
+    def fit(
+        self, mixtures: Tensor, losses: Tensor, eval_set: tuple[Tensor, Tensor] | None = None
+    ) -> MixtureRegressor: ...
 
     def predict(self, mixtures: Tensor) -> Tensor: ...
 
@@ -94,7 +139,8 @@ class LinearRegressor:
         self.ridge = ridge
         self.coef: Tensor | None = None
 
-    def fit(self, mixtures: Tensor, losses: Tensor) -> LinearRegressor:
+    def fit(self, mixtures: Tensor, losses: Tensor, eval_set: tuple[Tensor, Tensor] | None = None) -> LinearRegressor:
+        """Closed-form fit (``eval_set`` is not used: nothing to stop early)."""
         x = torch.as_tensor(mixtures, dtype=torch.float64)
         design = torch.cat([x, torch.ones(len(x), 1, dtype=torch.float64)], dim=1)
         penalty = torch.eye(design.shape[1], dtype=torch.float64) * self.ridge
@@ -111,12 +157,20 @@ class LinearRegressor:
 
 
 class LightGBMRegressor:
-    """LightGBM gradient-boosted trees (RegMix's regressor: learning rate 1e-2, 1000 iterations).
+    """LightGBM gradient-boosted trees, as the repo notebook (``regression_fitting/regression.ipynb``): learning rate
+    1e-2, 1000 iterations, LightGBM's other defaults, early stopping after ``early_stopping_rounds`` (3) rounds without
+    improvement of the l2 loss on the held-out proxies (``lgb.early_stopping(stopping_rounds=3)`` on ``eval_set``).
 
-    ``min_child_samples`` is lowered from LightGBM's 20 to fit a few dozen proxies [assumed]."""
+    ``min_child_samples``: LightGBM's default 20 (the notebook's); a few dozen proxies leave no split at that value,
+    so toy configs lower it (``regressor_options``)."""
 
     def __init__(
-        self, learning_rate: float = 1e-2, num_iterations: int = 1000, min_child_samples: int = 2, seed: int = 0
+        self,
+        learning_rate: float = 1e-2,
+        num_iterations: int = 1000,
+        min_child_samples: int = 20,
+        early_stopping_rounds: int | None = 3,
+        seed: int = 0,
     ) -> None:
         try:
             import lightgbm
@@ -132,10 +186,29 @@ class LightGBMRegressor:
             random_state=seed,
             verbose=-1,
         )
+        self.early_stopping_rounds = early_stopping_rounds
 
-    def fit(self, mixtures: Tensor, losses: Tensor) -> LightGBMRegressor:
-        self.model.fit(np.asarray(mixtures, dtype=np.float64), np.asarray(losses, dtype=np.float64))
+    def fit(self, mixtures: Tensor, losses: Tensor, eval_set: tuple[Tensor, Tensor] | None = None) -> LightGBMRegressor:
+        """Fit; with ``eval_set`` and ``early_stopping_rounds``, stop when its l2 loss stops improving."""
+        import lightgbm
+
+        x, y = np.asarray(mixtures, dtype=np.float64), np.asarray(losses, dtype=np.float64)
+        if eval_set is None or self.early_stopping_rounds is None:
+            self.model.fit(x, y)
+            return self
+        held = (np.asarray(eval_set[0], dtype=np.float64), np.asarray(eval_set[1], dtype=np.float64))
+        stop = lightgbm.early_stopping(stopping_rounds=self.early_stopping_rounds, verbose=False)
+        if "eval_X" in inspect.signature(self.model.fit).parameters:  # LightGBM >= 4.6 (eval_set deprecated)
+            self.model.fit(x, y, eval_X=(held[0],), eval_y=(held[1],), eval_metric="l2", callbacks=[stop])
+        else:
+            self.model.fit(x, y, eval_set=[held], eval_metric="l2", callbacks=[stop])
         return self
+
+    @property
+    def num_trees(self) -> int:
+        """Boosting rounds kept (the best iteration after early stopping)."""
+        best = self.model.best_iteration_
+        return int(best) if best else int(self.model.n_estimators)
 
     def predict(self, mixtures: Tensor) -> Tensor:
         return torch.as_tensor(self.model.predict(np.asarray(mixtures, dtype=np.float64)), dtype=torch.float64)
@@ -149,19 +222,35 @@ def lightgbm_available() -> bool:
     return True
 
 
-def make_regressor(name: str = "auto", seed: int = 0) -> MixtureRegressor:
-    """``lightgbm`` (paper), ``linear`` (ridge fallback), or ``auto``: LightGBM when installed, else linear (logged)."""
+def make_regressor(name: str = "auto", seed: int = 0, **options: Any) -> MixtureRegressor:
+    """``lightgbm`` (paper), ``linear`` (ridge fallback), or ``auto``: LightGBM when installed, else linear (logged).
+    ``options``: keyword arguments of the LightGBM regressor (e.g. ``min_child_samples``; ignored by ``linear``)."""
     if name not in REGRESSORS:
         raise ConfigError(f"regressor must be one of {REGRESSORS}, got {name!r}")
     if name == "auto":
         if lightgbm_available():
-            return LightGBMRegressor(seed=seed)
+            return LightGBMRegressor(seed=seed, **options)
         log.warning(
             "RegMix: LightGBM is not installed; using the linear (ridge) regressor (pip install "
             "'paperzoo[mixing]' for the paper's regressor)"
         )
         return LinearRegressor()
-    return LightGBMRegressor(seed=seed) if name == "lightgbm" else LinearRegressor()
+    return LightGBMRegressor(seed=seed, **options) if name == "lightgbm" else LinearRegressor()
+
+
+def fit_regressor(
+    name: str, mixtures: Tensor, losses: Tensor, seed: int = 0, holdout: float = 0.25, **options: Any
+) -> MixtureRegressor:
+    """The final regressor of a RegMix run. LightGBM is early-stopped on a random ``holdout`` share of the proxies (the
+    notebook stops on its held-out proxies) and fit on the rest; the linear regressor is fit on all of them."""
+    model = make_regressor(name, seed=seed, **options)
+    n = len(mixtures)
+    if not isinstance(model, LightGBMRegressor) or model.early_stopping_rounds is None or n < 4:
+        return model.fit(mixtures, losses)
+    order = torch.as_tensor(np.random.default_rng(seed).permutation(n))
+    held = max(1, round(n * holdout))
+    test, train = order[:held], order[held:]
+    return model.fit(mixtures[train], losses[train], eval_set=(mixtures[test], losses[test]))
 
 
 def predict_best_mixture(
@@ -170,15 +259,17 @@ def predict_best_mixture(
     num_simulations: int = 100_000,
     top_k: int = 128,
     *,
-    concentration: tuple[float, float] = (0.1, 5.0),
-    min_weight: float = 2e-4,
     seed: int = 0,
 ) -> Tensor:
-    """Score ``num_simulations`` mixtures from :func:`sample_mixtures` and average the ``top_k`` with the lowest
-    predicted loss (repo notebook defaults: 100k and 128). Returns ``[K]`` weights summing to 1."""
+    """Score ``num_simulations`` mixtures ``w ~ Dir(prior)`` and average the ``top_k`` with the lowest predicted loss,
+    as the repo notebook (``np.random.dirichlet(prior_dist * 1, 100000)``, top 128; ``prior_dist`` the domains'
+    token shares, no temperature, bound or rounding). Returns ``[K]`` weights summing to 1."""
     if top_k < 1 or top_k > num_simulations:
         raise ConfigError(f"need 1 <= top_k <= num_simulations, got top_k={top_k}, num_simulations={num_simulations}")
-    candidates = sample_mixtures(prior, num_simulations, concentration=concentration, min_weight=min_weight, seed=seed)
+    alpha = np.asarray(torch.as_tensor(prior, dtype=torch.float64))
+    if alpha.ndim != 1 or not bool((alpha > 0).all()):
+        raise ConfigError(f"predict_best_mixture: prior must be positive, one per domain, got {alpha.tolist()}")
+    candidates = torch.as_tensor(np.random.default_rng(seed).dirichlet(alpha, num_simulations), dtype=torch.float64)
     predicted = regressor.predict(candidates)
     best = torch.topk(-predicted, top_k).indices
     mixture = candidates[best].mean(dim=0)
@@ -214,9 +305,11 @@ def holdout_spearman(
     num_splits: int = 10,
     holdout: float = 0.25,
     seed: int = 0,
+    **options: Any,
 ) -> list[float]:
     """RegMix's "mixing predictability" probe: fit on a random part of the proxies, Spearman rho on the held-out rest,
-    for ``num_splits`` random splits (the paper: 10). Needs at least 4 proxies."""
+    for ``num_splits`` random splits (the paper: 10). LightGBM early-stops on the held-out part, as the notebook does
+    on the proxies it scores. ``options``: the LightGBM regressor's. Needs at least 4 proxies."""
     n = len(mixtures)
     held = max(2, round(n * holdout))
     if n - held < 2:
@@ -226,6 +319,7 @@ def holdout_spearman(
     for split in range(num_splits):
         order = torch.as_tensor(rng.permutation(n))
         test, train = order[:held], order[held:]
-        model = make_regressor(regressor, seed=seed + split).fit(mixtures[train], losses[train])
+        model = make_regressor(regressor, seed=seed + split, **options)
+        model.fit(mixtures[train], losses[train], eval_set=(mixtures[test], losses[test]))
         values.append(spearman(model.predict(mixtures[test]), losses[test]))
     return values
