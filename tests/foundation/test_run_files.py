@@ -205,3 +205,60 @@ def test_the_offline_switches_respect_the_user():
     assert environ == {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     allowed = {"ZOO_ALLOW_NETWORK": "1"}  # the user asks for the network: nothing is set
     assert stay_offline(allowed) == [] and allowed == {"ZOO_ALLOW_NETWORK": "1"}
+
+
+# -- 5. follow-up commands reproduce the run --------------------------------------------------------------------------
+def printed_command(text: str, after: str) -> list[str]:
+    """The arguments of the ``python train.py ...`` command printed after ``after`` (up to the closing parenthesis
+    of the hint)."""
+    import shlex
+
+    (line,) = [x for x in text.splitlines() if after in x]
+    args = shlex.split(line.split(after, 1)[1].rstrip(")"))
+    assert args[:2] == ["python", "train.py"], line
+    return args[2:]
+
+
+def composed(run_dir: Path) -> dict:
+    """A run's resolved config with what names its launch (stage, checkpoint, run id, directory) left out."""
+    import yaml
+
+    config = yaml.safe_load((run_dir / "resolved_config.yaml").read_text().replace(str(run_dir), "<run dir>"))
+    for key in ("stage", "ckpt_path", "run_id"):
+        config.pop(key)
+    return config
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        pytest.param(["+preset=qlora"], id="qlora"),
+        pytest.param(
+            [
+                "+method=xguard",
+                "callbacks.watermark.decoder.scheme.encoder=hashing:64",
+                "callbacks.watermark.decoder.scheme.partition.corpus_size=200",
+                "callbacks.watermark.decoder.max_trials=4",
+                "callbacks.watermark.decoder.max_sentences=2",
+                "callbacks.watermark.decoder.sentence_max_tokens=40",
+                "callbacks.watermark.max_rows=2",
+                "module.generation.max_new_tokens=24",
+            ],
+            id="xguard",
+        ),
+    ],
+)
+def test_the_printed_validate_command_validates_the_same_run(method, zoo_main, tmp_path, monkeypatch):
+    """A fit that ends before its first validation prints ``validate it with: <command>``; that command, run as
+    printed, composes the same config as the run (its method, preset, callbacks and settings; only the stage, the
+    checkpoint and the run id differ) and validates the checkpoint."""
+    monkeypatch.delenv("ZOO_LOG_DIR", raising=False)
+    code, out, err = zoo_main([*method, *SMALL, "trainer.max_steps=2", "run_id=fit"], tmp_path)
+    assert code == 0, err[-3000:]
+    args = printed_command(out, "validate it with: ")
+    runs = tmp_path / "logs" / "train" / "runs"
+    assert f"ckpt_path={runs / 'fit' / 'checkpoints' / 'last.ckpt'}" in args and "stage=validate" in args
+    code, out, err = zoo_main([*args, "run_id=validate"], tmp_path)
+    assert code == 0, err[-3000:]
+    assert "[zoo] validate done in" in out and "val/loss=" in out
+    assert composed(runs / "validate") == composed(runs / "fit")

@@ -406,6 +406,15 @@ def command(overrides: list[str]) -> str:
     return " ".join([program(), *(shlex.quote(o) for o in overrides)])
 
 
+def follow_up(settings: list[str]) -> str:
+    """A command that runs the composed config of this run again with ``settings`` added (``stage=validate
+    ckpt_path=<its last.ckpt>``, ...): the run's own overrides (its method, presets, data, callbacks) minus those that
+    name this launch (``stage``, ``ckpt_path``, ``run_id``, ``overwrite``) or that ``settings`` replace; it runs in
+    a run directory of its own."""
+    replaced = {s.split("=", 1)[0].lstrip("+~") for s in settings}
+    return command([*task_overrides(("stage", "ckpt_path", "run_id", "overwrite", *replaced)), *settings])
+
+
 def run_location(cfg: DictConfig) -> str:
     """The override that puts a new launch in this run's directory: ``run_id=<id>`` where that is enough."""
     output = Path(cfg.paths.output_dir).resolve()
@@ -456,7 +465,7 @@ def summary_text(cfg: DictConfig, trainer: pl.Trainer, metrics: dict[str, float]
         return "no metrics were logged"
     train = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if k.startswith("train/"))
     last = last_checkpoint_path(trainer)
-    validate = command(["stage=validate", f"ckpt_path={last}"]) if last is not None and last.is_file() else None
+    validate = follow_up(["stage=validate", f"ckpt_path={last}"]) if last is not None and last.is_file() else None
     why = (
         f"trainer.max_steps={trainer.max_steps} ended training at step {trainer.global_step}, before the first "
         "validation"
