@@ -58,7 +58,11 @@ def test_no_op_hook_is_token_identical_to_generate(lm, do_sample, lookahead):
     assert plain.texts == step.texts
     assert torch.allclose(plain.logprobs, step.logprobs, atol=1e-5)
     assert calls, "the hook must have been called at step closes"
-    assert sum(step.steps_closed) == sum(len(ev) for ev in calls)
+    events = [e for ev in calls for e in ev]
+    assert sum(step.steps_closed) == sum(e.cut != "end" for e in events)
+    # a row whose budget ran out inside a step (no delimiter since the last close) is offered that step at its end
+    ended_inside = [e.row for e in events if e.cut == "end" and not plain.finished[e.row]]
+    assert sorted(ended_inside) == [i for i, is_open in enumerate(step.open_step) if is_open]
     assert all(len({e.row for e in ev}) == len(ev) for ev in calls)  # one event per row per call
     for ev in calls:  # each event's trace is the row's completion up to that step
         for e in ev:
@@ -202,7 +206,8 @@ class ScriptedMonitor:
     ``(row, step_index)`` pairs, first attempt only -- a decision that depends on the event alone, as SafeThink's
     does, so ``hook_lookahead`` must not change what is kept. ``wants`` limits the events to those steps (as
     SafeThink's ``t <= m``), so no other row's step close flushes a waiting one: it waits the whole lookahead, or
-    until its row runs out of budget. Records the sampled tokens of every step it rolls back. With ``several`` it
+    until its row runs out of budget. Records the sampled tokens of every step it rolls back. It leaves the steps a
+    row ended inside (``cut == "end"``) alone. With ``several`` it
     takes every waiting step of a row in one call (``several_steps_per_row``), acts on the row's first scripted step
     and ignores the later ones (the action discards them)."""
 
@@ -224,7 +229,9 @@ class ScriptedMonitor:
         acts = {}
         for e in events:
             rollback = self.script.get((e.row, e.step_index))
-            if rollback is None or e.attempt or e.row in acts:
+            # delimited and length-cut steps only: acting on a row's ``end`` step would drop the EOS that ended it
+            # (counted, neither kept nor rolled back), which the budget tests below do not count
+            if rollback is None or e.attempt or e.row in acts or e.cut == "end":
                 continue
             acts[e.row] = StepAction(append_ids=self.inject, rollback=rollback, step_index=e.step_index)
             if rollback:
@@ -402,3 +409,66 @@ def test_traces_read_together_equal_each_events_own_trace_and_are_decoded_once(l
     assert len(decoded) == 3
     assert read_traces(events) == expected and len(decoded) == 3
     assert [e.trace for e in events] == expected
+
+
+def _ban(*token_ids):
+    """A logits processor that never lets ``token_ids`` be sampled (a policy biased away from them)."""
+
+    def ban(ids, scores):
+        scores = scores.clone()
+        scores[:, list(token_ids)] = float("-inf")
+        return scores
+
+    return ban
+
+
+@pytest.mark.parametrize("lookahead", [0, 8])
+def test_a_policy_that_never_writes_a_delimiter_is_offered_all_its_text_in_steps(lm, lookahead):
+    """The policy never samples the newline delimiter (a processor bans it, and </think>): its text is still offered
+    to the hook in steps of ``max_step_tokens`` tokens (cut "length") and, at the row's end, the unfinished rest (cut
+    "end"; an EOS that ended the row is not part of it), so the steps laid end to end are the whole completion."""
+    model, tok, ids, mask, _ = lm
+    vocab = tok.get_vocab()
+    events: list[StepEvent] = []
+    decoder = StepwiseDecoder(
+        lambda ev: events.extend(ev) or {},
+        "\n",
+        processors=[_ban(vocab["\n"], vocab["</think>"])],
+        hook_lookahead=lookahead,
+        max_step_tokens=5,
+    )
+    out = decoder(model, tok, ids, mask, params=SamplingParams(max_new_tokens=23, do_sample=True), generator=_gen(1))
+    assert not any("\n" in text for text in out.texts)
+    for i in range(len(out.texts)):
+        steps = sorted((e for e in events if e.row == i), key=lambda e: e.step_index)
+        assert [e.step_index for e in steps] == list(range(1, len(steps) + 1))
+        kept = out.completion_ids[i][out.completion_mask[i].bool()].tolist()
+        kept = kept[:-1] if out.finished[i] and kept[-1] == tok.eos_token_id else kept
+        # the steps tile the completion: each starts where the previous ended (openers before the first), the last
+        # ends where the row's text ends
+        assert all(t == tok.convert_tokens_to_ids("<think>") for t in kept[: steps[0].step_start])
+        assert all(b.step_start == len(a.ids) for a, b in zip(steps, steps[1:]))
+        assert list(steps[-1].ids) == kept
+        assert all(e.cut == "length" and len(e.ids) - e.step_start == 5 for e in steps[:-1])
+        assert len(steps) == -(-(len(kept) - steps[0].step_start) // 5)  # one step per 5 tokens, the rest at the end
+        if (len(kept) - steps[0].step_start) % 5:  # an unfinished rest closes at the row's end
+            assert steps[-1].cut == "end" and tok.eos_token_id not in steps[-1].ids
+    assert any(not f for f in out.finished.tolist()), "the test must see a row that runs to its budget"
+
+
+def test_without_a_step_length_the_row_end_still_closes_the_step(lm):
+    """``max_step_tokens=None``: steps close only at delimiters and at the row's end, which offers the whole text."""
+    model, tok, ids, mask, _ = lm
+    events: list[StepEvent] = []
+    vocab = tok.get_vocab()
+    ban = _ban(vocab["\n"], vocab["</think>"])
+    decoder = StepwiseDecoder(lambda ev: events.extend(ev) or {}, "\n", processors=[ban], max_step_tokens=None)
+    out = decoder(model, tok, ids, mask, params=SamplingParams(max_new_tokens=30, do_sample=True), generator=_gen(2))
+    assert sorted(e.row for e in events) == [i for i, text in enumerate(out.texts) if text.removeprefix("<think>")]
+    assert all(e.cut == "end" and e.step_index == 1 for e in events)
+    assert [e.trace for e in sorted(events, key=lambda e: e.row)] == [t for t in out.texts if t.removeprefix("<think>")]
+
+
+def test_max_step_tokens_must_be_positive_or_none():
+    with pytest.raises(ValueError, match="max_step_tokens must be an integer >= 1 or null"):
+        StepwiseDecoder(max_step_tokens=0)

@@ -1,50 +1,70 @@
-"""Step-wise decoding (``module/decoder=stepwise``): decode until a step delimiter, hand the partial traces to a
-step hook, optionally append (or roll back and replace) tokens per row, and continue from the KV cache.
+"""Step-wise decoding (``module/decoder=stepwise``): a decoder that hands every reasoning step to a step hook, which
+may inject tokens after it or roll it back, and continues from the KV cache.
 
-Hugging Face ``generate`` cannot force tokens mid-generation (huggingface/transformers#37771) and logits
-processors cannot see model outputs (#34265), so :class:`StepwiseDecoder` is a decoder of its own
-(:mod:`zoo.generation.decoders`; logits processors and forward hooks apply as in every decoder) whose loop sits on
-:class:`~zoo.generation.sampling.IncrementalDecoder`:
+Hugging Face ``generate`` cannot force tokens mid-generation (huggingface/transformers#37771) and logits processors
+cannot see model outputs (#34265), so :class:`StepwiseDecoder` is a decoder of its own (:mod:`zoo.generation.decoders`:
+logits processors and forward hooks apply as in every decoder) on
+:class:`~zoo.generation.sampling.IncrementalDecoder`. Used by SafeThink (:mod:`zoo.safety.safethink`); written for any
+step-level monitor.
 
-* one :meth:`~zoo.generation.decoders.Decoder.next_tokens` call per iteration over the batch, exactly as in
-  :class:`~zoo.generation.decoders.SampleDecoder` -- with no step hook, or one that never acts, the output is
-  token-identical to plain decoding with the same seed (same RNG consumption, same shapes fed to the model);
-  finished rows leave the KV-cached batch as in ``SampleDecoder`` (not with logits processors, which see every row)
-  -- with a lookahead, also those whose steps still wait for the hook: they are parked (their cache rows set aside,
-  :meth:`~zoo.generation.sampling.IncrementalDecoder.park_rows`) and put back only if the hook acts on them, so the
-  model runs on exactly the rows plain decoding runs on;
-* a step of a row closes when its text since the last close contains a delimiter (``step_delimiters``), or a
-  final-step delimiter (``final_step_delimiters``, ``</think>`` by default: the last reasoning step closes at the
-  closing tag; after it the row's text -- the answer -- is not split into steps); the hook receives every row that
-  closed a step at this token (:class:`StepEvent`, with ``final`` set for a final step) and returns a
-  :class:`StepAction` per row it acts on;
-* whether a token closes a step is read from per-token tables (:class:`~zoo.generation.sampling.TokenTextMatcher`):
-  text is decoded only for tokens that could complete a delimiter, and the trace of a step only if the hook reads it;
-* appended tokens are fed together with the row's sampled token in one chunk whose width varies per row
-  (per-row padding mask), so rows diverge freely; iterations where the hook acts on no row feed the sampled tokens
-  as one column, like plain decoding;
-* ``rollback`` discards the step just generated: its cached positions are masked out of the attention mask
-  (positions come from the running mask, so the continuation is exactly a fresh forward over the kept
-  tokens -- the cache is never rewritten); a row left with nothing new to feed feeds its last kept token again
-  (its old column masked) to get the logits after it;
-* with ``hook_lookahead > 0`` rows keep decoding while their closed steps wait for the hook, which then sees the
-  steps of many rows in one call (fewer calls of an expensive scorer) -- with a hook that declares
-  ``several_steps_per_row``, also several steps of one row; an action discards what was sampled after its step
-  first, and those discarded tokens are not counted against the row's budget, so the kept text is exactly what
-  ``hook_lookahead = 0`` keeps (token-identical under greedy decoding);
-* generation ends per row at EOS (or a stop string), or when the row's counted tokens reach ``max_new_tokens``:
-  every sampled token counts (kept, or in a step the hook rolled back) except those a lookahead action discarded;
-  the loop runs until every row has ended. A row whose delimiter never appeared is reported
-  (``steps_closed == 0``, ``open_step``) and a warning names the delimiter;
-* the context check counts injected tokens: a hook that declares ``max_appended_tokens`` (per row) is checked
-  before decoding; any other injection that would run past the model's positions raises a ``ConfigError``.
+What the decoder guarantees
+---------------------------
 
-The step hook is an attribute (:attr:`StepwiseDecoder.step_hook`) so that a callback can set it on a module's
-decoder at run time. Used by SafeThink (:mod:`zoo.safety.safethink`); written for any step-level monitor.
+* **Plain decoding when the hook does nothing.** One :meth:`~zoo.generation.decoders.Decoder.next_tokens` call per
+  iteration over the batch, as :class:`~zoo.generation.decoders.SampleDecoder`: with no step hook, or one that never
+  acts, the output is token-identical to ``SampleDecoder`` with the same seed, and the model runs on the rows plain
+  decoding runs on (finished rows leave the KV-cached batch; with logits processors, which see every row, none
+  leaves).
+* **Every reasoning token lies in a step the hook is offered.** A row's text is cut into steps, numbered from 1; a step
+  closes, and becomes a :class:`StepEvent`, when
+
+  - its text contains a step delimiter (``step_delimiters``, newline by default);
+  - its text contains a final-step delimiter (``final_step_delimiters``, ``</think>`` by default;
+    :attr:`StepEvent.final`): the last reasoning step; the text after a kept final step (the answer) is not cut;
+  - it reached ``max_step_tokens`` tokens without a delimiter (:attr:`StepEvent.cut` ``== "length"``), so that a
+    policy that never writes a delimiter is still offered its text step by step;
+  - the row ends inside it: EOS (not part of the step), a stop string or the budget (``cut == "end"``).
+
+  Openers (``step_openers``, ``<think>``) at the start of a step are not part of it. A hook that declares
+  ``wants(row, step_index, attempt)`` is offered only the steps it wants.
+* **Budget.** ``params.max_new_tokens`` bounds per row the sampled tokens kept or rolled back by the hook; injected
+  tokens are extra; tokens discarded because they were sampled after a step the hook acted on (lookahead, below) are
+  not counted; the EOS of a row whose ``end`` step the hook acted on is dropped and stays counted. Every row ends (EOS,
+  stop string or budget).
+* **Exact continuation.** After an injection or a rollback the next logits equal a fresh forward over the kept tokens:
+  discarded positions are masked out of the attention mask (positions come from the running mask), never rewritten;
+  rows diverge freely (per-row chunks with a padding mask).
+* **Lookahead is exact.** With ``hook_lookahead = L > 0`` rows decode on while their closed steps wait for the hook,
+  which then sees the steps of many rows in one call -- and, when it declares ``several_steps_per_row``, several steps
+  of one row. An action first discards what its row sampled after the acted-on step, so the kept text is what ``L = 0``
+  keeps: token-identical under greedy decoding for a hook whose decision depends on the event alone, the same
+  distribution under sampling. A waiting step is handed over once it is ``L`` iterations old, when its row closed
+  another step (single-step hooks) or ended, or once few rows still run (:data:`DONE_ROWS_FLUSH_FRACTION`); meanwhile
+  a row that ended leaves the batch (its cache rows parked) and comes back only if the hook acts on it.
+* **Context.** The prefill + ``max_new_tokens`` + the hook's declared ``max_appended_tokens`` must fit the model's
+  positions (checked before decoding); an injection beyond what the hook declared that would run past them raises a
+  :class:`~zoo.errors.ConfigError`.
+* **Reporting.** :class:`StepwiseResult` marks injected tokens, counts kept steps and reports rows that ended inside a
+  step (``open_step``); a warning names the delimiter when a row never wrote one.
+
+What a hook may do
+------------------
+
+A hook is ``hook(events: list[StepEvent]) -> {row: StepAction}``: the events of one call are in row order (a row's
+steps in step order), at most one per row unless it declares ``several_steps_per_row``. For each row it acts on it
+returns a :class:`StepAction`: ``append_ids`` (injected after the step, or after its start when rolling back),
+``rollback`` (discard the step and resample it), and with several steps of the row in the call the ``step_index`` it
+acts on (the row's later steps in the call are discarded with the action). Acting on an ``end`` step lets the row
+continue after the injection unless its budget is spent. A hook must not return rows that closed no step in the call.
+It may declare ``wants``, ``max_appended_tokens`` (the most tokens it appends to one row) and
+``several_steps_per_row``; it reads :attr:`StepEvent.trace` / :attr:`StepEvent.step_text` only when it needs them
+(:func:`read_traces` decodes many at once). The hook is :attr:`StepwiseDecoder.step_hook`, or given for one decoder
+copy with :meth:`StepwiseDecoder.with_step_hook` (how a callback monitors through a module's decoder).
 """
 
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -80,9 +100,11 @@ class StepEvent:
             the index of the step it replaces).
         attempt: 0 for the first sample of this step index, ``k`` for the k-th resample after a rollback.
         final: the step closed at a final-step delimiter (the end of the reasoning, e.g. ``</think>``).
-        ids: the row's completion ids so far, this step included.
+        ids: the row's completion ids so far, this step included (an EOS that ended the row is not).
         step_start: where the step starts in ``ids``.
         tokenizer: decodes :attr:`step_text` and :attr:`trace` when they are read.
+        cut: ``None`` when a delimiter closed the step; ``"length"`` when it reached the decoder's
+            ``max_step_tokens`` without one; ``"end"`` when the row ended inside it (EOS, stop string or budget).
     """
 
     row: int
@@ -92,10 +114,11 @@ class StepEvent:
     ids: tuple[int, ...] = ()
     step_start: int = 0
     tokenizer: PreTrainedTokenizerBase | None = field(default=None, repr=False, compare=False)
+    cut: str | None = None
 
     @cached_property
     def step_text(self) -> str:
-        """Text of the step, delimiter included."""
+        """Text of the step, its delimiter included (a cut step has none)."""
         return self.tokenizer.decode(list(self.ids[self.step_start :]), skip_special_tokens=False)
 
     @cached_property
@@ -143,8 +166,10 @@ class StepwiseResult(GenerationResult):
 
     Attributes:
         injected_mask: ``[B, L]`` 1 on tokens appended by the hook (0 on sampled tokens and padding).
-        steps_closed: per row, number of kept steps closed by a delimiter (a final step included).
-        open_step: per row, whether the row ended inside a step that never reached a delimiter.
+        steps_closed: per row, number of kept steps closed by a delimiter (a final step included) or cut at
+            ``max_step_tokens``.
+        open_step: per row, whether the row's budget ran out inside a reasoning step that reached no delimiter
+            (offered to the hook as an ``end`` step; the answer after a final step is not a step).
         discarded: per row, texts of the steps rolled back.
         hook_seconds: wall time spent inside the hook.
         total_seconds: wall time of the whole call.
@@ -172,8 +197,8 @@ class StepwiseResult(GenerationResult):
 
 
 class _Row:
-    """Book-keeping of one row: kept tokens (with the cache column each was fed at, ``-1`` while not yet fed), where
-    the current step starts, the step event waiting for the hook, and the row's token budget."""
+    """Book-keeping of one batch row: kept tokens (with the cache column each was fed at, ``-1`` while not yet fed),
+    where the current step starts, the closed steps waiting for the hook, and the row's token budget."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget  # counted tokens after which the row is done (``max_new_tokens``)
@@ -184,9 +209,10 @@ class _Row:
         self.step_start = 0  # index in ``ids`` where the current step starts
         self.steps_closed = 0
         self.attempt = 0
-        self.done = False
-        self.finished = False
-        self.reasoning_done = False  # a final step was kept: the rest is not split into steps
+        self.done = False  # samples no more: finished, or its budget is spent
+        self.finished = False  # ended by EOS or a stop string
+        self.reasoning_done = False  # a final step was kept: the rest is not cut into steps
+        self.delimited = False  # a delimiter (step or final) closed one of its steps
         self.discarded: list[str] = []
         self.sampled = 0
         self.lookahead_discarded = 0  # sampled tokens discarded by lookahead actions: not counted by the budget
@@ -222,42 +248,49 @@ class _Row:
         del self.ids[length:], self.injected[length:], self.logprobs[length:], self.cols[length:]
 
 
-# Done rows whose steps wait for the hook (lookahead, a hook taking several steps per row) hand them to the hook once
-# a quarter of the rows in play are done. Measured (benchmarks/safethink_overhead.py, every monitored step violating):
-# waiting longer puts the acted-on rows back in a second wave after the batch finished, 50% more forward passes;
-# with no violation it saves one of three scorer calls.
+#: A hook that takes several steps per row gets the waiting steps of rows that ended once the rows still running are
+#: at most this fraction of the rows in play (cached and parked): an action then puts its row back while the batch
+#: still runs, instead of in a second pass after every other row ended (up to 50% more forward passes when every
+#: monitored step is acted on, ``benchmarks/safethink_overhead.py``).
 DONE_ROWS_FLUSH_FRACTION = 0.75
-# Without parking (a cache that cannot set rows aside) those rows stay in the batch until then: compacting earlier
-# would only trigger more hook calls.
+#: Without parking (a cache that cannot set rows aside) rows that ended and still wait for the hook stay in the batch;
+#: the batch is compacted once at most this fraction of its rows are running or waiting, as often as the hook is
+#: called for them (compacting more often would not free them sooner).
 UNPARKED_COMPACT_FRACTION = DONE_ROWS_FLUSH_FRACTION
+#: Default :attr:`StepwiseDecoder.max_step_tokens`: longer than any step of the zoo's synthetic traces (tens of
+#: characters) and than a typical newline-delimited reasoning step of a real reasoning model (tens to a few hundred
+#: tokens), so that a policy that writes delimiters keeps its steps, while one that writes none is still offered its
+#: text every 256 tokens (and at its end).
+DEFAULT_MAX_STEP_TOKENS = 256
 
 
 @dataclass
-class _Batch:
-    """Which rows are in the KV-cached state: ``live[k]`` is the batch row of the state's row ``k`` (``index`` the
-    same as a tensor, ``prompt_logits[k]`` its logits after the prompt). ``parked`` holds, by batch row, done rows
-    whose closed steps still wait for the hook, set aside from the state (:meth:`IncrementalDecoder.park_rows`) so
-    that the batch shrinks as in plain decoding; an action on one puts it back (:meth:`restore`)."""
+class _CacheRows:
+    """Which batch rows the KV-cached state holds: ``rows[k]`` is the batch row at cache row ``k`` (``index`` the same
+    as a tensor, ``prompt_logits[k]`` its logits after the prompt). ``parked`` holds, by batch row, rows that ended
+    while closed steps of theirs still wait for the hook, set aside from the state
+    (:meth:`IncrementalDecoder.park_rows`) so that the batch shrinks as in plain decoding; an action on one puts it
+    back (:meth:`restore`)."""
 
-    live: list[int]
+    rows: list[int]
     index: torch.Tensor
     prompt_logits: torch.Tensor
     parked: dict[int, tuple[ParkedRow, torch.Tensor]] = field(default_factory=dict)
 
     def keep(self, state: IncrementalDecoder, positions: list[int]) -> bool:
-        """Keep only the state rows ``positions``; False when the cache cannot drop rows."""
+        """Keep only the cache rows ``positions``; False when the cache cannot drop rows."""
         index = torch.tensor(positions, dtype=torch.long, device=self.index.device)
         if not state.select_rows(index):
             return False
-        self.live = [self.live[k] for k in positions]
+        self.rows = [self.rows[k] for k in positions]
         self.index = self.index[index]
         self.prompt_logits = self.prompt_logits[index]
         return True
 
     def park(self, state: IncrementalDecoder, positions: list[int]) -> None:
-        """Set the state rows ``positions`` aside (they stay in the state until :meth:`keep` drops them)."""
+        """Set the cache rows ``positions`` aside (they stay in the state until :meth:`keep` drops them)."""
         for k, row in zip(positions, state.park_rows(positions)):
-            self.parked[self.live[k]] = (row, self.prompt_logits[k : k + 1])
+            self.parked[self.rows[k]] = (row, self.prompt_logits[k : k + 1])
 
     def restore(self, state: IncrementalDecoder, rows: list[int]) -> None:
         """Put the parked batch rows ``rows`` back at the end of the state."""
@@ -265,9 +298,34 @@ class _Batch:
             return
         parked = [self.parked.pop(i) for i in rows]
         state.restore_rows([row for row, _ in parked])
-        self.live = self.live + list(rows)
+        self.rows = self.rows + list(rows)
         self.index = torch.cat([self.index, torch.tensor(rows, dtype=torch.long, device=self.index.device)])
         self.prompt_logits = torch.cat([self.prompt_logits, *(logits for _, logits in parked)])
+
+
+@dataclass
+class _Call:
+    """State of one decode call (the decoder keeps none between calls).
+
+    Attributes:
+        hook: the step hook of the call.
+        lookahead: ``hook_lookahead``.
+        prompt_lengths: per batch row, the prefilled tokens (padding excluded).
+        max_positions: the model's positions (``None``: unbounded).
+        hook_seconds: wall time inside the hook.
+        acted: the hook acted since the last feed (rows may then have several tokens, or none, to feed).
+        waiting: rows whose closed steps wait for a hook that takes several steps per row.
+        at_risk: rows whose injections exceed what the hook declared: their context is checked every iteration.
+    """
+
+    hook: StepHook | None
+    lookahead: int
+    prompt_lengths: list[int]
+    max_positions: int | None
+    hook_seconds: float = 0.0
+    acted: bool = False
+    waiting: set[int] = field(default_factory=set)
+    at_risk: set[int] = field(default_factory=set)
 
 
 def _acted_step(events: list[StepEvent], action: StepAction) -> StepEvent:
@@ -297,44 +355,35 @@ def _as_tuple(
     return out
 
 
+def _has_text(ids: list[int], start: int, end: int, opener_ids: set[int]) -> bool:
+    """Whether ``ids[start:end]`` holds a token other than a reasoning opener (an open step worth offering)."""
+    return any(t not in opener_ids for t in ids[start:end])
+
+
 class StepwiseDecoder(Decoder):
-    """Decoder with a hook called whenever rows close a reasoning step (the loop of the module docstring).
+    """Decoder with a hook offered every reasoning step of every row (the contract of the module docstring).
 
     Args:
-        step_hook: ``events -> {row: StepAction}`` (one event per row per call unless the hook declares
-            ``several_steps_per_row``); ``None`` = plain decoding (token-identical to
-            :class:`~zoo.generation.decoders.SampleDecoder` with the same seed). A hook may declare
-            ``max_appended_tokens`` (an int: the most tokens it appends to one row), which the context check counts,
-            ``wants(row, step_index, attempt) -> bool``, the steps it looks at (others make no event), and
-            ``several_steps_per_row = True``: with ``hook_lookahead > 0`` it then gets every waiting step of a row
-            in one call (in step order), acts on at most one per row (:attr:`StepAction.step_index`) and ignores
-            that row's later steps in the call, which the action discards (they were sampled after it).
+        step_hook: ``events -> {row: StepAction}`` (the module docstring says what it may do); ``None`` = plain
+            decoding (token-identical to :class:`~zoo.generation.decoders.SampleDecoder` with the same seed).
         step_delimiters: a step closes when its text contains one of these (default: newline, the zoo's
             ``STEP_DELIMITER``).
         step_openers: tokens that open the reasoning block (``<think>``); sampled at the start of a step they are
             not part of it, so a rollback of the first step keeps the reasoning block open.
-        warn_no_delimiter: warn when a row reaches ``max_new_tokens`` without ever closing a step.
+        warn_no_delimiter: warn when a row reaches ``max_new_tokens`` without ever writing a delimiter.
         processors, hooks: as :class:`~zoo.generation.decoders.Decoder`.
         final_step_delimiters: a step also closes at these, as the last step of the reasoning (``StepEvent.final``);
-            default the closing tag ``</think>``; ``()`` = none (the text after the last ``step_delimiters`` is then
-            never a step).
+            default the closing tag ``</think>``; ``()`` = none.
         hook_lookahead: ``0`` (default): the hook sees each closed step before the row samples on. ``L > 0``: rows
-            keep decoding while a closed step waits, and the hook gets the waiting steps of all rows in one call
-            once the oldest is ``L`` tokens old (or its row finished, ran out of budget, or -- unless the hook takes
-            ``several_steps_per_row`` -- closed another step); an action first discards the tokens sampled after
-            that step (their cache columns masked). Fewer, larger
-            hook calls; the kept text has the same distribution (discarded tokens never condition what is kept),
-            and the tokens an action discards because they were sampled after its step do not count against the
-            row's budget, so the kept text is exactly what ``L = 0`` keeps: token-identical under greedy decoding
-            for a hook whose decision depends on the event alone (and with no action at all, also under seeded
-            sampling); with seeded sampling the samples differ from ``L = 0`` after an action (the discarded tokens
-            used random numbers). The cost: the discarded tokens are decoded (``StepwiseResult.sampled_tokens``)
-            and their cache columns stay, masked (positions come from the running mask, so only kept tokens count
-            against the model's context). The default stays ``0``, the algorithm as written; a method opts in
-            (SafeThink does).
+            keep decoding while a closed step waits for at most ``L`` iterations, and the hook gets the waiting steps
+            of all rows in one call (exact, see the module docstring); the cost: the tokens an action discards were
+            decoded (``StepwiseResult.sampled_tokens``) and their cache columns stay, masked. ``0`` is the step loop
+            as written; a method opts in (SafeThink does).
+        max_step_tokens: a step with no delimiter closes after this many tokens (``StepEvent.cut == "length"``), so
+            that a policy that never writes a delimiter is still offered its text in steps; default
+            :data:`DEFAULT_MAX_STEP_TOKENS`; ``None``: steps close only at delimiters and at the row's end.
 
-    ``params.max_new_tokens`` bounds, per row, the *sampled* tokens kept or rolled back by the hook (the tokens a
-    lookahead action discards are not counted); injected tokens are extra. Returns a :class:`StepwiseResult`.
+    Returns a :class:`StepwiseResult`.
     """
 
     def __init__(
@@ -347,16 +396,32 @@ class StepwiseDecoder(Decoder):
         hooks: Iterable[ForwardHook] = (),
         final_step_delimiters: str | Sequence[str] = (THINK_CLOSE,),
         hook_lookahead: int = 0,
+        max_step_tokens: int | None = DEFAULT_MAX_STEP_TOKENS,
     ) -> None:
         super().__init__(processors, hooks)
         if hook_lookahead < 0:
             raise ConfigError(f"hook_lookahead must be >= 0, got {hook_lookahead}")
+        if max_step_tokens is not None and (
+            isinstance(max_step_tokens, bool) or not isinstance(max_step_tokens, int) or max_step_tokens < 1
+        ):
+            raise ConfigError(
+                f"max_step_tokens must be an integer >= 1 or null (steps close only at delimiters and at the row's "
+                f"end), got {max_step_tokens!r}"
+            )
         self.hook_lookahead = int(hook_lookahead)
+        self.max_step_tokens = max_step_tokens
         self.step_hook = step_hook
         self.step_delimiters = _as_tuple(step_delimiters)
         self.final_step_delimiters = _as_tuple(final_step_delimiters, "final step delimiters", empty_ok=True)
         self.step_openers = tuple(step_openers)
         self.warn_no_delimiter = warn_no_delimiter
+
+    def with_step_hook(self, step_hook: StepHook | None) -> StepwiseDecoder:
+        """A decoder with these settings and the same processor and hook lists (not copies: what a callback adds to
+        them applies to both) whose step hook is ``step_hook``; this decoder is left as it is."""
+        other = copy.copy(self)
+        other.step_hook = step_hook
+        return other
 
     def max_injected_tokens(self) -> int:
         """The most tokens the step hook may append to one row (its ``max_appended_tokens``; 0 without a hook or
@@ -377,43 +442,37 @@ class StepwiseDecoder(Decoder):
         generator: torch.Generator | None,
     ) -> StepwiseResult:
         start = time.perf_counter()
-        hook, lookahead = self.step_hook, self.hook_lookahead
+        hook, max_step = self.step_hook, self.max_step_tokens
         wants = getattr(hook, "wants", None)
-        device, batch = prefill.device, prefill.batch_size
+        device, batch_size = prefill.device, prefill.batch_size
         eos, pad = tokenizer.eos_token_id, pad_token_id(tokenizer)
         steps = TokenTextMatcher(tokenizer, self.step_delimiters)
         finals = TokenTextMatcher(tokenizer, self.final_step_delimiters) if self.final_step_delimiters else None
         stops = TokenTextMatcher(tokenizer, params.stop_strings) if params.stop_strings else None
         vocab = tokenizer.get_vocab()
         opener_ids = {vocab[t] for t in self.step_openers if t in vocab}
-        max_positions = context_length(model)
-        prompt_lengths = prefill.attention_mask.sum(-1).tolist()
+        call = _Call(hook, self.hook_lookahead, prefill.attention_mask.sum(-1).tolist(), context_length(model))
         state = prefill.start(model)
-        rows = [_Row(params.max_new_tokens) for _ in range(batch)]
+        rows = [_Row(params.max_new_tokens) for _ in range(batch_size)]
         compact = not self.processors
-        # finished rows leave the state when compact; done rows whose steps wait for the hook are parked when the
+        # rows that ended leave the state when compact; those whose steps wait for the hook are parked when the
         # cache allows it (else they stay in the batch until the hook has seen their steps)
         parking = compact and state.parkable
         # the prompt logits: to resample a row rolled back to its first token
-        live = _Batch(list(range(batch)), torch.arange(batch, device=device), state.next_logits.clone())
-        self._hook_seconds = 0.0
-        self._acted = False  # the hook acted since the last feed (rows may have several or no tokens to feed)
-        self._waiting: set[int] = set()  # rows with steps waiting for the hook (lookahead)
-        # rows whose injected tokens could run past the model's positions (the hook appended more than it declared):
-        # checked every iteration; sampled tokens alone cannot (``check_length``: prompt + max_new_tokens fits)
-        self._prompt_lengths, self._max_positions = prompt_lengths, max_positions
-        self._at_risk: set[int] = set()
-        # Each iteration a live row's counted tokens grow by one, or the row is done and waits for the hook (at most
-        # ``lookahead`` iterations per wait); only a lookahead action lowers them, by at most ``lookahead`` (the age
-        # of the waiting step), at most once per counted token: so no row is live for more than
+        cache = _CacheRows(list(range(batch_size)), torch.arange(batch_size, device=device), state.next_logits.clone())
+        # Each iteration a running row's counted tokens grow by one, or the row is done and waits for the hook (at
+        # most ``lookahead`` iterations per wait); only a lookahead action lowers them, by at most ``lookahead`` (the
+        # age of the waiting step), at most once per counted token: so no row runs for more than
         # ``max_new_tokens * (2 * lookahead + 1)`` iterations.
-        for iteration in range(params.max_new_tokens * (2 * lookahead + 1)):
+        for iteration in range(params.max_new_tokens * (2 * call.lookahead + 1)):
             context = padded_context(prefill.prompt_ids, [r.ids for r in rows], pad) if self.processors else None
-            sampled, logprobs_t = self.next_tokens(state.next_logits, context, params, generator, live.index, batch)
+            sampled, logprobs_t = self.next_tokens(
+                state.next_logits, context, params, generator, cache.index, batch_size
+            )
             tokens, logprobs = sampled.tolist(), logprobs_t.tolist()
             fresh: dict[int, StepEvent] = {}  # rows that closed a step the hook wants, at this token
-            running = 0  # live rows not done after this token
-            for k, i in enumerate(live.live):
+            running = 0  # cached rows not done after this token
+            for k, i in enumerate(cache.rows):
                 row = rows[i]
                 if row.done:
                     continue
@@ -421,93 +480,108 @@ class StepwiseDecoder(Decoder):
                 row.add_sampled(token, logprobs[k])
                 # out of budget (not finished): a step closing here still counts
                 row.done = row.counted >= row.budget
+                cut = None
+                end = len(row.ids)  # the step's ids end here (an EOS that ends the row is not part of it)
+                final = False
                 if token == eos or (stops is not None and stops.ends_with(row.ids)):
                     row.done = row.finished = True
-                    continue
-                running += not row.done
-                final = not row.reasoning_done and finals is not None and finals.contains(row.ids, row.step_start)
-                if row.reasoning_done or not (final or steps.contains(row.ids, row.step_start)):
-                    # An opener such as <think> that began the current step is not part of it
-                    if not row.done and token in opener_ids and all(t in opener_ids for t in row.ids[row.step_start :]):
-                        row.step_start = len(row.ids)
-                    continue
+                    end -= token == eos
+                    if row.reasoning_done or not _has_text(row.ids, row.step_start, end, opener_ids):
+                        continue
+                    cut = "end"
+                else:
+                    running += not row.done
+                    final = not row.reasoning_done and finals is not None and finals.contains(row.ids, row.step_start)
+                    if row.reasoning_done or not (final or steps.contains(row.ids, row.step_start)):
+                        # An opener such as <think> that began the current step is not part of it
+                        if token in opener_ids and all(t in opener_ids for t in row.ids[row.step_start :]):
+                            row.step_start = len(row.ids)
+                        if row.reasoning_done:
+                            continue
+                        if row.done and _has_text(row.ids, row.step_start, end, opener_ids):
+                            cut = "end"
+                        elif max_step is not None and end - row.step_start >= max_step:
+                            cut = "length"
+                        else:
+                            continue
+                    else:
+                        row.delimited = True
                 index = row.steps_closed + 1
                 if hook is not None and (wants is None or wants(i, index, row.attempt)):
-                    fresh[i] = StepEvent(i, index, row.attempt, final, tuple(row.ids), row.step_start, tokenizer)
-                # the step is kept unless the hook acts on it (then _act restores the row as it was here)
-                row.steps_closed, row.attempt, row.reasoning_done, row.step_start = index, 0, final, len(row.ids)
+                    ids = tuple(row.ids[:end])
+                    fresh[i] = StepEvent(i, index, row.attempt, final, ids, row.step_start, tokenizer, cut)
+                if cut != "end":  # the step is kept unless the hook acts on it (then _act puts the row as it was)
+                    row.steps_closed, row.attempt, row.reasoning_done, row.step_start = index, 0, final, len(row.ids)
             if hook is not None and self._deliver_events(
-                rows, live, fresh, lookahead, state, tokenizer, iteration, running
+                call, rows, cache, fresh, state, tokenizer, iteration, running
             ):
-                running = sum(not rows[i].done for i in live.live)  # the hook acted: rows may be live again
+                running = sum(not rows[i].done for i in cache.rows)  # the hook acted: rows may run again
             if running == 0:
                 break
-            if parking:  # as SampleDecoder: done rows leave the batch once a tenth of it is done
-                if running <= COMPACT_FRACTION * len(live.live):
-                    live.park(state, [k for k, i in enumerate(live.live) if rows[i].done and rows[i].pending])
-                    live.keep(state, [k for k, i in enumerate(live.live) if not rows[i].done])
-            elif compact:  # a done row whose steps wait for the hook stays: an action makes it live again
-                keep = [k for k, i in enumerate(live.live) if not rows[i].done or rows[i].pending]
-                if len(keep) <= UNPARKED_COMPACT_FRACTION * len(live.live):
-                    live.keep(state, keep)
-            if self._at_risk:
-                for i in live.live:
-                    if i in self._at_risk:
-                        self._check_positions(i, prompt_lengths[i], rows[i], max_positions)
-            self._feed(state, rows, live.live, pad, live.prompt_logits, self._acted)
-            self._acted = False
+            if parking:  # as SampleDecoder: rows that ended leave the batch once a tenth of it has
+                if running <= COMPACT_FRACTION * len(cache.rows):
+                    cache.park(state, [k for k, i in enumerate(cache.rows) if rows[i].done and rows[i].pending])
+                    cache.keep(state, [k for k, i in enumerate(cache.rows) if not rows[i].done])
+            elif compact:  # a row that ended with steps waiting for the hook stays: an action makes it run again
+                keep = [k for k, i in enumerate(cache.rows) if not rows[i].done or rows[i].pending]
+                if len(keep) <= UNPARKED_COMPACT_FRACTION * len(cache.rows):
+                    cache.keep(state, keep)
+            if call.at_risk:
+                for i in cache.rows:
+                    if i in call.at_risk:
+                        self._check_positions(i, call.prompt_lengths[i], rows[i], call.max_positions)
+            self._feed(state, rows, cache.rows, pad, cache.prompt_logits, call.acted)
+            call.acted = False
         else:
             if not all(r.done for r in rows):  # cannot happen (see the bound above); never loop forever
-                raise RuntimeError("StepwiseDecoder: rows still live after the iteration bound")
-        return self._result(tokenizer, prefill, params, rows, pad, self._hook_seconds, time.perf_counter() - start)
+                raise RuntimeError("StepwiseDecoder: rows still running after the iteration bound")
+        return self._result(tokenizer, prefill, params, rows, pad, call.hook_seconds, time.perf_counter() - start)
 
     def _deliver_events(
         self,
+        call: _Call,
         rows: list[_Row],
-        live: _Batch,
+        cache: _CacheRows,
         fresh: dict[int, StepEvent],
-        lookahead: int,
         state: IncrementalDecoder,
         tokenizer: PreTrainedTokenizerBase,
         iteration: int,
         running: int,
     ) -> bool:
         """Hand closed steps to the hook: at once (``lookahead == 0``), or -- all waiting ones in one call -- once
-        the oldest waiting one is ``lookahead`` iterations old, or a row with a closed step is done (finished or out
+        the oldest waiting one is ``lookahead`` iterations old, or a row with a closed step is done (ended or out
         of budget) or closed another step. A hook that takes ``several_steps_per_row`` gets a row's later steps in
         the same call, and a done row's steps wait like the others until the oldest waiting step is ``lookahead``
-        iterations old, every row is done, or a quarter of the rows in play are done (``DONE_ROWS_FLUSH_FRACTION``:
-        an action then puts the row back while the batch still runs, rather than in a second wave after it).
+        iterations old, every row is done, or few rows still run (:data:`DONE_ROWS_FLUSH_FRACTION`).
         Meanwhile the done row leaves the batch with the other done rows when its cache can be parked (put back if
-        the hook acts on it), so that waiting costs no forward work beyond what plain decoding keeps in its batch;
-        without parking it stays in the batch until its steps have gone to the hook.
+        the hook acts on it); without parking it stays in the batch until its steps have gone to the hook.
 
         ``iteration``: the loop's iteration (a waiting step's age is counted from the one it closed at); ``running``:
-        the live rows not done. Returns whether the hook acted on a row."""
-        if lookahead and getattr(self.step_hook, "several_steps_per_row", False):
+        the cached rows not done. Returns whether the hook acted on a row."""
+        lookahead = call.lookahead
+        if lookahead and getattr(call.hook, "several_steps_per_row", False):
             for i, event in fresh.items():
                 if not rows[i].pending:
                     rows[i].pending_since = iteration
-                    self._waiting.add(i)
+                    call.waiting.add(i)
                 rows[i].pending.append(event)
-            if not self._waiting:
+            if not call.waiting:
                 return False
-            # a quarter of the rows in play done (parked rows count): a done row's steps go to the hook then
-            in_play = len(live.live) + len(live.parked)
+            in_play = len(cache.rows) + len(cache.parked)
             many_done = not self.processors and running <= DONE_ROWS_FLUSH_FRACTION * in_play
             if (
-                any(iteration - rows[i].pending_since >= lookahead for i in self._waiting)
+                any(iteration - rows[i].pending_since >= lookahead for i in call.waiting)
                 or running == 0
-                or (many_done and any(rows[i].done for i in self._waiting))
+                or (many_done and any(rows[i].done for i in call.waiting))
             ):
-                waiting = sorted(self._waiting)
+                waiting = sorted(call.waiting)
                 events = [event for i in waiting for event in rows[i].pending]
                 for i in waiting:
                     rows[i].pending = []
-                self._waiting.clear()
-                return bool(self._call_hook(events, rows, live, state, tokenizer))
+                call.waiting.clear()
+                return bool(self._call_hook(call, events, rows, cache, state, tokenizer))
             return False
-        waiting = {i: rows[i].pending[0] for i in sorted([*live.live, *live.parked]) if rows[i].pending}
+        waiting = {i: rows[i].pending[0] for i in sorted([*cache.rows, *cache.parked]) if rows[i].pending}
         flush = any(
             iteration - rows[i].pending_since >= lookahead or rows[i].done or i in fresh for i in waiting
         ) or any(rows[i].done for i in fresh)
@@ -523,10 +597,10 @@ class StepwiseDecoder(Decoder):
         if flush:
             for i in waiting:
                 rows[i].pending = []
-        acted = self._call_hook(now, rows, live, state, tokenizer) if now else set()
+        acted = self._call_hook(call, now, rows, cache, state, tokenizer) if now else set()
         survivors = [event for i, event in later.items() if i not in acted]  # else it lay in the discarded part
         if survivors and (lookahead == 0 or any(rows[e.row].done for e in survivors)):
-            acted |= self._call_hook(survivors, rows, live, state, tokenizer)
+            acted |= self._call_hook(call, survivors, rows, cache, state, tokenizer)
         else:
             for event in survivors:
                 rows[event.row].pending, rows[event.row].pending_since = [event], iteration
@@ -534,9 +608,10 @@ class StepwiseDecoder(Decoder):
 
     def _call_hook(
         self,
+        call: _Call,
         events: list[StepEvent],
         rows: list[_Row],
-        live: _Batch,
+        cache: _CacheRows,
         state: IncrementalDecoder,
         tokenizer: PreTrainedTokenizerBase,
     ) -> set[int]:
@@ -544,24 +619,24 @@ class StepwiseDecoder(Decoder):
         back in the batch first; the others have no waiting step left and are dropped); returns the rows acted
         on."""
         t0 = time.perf_counter()
-        actions = self.step_hook(events) or {}
-        self._hook_seconds += time.perf_counter() - t0
+        actions = call.hook(events) or {}
+        call.hook_seconds += time.perf_counter() - t0
         by_row: dict[int, list[StepEvent]] = {}
         for event in events:
             by_row.setdefault(event.row, []).append(event)
         unknown = set(actions) - set(by_row)
         if unknown:
             raise ValueError(f"step hook returned actions for rows {sorted(unknown)} that closed no step")
-        live.restore(state, [i for i in actions if i in live.parked])
-        for i in [i for i in live.parked if not rows[i].pending]:
-            del live.parked[i]
-        position = {i: k for k, i in enumerate(live.live)}
-        limit = self._max_positions
+        cache.restore(state, [i for i in actions if i in cache.parked])
+        for i in [i for i in cache.parked if not rows[i].pending]:
+            del cache.parked[i]
+        position = {i: k for k, i in enumerate(cache.rows)}
+        limit = call.max_positions
         for i, action in actions.items():
             self._act(rows[i], position[i], _acted_step(by_row[i], action), action, state, tokenizer)
-            self._acted = True
-            if limit is not None and self._prompt_lengths[i] + rows[i].budget + sum(rows[i].injected) > limit:
-                self._at_risk.add(i)  # checked every iteration from now on
+            call.acted = True
+            if limit is not None and call.prompt_lengths[i] + rows[i].budget + sum(rows[i].injected) > limit:
+                call.at_risk.add(i)  # checked every iteration from now on
         return set(actions)
 
     @staticmethod
@@ -574,10 +649,12 @@ class StepwiseDecoder(Decoder):
         tokenizer: PreTrainedTokenizerBase,
     ) -> None:
         """Apply ``action`` to the step of ``event``: tokens sampled after it are discarded (lookahead; they leave the
-        row's budget), then the step is kept (and counted) or rolled back (its tokens stay counted, as with
-        ``hook_lookahead = 0``), then ``append_ids`` are appended. The row is live again unless out of budget."""
+        row's budget; the EOS after an ``end`` step stays counted), then the step is kept (and counted) or rolled
+        back (its tokens stay counted, as with ``hook_lookahead = 0``), then ``append_ids`` are appended. The row
+        runs again unless out of budget."""
         end = len(event.ids)
-        row.lookahead_discarded += sum(not injected for injected in row.injected[end:])
+        if event.cut != "end":  # after an ``end`` step nothing was sampled but the EOS that ended the row
+            row.lookahead_discarded += sum(not injected for injected in row.injected[end:])
         row.truncate(end, state, k)
         row.finished = False
         row.done = row.counted >= row.budget
@@ -597,19 +674,19 @@ class StepwiseDecoder(Decoder):
     def _feed(
         state: IncrementalDecoder,
         rows: list[_Row],
-        live: list[int],
+        cached: list[int],
         pad: int,
         prompt_logits: torch.Tensor,
         acted: bool = True,
     ) -> None:
-        """Feed every live row's tokens not yet in the cache (the sampled token, or injected ids; per-row padding);
+        """Feed every cached row's tokens not yet in the cache (the sampled token, or injected ids; per-row padding);
         a row rolled back with nothing new re-feeds its last kept token (its old column masked), or gets the logits
-        after its prompt back. ``acted=False`` (the hook acted on no row since the last feed): each live row that is
-        not done has exactly one token to feed, its newest (one column, as plain decoding feeds)."""
+        after its prompt back. ``acted=False`` (the hook acted on no row since the last feed): each cached row that
+        is not done has exactly one token to feed, its newest (one column, as plain decoding feeds)."""
         if not acted:
             base_col = state.attention_mask.shape[1]
             column, fed = [], []
-            for i in live:
+            for i in cached:
                 row = rows[i]
                 if row.done:
                     column.append(pad)
@@ -626,7 +703,7 @@ class StepwiseDecoder(Decoder):
                 )
             return
         chunks: list[list[int]] = []
-        for k, i in enumerate(live):
+        for k, i in enumerate(cached):
             row = rows[i]
             if row.stale:
                 row.stale = False
@@ -646,7 +723,7 @@ class StepwiseDecoder(Decoder):
         base_col = state.attention_mask.shape[1]
         chunk_ids = torch.tensor([c + [pad] * (width - len(c)) for c in chunks], dtype=torch.long, device=device)
         chunk_mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in chunks], dtype=torch.long)
-        for k, i in enumerate(live):
+        for k, i in enumerate(cached):
             n = len(chunks[k])
             if n:
                 rows[i].cols[-n:] = range(base_col, base_col + n)
@@ -687,14 +764,15 @@ class StepwiseDecoder(Decoder):
         logprobs = torch.tensor(
             [r.logprobs + [0.0] * (width - len(r.ids)) for r in rows], dtype=torch.float32, device=device
         ).reshape(batch, width)
-        open_step = [not r.finished and len(r.ids) > r.step_start for r in rows]
-        never = [i for i, r in enumerate(rows) if not r.finished and r.steps_closed == 0]
+        open_step = [not r.finished and not r.reasoning_done and len(r.ids) > r.step_start for r in rows]
+        never = [i for i, r in enumerate(rows) if not r.finished and not r.delimited]
         if self.warn_no_delimiter and never:
+            cuts = f"every {self.max_step_tokens} tokens (max_step_tokens) and " if self.max_step_tokens else ""
             warnings.warn(
                 f"step delimiter {list(self.step_delimiters)!r} never appeared in {len(never)} of {batch} rows "
                 f"(rows {never[:8]}{' ...' if len(never) > 8 else ''}) before max_new_tokens="
-                f"{params.max_new_tokens}; those rows were generated as one unfinished step (see "
-                "StepwiseResult.open_step / steps_closed)",
+                f"{params.max_new_tokens}; their text was offered to the step hook {cuts}at the row's end "
+                "(StepEvent.cut; StepwiseResult.open_step / steps_closed); check step_delimiters",
                 RuntimeWarning,
                 stacklevel=5,
             )
@@ -729,6 +807,7 @@ def stepwise_generate(
     step_openers: Sequence[str] = (THINK_OPEN,),
     final_step_delimiters: str | Sequence[str] = (THINK_CLOSE,),
     hook_lookahead: int = 0,
+    max_step_tokens: int | None = DEFAULT_MAX_STEP_TOKENS,
 ) -> StepwiseResult:
     """:class:`StepwiseDecoder` with ``hook`` (no processors or hooks) on left-padded prompts."""
     decoder = StepwiseDecoder(
@@ -738,5 +817,6 @@ def stepwise_generate(
         warn_no_delimiter,
         final_step_delimiters=final_step_delimiters,
         hook_lookahead=hook_lookahead,
+        max_step_tokens=max_step_tokens,
     )
     return decoder(model, tokenizer, prompt_ids, prompt_attention_mask, params=params, generator=generator)
