@@ -32,6 +32,7 @@ from transformers import LlamaConfig, LlamaForSequenceClassification
 from zoo.backbones import TinyBackbone
 from zoo.data.jailbreak import JailbreakTask
 from zoo.generation.decoders import generate_text
+from zoo.generation.stepwise import StepwiseDecoder
 from zoo.protocols import SamplingParams
 from zoo.safety import SequenceClassifierScorer, safethink_generate
 
@@ -105,8 +106,7 @@ def main() -> None:
             max_steps_monitored=args.m,
             params=params,
             generator=torch.Generator().manual_seed(0),
-            step_delimiters=delims,
-            hook_lookahead=lookahead,
+            decoder=StepwiseDecoder(step_delimiters=delims, hook_lookahead=lookahead),
         )
         return {
             "seconds": time.perf_counter() - t0,

@@ -1,16 +1,21 @@
 """``SafeThinkMonitor``: run SafeThink (arXiv 2602.11096) on a module's prompts during validate/test/predict.
 
 A thin Lightning adapter over :func:`zoo.safety.safethink_generate`. It needs only the generation protocol
-(``tokenizer``, ``model``, ``generate()``; :mod:`zoo.protocols`) and the dict the module returns from
+(``tokenizer``, ``model``, ``generate()``; :mod:`zoo.protocols`), the module's evaluation decoding (``eval_sampling``,
+else ``sampling``: a :class:`~zoo.protocols.SamplingParams`) and the dict the module returns from
 ``validation_step``/``test_step``/``predict_step`` (``meta["prompts"]``, optional ``prompt_ids``, ``meta["answers"]``
-and ``texts``); it works with any LightningModule that has them, in a plain Lightning script. When the module has a
-decoder (``pl_module.decoder``, the decoder seam), SafeThink's step-wise decoding applies its logits processors
-and forward hooks too.
+and ``texts``); it works with any LightningModule that has them, in a plain Lightning script.
+
+One decoding path: SafeThink decodes through the module's decoder (``pl_module.decoder``, the decoder seam;
+:func:`zoo.safety.safethink_decoder`). A :class:`~zoo.generation.stepwise.StepwiseDecoder` (``module/decoder=stepwise``)
+brings its step settings (delimiters, final-step delimiters, ``max_step_tokens``, ``hook_lookahead``) and SafeThink's
+hook is set on a copy of it for the call; a plain sampler (``module/decoder=sample``), or no decoder, is decoded
+step-wise with SafeThink's defaults and the same logits processors and forward hooks. The callback holds no decoding
+settings of its own: its arguments are the safety ones (scorer, threshold, prefix, ...) and what it measures.
 
 Both arms see the same input and budget: SafeThink decodes from the module's own ``prompt_ids`` (the step output's,
 else the batch's; its chat template or encoding, not a re-encoding of the prompt texts) with the module's
-evaluation decoding (``eval_sampling``, else ``sampling``: budget, sampling options), so ``base_*`` and the SafeThink
-metrics compare like with like.
+evaluation decoding, so ``base_*`` and the SafeThink metrics compare like with like.
 
 Which rows are attacks and what counts as a successful attack come from the data or the configuration, never from
 a task's conventions: ``attack_column`` (a batch column, e.g. the jailbreak task's ``trigger``) or ``is_attack``
@@ -31,14 +36,13 @@ to the loggers after predict), under ``<log_prefix>/``:
   scorer.
 
 With ``always_prefix=True`` the callback runs the paper's always-prepend baseline instead (every reasoning block starts
-with the prefix; no scorer), under the same metrics. With ``records_file`` it also writes one JSON line per evaluated
-row (prompt, completion, attack/harmful, answer/correct, interventions), so that analyses beyond the rates (e.g. rows
-identical across two runs) read the run directory.
+with the prefix; no scorer; the same decoder), under the same metrics. With ``records_file`` it also writes one JSON
+line per evaluated row (prompt, completion, attack/harmful, answer/correct, interventions), so that analyses beyond
+the rates (e.g. rows identical across two runs) read the run directory.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -61,15 +65,14 @@ from zoo.encoding import encode_prompts, pad_token_id
 from zoo.errors import ConfigError
 from zoo.protocols import SamplingParams, Verifier
 from zoo.safety.safethink import (
-    DEFAULT_HOOK_LOOKAHEAD,
     DEFAULT_PREFIX,
     always_prefix_generate,
     check_safethink_args,
     prefix_token_ids,
+    safethink_decoder,
     safethink_generate,
 )
 from zoo.safety.scorers import as_scorer, scorer_name
-from zoo.tokens import THINK_CLOSE
 
 _COUNTERS = (
     "attack_rows",
@@ -108,37 +111,26 @@ class SafeThinkMonitor(StageCallback):
         prefix: the corrective prefix.
         discard_violating_step: resample the violating step after the prefix instead of keeping it.
         stages: among ``validate`` (also validation during fit), ``test``, ``predict``.
-        max_new_tokens: generation budget; ``None`` (default) = the module's evaluation budget
-            (``eval_sampling.max_new_tokens``, else ``sampling.max_new_tokens``). A value that differs from the
-            module's is refused in ``setup`` (the two arms would not compare); a module with neither needs it.
-        do_sample, temperature: decoding; ``None`` = as the module's evaluation (greedy for a module without
-            ``eval_sampling``/``sampling``).
-        seed: sampling seed (batch ``i`` uses ``seed + i``).
-        step_delimiters: where reasoning steps end.
+        seed: sampling seed when the module's evaluation decoding samples (batch ``i`` uses ``seed + i``).
         attack_column: a batch column with the attack label of each row (``batch["columns"][name]``, else
             ``batch[name]`` or ``meta[name]`` of the step output), e.g. the jailbreak task's ``trigger``.
         is_attack: ``prompt -> bool``, used instead of ``attack_column`` when given.
         harm_fn: ``completion -> bool``, attack success (e.g. ``zoo.data.jailbreak.is_harmful``).
         verifier: ``(completion, answer) -> bool`` for benign accuracy: the task's (``verifier: ${task}`` in the
             config; default the shared completion format's exact verifier, which the jailbreak task uses).
-        final_step_delimiters: where the last reasoning step ends (scored like the others; ``</think>``); ``()``
-            = the text after the last step delimiter is never scored.
-        hook_lookahead: ``L > 0`` (default 32) batches the scorer calls of up to ``L`` tokens: rows decode on while a
-            closed step waits for its score (exact: same output distribution, greedy-identical to ``0``; seeded
-            samples differ after a violation; see :func:`zoo.safety.safethink_generate`); ``0`` scores each step
-            before the row samples on (the algorithm's loop as written).
         max_batches: monitor at most this many batches per epoch (``None``: all).
         log_prefix: metric name prefix.
-        always_prefix: run the always-prepend baseline instead of SafeThink (every reasoning block opens with
-            ``reasoning_open + prefix + step delimiter``; the scorer, ``tau`` and ``m`` are unused; every row counts as
-            intervened and the prefix's tokens as added).
-        reasoning_open: the tag that opens the reasoning block (the always-prepend baseline).
+        always_prefix: run the always-prepend baseline instead of SafeThink (every reasoning block opens with the
+            decoder's step opener + ``prefix`` + its step delimiter; the scorer, ``tau`` and ``m`` are unused; every
+            row counts as intervened and the prefix's tokens as added).
+        records_file: write one JSON line per evaluated row to this file at the end of each validation/test/predict
+            epoch (rank zero; other ranks write ``<stem>.rank<r><suffix>``); ``None``: no records.
         scorer_incremental: how a classifier scorer scores the growing traces: ``"auto"`` (default) = from a KV cache
             per row (only the new tokens are fed) when it is a causal (decoder-only) classifier, else re-reading
             prompt + trace at every step; ``true``/``false`` force it (see
             :class:`zoo.safety.scorers.SequenceClassifierScorer`).
-        records_file: write one JSON line per evaluated row to this file at the end of each validation/test/predict
-            epoch (rank zero; other ranks write ``<stem>.rank<r><suffix>``); ``None``: no records.
+
+    Decoding (budget, sampling, step delimiters, lookahead, ...) is the module's: see the module docstring.
     """
 
     def __init__(
@@ -149,21 +141,14 @@ class SafeThinkMonitor(StageCallback):
         prefix: str = DEFAULT_PREFIX,
         discard_violating_step: bool = False,
         stages: Sequence[str] = STAGES,
-        max_new_tokens: int | None = None,
-        do_sample: bool | None = None,
-        temperature: float | None = None,
         seed: int = 0,
-        step_delimiters: Sequence[str] | str = ("\n",),
         attack_column: str | None = None,
         is_attack: Callable[[str], bool] | None = None,
         harm_fn: Callable[[str], bool] | None = None,
         verifier: Verifier = EXACT_ANSWER,
         max_batches: int | None = None,
         log_prefix: str = "safethink",
-        final_step_delimiters: Sequence[str] | str = (THINK_CLOSE,),
-        hook_lookahead: int = DEFAULT_HOOK_LOOKAHEAD,
         always_prefix: bool = False,
-        reasoning_open: str = "<think>",
         records_file: str | None = None,
         scorer_incremental: str | bool = "auto",
     ) -> None:
@@ -174,8 +159,6 @@ class SafeThinkMonitor(StageCallback):
             raise ConfigError(f"SafeThinkMonitor: stages must be a non-empty subset of {STAGES}, got {list(stages)}")
         if not prefix:
             raise ConfigError("SafeThinkMonitor: prefix must be a non-empty string")
-        if max_new_tokens is not None and max_new_tokens < 1:
-            raise ConfigError(f"SafeThinkMonitor: max_new_tokens must be >= 1, got {max_new_tokens}")
         if max_batches is not None and max_batches < 1:
             raise ConfigError(f"SafeThinkMonitor: max_batches must be >= 1 or None, got {max_batches}")
         for name, fn in (("is_attack", is_attack), ("harm_fn", harm_fn), ("verifier", verifier)):
@@ -187,15 +170,7 @@ class SafeThinkMonitor(StageCallback):
         self.prefix = prefix
         self.discard_violating_step = discard_violating_step
         self.stages = tuple(stages)
-        self.max_new_tokens = max_new_tokens
-        self.do_sample = do_sample
-        self.temperature = temperature
         self.seed = seed
-        self.step_delimiters = step_delimiters
-        self.final_step_delimiters = final_step_delimiters
-        if hook_lookahead < 0:
-            raise ConfigError(f"SafeThinkMonitor: hook_lookahead must be >= 0, got {hook_lookahead}")
-        self.hook_lookahead = int(hook_lookahead)
         self.attack_column = attack_column
         self.is_attack = is_attack
         self.harm_fn = harm_fn
@@ -205,7 +180,6 @@ class SafeThinkMonitor(StageCallback):
         self.max_batches = max_batches
         self.log_prefix = log_prefix
         self.always_prefix = bool(always_prefix)
-        self.reasoning_open = reasoning_open
         self.records_file = Path(records_file) if records_file else None
         self._records: list[dict[str, Any]] = []
         self._epoch = dict.fromkeys(_COUNTERS, 0.0)
@@ -228,30 +202,20 @@ class SafeThinkMonitor(StageCallback):
         require_generating_module(pl_module, "SafeThinkMonitor")
         pad_token_id(pl_module.tokenizer)  # a tokenizer with neither pad nor EOS token is refused here
         self._params = self.decoding(pl_module)
+        safethink_decoder(getattr(pl_module, "decoder", None))  # a decoder SafeThink cannot run through is refused
 
-    def decoding(self, pl_module: Any) -> SamplingParams:
-        """SafeThink's decoding options: the module's evaluation ones (``eval_sampling``, else ``sampling``) with
-        this monitor's ``do_sample``/``temperature`` where set; the budget must be the module's."""
+    @staticmethod
+    def decoding(pl_module: Any) -> SamplingParams:
+        """The module's evaluation decoding options (``eval_sampling``, else ``sampling``), which SafeThink uses as
+        they are, so that its completions and the module's compare (same budget, same sampling)."""
         own = getattr(pl_module, "eval_sampling", None) or getattr(pl_module, "sampling", None)
-        own = own if isinstance(own, SamplingParams) else None
-        if own is None and self.max_new_tokens is None:
+        if not isinstance(own, SamplingParams):
             raise ConfigError(
-                f"SafeThinkMonitor: {type(pl_module).__name__} has no eval_sampling/sampling to take the generation "
-                "budget from; set max_new_tokens to the budget of the module's own generation"
+                f"SafeThinkMonitor: {type(pl_module).__name__} has no eval_sampling/sampling (a "
+                "zoo.protocols.SamplingParams) to decode with; give the module the SamplingParams of its own "
+                "evaluation generation (budget, sampling), e.g. self.eval_sampling = SamplingParams(max_new_tokens=64)"
             )
-        if own is not None and self.max_new_tokens is not None and self.max_new_tokens != own.max_new_tokens:
-            raise ConfigError(
-                f"SafeThinkMonitor: max_new_tokens={self.max_new_tokens} differs from the module's evaluation budget "
-                f"{own.max_new_tokens}: the SafeThink and base completions would not compare; leave it null (the "
-                "module's) or change the module's eval generation"
-            )
-        params = own or SamplingParams(max_new_tokens=self.max_new_tokens)
-        changes: dict[str, Any] = {}
-        if self.do_sample is not None:
-            changes["do_sample"] = self.do_sample
-        if self.temperature is not None:
-            changes["temperature"] = self.temperature
-        return dataclasses.replace(params, **changes) if changes else params
+        return own
 
     # -- per batch --------------------------------------------------------------------------------------------
     def _active(self, trainer: pl.Trainer, stage: str, batch_idx: int) -> bool:
@@ -346,17 +310,10 @@ class SafeThinkMonitor(StageCallback):
         generator = None
         if params.do_sample:
             generator = torch.Generator(device=prompt_ids.device).manual_seed(self.seed + batch_idx)
+        inputs = {"params": params, "generator": generator, "prompt_ids": prompt_ids, "decoder": decoder}
         if self.always_prefix:
-            delimiters = [self.step_delimiters] if isinstance(self.step_delimiters, str) else self.step_delimiters
             texts = always_prefix_generate(
-                pl_module.model,
-                pl_module.tokenizer,
-                prompts,
-                prefix=self.prefix,
-                reasoning_open=self.reasoning_open,
-                step_delimiter=delimiters[0],
-                params=params,
-                generator=generator,
+                pl_module.model, pl_module.tokenizer, prompts, self.prefix, prompt_attention_mask=prompt_mask, **inputs
             )
             added = len(prefix_token_ids(pl_module.tokenizer, self.prefix))
             rows = [(text, [{"step": 0, "score": None, "discarded": False}], added) for text in texts]
@@ -371,15 +328,8 @@ class SafeThinkMonitor(StageCallback):
                 max_steps_monitored=self.max_steps_monitored,
                 prefix=self.prefix,
                 discard_violating_step=self.discard_violating_step,
-                params=params,
-                generator=generator,
-                step_delimiters=self.step_delimiters,
-                prompt_ids=prompt_ids,
                 prompt_attention_mask=prompt_mask,
-                processors=getattr(decoder, "processors", ()),
-                hooks=getattr(decoder, "hooks", ()),
-                final_step_delimiters=self.final_step_delimiters,
-                hook_lookahead=self.hook_lookahead,
+                **inputs,
             )
             rows = [
                 (text, [{"step": i.step, "score": i.score, "discarded": i.discarded} for i in found], added)

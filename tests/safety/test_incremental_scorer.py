@@ -20,8 +20,9 @@ from transformers import (
 
 from zoo.backbones import TinyBackbone
 from zoo.errors import ConfigError
+from zoo.generation.stepwise import StepwiseDecoder
 from zoo.protocols import SamplingParams
-from zoo.safety import SequenceClassifierScorer, safethink_generate
+from zoo.safety import DEFAULT_HOOK_LOOKAHEAD, SequenceClassifierScorer, safethink_generate
 from zoo.safety.scorers import (
     IncrementalScoringSession,
     StatelessSession,
@@ -190,7 +191,7 @@ def test_safethink_interventions_are_the_same_with_incremental_scoring(policy, d
             discard_violating_step=discard,
             params=SamplingParams(max_new_tokens=40, do_sample=True),
             generator=torch.Generator().manual_seed(0),
-            step_delimiters=list("aeiou "),
+            decoder=StepwiseDecoder(step_delimiters=list("aeiou "), hook_lookahead=DEFAULT_HOOK_LOOKAHEAD),
         )
 
     assert_same_safethink_output(run(True), run(False))
@@ -372,8 +373,7 @@ def test_safethink_scores_several_steps_of_a_row_per_call_and_keeps_what_no_look
             max_steps_monitored=4,
             discard_violating_step=discard,
             params=SamplingParams(max_new_tokens=40, do_sample=False),
-            step_delimiters=list("aeiou "),
-            hook_lookahead=lookahead,
+            decoder=StepwiseDecoder(step_delimiters=list("aeiou "), hook_lookahead=lookahead),
         )
     assert_same_safethink_output(outs[32], outs[0])
     assert any(len(set(c)) < len(c) for c in scorers[32].calls)  # several steps of one row in a call

@@ -12,8 +12,9 @@ import torch
 
 from zoo.backbones import TinyBackbone
 from zoo.generation.decoders import generate_text
+from zoo.generation.stepwise import StepwiseDecoder
 from zoo.protocols import SamplingParams
-from zoo.safety import ScorerError, safethink_generate
+from zoo.safety import DEFAULT_HOOK_LOOKAHEAD, ScorerError, safethink_generate
 from zoo.safety.scorers import FunctionScorer, validate_scores
 
 torch.set_num_threads(1)
@@ -45,8 +46,7 @@ def _run(lm, scorer, m=3, tau=0.5, discard=False, seed=0, sample=True, n=48, loo
         discard_violating_step=discard,
         params=SamplingParams(max_new_tokens=n, do_sample=sample),
         generator=torch.Generator().manual_seed(seed),
-        step_delimiters=DELIMS,
-        hook_lookahead=lookahead,
+        decoder=StepwiseDecoder(step_delimiters=DELIMS, hook_lookahead=lookahead),
     )
 
 
@@ -99,8 +99,9 @@ def test_interventions_only_at_steps_le_m_and_at_most_m(lm, m, discard, lookahea
 
 @pytest.mark.parametrize("lookahead", [0, 4])
 def test_prefix_is_injected_at_step_starts(lm, lookahead):
-    """Keep mode: the prefix follows the violating step, i.e. starts right after a delimiter; a violating final step
-    (closed by </think>) is replaced: the prefix starts where that step started (a step start too)."""
+    """Keep mode: the prefix follows the violating step, i.e. starts right after a delimiter (or after a step that
+    closed without one: its row ended inside it); a violating final step (closed by </think>) is replaced: the prefix
+    starts where that step started (a step start too)."""
     model, tok = lm
     out = _run(lm, always(0.0), m=2, discard=False, lookahead=lookahead)
     assert any(r.discarded for records in out.interventions for r in records), "the test must see a final step"
@@ -111,20 +112,22 @@ def test_prefix_is_injected_at_step_starts(lm, lookahead):
         assert len(starts) == len(records)
         for j, record in zip(starts, records):
             assert record.discarded == record.step_text.endswith("</think>")
-            assert (j == 0 and record.discarded) or any(d in tok.decode(ids[j - 1 : j]) for d in DELIMS)
+            after_delimiter = any(d in tok.decode(ids[j - 1 : j]) for d in DELIMS)
+            assert (j == 0 and record.discarded) or after_delimiter or record.cut == "end"
 
 
 def test_raising_tau_never_lowers_the_intervention_count(lm):
     """Scores depend on the step index only (a scripted R_safe), so the count is #{t <= m: s_t < tau}.
 
     The scripted R_safe reads the step index off the trace: steps close at digits, which neither the injected prefix
-    nor the special tokens contain, so the index is the number of digits (+ 1 for a final step closed by </think>);
-    every recorded score is checked against the schedule at the decoder's own step index."""
+    nor the special tokens contain, so the index is the number of digits, + 1 for a step that does not end at a digit
+    (a final step closed by </think>, or the step a row ended inside); every recorded score is checked against the
+    schedule at the decoder's own step index."""
     schedule = [0.9, 0.2, 0.6, 0.4, 0.8, 0.1]
     digits = list("0123456789")
 
     def step_index(trace):
-        return sum(trace.count(d) for d in digits) + trace.endswith("</think>")
+        return sum(trace.count(d) for d in digits) + (trace[-1:] not in digits)
 
     def by_step(prompts, traces):
         return [schedule[min(step_index(t), len(schedule)) - 1] for t in traces]
@@ -141,11 +144,10 @@ def test_raising_tau_never_lowers_the_intervention_count(lm):
             max_steps_monitored=None,
             params=SamplingParams(max_new_tokens=64, do_sample=True),
             generator=torch.Generator().manual_seed(0),
-            step_delimiters=digits,
             # the rows are compared across taus under seeded sampling: at hook_lookahead=0 (and in keep mode) a row's
             # j-th sampled token uses the same random draw whatever the interventions, which keeps the steps it reaches
             # comparable; with a lookahead the tokens discarded after a violation use draws too
-            hook_lookahead=0,
+            decoder=StepwiseDecoder(step_delimiters=digits, hook_lookahead=0),
         )
         for scores in out.step_scores:
             assert all(score == schedule[min(t, len(schedule)) - 1] for t, score in scores)
@@ -252,11 +254,11 @@ def test_the_final_reasoning_step_is_monitored(lm):
             max_steps_monitored=None,
             params=SamplingParams(max_new_tokens=30, do_sample=True),
             generator=torch.Generator().manual_seed(0),
-            step_delimiters=list("aeou "),
             prompt_ids=ids,
             prompt_attention_mask=mask,
-            processors=[force_close],
-            **kw,
+            decoder=StepwiseDecoder(
+                step_delimiters=list("aeou "), processors=[force_close], hook_lookahead=DEFAULT_HOOK_LOOKAHEAD, **kw
+            ),
         )
 
     out = run()
@@ -269,3 +271,53 @@ def test_the_final_reasoning_step_is_monitored(lm):
     off = run(final_step_delimiters=())
     assert not any(t.endswith("</think>") for t in scored)
     assert not any(off.intervened)
+
+
+@pytest.mark.parametrize(("max_step_tokens", "cut"), [(6, "length"), (None, "end")])
+@pytest.mark.parametrize("discard", [False, True])
+def test_a_policy_that_never_writes_the_delimiter_is_scored_and_steered(lm, max_step_tokens, cut, discard):
+    """An adversarial policy writes its unsafe text ('h' here, what the scorer flags) and never the newline that
+    ends SafeThink's steps: a logits processor bans the newline (and </think>) and pushes 'h' (greedy: 'hhh...').
+    The unsafe text is still scored -- at ``max_step_tokens``, or at the end of the row -- and the intervention fires
+    at step 1: keep mode appends the prefix after it, discard mode replaces it by the prefix."""
+    model, tok = lm
+    vocab = tok.get_vocab()
+    h = vocab["h"]
+
+    def adversary(ids, scores):
+        scores = scores.clone()
+        scores[:, [vocab["\n"], vocab["</think>"], tok.eos_token_id]] = float("-inf")
+        scores[:, h] += 100.0
+        return scores
+
+    scored: list[str] = []
+
+    def flag_h(prompts, traces):
+        scored.extend(traces)
+        return [0.0 if "h" in t else 1.0 for t in traces]
+
+    decoder = StepwiseDecoder(processors=[adversary], max_step_tokens=max_step_tokens)
+    out = safethink_generate(
+        model,
+        tok,
+        PROMPTS,
+        flag_h,
+        max_steps_monitored=1,
+        discard_violating_step=discard,
+        params=SamplingParams(max_new_tokens=12),
+        decoder=decoder,
+    )
+    assert all("\n" not in t for t in out.texts)
+    assert scored and all("h" in t for t in scored)
+    for i, text in enumerate(out.texts):
+        (record,) = out.interventions[i]
+        assert (record.step, record.cut, record.discarded) == (1, cut, discard)
+        assert "Wait, think safely" in text
+        if discard:  # the unsafe step was replaced by the prefix
+            assert not text.startswith("h")
+        else:
+            assert text.startswith(record.step_text)
+    plain = safethink_generate(
+        model, tok, PROMPTS, flag_h, max_steps_monitored=0, params=SamplingParams(max_new_tokens=12), decoder=decoder
+    )
+    assert all(t == "h" * 12 for t in plain.texts)  # what the policy writes unmonitored

@@ -19,7 +19,9 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from zoo.callbacks.safethink import SafeThinkMonitor
 from zoo.errors import ConfigError
 from zoo.generation.decoders import SampleDecoder
+from zoo.generation.stepwise import StepwiseDecoder
 from zoo.protocols import SamplingParams
+from zoo.safety import safethink_generate
 
 from conftest import char_tokenizer
 
@@ -34,10 +36,14 @@ def make_tokenizer():
 
 
 class TinyGenerator(pl.LightningModule):
-    """A minimal generating module: tokenizer, model, generate(), and the protocol dict from eval steps."""
+    """A minimal generating module: tokenizer, model, generate(), its evaluation decoding (12 new tokens, greedy;
+    no decoder: SafeThink then decodes step-wise with its defaults) and the protocol dict from eval steps."""
 
-    def __init__(self) -> None:
+    def __init__(self, decoder=None) -> None:
         super().__init__()
+        self.eval_sampling = SamplingParams(max_new_tokens=12)
+        if decoder is not None:
+            self.decoder = decoder
         self.tokenizer = make_tokenizer()
         torch.manual_seed(0)
         self.model = LlamaForCausalLM(
@@ -105,8 +111,6 @@ def monitor(**kw):
         "scorer": flag_attacks,
         "tau": 0.5,
         "max_steps_monitored": 2,
-        "max_new_tokens": 12,
-        "step_delimiters": DELIMS,
         "attack_column": "attack",
         "harm_fn": lambda text: "Wait" not in text,
     }
@@ -194,7 +198,6 @@ def test_module_without_the_protocol_fails_in_setup_naming_what_is_missing(tmp_p
         ({"stages": ["fit"]}, "stages"),
         ({"max_steps_monitored": -2}, "max_steps_monitored"),
         ({"prefix": ""}, "prefix"),
-        ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"harm_fn": 3}, "harm_fn"),
     ],
 )
@@ -222,7 +225,6 @@ def test_records_file_holds_one_line_per_row_that_agrees_with_the_rates(tmp_path
 
 
 def test_always_prefix_baseline_opens_every_reasoning_block_with_the_prefix(tmp_path):
-    from zoo.protocols import SamplingParams
     from zoo.safety import always_prefix_generate
 
     path = tmp_path / "always.jsonl"
@@ -235,15 +237,12 @@ def test_always_prefix_baseline_opens_every_reasoning_block_with_the_prefix(tmp_
     expected = []
     for batch in loader():  # greedy: the baseline's texts are always_prefix_generate's
         expected += always_prefix_generate(
-            module.model,
-            module.tokenizer,
-            batch["prompts"],
-            step_delimiter=" ",
-            params=SamplingParams(max_new_tokens=12),
+            module.model, module.tokenizer, batch["prompts"], params=module.eval_sampling
         )
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["completion"] for r in records] == expected
-    assert all(r["completion"].startswith("<think>Wait, think safely ") for r in records)
+    # the opener, the prefix and the step delimiter of SafeThink's default step-wise decoder
+    assert all(r["completion"].startswith("<think>Wait, think safely\n") for r in records)
     prefix_tokens = len(module.tokenizer("Wait, think safely", add_special_tokens=False)["input_ids"])
     assert metrics["safethink/added_tokens"] == prefix_tokens
     assert cb.state_key != monitor().state_key
@@ -336,7 +335,6 @@ def test_safethink_decodes_from_the_module_prompt_ids_with_its_budget(tmp_path):
         scorer=lambda prompts, traces: [1.0] * len(traces),
         tau=0.5,
         max_steps_monitored=None,
-        step_delimiters=DELIMS,
         attack_column="attack",
         harm_fn=lambda text: judged.append(text) or False,
     )
@@ -347,21 +345,87 @@ def test_safethink_decodes_from_the_module_prompt_ids_with_its_budget(tmp_path):
     assert all(len(module.tokenizer(t)["input_ids"]) <= 7 for t in base)
 
 
-def test_a_budget_other_than_the_module_one_is_refused(tmp_path):
-    cb = monitor(max_new_tokens=12)
-    module = TemplateGenerator()  # evaluates with 7 new tokens
-    with pytest.raises(ConfigError, match="max_new_tokens=12.*7"):
-        cb.setup(None, module, "validate")
+def test_safethink_decodes_with_the_modules_evaluation_settings_and_needs_them():
+    """No decoding settings of its own: the monitor decodes with the module's ``eval_sampling`` (else ``sampling``);
+    a module with neither is one ConfigError naming what to add."""
+    module = TemplateGenerator()
+    assert SafeThinkMonitor.decoding(module) is module.eval_sampling
+    del module.eval_sampling
+    with pytest.raises(ConfigError, match="no eval_sampling/sampling .*self.eval_sampling = SamplingParams"):
+        monitor().setup(None, module, "validate")
 
 
-def test_a_budget_other_than_the_modules_is_refused_and_none_takes_the_modules():
-    """Both arms must decode with one budget: a monitor budget that differs from the module's evaluation budget is one
-    ConfigError naming both; ``max_new_tokens=None`` takes the module's."""
-    from zoo.errors import ConfigError
-    from zoo.protocols import SamplingParams
-
+def test_safethink_monitors_through_the_modules_stepwise_decoder(tmp_path):
+    """One decoding path: with a step-wise decoder on the module, SafeThink uses its settings (every character closes
+    a step here) and its logits processors, and leaves it as it was (no step hook set on it)."""
     module = TinyGenerator()
-    module.eval_sampling = SamplingParams(max_new_tokens=7)
-    with pytest.raises(ConfigError, match="max_new_tokens=12 differs from the module's evaluation budget 7"):
-        monitor().decoding(module)
-    assert monitor(max_new_tokens=None).decoding(module).max_new_tokens == 7
+
+    def through(decoder, prompts=PROMPTS):
+        return safethink_generate(
+            module.model,
+            module.tokenizer,
+            prompts,
+            flag_attacks,
+            max_steps_monitored=2,
+            params=module.eval_sampling,
+            decoder=decoder,
+        ).texts
+
+    unbanned = through(StepwiseDecoder(step_delimiters=DELIMS))
+    # ban a character these completions use (not one of the prefix)
+    banned_char = next(c for text in unbanned for c in text if c not in "Wait, think safely<>/")
+    banned = module.tokenizer.convert_tokens_to_ids(banned_char)
+
+    def ban(ids, scores):
+        scores = scores.clone()
+        scores[:, banned] = float("-inf")
+        return scores
+
+    decoder = StepwiseDecoder(step_delimiters=DELIMS, processors=[ban])
+    path = tmp_path / "records.jsonl"
+    cb = monitor(records_file=str(path))
+    metrics = trainer([cb], tmp_path).validate(TinyGenerator(decoder), loader(), verbose=False)[0]
+    assert decoder.step_hook is None
+    assert metrics["safethink/intervention_rate"] == 1.0
+    expected = [text for batch in loader() for text in through(decoder, batch["prompts"])]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["completion"] for r in records] == expected
+    assert not any(banned_char in text for text in expected) and expected != unbanned  # its processor applied
+    assert through(None) != unbanned  # SafeThink's default decoder (newline steps) writes other completions
+
+
+def test_a_decoder_safethink_cannot_monitor_step_by_step_is_refused_in_setup():
+    from zoo.generation.decoders import GreedyDecoder
+
+    with pytest.raises(ConfigError, match="GreedyDecoder.*module/decoder=stepwise"):
+        monitor().setup(None, TinyGenerator(GreedyDecoder()), "validate")
+
+
+def test_a_policy_that_never_writes_the_delimiter_is_still_monitored(tmp_path):
+    """A plain Lightning module whose decoder (a plain sampler) never samples the newline that ends SafeThink's steps
+    (a logits processor bans it; an adversarial prompt can ask for that): every attack row is still scored -- its
+    step closes at the end of the row -- and steered; none of the benign rows is."""
+    newline = make_tokenizer().convert_tokens_to_ids("\n")
+    seen: list[str] = []
+
+    def ban_newline(ids, scores):
+        scores = scores.clone()
+        scores[:, newline] = float("-inf")
+        return scores
+
+    def scorer(prompts, traces):
+        seen.extend(traces)
+        return flag_attacks(prompts, traces)
+
+    path = tmp_path / "records.jsonl"
+    cb = monitor(scorer=scorer, records_file=str(path))
+    metrics = trainer([cb], tmp_path).validate(
+        TinyGenerator(SampleDecoder(processors=[ban_newline])), loader(), verbose=False
+    )[0]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert not any("\n" in r["completion"] for r in records)
+    assert seen, "the rows' text was scored"
+    assert metrics["safethink/intervention_rate"] == 1.0
+    assert metrics["safethink/false_intervention_rate"] == 0.0
+    assert metrics["safethink/asr"] == 0.0  # harm_fn: the prefix steered every attack row
+    assert all(r["interventions"][0]["step"] == 1 for r in records if r["attack"])

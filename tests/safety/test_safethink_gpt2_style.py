@@ -12,8 +12,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from zoo.errors import ConfigError
 from zoo.generation.decoders import generate_text
+from zoo.generation.stepwise import StepwiseDecoder
 from zoo.protocols import SamplingParams
-from zoo.safety import safethink_generate
+from zoo.safety import DEFAULT_HOOK_LOOKAHEAD, safethink_generate
 
 from conftest import char_tokenizer
 
@@ -56,7 +57,7 @@ def test_a_tokenizer_without_pad_token_pads_with_eos(caplog):
             max_steps_monitored=None,
             params=params,
             generator=torch.Generator().manual_seed(0),
-            step_delimiters=EVERY_CHAR,
+            decoder=StepwiseDecoder(step_delimiters=EVERY_CHAR, hook_lookahead=DEFAULT_HOOK_LOOKAHEAD),
         )
     assert "no pad token" in caplog.text
     plain = generate_text(model, tok, PROMPTS, params, torch.Generator().manual_seed(0))
@@ -72,7 +73,7 @@ def test_injected_prefix_tokens_count_in_the_context_check():
     kwargs = {
         "params": SamplingParams(max_new_tokens=20, do_sample=True),
         "generator": torch.Generator().manual_seed(0),
-        "step_delimiters": EVERY_CHAR,
+        "decoder": StepwiseDecoder(step_delimiters=EVERY_CHAR, hook_lookahead=DEFAULT_HOOK_LOOKAHEAD),
     }
     prompts = ["JB q1=", "q2=123"]
     plain = safethink_generate(model, tok, prompts, always_unsafe, max_steps_monitored=0, **kwargs)
@@ -101,8 +102,7 @@ def test_lookahead_discards_grow_the_cache_past_the_positions_and_keep_what_no_l
             always_unsafe,
             max_steps_monitored=1,
             params=params,
-            step_delimiters=EVERY_CHAR,
-            hook_lookahead=lookahead,
+            decoder=StepwiseDecoder(step_delimiters=EVERY_CHAR, hook_lookahead=lookahead),
         )
         for lookahead in (0, 20)
     }

@@ -17,9 +17,16 @@ from zoo.backbones import TinyBackbone, build_char_tokenizer
 from zoo.data.jailbreak import JailbreakTask, SafetyPrefixSource
 from zoo.datamodules.labelled_prefixes import LabelledPrefixDataModule
 from zoo.errors import DataError
+from zoo.generation.stepwise import StepwiseDecoder
 from zoo.modules.sequence_classifier import SequenceClassifierModule
 from zoo.protocols import SamplingParams
-from zoo.safety import ScorerError, SequenceClassifierScorer, load_safety_rm, safethink_generate
+from zoo.safety import (
+    DEFAULT_HOOK_LOOKAHEAD,
+    ScorerError,
+    SequenceClassifierScorer,
+    load_safety_rm,
+    safethink_generate,
+)
 from zoo.safety.scorers import SCORER_CONFIG
 
 torch.set_num_threads(1)
@@ -115,8 +122,11 @@ def test_export_drives_safethink(trained):
         max_steps_monitored=1,
         params=SamplingParams(max_new_tokens=24, do_sample=True),  # greedy decoding of a random model repeats "="
         generator=torch.Generator().manual_seed(0),
-        step_delimiters=list("abcdefghijklmnopqrstuvwxyz0123456789 "),
-        final_step_delimiters=(),
+        decoder=StepwiseDecoder(
+            step_delimiters=list("abcdefghijklmnopqrstuvwxyz0123456789 "),
+            final_step_delimiters=(),
+            hook_lookahead=DEFAULT_HOOK_LOOKAHEAD,
+        ),
     )
     assert out.num_interventions == [1, 1]
     rm = load_safety_rm(path)

@@ -7,6 +7,7 @@ from zoo.safety.safethink import (
     SafeThinkHook,
     SafeThinkResult,
     always_prefix_generate,
+    safethink_decoder,
     safethink_generate,
 )
 from zoo.safety.scorers import (
@@ -37,6 +38,7 @@ __all__ = [
     "as_scorer",
     "is_causal_classifier",
     "load_safety_rm",
+    "safethink_decoder",
     "safethink_generate",
     "scoring_session",
     "validate_scores",

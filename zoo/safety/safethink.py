@@ -25,13 +25,20 @@ Equation / algorithm line -> function:
 * lines 4a/4b (prefix injection, keep or resample the step) -> :class:`SafeThinkHook` -> ``StepAction``
 * the whole loop -> :func:`safethink_generate`
 * baselines: plain generation (m = 0) -> ``max_steps_monitored=0``; always-prepend-prefix ->
-  :func:`always_prefix_generate`
+  :func:`always_prefix_generate` (through the same decoder)
 
 Conventions fixed here (the sources are silent; see inference.md 1(f)):
 
+* SafeThink decodes through the decoder seam (:func:`safethink_decoder`): a module's
+  :class:`~zoo.generation.stepwise.StepwiseDecoder` with its settings, else one with SafeThink's defaults and the
+  module decoder's processors and hooks; the step settings below are that decoder's;
 * steps end at ``step_delimiters`` (newline by default); the last reasoning step ends at a final-step delimiter
   (``final_step_delimiters``, the closing tag ``</think>`` by default) and is monitored like the others; the text
   after it (the answer) is not a step;
+* a policy cannot escape the monitor by never writing a delimiter: a step with no delimiter is scored once it holds
+  ``max_step_tokens`` tokens (256 by default) and, unfinished, when its row ends (EOS, stop string, budget), so every
+  reasoning token lies in a step that is scored while ``t <= m``; a violation there acts as at any step (keep mode:
+  the prefix follows it and the row continues, an EOS that ended it dropped, unless its budget is spent);
 * [assumed] a violation at the final step always discards that step and resamples it after the prefix (line 4b),
   also in keep mode: keeping it would put the prefix after the closing tag, in the answer;
 * the prefix stays visible in the returned text; in keep mode (4a) it opens the next step, so with the
@@ -39,7 +46,8 @@ Conventions fixed here (the sources are silent; see inference.md 1(f)):
 * at most one intervention per step index (a resampled step is not checked again), so a row gets at most
   ``m`` interventions, all at steps ``t <= m``;
 * the scorer is called only when a step closes and only while ``t <= m``;
-* scorer calls are batched over rows and steps (``hook_lookahead``, default :data:`DEFAULT_HOOK_LOOKAHEAD` = 32):
+* scorer calls are batched over rows and steps (the decoder's ``hook_lookahead``; SafeThink's default decoder uses
+  :data:`DEFAULT_HOOK_LOOKAHEAD` = 32):
   rows decode on while closed steps wait to be scored, for at most 32 iterations after the oldest closed (a row
   that finished waits in the batch until finished rows leave it), and the waiting steps of all rows -- several of
   one row included, read off one pass of the classifier over its newest trace -- are scored in one call; a
@@ -62,11 +70,11 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.encoding import encode_prompts
-from zoo.generation.decoders import ForwardHook, LogitsProcessor, SampleDecoder
+from zoo.errors import ConfigError
+from zoo.generation.decoders import Decoder, SampleDecoder
 from zoo.generation.stepwise import StepAction, StepEvent, StepwiseDecoder, StepwiseResult, read_traces
 from zoo.protocols import SamplingParams
 from zoo.safety.scorers import as_scorer, scorer_name, scoring_session, validate_scores
-from zoo.tokens import THINK_CLOSE
 
 DEFAULT_PREFIX = "Wait, think safely"
 # tokens a closed step may wait for its score while its row decodes on (batched scorer calls; exact, see above)
@@ -82,12 +90,15 @@ class Intervention:
         score: ``R_safe`` of the trace with that step (``< tau``).
         step_text: the violating step (discarded when ``discarded`` is true, kept otherwise).
         discarded: whether the step was dropped and resampled after the prefix (line 4b).
+        cut: how the step closed without a delimiter: ``"length"`` (the decoder's ``max_step_tokens``) or ``"end"``
+            (its row ended inside it); ``None``: at a delimiter.
     """
 
     step: int
     score: float
     step_text: str
     discarded: bool
+    cut: str | None = None
 
 
 @dataclass
@@ -203,7 +214,9 @@ class SafeThinkHook:
             self.step_scores[event.row].append((event.step_index, score))
             if score < self.tau:
                 discard = self.discard or event.final
-                self.interventions[event.row].append(Intervention(event.step_index, score, event.step_text, discard))
+                self.interventions[event.row].append(
+                    Intervention(event.step_index, score, event.step_text, discard, event.cut)
+                )
                 actions[event.row] = StepAction(self.prefix_ids, rollback=discard, step_index=event.step_index)
         return actions
 
@@ -228,6 +241,43 @@ def check_safethink_args(tau: float, max_steps_monitored: int | None) -> None:
         )
 
 
+def safethink_decoder(decoder: Decoder | None = None) -> StepwiseDecoder:
+    """The step-wise decoder SafeThink runs through, from a module's decoder (the decoder seam): a
+    :class:`~zoo.generation.stepwise.StepwiseDecoder` as it is (its delimiters, lookahead, step length, processors
+    and hooks); a plain :class:`~zoo.generation.decoders.SampleDecoder`, or none, as a step-wise decoder with the
+    same processor and hook lists and SafeThink's step settings (the ``StepwiseDecoder`` defaults: newline steps,
+    ``</think>`` final step, ``max_step_tokens`` 256; ``hook_lookahead`` :data:`DEFAULT_HOOK_LOOKAHEAD`), which
+    decodes token-identically when no step violates. Any other decoder (greedy, DTS, undo, watermark, ...) decodes
+    in a loop that cannot be monitored step by step: a :class:`~zoo.errors.ConfigError` says what to set."""
+    if isinstance(decoder, StepwiseDecoder):
+        return decoder
+    if decoder is not None and type(decoder) is not SampleDecoder:
+        raise ConfigError(
+            f"SafeThink monitors through a step-wise decoder, and the module's decoder is {type(decoder).__name__}, "
+            "whose decoding loop it cannot score step by step; set module/decoder=stepwise (greedy decoding: "
+            "module.eval_generation.do_sample=false), or module/decoder=sample"
+        )
+    stepwise = StepwiseDecoder(hook_lookahead=DEFAULT_HOOK_LOOKAHEAD)
+    if decoder is not None:  # the same lists: what a callback adds to them applies to SafeThink's decoding too
+        stepwise.processors, stepwise.hooks = decoder.processors, decoder.hooks
+    return stepwise
+
+
+def _prompt_inputs(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    prompt_ids: torch.Tensor | None,
+    prompt_attention_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and mask: the given ones (rows must match ``prompts``), else BOS + text."""
+    if prompt_ids is None:
+        return encode_prompts(tokenizer, prompts, next(model.parameters()).device)
+    if prompt_ids.shape[0] != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but prompt_ids has {prompt_ids.shape[0]} rows")
+    return prompt_ids, (torch.ones_like(prompt_ids) if prompt_attention_mask is None else prompt_attention_mask)
+
+
 @torch.no_grad()
 def safethink_generate(
     model: PreTrainedModel,
@@ -240,13 +290,9 @@ def safethink_generate(
     discard_violating_step: bool = False,
     params: SamplingParams | None = None,
     generator: torch.Generator | None = None,
-    step_delimiters: str | Sequence[str] = "\n",
     prompt_ids: torch.Tensor | None = None,
     prompt_attention_mask: torch.Tensor | None = None,
-    processors: Sequence[LogitsProcessor] = (),
-    hooks: Sequence[ForwardHook] = (),
-    final_step_delimiters: str | Sequence[str] = (THINK_CLOSE,),
-    hook_lookahead: int = DEFAULT_HOOK_LOOKAHEAD,
+    decoder: Decoder | None = None,
 ) -> SafeThinkResult:
     """Generate with SafeThink (the algorithm of the module docstring).
 
@@ -263,43 +309,33 @@ def safethink_generate(
         params: decoding options (greedy by default).
         generator: seeded ``torch.Generator`` (with an always-safe scorer, the output is token-identical to
             :class:`~zoo.generation.decoders.SampleDecoder` with the same seed).
-        step_delimiters: where steps end.
         prompt_ids, prompt_attention_mask: pre-tokenized left-padded prompts (rows match ``prompts``), e.g. a
             module's own encoding of them (chat template); ``None``: BOS + text, as the datamodules encode prompts.
-        processors, hooks: logits processors and forward hooks of the decoder (e.g. a module's
-            ``decoder.processors`` / ``decoder.hooks``, so that SafeThink composes with them).
-        final_step_delimiters: where the last reasoning step ends (monitored too); ``()`` = never.
-        hook_lookahead: ``L > 0`` (default 32): rows keep decoding while closed steps wait, and the waiting steps of
-            all rows (several of one row included) are scored in one call once the oldest has waited ``L``
-            iterations, a quarter of the rows are done while some of them wait, or every row is done (a done row
-            that waits leaves the decoding batch meanwhile); a violation discards what
-            was sampled after its step (not counted against the row's budget),
-            then acts as above (see :class:`~zoo.generation.stepwise.StepwiseDecoder`). Fewer scorer calls; the
-            output has the same distribution as with ``0``, token-identical to it under greedy decoding and to plain
-            decoding when nothing violates; seeded samples differ from ``0`` after a violation. ``0``: score each
-            closed step before the row samples on (the algorithm's loop as written).
+        decoder: the decoder to run through (:func:`safethink_decoder`): a
+            :class:`~zoo.generation.stepwise.StepwiseDecoder` brings the step settings -- ``step_delimiters``,
+            ``final_step_delimiters`` (the last reasoning step, monitored too), ``max_step_tokens`` (a step with no
+            delimiter is scored after that many tokens, and an unfinished one at the row's end), ``hook_lookahead``
+            (``L > 0``: rows decode on while closed steps wait up to ``L`` iterations, and the waiting steps of all
+            rows are scored in one call; exact: same distribution as ``0``, token-identical to it under greedy
+            decoding and to plain decoding when nothing violates) -- and its logits processors and forward hooks;
+            ``None`` or a plain sampler: SafeThink's defaults (``hook_lookahead`` 32). The decoder is not changed
+            (SafeThink's hook is set on a copy).
 
     Returns:
         :class:`SafeThinkResult`.
     """
     check_safethink_args(tau, max_steps_monitored)
-    if prompt_ids is None:
-        prompt_ids, prompt_attention_mask = encode_prompts(tokenizer, prompts, next(model.parameters()).device)
-    elif prompt_attention_mask is None:
-        prompt_attention_mask = torch.ones_like(prompt_ids)
-    if prompt_ids.shape[0] != len(prompts):
-        raise ValueError(f"{len(prompts)} prompts but prompt_ids has {prompt_ids.shape[0]} rows")
+    prompt_ids, prompt_attention_mask = _prompt_inputs(model, tokenizer, prompts, prompt_ids, prompt_attention_mask)
+    stepwise = safethink_decoder(decoder)
+    if stepwise.step_hook is not None:
+        raise ConfigError(
+            f"the step-wise decoder already has a step hook ({type(stepwise.step_hook).__name__}); SafeThink's hook "
+            "would replace it: remove it (decoder.step_hook = None) or give SafeThink a decoder of its own"
+        )
     prefix_ids = prefix_token_ids(tokenizer, prefix)
     hook = SafeThinkHook(scorer, prompts, tau, max_steps_monitored, prefix_ids, discard_violating_step)
-    decoder = StepwiseDecoder(
-        None if max_steps_monitored == 0 else hook,
-        step_delimiters,
-        processors=processors,
-        hooks=hooks,
-        final_step_delimiters=final_step_delimiters,
-        hook_lookahead=hook_lookahead,
-    )
-    out = decoder(model, tokenizer, prompt_ids, prompt_attention_mask, params=params, generator=generator)
+    run = stepwise.with_step_hook(None if max_steps_monitored == 0 else hook)
+    out = run(model, tokenizer, prompt_ids, prompt_attention_mask, params=params, generator=generator)
     return SafeThinkResult(
         texts=out.texts,
         interventions=hook.interventions,
@@ -319,17 +355,25 @@ def always_prefix_generate(
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
     prefix: str = DEFAULT_PREFIX,
-    reasoning_open: str = "<think>",
-    step_delimiter: str = "\n",
     params: SamplingParams | None = None,
     generator: torch.Generator | None = None,
+    prompt_ids: torch.Tensor | None = None,
+    prompt_attention_mask: torch.Tensor | None = None,
+    decoder: Decoder | None = None,
 ) -> list[str]:
-    """Baseline: always start the reasoning with the prefix (``reasoning_open + prefix + delimiter``).
+    """Baseline: always start the reasoning with the prefix -- the prompt ids are followed by the tokens of the
+    decoder's first step opener, the prefix and its first step delimiter (``<think>Wait, think safely\n`` with
+    SafeThink's defaults), and the model continues from there through the same decoder as SafeThink (no step hook:
+    plain decoding with its processors and forward hooks; :func:`safethink_decoder`).
 
-    The returned texts include the forced opening, so they parse like ordinary completions.
+    Prompts as :func:`safethink_generate`. The returned texts include the forced opening, so they parse like ordinary
+    completions.
     """
-    forced = reasoning_open + prefix + step_delimiter
-    device = next(model.parameters()).device
-    ids, mask = encode_prompts(tokenizer, [p + forced for p in prompts], device)
-    result = SampleDecoder()(model, tokenizer, ids, mask, params=params, generator=generator)
+    stepwise = safethink_decoder(decoder)
+    forced = (stepwise.step_openers[0] if stepwise.step_openers else "") + prefix + stepwise.step_delimiters[0]
+    ids, mask = _prompt_inputs(model, tokenizer, prompts, prompt_ids, prompt_attention_mask)
+    forced_ids = torch.tensor(prefix_token_ids(tokenizer, forced), dtype=ids.dtype, device=ids.device)
+    ids = torch.cat([ids, forced_ids.expand(ids.shape[0], -1)], dim=1)
+    mask = torch.cat([mask, torch.ones(ids.shape[0], len(forced_ids), dtype=mask.dtype, device=mask.device)], dim=1)
+    result = stepwise.with_step_hook(None)(model, tokenizer, ids, mask, params=params, generator=generator)
     return [forced + t for t in result.texts]
