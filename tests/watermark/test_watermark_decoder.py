@@ -242,9 +242,11 @@ def test_watermarked_text_is_detected_and_plain_text_is_not_at_the_fixed_thresho
     assert all(s.trials == 1 for s in plain.samples)  # max_trials = 1: the first candidate every time
     # the key matters: another key does not detect the watermarked texts
     assert sum(detect(t, lsh_scheme(key=KEY + 1)).detected for t in marked.texts) <= 1
-    # detection ignores the prompt: with the prompt in front the verdict and z are unchanged
-    for prompt, text, z in zip(prompts, marked.texts, marked_z):
-        assert detect(prompt + text, scheme, prompt=prompt).z == pytest.approx(z)
+    # given the prompt (in front or not), sentence 1 is scored too, keyed on the prompt as the decoder keyed it
+    for prompt, text in zip(prompts, marked.texts):
+        alone, keyed = detect(text, scheme), detect(prompt + text, scheme, prompt=prompt)
+        assert keyed.sentences == alone.sentences and keyed.num_scored == len(keyed.sentences)
+        assert keyed.green[1:] == alone.green[1:] and keyed.z > alone.z > 3.0
 
 
 def test_a_context_window_lets_long_texts_through_a_short_model_context(lm):

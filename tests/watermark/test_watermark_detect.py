@@ -75,18 +75,26 @@ def test_unwatermarked_green_fraction_within_binomial_interval_of_gamma():
     assert abs(green / scored - 0.25) < half_width, green / scored
 
 
-def test_detection_ignores_the_prompt():
-    text = watermarked()
+def test_detection_with_the_prompt_scores_every_generated_sentence():
+    """The sampler keys sentence 1 on the prompt's last sentence; given ``prompt=``, the detector does too, so all
+    ``n`` sentences are scored (``n - 1`` without the prompt). The prompt is stripped when it is in front."""
+    prompt = "The morning fog covered the bridge."
+    text = watermarked(prompt)
     reference = detect(text, scheme())
-    for prompt in ["The morning fog covered the bridge.", "Investors sold new bonds. The market fell.", ""]:
-        with_prompt = detect(f"{prompt} {text}", scheme(), prompt=prompt)
-        assert (with_prompt.z, with_prompt.regions, with_prompt.green) == (
-            reference.z,
-            reference.regions,
-            reference.green,
-        )
-        # a prompt that is not in front of the text changes nothing
-        assert detect(text, scheme(), prompt=prompt).z == reference.z
+    for given in (f"{prompt} {text}", text):
+        with_prompt = detect(given, scheme(), prompt=prompt)
+        assert with_prompt.sentences == reference.sentences and with_prompt.regions == reference.regions
+        assert with_prompt.num_scored == len(with_prompt.sentences) == 10
+        assert with_prompt.green[1:] == reference.green[1:]
+        assert with_prompt.green[0] is True  # the first sentence was sampled green given the prompt
+        assert with_prompt.num_green == reference.num_green + 1
+        assert with_prompt.z == pytest.approx(z_score(with_prompt.num_green, 10, 0.25))
+    for other in ["Investors sold new bonds. The market fell.", ""]:  # sentence 1 keyed on another region
+        expected = scheme().context_region(other)
+        keyed = detect(f"{other} {text}", scheme(), prompt=other)
+        assert keyed.num_scored == 10 and keyed.green[1:] == reference.green[1:]
+        first = int(reference.regions[0]) in green_regions(KEY, expected, 8, 0.25).tolist()
+        assert keyed.green[0] == first
 
 
 def test_degenerate_texts_have_documented_results():

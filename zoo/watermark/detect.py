@@ -1,9 +1,11 @@
-"""Detection of sentence-level watermarks: a one-sided z-test over sentences ``2..n`` at a fixed threshold.
+"""Detection of sentence-level watermarks: a one-sided z-test over the scored sentences at a fixed threshold.
 
 Sentence ``t`` is green when its region lies in ``G(key, region(sentence t-1))``. Sentence 1 is keyed on the
-prompt, which the detector does not see, so it is never scored: with ``n`` sentences, ``n - 1`` are scored and
+prompt's last sentence (:meth:`~zoo.watermark.sampler.WatermarkScheme.context_region`, as the samplers key it): given
+``prompt=``, all ``n`` sentences are scored; without the prompt, sentence 1 cannot be scored and ``n - 1`` are. With
+``m`` scored sentences, ``n_g`` of them green,
 
-    z = (n_g - gamma (n - 1)) / sqrt((n - 1) gamma (1 - gamma))
+    z = (n_g - gamma m) / sqrt(m gamma (1 - gamma))
 
 is compared with a fixed threshold (SemStamp's detection uses 3.0 [code]; fixed thresholds, not ones tuned per
 text set, are what a deployment can use, THU-BPM/MarkLLM#32).
@@ -11,7 +13,8 @@ text set, are what a deployment can use, THU-BPM/MarkLLM#32).
 Results for degenerate inputs (documented, no exception, so batch evaluation never stops):
 
 * empty or whitespace-only text -> ``z = None``, ``detected = False``, ``note`` says the text is empty;
-* a single sentence -> ``z = None``, ``detected = False``, ``note`` says z is undefined (no sentence is scored).
+* a single sentence without the prompt -> ``z = None``, ``detected = False``, ``note`` says z is undefined (no
+  sentence is scored).
 
 Errors: a partition whose dimension differs from the encoder's, ``gamma`` outside ``(0, 1)`` or with a
 fractional ``gamma R``, a missing partition file (:class:`~zoo.errors.ConfigError` /
@@ -70,8 +73,9 @@ class DetectionResult:
     Attributes:
         sentences: the sentences of the text (the prompt removed when it was given and found).
         regions: region of each sentence.
-        green: per sentence, whether it is green given the previous one (None for sentence 1, not scored).
-        num_scored: sentences scored (``len(sentences) - 1``, at least 0).
+        green: per sentence, whether it is green given the previous one (sentence 1: given the prompt's last
+            sentence when the prompt was given, else None, not scored).
+        num_scored: sentences scored (``len(sentences)`` with the prompt, else ``len(sentences) - 1``, at least 0).
         num_green: green sentences among the scored ones.
         gamma: the green fraction tested against.
         z: the z statistic (None when no sentence is scored).
@@ -121,22 +125,30 @@ def detect(
         text: the generated text (with or without the prompt in front).
         scheme: the encoder, partition, key and gamma used for generation.
         threshold: fixed z threshold; detected when ``z > threshold``.
-        prompt: if given and ``text`` starts with it, it is removed before splitting (MarkLLM returns
-            prompt + generation and users then detect on both, THU-BPM/MarkLLM#65).
+        prompt: the prompt the text was generated after (``""``: an empty prompt). If ``text`` starts with it, it is
+            removed before splitting (MarkLLM returns prompt + generation and users then detect on both,
+            THU-BPM/MarkLLM#65); its last sentence keys sentence 1, which is then scored. ``None``: unknown, sentence
+            1 is not scored.
     """
     sentences = split_sentences(strip_prompt(text, prompt))
     regions = [int(r) for r in scheme.regions(sentences)[0]]
-    green: list[bool | None] = [None] * min(1, len(sentences))
-    if len(sentences) > 1:
-        flags = scheme.green.is_green(torch.tensor(regions[1:]), torch.tensor(regions[:-1]))
-        green += [bool(f) for f in flags]
-    num_scored = max(len(sentences) - 1, 0)
+    if prompt is None:
+        green: list[bool | None] = [None] * min(1, len(sentences))
+        scored, previous = regions[1:], regions[:-1]
+    else:
+        green, scored, previous = [], regions, [scheme.context_region(prompt), *regions[:-1]]
+    if scored:
+        green += [bool(f) for f in scheme.green.is_green(torch.tensor(scored), torch.tensor(previous))]
+    num_scored = len(scored)
     num_green = sum(bool(g) for g in green)
     z: float | None = None
     if not sentences:
         note = "empty text: no sentence to score"
     elif num_scored == 0:
-        note = "z undefined: a single sentence (sentence 1 is keyed on the prompt and not scored; need >= 2)"
+        note = (
+            "z undefined: a single sentence (sentence 1 is keyed on the prompt and not scored without it; give the "
+            "prompt or need >= 2)"
+        )
     else:
         note = ""
         z = z_score(num_green, num_scored, scheme.gamma)
@@ -192,7 +204,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--encoder", default=None, help="encoder spec (default: the one recorded with the partition)")
     parser.add_argument("--gamma", type=float, default=0.25, help="green fraction used for generation (default 0.25)")
     parser.add_argument("--threshold", type=float, default=DEFAULT_Z_THRESHOLD, help="fixed z threshold")
-    parser.add_argument("--prompt-file", default=None, help="prompt to remove from the front of each text")
+    parser.add_argument(
+        "--prompt-file",
+        default=None,
+        help="the prompt: removed from the front of each text; its last sentence keys sentence 1, then scored",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per file instead of the table")
     args = parser.parse_args(argv)
     try:
