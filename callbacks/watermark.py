@@ -36,13 +36,18 @@ With ``human`` (unwatermarked reference texts, :func:`zoo.watermark.evaluation.h
 * ``occupancy_entropy`` -- entropy of the regions of the human sentences over ``log R`` (1 = equal mass);
 * ``human_green_rate`` / ``human_green_rate_sd`` -- ``P(green | human)`` averaged over ``keys`` keys and its sd
   over keys (``gamma`` for every key only under equal mass);
-* ``human_fpr_mean`` / ``human_fpr_sd`` / ``human_fpr_max`` -- per key, the false-positive rate of a human text of
-  ``human.sentences`` sentences at the fixed threshold (the binomial tail at that key's green probability);
-* ``human_detection_rate`` -- human texts detected under the run's key;
+* ``human_fpr_empirical_mean`` / ``_sd`` / ``_max`` -- per key, the false-positive rate **measured** on the human
+  texts at the fixed threshold (the fraction detected, :func:`~zoo.watermark.evaluation.empirical_fpr`);
+* ``human_fpr_mean`` / ``human_fpr_sd`` / ``human_fpr_max`` -- the binomial **approximation** of the same per-key
+  rate (the tail at that key's green probability, sentences taken as independent);
+* ``human_detection_rate`` -- human texts detected under the run's key (its measured FPR);
+* ``threshold_at_fpr`` -- the z threshold whose measured FPR on the human texts under the run's key is at most
+  ``fpr`` (:func:`~zoo.watermark.evaluation.empirical_threshold`);
 * ``tpr_at_fpr`` and ``<attack>/tpr_at_fpr`` -- the detection rate at the threshold that flags ``fpr`` of the
   human texts under the run's key;
 
-and the per-key values are written to ``<save_dir>/calibration.json`` (``keys``, ``green_rate``, ``fpr``).
+and the per-key values are written to ``<save_dir>/calibration.json`` (``keys``, ``green_rate``, ``fpr_empirical``,
+``fpr``: the binomial approximation).
 
 In predict, each row of the step output's ``meta`` also gets ``watermarked``, ``watermark_z``,
 ``watermark_detected``, ``watermark_wsr`` (and ``plain``, ``plain_z`` with the baseline), so ``predictions.jsonl``
@@ -77,12 +82,15 @@ from zoo.watermark.attacks import Attack
 from zoo.watermark.decoder import SemanticWatermarkDecoder, WatermarkGenerationResult
 from zoo.watermark.detect import DEFAULT_Z_THRESHOLD, detect
 from zoo.watermark.evaluation import (
+    empirical_fpr,
+    empirical_threshold,
     false_positive_rate,
     green_probability_per_key,
     human_texts,
     occupancy_entropy,
     tpr_at_fpr,
     transition_counts,
+    z_scores_per_key,
 )
 
 _BASE_COUNTERS = (
@@ -276,6 +284,8 @@ class WatermarkCallback(StageCallback):
                 [false_positive_rate(float(x), self.human_sentences - 1, scheme.gamma, self.threshold) for x in p],
                 dtype=torch.float64,
             )
+            z = z_scores_per_key(regions, num_regions, range(self.keys), scheme.gamma)
+            measured = torch.tensor([empirical_fpr(row.tolist(), self.threshold) for row in z], dtype=torch.float64)
             self._calibration = {
                 "occupancy_entropy": occupancy_entropy(torch.tensor([r for rs in regions for r in rs]), num_regions),
                 "human_green_rate": float(p.mean()),
@@ -283,9 +293,18 @@ class WatermarkCallback(StageCallback):
                 "human_fpr_mean": float(fpr.mean()),
                 "human_fpr_sd": float(fpr.std()) if len(fpr) > 1 else 0.0,
                 "human_fpr_max": float(fpr.max()),
+                "human_fpr_empirical_mean": float(measured.mean()),
+                "human_fpr_empirical_sd": float(measured.std()) if len(measured) > 1 else 0.0,
+                "human_fpr_empirical_max": float(measured.max()),
                 "human_detection_rate": sum(r.detected for r in results) / len(results),
+                "threshold_at_fpr": empirical_threshold(self._human_z, self.fpr),
             }
-            self.per_key = {"keys": list(range(self.keys)), "green_rate": p.tolist(), "fpr": fpr.tolist()}
+            self.per_key = {
+                "keys": list(range(self.keys)),
+                "green_rate": p.tolist(),
+                "fpr_empirical": measured.tolist(),
+                "fpr": fpr.tolist(),
+            }
         return self._calibration
 
     def _write_calibration(self, trainer: pl.Trainer) -> None:

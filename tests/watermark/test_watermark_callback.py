@@ -91,6 +91,11 @@ def test_test_stage_logs_success_trials_and_detection_clean_attacked_and_unwater
     per_key = json.loads((tmp_path / "wm" / "calibration.json").read_text())
     assert len(per_key["fpr"]) == len(per_key["green_rate"]) == 50
     assert max(per_key["fpr"]) == pytest.approx(m["human_fpr_max"])
+    # the measured per-key FPR: the fraction of the 20 human texts detected under each key (multiples of 1/20)
+    assert len(per_key["fpr_empirical"]) == 50 and max(per_key["fpr_empirical"]) == m["human_fpr_empirical_max"]
+    assert all(abs(20 * f - round(20 * f)) < 1e-9 for f in per_key["fpr_empirical"])
+    assert per_key["fpr_empirical"][KEY] == pytest.approx(m["human_detection_rate"])  # the run key is one of them
+    assert m["threshold_at_fpr"] == max(z for z in callback._human_z if z is not None)  # 1% of 20: none flagged
     assert sum(per_key["green_rate"]) / 50 == pytest.approx(m["human_green_rate"])
     logged = {k: float(v) for k, v in trainer.callback_metrics.items()}
     assert logged["watermark/wsr"] == 1.0 and logged["watermark/z"] == pytest.approx(m["z"])

@@ -7,17 +7,20 @@ import math
 
 import pytest
 import torch
-from wm_helpers import NUM_REGIONS, anisotropic_gaussian
+from wm_helpers import ENCODER, GRAMMAR, NUM_REGIONS, anisotropic_gaussian, fitted
 
 from zoo.errors import ConfigError, DataError
-from zoo.watermark import BalancedPartitioner, LSHPartitioner, split_sentences
+from zoo.watermark import BalancedPartitioner, LSHPartitioner, WatermarkScheme, detect, split_sentences
 from zoo.watermark.evaluation import (
+    empirical_fpr,
+    empirical_threshold,
     false_positive_rate,
     green_probability_per_key,
     human_texts,
     occupancy_entropy,
     tpr_at_fpr,
     transition_counts,
+    z_scores_per_key,
 )
 
 
@@ -89,3 +92,32 @@ def test_human_texts_from_the_grammar_and_from_a_file(tmp_path):
         human_texts(str(corpus), texts=3, sentences=10)
     with pytest.raises(ConfigError, match="sentences >= 2"):
         human_texts(sentences=1)
+
+
+def test_empirical_threshold_flags_at_most_the_fpr_of_constructed_negative_scores():
+    negative = [float(i) for i in range(200)]  # 0 .. 199
+    t = empirical_threshold(negative, 0.01)  # 1% of 200: two may be flagged, 198 and 199
+    assert t == 197.0 and empirical_fpr(negative, t) == 0.01
+    assert empirical_fpr(negative, t - 0.5) > 0.01  # the smallest such threshold: any lower one flags more
+    assert empirical_threshold(negative, 0.0) == 199.0 and empirical_fpr(negative, 199.0) == 0.0
+    # undefined negatives (single-sentence texts) are never flagged but count in the rate's denominator
+    assert empirical_fpr([None, math.nan, 5.0, 1.0], 2.0) == 0.25
+    assert empirical_threshold([None, 3.0, 1.0, 2.0], 0.5) == 2.0
+    with pytest.raises(DataError, match="defined negative"):
+        empirical_threshold([None, math.nan])
+    with pytest.raises(ConfigError, match="fpr"):
+        empirical_threshold(negative, 1.0)
+
+
+def test_measured_fpr_per_key_from_regions_matches_detection():
+    """z_scores_per_key reproduces detect's z for every key from the regions alone; its measured FPR at a threshold
+    is the fraction of human texts detected."""
+    texts = [" ".join(GRAMMAR.corpus(8, seed=500 + i)) for i in range(12)]
+    schemes = {key: WatermarkScheme(ENCODER, fitted("balanced"), key=key, gamma=0.25) for key in (3, 4)}
+    results = {key: [detect(t, s) for t in texts] for key, s in schemes.items()}
+    regions = [r.regions for r in results[3]]
+    z = z_scores_per_key(regions, NUM_REGIONS, [3, 4], 0.25)
+    for row, key in enumerate((3, 4)):
+        torch.testing.assert_close(z[row], torch.tensor([r.z for r in results[key]], dtype=torch.float64))
+        low = float(z[row].median())
+        assert empirical_fpr(z[row].tolist(), low) == sum(r.z > low for r in results[key]) / len(texts)

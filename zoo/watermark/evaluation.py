@@ -10,8 +10,13 @@ otherwise ``p_k`` spreads over keys and so does the false-positive rate of the f
 * :func:`transition_counts` -- ``C[a, b]``: consecutive human sentences in regions ``a`` then ``b``;
 * :func:`green_probability_per_key` -- ``p_k`` for many keys from ``C``;
 * :func:`false_positive_rate` -- ``P(z > threshold)`` for a text of ``n`` scored sentences each green with
-  probability ``p`` (the binomial tail; exact, no sampling);
-* :func:`tpr_at_fpr` -- the detection rate at the threshold that flags a fraction ``fpr`` of negative texts;
+  probability ``p``: the binomial tail, an **approximation** that assumes independent sentences (consecutive
+  sentences of a human text are not: same topic, nearby regions);
+* :func:`z_scores_per_key` -- the z of every human text under every key, from its regions (no re-encoding);
+* :func:`empirical_fpr` -- the FPR **measured** on negative (human) texts: the fraction flagged at a threshold;
+* :func:`empirical_threshold` -- the smallest threshold whose measured FPR on negative texts is at most ``fpr``
+  (1%: the threshold a deployment calibrated on human text would use);
+* :func:`tpr_at_fpr` -- the detection rate at that threshold;
 * :func:`human_texts` -- unwatermarked texts from the topic grammar or a text/JSONL corpus.
 """
 
@@ -63,7 +68,10 @@ def green_probability_per_key(counts: torch.Tensor, keys: Sequence[int], gamma: 
 
 def false_positive_rate(p: float, num_scored: int, gamma: float, threshold: float) -> float:
     """``P(z > threshold)`` when each of ``num_scored`` sentences is green with probability ``p`` (binomial tail),
-    ``z = (n_g - gamma n) / sqrt(n gamma (1 - gamma))``; 0.0 when even ``n_g = n`` stays at or below the threshold."""
+    ``z = (n_g - gamma n) / sqrt(n gamma (1 - gamma))``; 0.0 when even ``n_g = n`` stays at or below the threshold.
+
+    An approximation: it treats a text's sentences as independent draws. The rate measured on human texts is
+    :func:`empirical_fpr` (of :func:`z_scores_per_key` per key)."""
     gamma = check_gamma(gamma)
     if num_scored < 1:
         raise ConfigError(f"num_scored must be >= 1, got {num_scored}")
@@ -78,17 +86,52 @@ def false_positive_rate(p: float, num_scored: int, gamma: float, threshold: floa
     )
 
 
-def tpr_at_fpr(positive: Sequence[float], negative: Sequence[float], fpr: float = 0.01) -> tuple[float, float]:
-    """Detection rate of ``positive`` scores at the smallest threshold that flags at most ``fpr`` of ``negative``
-    scores (``score > threshold`` is flagged); returns ``(tpr, threshold)``. Undefined scores (None/NaN) count as
-    not flagged."""
+def z_scores_per_key(
+    texts_regions: Sequence[Sequence[int]], num_regions: int, keys: Sequence[int], gamma: float
+) -> torch.Tensor:
+    """``[K, N]`` float64: the z of each text (its sentences' regions, sentence 1 not scored as in
+    :func:`~zoo.watermark.detect.detect` without the prompt) under each key; NaN for a text with fewer than two
+    sentences. Regions do not depend on the key, so no text is encoded again."""
+    gamma = check_gamma(gamma)
+    out = torch.full((len(keys), len(texts_regions)), math.nan, dtype=torch.float64)
+    for i, key in enumerate(keys):
+        green = {a: set(green_regions(int(key), a, num_regions, gamma).tolist()) for a in range(num_regions)}
+        for j, regions in enumerate(texts_regions):
+            n = len(regions) - 1
+            if n >= 1:
+                hits = sum(int(b) in green[int(a)] for a, b in zip(regions, regions[1:]))
+                out[i, j] = (hits - gamma * n) / math.sqrt(n * gamma * (1.0 - gamma))
+    return out
+
+
+def _defined(scores: Sequence[float | None]) -> list[float]:
+    return [float(x) for x in scores if x is not None and math.isfinite(float(x))]
+
+
+def empirical_fpr(negative: Sequence[float | None], threshold: float) -> float:
+    """The false-positive rate measured on negative (human) texts: the fraction of them with ``score > threshold``
+    (undefined scores, None/NaN, count as not flagged)."""
+    if not negative:
+        raise DataError("empirical_fpr needs at least one negative score")
+    return sum(1 for x in _defined(negative) if x > threshold) / len(negative)
+
+
+def empirical_threshold(negative: Sequence[float | None], fpr: float = 0.01) -> float:
+    """The smallest threshold that flags (``score > threshold``) at most ``floor(fpr * n)`` of the ``n`` defined
+    negative scores: a defined negative score, so ``empirical_fpr(negative, threshold) <= fpr``."""
     if not 0.0 <= fpr < 1.0:
         raise ConfigError(f"fpr must be in [0, 1), got {fpr}")
-    neg = sorted(x for x in negative if x is not None and math.isfinite(x))
+    neg = sorted(_defined(negative))
     if not neg:
-        raise DataError("tpr_at_fpr needs at least one defined negative score")
+        raise DataError("an empirical threshold needs at least one defined negative score")
     allowed = math.floor(fpr * len(neg))  # negatives that may be flagged
-    threshold = neg[len(neg) - 1 - allowed]
+    return neg[len(neg) - 1 - allowed]
+
+
+def tpr_at_fpr(positive: Sequence[float], negative: Sequence[float], fpr: float = 0.01) -> tuple[float, float]:
+    """Detection rate of ``positive`` scores at :func:`empirical_threshold` of the ``negative`` scores (``score >
+    threshold`` is flagged); returns ``(tpr, threshold)``. Undefined scores (None/NaN) count as not flagged."""
+    threshold = empirical_threshold(negative, fpr)
     hits = sum(1 for x in positive if x is not None and math.isfinite(x) and x > threshold)
     return hits / len(positive) if positive else float("nan"), threshold
 
@@ -110,10 +153,13 @@ def human_texts(corpus: str = "topics", texts: int = 200, sentences: int = 20, s
 
 
 __all__ = [
+    "empirical_fpr",
+    "empirical_threshold",
     "false_positive_rate",
     "green_probability_per_key",
     "human_texts",
     "occupancy_entropy",
     "tpr_at_fpr",
     "transition_counts",
+    "z_scores_per_key",
 ]
