@@ -338,9 +338,11 @@ class KMeansPartitioner(Partitioner):
         seed: seed of the k-means++ seeding.
         iters: Lloyd iterations.
         restarts: k-means restarts (lowest cost wins).
-        spherical: cosine k-means on unit vectors (default) -- [reconstruction] the official code clusters with
-            scikit-learn's Euclidean k-means and assigns by cosine; on unit vectors the two agree up to the
-            centroid norms; False runs Euclidean k-means and still assigns by cosine.
+        spherical: cosine k-means on unit vectors (default), as the official k-SemStamp code and MarkLLM's port
+            (``kmeans_pytorch.kmeans(..., distance="cosine")``, assignment by largest cosine): the same Lloyd
+            iteration on the sphere; the zoo seeds with k-means++ and keeps the best of ``restarts`` (the official
+            seeds with random points, one run), so centroids differ by seed, not by rule. False runs Euclidean
+            k-means (scikit-learn's rule) and still assigns by cosine.
     """
 
     kind = "kmeans"
