@@ -137,17 +137,18 @@ def test_bnb_measured_bits_per_weight(tmp_path, mode, double, lo, hi):
     """NF4 with blocksize 64 stores 4 + 32/64 = 4.5 bpw, ~4.127 with double quantization (notes 1(c))."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    from zoo.quant.bnb import BnbQuantizer, bnb_bits_per_weight
+    from zoo.quant.base import measured_bits_per_weight
+    from zoo.quant.bnb import BnbQuantizer
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=32, hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4)
     LlamaForCausalLM(cfg).save_pretrained(tmp_path)
     q = BnbQuantizer(mode, double_quant=double)
     model = q.apply(AutoModelForCausalLM.from_pretrained(tmp_path, **q.from_pretrained_kwargs()))
-    assert lo - 1e-9 <= bnb_bits_per_weight(model) <= hi + 1e-9
+    assert lo - 1e-9 <= measured_bits_per_weight(model) <= hi + 1e-9
     q8 = BnbQuantizer("int8")
     m8 = q8.apply(AutoModelForCausalLM.from_pretrained(tmp_path, **q8.from_pretrained_kwargs()))
-    assert 8.0 < bnb_bits_per_weight(m8) <= 8.0 + 32 / 256 + 1e-9  # int8 + one fp32 scale per row
+    assert 8.0 < measured_bits_per_weight(m8) <= 8.0 + 32 / 256 + 1e-9  # int8 + one fp32 scale per row
 
 
 @pytest.mark.parametrize("quant", ["bnb_nf4", "bnb_int8"])
@@ -163,9 +164,9 @@ def test_bnb_configs_place_the_model_where_the_machine_runs(train_cfg, quant):
 
 def test_calibration_from_task_train_split_only():
     from zoo.backbones import TinyBackbone
+    from zoo.data.calibration import calibration_set, task_texts
     from zoo.data.sources import TaskSource
     from zoo.data.tasks import Addition
-    from zoo.quant.nanoquant_quantizer import _task_texts, calibration_set
 
     tok = TinyBackbone().tokenizer
     task = Addition()
@@ -181,7 +182,7 @@ def test_calibration_from_task_train_split_only():
     other = calibration_set(tok, task=task, layout="windows", num_samples=6, seq_len=40, seed=1).input_ids
     assert not torch.equal(ids, other)
     held_out = {r["prompt"] for s in ("val", "test") for r in TaskSource(task, seed=0, num_train=1).rows(s)}
-    prompts = {p for p, _ in _task_texts(task, 200, 0)}
+    prompts = {p for p, _ in task_texts(task, 200, 0)}
     assert not prompts & held_out
     with pytest.raises(ConfigError, match="needs quant.calibration.task"):
         calibration_set(tok, source="task", task=None)
@@ -195,13 +196,13 @@ def test_row_calibration_is_shaped_like_the_training_batches():
     """layout=rows: every sample is one training row from position 0 (``<bos> prompt completion <eos>``, as the SFT
     datamodule renders it), right-padded; the mask covers exactly the row's tokens."""
     from zoo.backbones import TinyBackbone
+    from zoo.data.calibration import calibration_set, task_texts
     from zoo.data.tasks import Addition
-    from zoo.quant.nanoquant_quantizer import _task_texts, calibration_set
 
     tok = TinyBackbone().tokenizer
     task = Addition()
     cal = calibration_set(tok, task=task, layout="rows", num_samples=8, seq_len=64, seed=0)
-    rows = _task_texts(task, 8, 0)
+    rows = task_texts(task, 8, 0)
     assert cal.input_ids.shape[0] == 8 and cal.token_mask is not None
     lengths = cal.token_mask.sum(1).tolist()
     assert len(set(lengths)) > 1  # rows of different lengths, not windows
@@ -224,9 +225,9 @@ def test_padding_does_not_change_row_statistics():
     """Right padding under causal attention leaves the real tokens untouched, and the mask keeps the padding out of
     the statistics: padded rows give the same moments as the rows run one by one without padding."""
     from zoo.backbones import TinyBackbone
+    from zoo.data.calibration import calibration_set
     from zoo.data.tasks import Addition
     from zoo.quant.nanoquant import collect_linear_stats
-    from zoo.quant.nanoquant_quantizer import calibration_set
 
     backbone = TinyBackbone(seed=0)
     model = backbone.build_model().eval()
@@ -250,7 +251,8 @@ def test_padding_does_not_change_row_statistics():
 
 def test_calibration_from_jsonl_and_text(tmp_path):
     from zoo.backbones import TinyBackbone
-    from zoo.quant.nanoquant_quantizer import NanoQuantQuantizer, calibration_set
+    from zoo.data.calibration import Calibration, calibration_set
+    from zoo.quant.nanoquant_quantizer import NanoQuantQuantizer
 
     tok = TinyBackbone().tokenizer
     path = tmp_path / "calib.jsonl"
@@ -275,16 +277,18 @@ def test_calibration_from_jsonl_and_text(tmp_path):
     with pytest.raises(DataError, match=r"bad.jsonl:1"):
         calibration_set(tok, source="jsonl", path=bad)
     with pytest.raises(ConfigError, match="tokenizer"):
-        NanoQuantQuantizer(calibration={"task": None}).calibration_set(None)
-    with pytest.raises(ConfigError, match="unknown keys"):
-        NanoQuantQuantizer(calibration={"samples": 3})
+        NanoQuantQuantizer(calibration=Calibration(task=None)).calibration_set(None)
+    with pytest.raises(ConfigError, match="needs calibration batches"):
+        NanoQuantQuantizer().calibration_set(None)
+    with pytest.raises(ConfigError, match="callable model -> CalibrationSet"):
+        NanoQuantQuantizer(calibration={"num_samples": 3})
 
 
 def test_baseline_quantizers_measured_bpw_and_stats():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from zoo.quant.baselines import OneBitLinear, SignBinaryLinear
-    from zoo.quant.nanoquant_quantizer import OneBitQuantizer, SignQuantizer
+    from zoo.quant.nanoquant_quantizer import CalibrationSet, OneBitQuantizer, SignQuantizer
 
     cfg = LlamaConfig(vocab_size=40, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4)
     torch.manual_seed(0)
@@ -306,6 +310,12 @@ def test_baseline_quantizers_measured_bpw_and_stats():
     assert ob.bits_per_weight == pytest.approx(1 + 16 * sum(o + i for o, i in sizes) / sum(o * i for o, i in sizes))
     # with calibration statistics the row scales change (weighted L2-optimal scale)
     qs = SignQuantizer(use_stats=True, calib_input_ids=ids).apply(_copy(base))
+    # the quantizer receives its calibration batches: a callable gives the same scales as the same ids passed in
+    seen = []
+    fed = SignQuantizer(use_stats=True, calibration=lambda model: seen.append(model) or CalibrationSet(ids))
+    qc = fed.apply(_copy(base))
+    assert len(seen) == 1
+    torch.testing.assert_close(qc.model.layers[0].self_attn.q_proj.alpha, qs.model.layers[0].self_attn.q_proj.alpha)
     a0 = m.model.layers[0].self_attn.q_proj.alpha.float()
     a1 = qs.model.layers[0].self_attn.q_proj.alpha.float()
     assert not torch.allclose(a0, a1)

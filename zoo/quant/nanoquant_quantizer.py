@@ -10,36 +10,18 @@ NanoQuant: Efficient Sub-1-Bit Quantization of Large Language Models (arXiv 2602
 * :class:`SignQuantizer` (sign + per-row scale) and :class:`OneBitQuantizer` (OneBit SVID,
   arXiv 2402.11295) -- the binary baselines, through :func:`zoo.quant.nanoquant.replace_linears`.
 
-Calibration data (paper: 128 x 2048 tokens of WikiText-2 *train*, seed 0, i.e. windows shaped like the pretraining
-data; notes 1(d)). Sources:
-
-* ``source="task"`` -- rows of the synthetic task's *training* split (``TaskSource(task, seed).rows("train")``, so
-  validation/test prompts never enter calibration), rendered exactly as the SFT datamodule renders them
-  (``<bos> prompt completion <eos>``);
-* ``source="jsonl"`` -- a JSONL file: a ``text`` field per row, or ``prompt`` + ``completion``;
-* ``source="text"`` -- a plain text file, tokenized as one stream (``layout="windows"`` only).
-
-Layouts -- calibration should look like the data the model was trained on, because statistics, block targets and
-the distillation are all fitted on it:
-
-* ``layout="rows"`` (default) -- ``num_samples`` single rows, each starting at position 0, cut at ``seq_len`` and
-  right-padded to the longest; a token mask excludes the padding from every statistic and loss. This is how the SFT
-  datamodule feeds a model trained on rows (right padding under causal attention leaves real tokens untouched);
-* ``layout="windows"`` -- rows concatenated into one stream and cut into ``num_samples`` windows of ``seq_len``
-  tokens (the paper's protocol for a model pretrained on packed text: positions beyond a row and attention across
-  rows, which a row-trained model never saw).
-
-Calibration needs the backbone's tokenizer: pass ``tokenizer=`` (a tokenizer or a
-:class:`~zoo.backbones.base.Backbone`, whose ``.tokenizer`` is used; the Hydra configs pass ``${backbone}``); without
-one, the tokenizer is loaded from the model's ``name_or_path`` directory, and otherwise a ``ConfigError`` says so.
-``calib_input_ids`` (a ``[N, T]`` tensor, with ``calib_mask`` for padded rows) bypasses all of this from Python.
+Calibration batches come from outside (paper: 128 x 2048 tokens of WikiText-2 *train*; notes 1(d)): the quantizer
+receives ``calibration``, a callable ``model -> CalibrationSet`` (token ids ``[N, T]`` and the mask of real tokens),
+or ready ``calib_input_ids`` / ``calib_mask``; it never reads a file or a task. The configs build the callable that
+draws rows of the run's task (or a JSONL / text file) with the backbone's tokenizer:
+:class:`zoo.data.calibration.Calibration` (sources and layouts are described there).
 
 No Lightning or Hydra import here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,9 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.data.sources import iter_jsonl
-from zoo.encoding import pad_sequences
-from zoo.errors import ConfigError, DataError
+from zoo.errors import ConfigError
 from zoo.quant.base import Quantizer
 from zoo.quant.baselines import quantize_onebit, quantize_sign
 from zoo.quant.nanoquant import (
@@ -66,65 +46,12 @@ from zoo.quant.nanoquant import (
     shrink_stats,
 )
 
-CALIBRATION_SOURCES = ("task", "jsonl", "text")
-CALIBRATION_LAYOUTS = ("rows", "windows")
-_DEFAULT_CALIBRATION: dict[str, Any] = {
-    "source": "task",
-    "layout": "rows",
-    "task": None,
-    "path": None,
-    "num_samples": 32,
-    "seq_len": 128,
-    "seed": 0,
-}
-
 
 def _scale_dtype(value: str | torch.dtype) -> torch.dtype:
     dt = value if isinstance(value, torch.dtype) else getattr(torch, str(value), None)
     if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
         raise ConfigError(f"quant.scale_dtype={value!r} is not a floating torch dtype (float16, bfloat16, float32)")
     return dt
-
-
-def _resolve_tokenizer(tokenizer: Any, model: nn.Module | None) -> Any:
-    from zoo.backbones.base import Backbone
-
-    if isinstance(tokenizer, Backbone):
-        return tokenizer.tokenizer
-    if tokenizer is not None:
-        return tokenizer
-    path = getattr(model, "name_or_path", "") if model is not None else ""
-    if path and (Path(path) / "tokenizer_config.json").is_file():
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    raise ConfigError(
-        "calibration needs the backbone's tokenizer: pass tokenizer=<tokenizer or backbone> to the quantizer "
-        "(the quant configs set tokenizer: ${backbone}), or give calib_input_ids"
-    )
-
-
-def _task_texts(task: Any, n_rows: int, seed: int) -> list[tuple[str, str]]:
-    from zoo.data.sources import TaskSource
-
-    source = TaskSource(task, num_train=n_rows, seed=seed)
-    return [(r["prompt"], r["completion"]) for r in source.rows("train")]
-
-
-def _jsonl_texts(path: Path) -> list[tuple[str, str]]:
-    if not path.is_file():
-        raise DataError(f"{path}: calibration file not found")
-    rows: list[tuple[str, str]] = []
-    for line_no, row in iter_jsonl(path):
-        if isinstance(row, dict) and isinstance(row.get("text"), str):
-            rows.append(("", row["text"]))
-        elif isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("prompt", "completion")):
-            rows.append((row["prompt"], row["completion"]))
-        else:
-            raise DataError(f"{path}:{line_no}: calibration rows need a string 'text' or 'prompt' + 'completion'")
-    if not rows:
-        raise DataError(f"{path}: no calibration rows")
-    return rows
 
 
 @dataclass
@@ -141,117 +68,46 @@ class CalibrationSet:
         return int(self.input_ids.numel() if self.token_mask is None else self.token_mask.sum())
 
 
-def calibration_set(
-    tokenizer: Any,
-    *,
-    source: str = "task",
-    layout: str = "rows",
-    task: Any = None,
-    path: str | Path | None = None,
-    num_samples: int = 32,
-    seq_len: int = 128,
-    seed: int = 0,
-) -> CalibrationSet:
-    """Calibration data (see the module docstring for sources and layouts).
-
-    Rows are rendered ``<bos> prompt completion <eos>`` (the SFT datamodule's rendering). ``layout="rows"``:
-    ``num_samples`` rows cut at ``seq_len`` tokens, right-padded with the pad token to the longest, with the mask
-    of real tokens. ``layout="windows"``: the rows concatenated into one stream and cut into consecutive
-    ``[num_samples, seq_len]`` windows (the paper's WikiText-2 protocol: random 2048-token windows of the
-    concatenated train split; here consecutive windows of a seeded draw), no mask. Raises ``DataError`` if the
-    source is too short.
-    """
-    if source not in CALIBRATION_SOURCES:
-        raise ConfigError(f"quant.calibration.source={source!r}; use one of {CALIBRATION_SOURCES}")
-    if layout not in CALIBRATION_LAYOUTS:
-        raise ConfigError(f"quant.calibration.layout={layout!r}; use one of {CALIBRATION_LAYOUTS}")
-    if num_samples <= 0 or seq_len <= 1:
-        raise ConfigError(f"quant.calibration: num_samples={num_samples}, seq_len={seq_len} must be positive (> 1)")
-    if layout == "rows" and source == "text":
-        raise ConfigError("quant.calibration.source=text has no rows; use quant.calibration.layout=windows")
-    need = num_samples * seq_len
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-
-    def encode_row(prompt: str, completion: str) -> list[int]:
-        return bos + list(tokenizer(prompt + completion, add_special_tokens=False)["input_ids"]) + eos
-
-    def encode(rows: list[tuple[str, str]]) -> list[int]:
-        return [t for prompt, completion in rows for t in encode_row(prompt, completion)]
-
-    if source == "task" and task is None:
-        raise ConfigError("quant.calibration.source=task needs quant.calibration.task (the configs pass ${task})")
-    if source != "task" and path is None:
-        raise ConfigError(f"quant.calibration.source={source} needs quant.calibration.path")
-    if layout == "rows":
-        rows = _task_texts(task, num_samples, seed) if source == "task" else _jsonl_texts(Path(path))
-        if len(rows) < num_samples:
-            raise DataError(
-                f"calibration source {source} ({path or 'task'}) has {len(rows)} rows; {num_samples} are needed "
-                "(lower quant.calibration.num_samples)"
-            )
-        encoded = [encode_row(p, c)[:seq_len] for p, c in rows[:num_samples]]
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or [0])[0]
-        ids = pad_sequences(encoded, pad, "right")
-        mask = pad_sequences([[1] * len(e) for e in encoded], 0, "right").bool()
-        return CalibrationSet(ids, mask)
-    if source == "task":
-        n_rows = max(16, need // 16)
-        stream = encode(_task_texts(task, n_rows, seed))
-        while len(stream) < need:  # very short rows: draw more
-            n_rows *= 2
-            stream = encode(_task_texts(task, n_rows, seed))
-    elif source == "jsonl":
-        stream = encode(_jsonl_texts(Path(path)))
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise DataError(f"{p}: calibration file not found")
-        stream = bos + list(tokenizer(p.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"])
-    if len(stream) < need:
-        raise DataError(
-            f"calibration source {source} ({path or 'task'}) has {len(stream)} tokens; "
-            f"{num_samples} x {seq_len} = {need} are needed (lower quant.calibration.num_samples/seq_len)"
-        )
-    return CalibrationSet(torch.tensor(stream[:need], dtype=torch.long).view(num_samples, seq_len))
-
-
 class _CalibratedQuantizer(Quantizer):
-    """Shared calibration plumbing of the post-hoc binary quantizers."""
+    """Shared calibration plumbing of the post-hoc binary quantizers: they receive calibration batches."""
 
     def __init__(
         self,
-        calibration: Mapping[str, Any] | None = None,
-        tokenizer: Any = None,
+        calibration: Callable[[nn.Module], CalibrationSet] | None = None,
         calib_input_ids: torch.Tensor | None = None,
         calib_mask: torch.Tensor | None = None,
     ) -> None:
-        cal = dict(_DEFAULT_CALIBRATION)
-        unknown = set(calibration or {}) - set(cal)
-        if unknown:
-            raise ConfigError(f"quant.calibration: unknown keys {sorted(unknown)}; known: {sorted(cal)}")
-        cal.update(calibration or {})
-        self.calibration = cal
-        self.tokenizer = tokenizer
+        if calibration is not None and not callable(calibration):
+            raise ConfigError(
+                f"quant.calibration must be a callable model -> CalibrationSet (the configs build "
+                f"zoo.data.calibration.Calibration), got {type(calibration).__name__}"
+            )
+        self.calibration = calibration
         self.calib_input_ids = calib_input_ids
         self.calib_mask = calib_mask
 
+    def calibration_record(self) -> dict[str, Any]:
+        """What the calibration was, for reports: the callable's ``describe()`` (JSON-able values; others as
+        ``repr``), ``{"source": "calib_input_ids"}`` for ready ids."""
+        if self.calib_input_ids is not None or self.calibration is None:
+            return {"source": "calib_input_ids"}
+        describe = getattr(self.calibration, "describe", None)
+        record = describe() if callable(describe) else {"callable": self.calibration}
+        return {k: (v if isinstance(v, str | int | float | type(None)) else repr(v)) for k, v in record.items()}
+
     def calibration_set(self, model: nn.Module | None = None) -> CalibrationSet:
-        """The calibration data (given as ``calib_input_ids``/``calib_mask``, or drawn from the configured source)."""
+        """The calibration batches: ``calib_input_ids``/``calib_mask`` when given, else ``calibration(model)``."""
         if self.calib_input_ids is not None:
             return CalibrationSet(self.calib_input_ids, self.calib_mask)
-        tok = _resolve_tokenizer(self.tokenizer, model)
-        cal = self.calibration
-        return calibration_set(
-            tok,
-            source=cal["source"],
-            layout=cal["layout"],
-            task=cal["task"],
-            path=cal["path"],
-            num_samples=int(cal["num_samples"]),
-            seq_len=int(cal["seq_len"]),
-            seed=int(cal["seed"]),
-        )
+        if self.calibration is None:
+            raise ConfigError(
+                f"quant={self.name} needs calibration batches: pass calibration=<callable model -> CalibrationSet> "
+                "(e.g. zoo.data.calibration.Calibration, as the quant configs do) or calib_input_ids"
+            )
+        found = self.calibration(model)
+        if not isinstance(found, CalibrationSet):
+            raise ConfigError(f"quant.calibration returned {type(found).__name__}, not a CalibrationSet")
+        return found
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -284,8 +140,8 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
             1e-5 (both leave the rounded scales unchanged on tiny models, so keep-best returns the ADMM scales).
             ``kd_schedule`` "cosine" (code: ``CosineAnnealingLR`` to 1e-4 x lr) or "constant".
         batch_size: forward batch size while calibrating/reconstructing.
-        calibration: ``{source, layout, task, path, num_samples, seq_len, seed}`` (module docstring).
-        tokenizer: the backbone's tokenizer (or the backbone) for calibration text.
+        calibration: a callable ``model -> CalibrationSet`` (module docstring; the configs build
+            :class:`zoo.data.calibration.Calibration`).
         calib_input_ids, calib_mask: ready calibration ids ``[N, T]`` and real-token mask (Python use).
         seed: seed of ADMM init and of the reconstruction shuffles.
         forward, chunk_size: run-time forward of the quantized layers once quantization is done: ``"cached"``
@@ -315,15 +171,14 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
         kd_batch_size: int = 1,
         kd_schedule: str = "cosine",
         batch_size: int = 8,
-        calibration: Mapping[str, Any] | None = None,
-        tokenizer: Any = None,
+        calibration: Callable[[nn.Module], CalibrationSet] | None = None,
         calib_input_ids: torch.Tensor | None = None,
         calib_mask: torch.Tensor | None = None,
         seed: int = 0,
         forward: str = "cached",
         chunk_size: int = 256,
     ) -> None:
-        super().__init__(calibration, tokenizer, calib_input_ids, calib_mask)
+        super().__init__(calibration, calib_input_ids, calib_mask)
         if forward not in FORWARD_MODES:
             raise ConfigError(f"quant.forward={forward!r}; use one of {FORWARD_MODES}")
         if int(chunk_size) < 1:
@@ -412,10 +267,7 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
                 "block": self.block,
                 "kd_epochs": self.kd_epochs,
                 "kd_lr": self.kd_lr,
-                "calibration": {
-                    k: (v if isinstance(v, str | int | float | type(None)) else repr(v))
-                    for k, v in self.calibration.items()
-                },
+                "calibration": self.calibration_record(),
                 "calibration_shape": list(ids.shape),
                 "calibration_real_tokens": calib.num_tokens,
             }
@@ -436,12 +288,11 @@ class _BaselineQuantizer(_CalibratedQuantizer):
         use_stats: bool = False,
         shrinkage: float = 0.2,
         scale_dtype: str | torch.dtype = "float16",
-        calibration: Mapping[str, Any] | None = None,
-        tokenizer: Any = None,
+        calibration: Callable[[nn.Module], CalibrationSet] | None = None,
         calib_input_ids: torch.Tensor | None = None,
         calib_mask: torch.Tensor | None = None,
     ) -> None:
-        super().__init__(calibration, tokenizer, calib_input_ids, calib_mask)
+        super().__init__(calibration, calib_input_ids, calib_mask)
         self.use_stats = bool(use_stats)
         self.shrinkage = float(shrinkage)
         self.scale_dtype = _scale_dtype(scale_dtype)
