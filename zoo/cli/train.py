@@ -44,7 +44,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from zoo.artifacts import artifacts_mark, artifacts_used
 from zoo.callbacks.run_guard import describe_checkpoint, last_checkpoint_path
-from zoo.catalogue import KINDS, check_entries
+from zoo.catalogue import check_entries
 from zoo.checkpoints import read_checkpoint
 from zoo.cli.prerequisites import prepare
 from zoo.cli.resolvers import register_resolvers
@@ -58,7 +58,6 @@ from zoo.errors import (
 )
 
 log = logging.getLogger("zoo")
-METHOD_KINDS = KINDS
 STAGES = ("fit", "validate", "test", "predict")
 
 
