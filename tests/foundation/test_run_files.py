@@ -262,3 +262,116 @@ def test_the_printed_validate_command_validates_the_same_run(method, zoo_main, t
     assert code == 0, err[-3000:]
     assert "[zoo] validate done in" in out and "val/loss=" in out
     assert composed(runs / "validate") == composed(runs / "fit")
+
+
+# -- 4. one run per run directory ------------------------------------------------------------------------------------
+def test_reusing_a_run_id_is_refused_unless_it_resumes_or_overwrites(zoo_main, tmp_path, monkeypatch):
+    """A second fit with the same run_id and no ckpt_path=last would append a second history to metrics.csv,
+    overwrite export/ and write last-v1.ckpt: it is refused before Hydra writes anything (the earlier run's files,
+    its .hydra included, are untouched); overwrite=true deletes the earlier run and starts afresh."""
+    import csv
+
+    monkeypatch.delenv("ZOO_LOG_DIR", raising=False)
+    args = [*SMALL, "trainer.max_steps=2", "run_id=same"]
+    assert zoo_main(args, tmp_path)[0] == 0
+    run_dir = tmp_path / "logs" / "train" / "runs" / "same"
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.suffix != ".log"}
+
+    code, out, err = zoo_main([*args, "seed=1"], tmp_path)
+    assert code == 2, err[-3000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert line.startswith(f"error: run_id=same: {run_dir} holds the run started ") and "Traceback" not in err
+    assert "a new fit there would mix the two runs" in line and "or add overwrite=true" in line
+    resume = line.split("Resume it with: ", 1)[1].split(";", 1)[0]
+    assert (
+        resume == "python train.py " + " ".join(o for o in args if o != "run_id=same") + " run_id=same ckpt_path=last"
+    )
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.suffix != ".log"} == before
+
+    code, out, err = zoo_main([*args, "seed=1", "overwrite=true"], tmp_path)
+    assert code == 0, err[-3000:]
+    assert not (run_dir / "run_info.1.json").exists() and not (run_dir / "checkpoints" / "last-v1.ckpt").exists()
+    with (run_dir / "csv" / "metrics.csv").open(newline="") as handle:
+        steps = [int(r["step"]) for r in csv.DictReader(handle) if r.get("train/loss")]
+    assert steps == [0, 1]
+    assert "seed=1" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+
+
+# -- 6. a sweep resumes as a whole -----------------------------------------------------------------------------------
+def test_an_interrupted_sweep_resumes_with_the_printed_command_skipping_finished_jobs(tmp_path):
+    """``-m seed=0,1,2`` gets SIGTERM during job 1: it prints the command that resumes the whole sweep. Run as printed,
+    it skips job 0 (finished), resumes job 1 from its last.ckpt and runs job 2; every job then holds every step
+    once. Starting the sweep again in its directory without ckpt_path=last is refused."""
+    import csv
+    import json
+    import shlex
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    repo = Path(__file__).resolve().parents[2]
+    sweep = tmp_path / "sweep"
+    args = [
+        "-m",
+        "seed=0,1,2",
+        *SMALL,
+        "datamodule.source.num_train=2048",
+        "datamodule.batch_size=16",
+        "trainer.max_steps=60",
+        "callbacks.progress.log_every_n_steps=5",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("ZOO_LOG_DIR", None)
+    proc = subprocess.Popen(
+        [sys.executable, str(repo / "train.py"), *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    job_log = sweep / "1" / "train.log"
+    deadline = time.monotonic() + 600
+    while "step 25/" not in (job_log.read_text() if job_log.is_file() else ""):
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    (line,) = [x for x in stderr.splitlines() if x.startswith("error: interrupted by SIGTERM")]
+    resume = shlex.split(
+        line.split("Resume the whole sweep (finished jobs are skipped, the others resume or start): ")[1]
+    )
+    assert resume[:3] == ["python", "train.py", "-m"] and resume[-1] == "ckpt_path=last"
+    assert not (sweep / "2").exists()
+
+    done = subprocess.run(
+        [sys.executable, str(repo / "train.py"), *resume[2:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"[zoo] job 0 finished earlier in {sweep / '0'}: skipped" in done.stdout
+    launches = {job: json.loads((sweep / job / "run_info.json").read_text())["launch"] for job in "012"}
+    assert launches == {"0": 1, "1": 2, "2": 1}
+    for job in "012":
+        assert read_checkpoint(sweep / job / "checkpoints" / "last.ckpt")["global_step"] == 60
+        with (sweep / job / "csv" / "metrics.csv").open(newline="") as handle:
+            steps = [int(r["step"]) for r in csv.DictReader(handle) if r.get("train/loss")]
+        assert steps == list(range(60)), job
+
+    again = subprocess.run(
+        [sys.executable, str(repo / "train.py"), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 2 and f"error: hydra.sweep.dir={sweep} holds an earlier sweep" in again.stderr

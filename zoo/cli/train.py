@@ -39,7 +39,7 @@ from hydra.errors import ConfigCompositionException, HydraException, Instantiati
 from hydra.types import RunMode
 from hydra.utils import get_object, instantiate
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from zoo.artifacts import artifacts_mark, artifacts_used
@@ -200,9 +200,11 @@ def save_run_info(cfg: DictConfig) -> None:
     (out / "run_info.json").write_text(json.dumps(info, indent=2))
 
 
-def finish_run_info(cfg: DictConfig, start: float, artifacts_mark: int) -> None:
-    """Add the finish time, the wall time and the artifacts the run used (:func:`zoo.artifacts.artifacts_used`) to
-    ``run_info.json``."""
+def finish_run_info(
+    cfg: DictConfig, start: float, artifacts_mark: int, metrics: dict[str, float] | None = None
+) -> None:
+    """Add the finish time, the wall time, the artifacts the run used (:func:`zoo.artifacts.artifacts_used`) and its
+    final metrics (returned again when a resumed sweep skips the finished job) to ``run_info.json``."""
     path = Path(cfg.paths.output_dir) / "run_info.json"
     if not is_rank_zero() or not path.is_file():
         return
@@ -211,6 +213,7 @@ def finish_run_info(cfg: DictConfig, start: float, artifacts_mark: int) -> None:
         finished_at=_now(),
         wall_seconds=round(time.monotonic() - start, 1),
         artifacts=artifacts_used(artifacts_mark),
+        metrics=metrics or {},
     )
     path.write_text(json.dumps(info, indent=2))
 
@@ -351,7 +354,7 @@ def run_job(cfg: DictConfig, start: float | None = None, mark: int | None = None
         predictions = trainer.predict(module, datamodule, ckpt_path=ckpt_path)
         write_predictions(predictions or [], Path(cfg.paths.output_dir) / "predictions.jsonl")
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
-    finish_run_info(cfg, start, mark)
+    finish_run_info(cfg, start, mark, metrics)
     if trainer.is_global_zero:
         print(f"[zoo] {cfg.stage} done in {cfg.paths.output_dir}: {summary_text(cfg, trainer, metrics)}")
     return metrics
@@ -427,7 +430,57 @@ def resume_advice(cfg: DictConfig, trainer: pl.Trainer) -> str:
     if last is None or not last.is_file():
         return "There is no checkpoint to resume from; start the run again"
     resume = command([*task_overrides(("run_id", "ckpt_path", "hydra.run.dir")), run_location(cfg), "ckpt_path=last"])
-    return f"Resume with: {resume}"
+    sweep = sweep_resume_command()
+    rest = f". Resume the whole sweep (finished jobs are skipped, the others resume or start): {sweep}" if sweep else ""
+    return f"Resume with: {resume}{rest}"
+
+
+def in_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def sweep_resume_command() -> str | None:
+    """In a multirun job: the command that runs the sweep again in its directory with ``ckpt_path=last`` (its own
+    overrides from ``multirun.yaml``; see :func:`sweep_job`)."""
+    if not in_multirun():
+        return None
+    sweep_dir = Path(str(HydraConfig.get().sweep.dir)).resolve()
+    saved = sweep_dir / "multirun.yaml"
+    task, extra = [], []
+    if saved.is_file():
+        overrides = OmegaConf.load(saved).hydra.overrides
+        task = [o for o in overrides.task if o.split("=", 1)[0].lstrip("+~") not in ("ckpt_path", "overwrite")]
+        skip = ("hydra.mode", "hydra.sweep.dir", "hydra.run.dir")
+        extra = [o for o in overrides.hydra if o.split("=", 1)[0] not in skip]
+    return command(["-m", *task, *extra, f"hydra.sweep.dir={sweep_dir}", "ckpt_path=last"])
+
+
+def sweep_job(cfg: DictConfig) -> dict[str, float] | None:
+    """A job of a resumed sweep (``-m ... hydra.sweep.dir=<it> ckpt_path=last``): the final metrics of a job that
+    finished earlier with the same overrides (it is skipped); otherwise ``None``, after setting ``ckpt_path`` to null
+    for a job that wrote no checkpoint (it starts). A job that ran with other overrides is refused."""
+    if not in_multirun() or cfg.get("ckpt_path") != "last":
+        return None
+    output = Path(cfg.paths.output_dir)
+    info_path = output / "run_info.json"
+    if info_path.is_file():
+        info = json.loads(info_path.read_text())
+        launch_keys = ("ckpt_path", "overwrite")
+        before = [o for o in info.get("overrides") or [] if o.split("=", 1)[0].lstrip("+~") not in launch_keys]
+        now = task_overrides(launch_keys)
+        if before != now:
+            raise ConfigError(
+                f"job {HydraConfig.get().job.num} of the sweep in {output} ran with {before}, not {now}: resume the "
+                "sweep with its own overrides, or choose another hydra.sweep.dir"
+            )
+        if info.get("finished_at") and info.get("stage") == cfg.stage:
+            print(f"[zoo] job {HydraConfig.get().job.num} finished earlier in {output}: skipped")
+            return dict(info.get("metrics") or {})
+    if not (output / "checkpoints" / "last.ckpt").is_file():
+        log.info("job %s of the sweep wrote no checkpoint in %s: it starts", HydraConfig.get().job.num, output)
+        with open_dict(cfg):
+            cfg.ckpt_path = None
+    return None
 
 
 def nan_advice(cfg: DictConfig, module: pl.LightningModule, trainer: pl.Trainer) -> str:
@@ -627,7 +680,8 @@ def task_function(cfg: DictConfig) -> float | None:
     output = Path(cfg.paths.output_dir)
     fresh = holds_only(output, HYDRA_FILES)
     try:
-        metrics = run(cfg)
+        skipped = sweep_job(cfg)
+        metrics = run(cfg) if skipped is None else skipped
     except RunInterrupted as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(err.exit_code) from None
