@@ -515,7 +515,8 @@ def test_a_run_without_validation_prints_its_training_metrics(train_cfg, capsys)
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[zoo] fit done")]
     assert "train/loss=" in line
     assert "(no validation ran: trainer.max_steps=3 ended training at step 3, before the first validation" in line
-    assert "validate it with: python train.py stage=validate ckpt_path=" in line
+    # the run's own overrides, then the stage and its checkpoint (tests/foundation/test_run_files.py runs the command)
+    assert "validate it with: python train.py " in line and " trainer.max_steps=3 stage=validate ckpt_path=" in line
 
 
 def test_a_hugging_face_backbone_trains_in_train_mode(tmp_path):
