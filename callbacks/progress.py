@@ -94,3 +94,6 @@ def auto_progress(log_every_n_steps: int = 50, refresh_rate: int = 1) -> Progres
     if sys.stdout.isatty():
         return RichProgressBar(refresh_rate=refresh_rate)
     return LogLineProgress(log_every_n_steps=log_every_n_steps)
+
+
+__all__ = ["LogLineProgress", "auto_progress"]

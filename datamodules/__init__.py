@@ -1,4 +1,11 @@
-"""Installed as ``zoo.datamodules``; the folder sits at the top level of the repository by design."""
+"""Installed as ``zoo.datamodules``; the folder sits at the top level of the repository by design.
+
+The datamodules are discovered, not listed: every public class of a module in this folder (or every name of its
+``__all__``) is a name of ``zoo.datamodules``, imported on first use (``from zoo.datamodules import SFTDataModule``, a
+config's ``_target_``; :mod:`zoo.lazy`), so a new datamodule is a new file here, with no edit of this one.
+"""
+
+from zoo.lazy import discovered_exports
 
 if __name__ != "zoo.datamodules":
     raise ImportError(
@@ -6,26 +13,4 @@ if __name__ != "zoo.datamodules":
         "(after 'pip install -e .' in the repository root)."
     )
 
-from zoo.datamodules.base import RowDataModule
-from zoo.datamodules.episodes import EpisodeDataModule
-from zoo.datamodules.mixture import CorpusDataModule, MixtureDataModule
-from zoo.datamodules.multiturn import MultiTurnPromptDataModule, MultiTurnSFTDataModule
-from zoo.datamodules.preferences import PreferenceDataModule
-from zoo.datamodules.prompts import PromptDataModule
-from zoo.datamodules.sft import SFTDataModule
-from zoo.datamodules.structures import StructureDataModule
-from zoo.datamodules.textopt import TextOptDataModule
-
-__all__ = [
-    "CorpusDataModule",
-    "EpisodeDataModule",
-    "MixtureDataModule",
-    "MultiTurnPromptDataModule",
-    "MultiTurnSFTDataModule",
-    "PreferenceDataModule",
-    "PromptDataModule",
-    "RowDataModule",
-    "SFTDataModule",
-    "StructureDataModule",
-    "TextOptDataModule",
-]
+__getattr__, __dir__ = discovered_exports(__name__, globals())

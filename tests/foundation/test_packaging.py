@@ -33,19 +33,6 @@ def test_train_yaml_has_no_method_default():
     assert "- method" not in text
 
 
-@pytest.mark.parametrize("package", ["zoo.callbacks", "zoo.modules"])
-def test_lazy_packages_export_every_name_from_its_home_module(package):
-    """Each public name resolves to the object its home module defines; unknown names raise AttributeError."""
-    module = importlib.import_module(package)
-    for name, home in module.HOME_MODULES.items():
-        defined = getattr(importlib.import_module(f"{package}.{home}"), name)
-        assert getattr(module, name) is defined, name
-        assert name in dir(module)
-    assert sorted(module.__all__) == sorted(module.HOME_MODULES)
-    with pytest.raises(AttributeError, match="no_such_name"):
-        module.no_such_name  # noqa: B018
-
-
 def test_importing_a_callback_loads_only_its_module():
     """``zoo.callbacks`` and ``zoo.modules`` import their members on first use (start-up time of every run)."""
     code = (

@@ -110,3 +110,6 @@ class CausalLMModule(GeneratingModule):
         self.metrics[f"{split}_perplexity"].update(logits[:, :-1].float(), batch["labels"][:, 1:])
         self.log(f"{split}/loss", self.metrics[f"{split}_loss"], prog_bar=split == "val", batch_size=size)
         self.log(f"{split}/perplexity", self.metrics[f"{split}_perplexity"], batch_size=size)
+
+
+__all__ = ["CausalLMModule", "exact_answer_match"]
