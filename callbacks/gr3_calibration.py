@@ -2,8 +2,11 @@
 
 A maximum-reward response of average length must keep its shaped reward ``r_max / (1 + alpha)`` at or above
 the shaped group mean; alpha is the largest grid value meeting this in ``target_fraction`` of the groups seen
-in a sliding window of recent rollouts. The callback logs the satisfaction rate of the current alpha every
-step and, with ``adapt=True``, sets the shaper's alpha to the calibrated value every ``every_n_steps``.
+in a sliding window of recent rollouts (under data parallelism, the groups of every rank: each rank calibrates the
+same alpha). The shaper owns alpha (``GR3Shaper.set_alpha``) and the module checkpoints it with the shaper's state,
+so a resumed run continues with the calibrated value; this callback's own state is its window and history. The
+callback logs the satisfaction rate of the current alpha every step and, with ``adapt=True``, sets the shaper's alpha
+to the calibrated value every ``every_n_steps``.
 
 Groups whose rewards are all equal carry no GRPO advantage (every advantage is 0 whatever alpha is), so by
 default they are left out of the rates (``exclude_constant_groups``). Counting them switches GR3 off under
@@ -30,6 +33,27 @@ from zoo.rl.advantages import constant_groups
 from zoo.rl.gr3 import calibrate_alpha, satisfaction_rate
 
 log = logging.getLogger(__name__)
+
+
+def gather_groups(
+    pl_module: pl.LightningModule, rewards: torch.Tensor, lengths: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``[num_groups, G]`` rewards and lengths of every rank's step, rank by rank (under data parallelism; the
+    ranks' group counts may differ, so they are padded with NaN rows for the gather and the padding dropped), so
+    that every rank calibrates from the same groups and keeps the same alpha. Unchanged on one process."""
+    trainer = pl_module._trainer
+    if trainer is None or getattr(trainer, "world_size", 1) <= 1:
+        return rewards, lengths
+    device = pl_module.device
+    count = torch.tensor(rewards.shape[0], device=device)
+    most = int(trainer.strategy.reduce(count, reduce_op="max"))
+    pairs = torch.stack([rewards.to(device), lengths.to(device)])  # [2, num_groups, G]
+    padded = torch.full((2, most, rewards.shape[1]), float("nan"), device=device, dtype=pairs.dtype)
+    padded[:, : rewards.shape[0]] = pairs
+    gathered = pl_module.all_gather(padded)  # [W, 2, most, G]
+    merged = gathered.transpose(0, 1).reshape(2, -1, rewards.shape[1])
+    keep = ~torch.isnan(merged[0]).any(dim=1)
+    return merged[0][keep], merged[1][keep]
 
 
 class GR3AlphaCalibration(Callback):
@@ -85,6 +109,8 @@ class GR3AlphaCalibration(Callback):
         missing = []
         if shaper is None or not isinstance(getattr(shaper, "alpha", None), float):
             missing.append("a `shaper` with a float `alpha` (module/grpo/shaper=gr3)")
+        elif self.adapt and not callable(getattr(shaper, "set_alpha", None)):
+            missing.append("a `shaper` with `set_alpha` (adapt=True)")
         if not hasattr(pl_module, "last_rollout"):
             missing.append("`last_rollout` (rollout rewards and lengths)")
         if missing:
@@ -99,8 +125,9 @@ class GR3AlphaCalibration(Callback):
         rollout = pl_module.last_rollout
         if not rollout:
             return
-        base = pl_module.shaper.base_rewards(rollout["rewards"].detach().cpu().float())
-        self.buffer.append((base, rollout["lengths"].detach().cpu().float()))
+        base = pl_module.shaper.base_rewards(rollout["rewards"].detach().float())
+        base, lengths = gather_groups(pl_module, base, rollout["lengths"].detach().float())
+        self.buffer.append((base.cpu(), lengths.cpu()))
         self.buffer = self.buffer[-self.window :]
         rewards = torch.cat([b[0] for b in self.buffer])
         lengths = torch.cat([b[1] for b in self.buffer])
@@ -128,8 +155,8 @@ class GR3AlphaCalibration(Callback):
                 {a: round(r, 4) for a, r in result.as_dict().items()},
                 "" if exclude else "; constant groups are counted (exclude_constant_groups=False)",
             )
-        if self.adapt:
-            pl_module.shaper.alpha = float(result.alpha)
+        if self.adapt:  # the shaper owns alpha and checkpoints it with the module
+            pl_module.shaper.set_alpha(float(result.alpha))
 
     def state_dict(self) -> dict[str, Any]:
         return {"buffer": self.buffer, "history": self.history}

@@ -280,6 +280,28 @@ class GRPOModule(GeneratingModule):
         if self.aux is not None:
             self.aux.setup(self)
 
+    # -- checkpoints ------------------------------------------------------------------------------------------
+    #: checkpoint key of the seams' state (e.g. GR3's alpha, which a calibration callback changes during training)
+    SEAM_STATE_KEY = "grpo_seam_state"
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[self.SEAM_STATE_KEY] = {
+            name: seam.state_dict() for name, seam in self._stateful_seams().items() if seam.state_dict()
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        saved = checkpoint.get(self.SEAM_STATE_KEY) or {}
+        for name, seam in self._stateful_seams().items():
+            if name in saved:
+                seam.load_state_dict(saved[name])
+
+    def _stateful_seams(self) -> dict[str, Any]:
+        """The seams with a ``state_dict``/``load_state_dict`` (the shaper, and any other seam that has them)."""
+        seams = {"shaper": self.shaper, "advantage": self.advantage}
+        return {k: v for k, v in seams.items() if callable(getattr(v, "state_dict", None))}
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
@@ -291,8 +313,11 @@ class GRPOModule(GeneratingModule):
         g = self.group_size
         prompt_ids = batch["prompt_ids"].repeat_interleave(g, dim=0)
         prompt_mask = batch["prompt_attention_mask"].repeat_interleave(g, dim=0)
+        # each rank samples its own completions: the global rank is folded into the seed (rank 0 keeps the
+        # single-process seed; a CPU generator reads the low 32 bits of its seed, so the rank's term stays in them)
         seed = int(torch.initial_seed()) % (2**31) + self.global_step + 100_003 * len(self._pending)
-        generator = torch.Generator(device=prompt_ids.device).manual_seed(seed % (2**63))
+        seed = (seed + self.global_rank * 2_654_435_761) % 2**32
+        generator = torch.Generator(device=prompt_ids.device).manual_seed(seed)
         result = self.generate(prompt_ids, prompt_mask, self.sampling, generator)
         prompts = repeat_rows(batch["prompts"], g)
         columns = {k: repeat_rows(v, g) for k, v in batch.get("columns", {}).items()}
@@ -334,17 +359,24 @@ class GRPOModule(GeneratingModule):
     def fill_from_informative_groups(self, rollout: dict[str, Any], target_groups: int) -> dict[str, Any] | None:
         """DAPO dynamic sampling: keep the rollout's informative groups; return a rollout of ``target_groups`` of
         them (advantages recomputed over it) once enough are collected or the refill rounds are used up, else
-        ``None`` (the step only collected)."""
+        ``None`` (the step only collected).
+
+        Under data parallelism the decisions are collective (each one decides whether a rank makes the collectives
+        of an update): every rank keeps collecting while some rank has fewer than ``target_groups``; the step is
+        skipped only when no rank collected an informative group; a rank without any while others have some takes
+        part in the update with weight 0 (its last rollout, no gradient contribution)."""
         informative = torch.nonzero(~constant_groups(rollout["shaped"])).flatten()
         self._pending.append(select_groups(rollout, informative, self.group_size))
         collected = sum(p["shaped"].shape[0] for p in self._pending)
         rounds = len(self._pending) - 1
-        if collected < target_groups and rounds < self.max_refill_rounds:
+        if self._any_rank(collected < target_groups) and rounds < self.max_refill_rounds:
             return None
         pending, self._pending = self._pending, []
-        if collected == 0:
+        if not self._any_rank(collected > 0):
             self.log("train/dynamic_sampling_skipped", float(rounds + 1), batch_size=1)
             return None
+        if collected == 0:  # other ranks train on their groups: this one joins their collectives without a gradient
+            return {**rollout, "train_weight": 0.0, "refill_rounds": rounds}
         merged = concat_rollouts([p for p in pending if p["shaped"].shape[0]], self.tokenizer.pad_token_id)
         if collected > target_groups:
             merged = select_groups(merged, torch.arange(target_groups), self.group_size)
@@ -430,10 +462,14 @@ class GRPOModule(GeneratingModule):
         aux_items = self.aux.prepare(self, rollout) if self.aux is not None else None  # rollout-time policy
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
+        weight = float(rollout.get("train_weight", 1.0))
         for iteration in range(self.num_iterations):
-            loss, metrics = self.policy_gradients(rows, rollout["advantages"], old, ref)
-            if aux_items is not None:
-                metrics["aux_loss"] = self.auxiliary_gradients(aux_items)
+            # the auxiliary backward passes come first: under data parallelism only the last backward pass of an
+            # update (the policy loss's last micro-batch) reduces the gradients across ranks
+            aux_loss = self.auxiliary_gradients(aux_items) if aux_items is not None else None
+            loss, metrics = self.policy_gradients(rows, rollout["advantages"], old, ref, weight=weight)
+            if aux_loss is not None:
+                metrics["aux_loss"] = aux_loss
             if self.max_grad_norm:
                 self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
             if iteration < self.num_iterations - 1:
@@ -516,25 +552,47 @@ class GRPOModule(GeneratingModule):
         advantages: torch.Tensor,
         old_logp: torch.Tensor | None,
         ref_logp: torch.Tensor | None = None,
+        weight: float = 1.0,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Accumulate the gradient of one optimizer update over micro-batches.
 
         The aggregation normalizer is computed once from the whole batch's completion mask, so the summed
         micro-batch gradients equal the full-batch gradient whatever ``micro_batch_size`` is.
         ``old_logp=None`` means on-policy: the old log-probs are the detached current ones (ratio 1).
+        ``weight=0`` runs the passes without a gradient contribution (a rank with nothing to train on while the
+        other ranks train, DAPO dynamic sampling under data parallelism).
         Returns the update's loss (sum over micro-batches) and the metrics: the per-micro-batch metrics of the
         policy loss averaged, and ``entropy``, the mean entropy over all completion tokens.
+
+        Under data parallelism (``W`` ranks; notes ``rl.md`` §0.2, DESIGN "Scale"): the normalizer is the
+        all-reduced sum of the ranks' values divided by ``W`` (DDP averages the gradients), so the update is the
+        single-process update on the union of the ranks' rows; the ranks agree on the number of micro-batches
+        (all-reduce max; a rank with fewer runs zero-weight padding micro-batches of one row) and only the last
+        backward pass reduces the gradients (the strategy's ``block_backward_sync`` for the others), so ranks that
+        pack their rows differently never wait on each other's reductions.
         """
         start = completion_start(rows[3])
         completion_mask = rows[3][:, start:] != IGNORE_INDEX
-        normalizer = self.aggregation.normalizer(completion_mask, max_length=self.sampling.max_new_tokens)
+        distributed = self._distributed
+        local = self.aggregation.normalizer(completion_mask, max_length=self.sampling.max_new_tokens, minimum=0.0)
+        if distributed:
+            local = self._all_reduce(local * (weight != 0), torch.distributed.ReduceOp.SUM)
+            normalizer = local.clamp(min=1.0) / self.trainer.world_size
+        else:
+            normalizer = local.clamp(min=1.0)
         total = torch.zeros((), device=rows[0].device)
         entropy = torch.zeros((), device=rows[0].device)
         metrics: dict[str, list[torch.Tensor]] = {}
-        # under data parallelism each backward pass reduces the gradients, so the prompt's separate one is not used
-        distributed = self._trainer is not None and self.trainer.world_size > 1
+        # under data parallelism the prompt's separate backward pass would be one more gradient reduction
         prefix = None if distributed else self.shared_prompt(self.model, rows, start)
-        for chunk, width in self.row_micro_batches(rows, start):
+        chunks: list[tuple[torch.Tensor | slice, int, bool]] = [
+            (chunk, width, False) for chunk, width in self.row_micro_batches(rows, start)
+        ]
+        if distributed:
+            count = self._all_reduce(torch.tensor(len(chunks), device=self.device), torch.distributed.ReduceOp.MAX)
+            padding = (torch.zeros(1, dtype=torch.long, device=rows[0].device), start + 1, True)
+            chunks += [padding] * (int(count) - len(chunks))
+        for number, (chunk, width, is_padding) in enumerate(chunks):
             logp, mask, chunk_entropy = self.token_logprobs(
                 self.model,
                 tuple(t[chunk, :width] for t in rows),
@@ -548,10 +606,11 @@ class GRPOModule(GeneratingModule):
             per_token, info = self.policy_loss(logp, old, advantages[chunk], mask, ref)
             loss = self.aggregation(per_token, mask, normalizer)
             self.check_finite(loss)
-            if self._trainer is not None:
-                self.manual_backward(loss)
-            else:  # used outside a Trainer (tests, notebooks)
-                loss.backward()
+            if is_padding or weight != 1.0:
+                loss = loss * (0.0 if is_padding else weight)
+            self.backward_pass(loss, sync=number == len(chunks) - 1)
+            if is_padding:
+                continue
             total = total + loss.detach()
             entropy = entropy + chunk_entropy
             for key, value in info.items():
@@ -561,6 +620,36 @@ class GRPOModule(GeneratingModule):
         out = {k: torch.stack(v).mean() for k, v in metrics.items()}
         out["entropy"] = entropy / completion_mask.sum().clamp(min=1)
         return total, out
+
+    @property
+    def _distributed(self) -> bool:
+        return self._trainer is not None and self.trainer.world_size > 1
+
+    def _all_reduce(self, value: torch.Tensor, op: Any) -> torch.Tensor:
+        """``value`` reduced over the ranks with ``op`` (a ``torch.distributed.ReduceOp``); itself on one process."""
+        if not self._distributed:
+            return value
+        value = value.detach().clone()
+        torch.distributed.all_reduce(value, op=op)
+        return value
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on some rank (a decision every rank takes alike)."""
+        if not self._distributed:
+            return flag
+        return bool(self._all_reduce(torch.tensor(float(flag), device=self.device), torch.distributed.ReduceOp.MAX))
+
+    def backward_pass(self, loss: torch.Tensor, sync: bool = True) -> None:
+        """``loss.backward()`` through the strategy; under data parallelism the gradients are reduced across
+        ranks only when ``sync`` (one such pass per optimizer update, its last), the other passes accumulate
+        locally (``trainer.strategy.block_backward_sync``). Outside a Trainer (tests, notebooks) a plain backward."""
+        if self._trainer is None:
+            loss.backward()
+        elif sync or not self._distributed:
+            self.manual_backward(loss)
+        else:
+            with self.trainer.strategy.block_backward_sync():
+                self.manual_backward(loss)
 
     def shared_prompt(self, model: torch.nn.Module, rows: tuple[torch.Tensor, ...], start: int) -> SharedPrefix | None:
         """The keys/values of the batch's distinct prompts (columns before ``start - 1``), computed once for all
@@ -582,11 +671,8 @@ class GRPOModule(GeneratingModule):
                 continue
             loss = self.aux.loss(self, items, chunk)
             self.check_finite(loss)
-            weighted = self.aux.weight * loss
-            if self._trainer is not None:
-                self.manual_backward(weighted)
-            else:
-                weighted.backward()
+            # never the update's last backward pass (the policy loss's comes after): no gradient reduction here
+            self.backward_pass(self.aux.weight * loss, sync=False)
             total = total + loss.detach()
         return total
 
@@ -624,14 +710,20 @@ class GRPOModule(GeneratingModule):
         if self.aux is not None:  # the seam's diagnostics of this step (pairs built, validation cost, ...)
             values.update({k: torch.as_tensor(v, dtype=torch.float) for k, v in self.aux.metrics().items()})
         if self.dynamic_sampling:
-            values["groups_kept"] = torch.tensor(float(rollout["shaped"].shape[0]))
+            kept = rollout["shaped"].shape[0] if rollout.get("train_weight", 1.0) else 0  # weight 0: none kept
+            values["groups_kept"] = torch.tensor(float(kept))
             values["refill_rounds"] = torch.tensor(float(rollout.get("refill_rounds", 0)))
         self._log_train(values, len(rollout["texts"]))
 
     def _log_train(self, values: dict[str, torch.Tensor], size: int) -> None:
-        for key, value in values.items():
+        """Log ``train/<key>``; under data parallelism reduced across ranks (mean; ``*_min``/``*_max`` by min/max),
+        so every rank logs the same keys in the same order."""
+        distributed = self._distributed
+        for key in sorted(values) if distributed else values:
             prog = key in ("reward", "completion_length", "accuracy")
-            self.log(f"train/{key}", value.float().to(self.device), prog_bar=prog, batch_size=size)
+            reduce_fx = "max" if key.endswith("_max") else "min" if key.endswith("_min") else "mean"
+            value = values[key].float().to(self.device)
+            self.log(f"train/{key}", value, prog_bar=prog, batch_size=size, sync_dist=distributed, reduce_fx=reduce_fx)
 
     def on_train_start(self) -> None:
         self._pending = []

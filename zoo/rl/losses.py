@@ -27,7 +27,10 @@ that side's label mask (``-100`` = not scored; :func:`zoo.losses.masked_sequence
 Call :func:`compute_normalizer` once per optimizer step on the masks of *all* its micro-batches, then
 :func:`aggregate` each micro-batch with that normalizer and ``backward`` without further scaling: the sum of
 the micro-batch losses is exactly the full-batch loss, so the accumulated gradient does not depend on how the
-step was split. Under DDP (gradients averaged over ``W`` ranks) pass the all-reduced normalizer divided by ``W``.
+step was split. Under DDP (gradients averaged over ``W`` ranks) pass the all-reduced normalizer divided by ``W``:
+compute each rank's value with ``minimum=0``, all-reduce it (sum), floor it at 1 and divide by ``W``
+(``zoo.modules.GRPOModule`` does); the averaged gradient is then the single-process gradient of the union of the
+ranks' batches.
 """
 
 from __future__ import annotations
@@ -222,7 +225,9 @@ class ClippedPolicyLoss:
         )
 
 
-def compute_normalizer(mask_full_step: Tensor | Sequence[Tensor], mode: str, max_length: int | None = None) -> Tensor:
+def compute_normalizer(
+    mask_full_step: Tensor | Sequence[Tensor], mode: str, max_length: int | None = None, *, minimum: float = 1.0
+) -> Tensor:
     """Normalizer of one optimizer step (see the module table), computed once over *all* its micro-batches.
 
     Args:
@@ -231,9 +236,12 @@ def compute_normalizer(mask_full_step: Tensor | Sequence[Tensor], mode: str, max
         mode: aggregation mode or alias.
         max_length: ``L_max`` (the generation budget), required for ``seq_mean_token_sum_norm`` (Dr.GRPO uses a
             constant, never the padded width).
+        minimum: the floor of the value (1: an empty step gives 1 so nothing divides by zero). Under data
+            parallelism pass ``minimum=0`` on each rank: every mode's value is a sum over sequences, so the
+            all-reduced (summed) values are the normalizer of the whole step, floored at 1 after the reduction.
 
     Returns:
-        0-dim float32 tensor, ``>= 1`` (an empty step gives 1 so nothing divides by zero).
+        0-dim float32 tensor, ``>= minimum``.
     """
     canonical = resolve_aggregation_mode(mode)
     masks = [mask_full_step] if isinstance(mask_full_step, Tensor) else list(mask_full_step)
@@ -255,7 +263,7 @@ def compute_normalizer(mask_full_step: Tensor | Sequence[Tensor], mode: str, max
                 f"seq_mean_token_sum_norm (Dr.GRPO) needs max_length = the generation budget L_max; got {max_length}"
             )
         value = torch.tensor(float(num_seq * max_length), device=device)
-    return value.clamp(min=1.0)
+    return value.clamp(min=minimum)
 
 
 def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str, normalizer: Tensor | float) -> Tensor:
@@ -287,9 +295,12 @@ class LossAggregator:
         self.mode = resolve_aggregation_mode(mode)
         self.max_length = max_length
 
-    def normalizer(self, mask_full_step: Tensor | Sequence[Tensor], max_length: int | None = None) -> Tensor:
+    def normalizer(
+        self, mask_full_step: Tensor | Sequence[Tensor], max_length: int | None = None, *, minimum: float = 1.0
+    ) -> Tensor:
         """See :func:`compute_normalizer`; ``max_length`` defaults to the constructor's value."""
-        return compute_normalizer(mask_full_step, self.mode, self.max_length if max_length is None else max_length)
+        length = self.max_length if max_length is None else max_length
+        return compute_normalizer(mask_full_step, self.mode, length, minimum=minimum)
 
     def __call__(self, per_token_loss: Tensor, mask: Tensor, normalizer: Tensor | float) -> Tensor:
         return aggregate(per_token_loss, mask, self.mode, normalizer)

@@ -15,6 +15,8 @@ with its own ``max_length`` uses that, otherwise the value passed at call time.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -50,6 +52,15 @@ class RewardShaper(ABC):
         """Scalars to log every training step, by name (none by default)."""
         return {}
 
+    def state_dict(self) -> dict[str, Any]:
+        """The shaper's state that changes during training (none by default); the GRPO family saves it in its
+        checkpoints and restores it on resume (:meth:`load_state_dict`)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (nothing by default)."""
+        del state  # a shaper without changing state has nothing to restore
+
 
 class NoShaping(RewardShaper):
     """Identity shaper (plain GRPO)."""
@@ -68,7 +79,9 @@ class GR3Shaper(RewardShaper):
     """GR3: ``r_hat = r / (1 + alpha * l / l_bar_g)`` (eq. GR3-1), optionally after the RLHF sigmoid (GR3-3).
 
     Args:
-        alpha: rescaling strength (QGLAS: 0.3). A plain attribute, so a calibration callback may update it.
+        alpha: rescaling strength (QGLAS: 0.3). A calibration callback changes it through :meth:`set_alpha`; it is
+            the shaper's state (:meth:`state_dict`), saved in the module's checkpoints, so a resumed run goes on
+            with the alpha in force when the checkpoint was written.
         rlhf_sigmoid: squash raw reward-model scores with ``sigmoid((r - median_g r) / tau)`` first; needed when
             scores can be negative. Without it negative rewards raise ``ConfigError`` (a ``ValueError``).
         sigmoid_temperature: ``tau`` (2.0).
@@ -107,6 +120,20 @@ class GR3Shaper(RewardShaper):
     def metrics(self) -> dict[str, float | Tensor]:
         """``gr3_alpha``: the alpha in force (a calibration callback may change it during training)."""
         return {"gr3_alpha": self.alpha}
+
+    def set_alpha(self, alpha: float) -> None:
+        """Put ``alpha`` (>= 0) in force (e.g. the calibrated value, ``GR3AlphaCalibration(adapt=True)``)."""
+        if not alpha >= 0:
+            raise ConfigError(f"GR3Shaper: alpha must be >= 0, got {alpha}")
+        self.alpha = float(alpha)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"alpha": the alpha in force}``."""
+        return {"alpha": self.alpha}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "alpha" in state:
+            self.set_alpha(float(state["alpha"]))
 
     def satisfaction_rate(self, rewards: Tensor, lengths: Tensor, alpha: float | None = None) -> float:
         """Calibration constraint (GR3-4) satisfaction rate at ``alpha`` (default: the current alpha)."""
