@@ -522,7 +522,8 @@ def test_the_generation_core_runs_with_lightning_blocked():
         sys.meta_path.insert(0, Block())
         import torch
         from zoo.backbones import TinyBackbone
-        from zoo.generation import SamplingParams, StepwiseDecoder, generate_text
+        from zoo.generation import StepwiseDecoder, generate_text
+        from zoo.protocols import SamplingParams
         import zoo.encoding, zoo.multimodal.valr  # noqa: F401
 
         bb = TinyBackbone(hidden_size=32, intermediate_size=64, num_hidden_layers=1)
