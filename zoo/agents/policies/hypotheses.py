@@ -1,8 +1,10 @@
-"""Hypothesis sets, environment solvers and the two agents built on them.
+"""The two agents built on the hypothesis solvers (:mod:`zoo.agents.policies.solvers`).
 
-A *solver* holds, for every unknown of an environment (a letter's effect, a stage's rule, a trait's mode of
-inheritance), a :class:`HypothesisSet` over the environment's public commit vocabulary, updates it from tool
-results only, and proposes the next experiment. Two agents drive the same solvers:
+A *solver* (:class:`~zoo.agents.policies.solvers.base.Solver`, one per environment, registered in
+:data:`~zoo.agents.policies.solvers.base.SOLVERS`) holds, for every unknown of an environment (a letter's effect, a
+stage's rule, a trait's mode of inheritance), a :class:`~zoo.agents.policies.solvers.base.HypothesisSet` over the
+environment's public commit vocabulary, updates it from tool results only, and proposes the next experiment. Two
+agents drive the same solvers:
 
 * :class:`HypothesisEliminationAgent` removes every hypothesis an observation contradicts, picks experiments
   whose outcome differs between the remaining hypotheses, and commits when one hypothesis is left per unknown
@@ -22,6 +24,7 @@ import json
 import random
 from typing import ClassVar
 
+from zoo.agents.policies.answers import answer_payload
 from zoo.agents.policies.base import Action, Agent, EpisodeInfo, commit_call
 from zoo.agents.policies.solvers import SOLVERS, Solver
 from zoo.agents.types import ToolCall, ToolResult
@@ -93,7 +96,7 @@ class SolverAgent(Agent):
             note = NOTE_PREFIX + json.dumps(solver.state_dict(), sort_keys=True)
             return Action(ToolCall("note_tool", {"action": "write_note", "note": note}))
         if solver.should_commit():
-            return Action(commit_call(solver.commit_payload()))
+            return Action(commit_call(answer_payload(self.info, solver.commit_payload())))
         return Action(solver.next_call())
 
 
