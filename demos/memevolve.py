@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zoo.memory.evolve import dominates
+from zoo.memory.memevolve import dominates
 from zoo.report import (
     Run,
     Sweep,

@@ -24,7 +24,7 @@ from zoo.memory import (
     ModularMemory,
     StoreError,
 )
-from zoo.memory.evolve import run_stream
+from zoo.memory.memevolve import run_stream
 from zoo.text.encoders import HashingEncoder
 
 from conftest import REPO_ROOT

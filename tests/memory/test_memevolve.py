@@ -1,4 +1,4 @@
-"""MemEvolve's outer loop (``+method=memevolve``, zoo.memory.evolve): selection and Pareto ranks, diagnose and
+"""MemEvolve's outer loop (``+method=memevolve``, zoo.memory.memevolve): selection and Pareto ranks, diagnose and
 design, the tournament invariants, isolation of candidates, failing/hanging/generated candidates, the app run."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from zoo.agents.backends import ScriptedBackend
 from zoo.cli.train import run
 from zoo.errors import ConfigError
 from zoo.memory import Genotype
-from zoo.memory.evolve import (
+from zoo.memory.memevolve import (
     Candidate,
     LLMDesigner,
     MemEvolve,

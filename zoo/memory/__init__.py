@@ -4,7 +4,7 @@
   ``initialize``) and its data types;
 * :mod:`zoo.memory.distill` -- Encode: raw trajectory, insights, skills;
 * :mod:`zoo.memory.system` -- the design space (:class:`Genotype`) and :class:`ModularMemory` with its store;
-* :mod:`zoo.memory.evolve` -- MemEvolve: diagnose, design, validate, tournament, selection.
+* :mod:`zoo.memory.memevolve` -- MemEvolve: diagnose, design, validate, tournament, selection.
 """
 
 from zoo.agents.memory_interface import (

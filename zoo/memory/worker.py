@@ -2,8 +2,8 @@
 
 ``python -I -c "from zoo.memory.worker import main; <sandbox prelude>; main()" SPEC OUT``: SPEC names the code file,
 the store directory, the environment, the task indices, the seed and the timeout (counted from when the zoo has
-loaded: a SIGALRM stops the candidate); the result of
-:func:`zoo.memory.evolve.run_stream` is written to OUT as JSON. Any error exits non-zero with the traceback on stderr.
+loaded: a SIGALRM stops the candidate); the result of :func:`zoo.memory.memevolve.run_stream` is written to OUT as
+JSON. Any error exits non-zero with the traceback on stderr.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import signal
 import sys
 
 from zoo.agents.memory_interface import MemoryProvider
-from zoo.memory.evolve import run_stream
+from zoo.memory.memevolve import run_stream
 
 
 def main() -> None:

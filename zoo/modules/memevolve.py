@@ -1,7 +1,7 @@
 """MemEvolve: Meta-Evolution of Agent Memory Systems (arXiv 2512.18746) -- the outer loop on the zoo's app.
 
 A thin adapter: the datamodule yields round indices (``EpisodeDataModule(episodes=rounds)``), each ``test_step``
-runs one round of :class:`zoo.memory.evolve.MemEvolve` (plain Python), and the end of the test epoch compares the
+runs one round of :class:`zoo.memory.memevolve.MemEvolve` (plain Python), and the end of the test epoch compares the
 systems on fresh tasks of the evolution families and on a held-out set of families (transfer): no memory, the
 reproduced baselines (``compare``), the initial base and the evolved winner, each from an empty store.
 
@@ -9,12 +9,12 @@ Equation / step -> function map (paper Sec. 3-4; released ``MemEvolve/core/auto_
 
 * memory genotype Omega = (Encode, Store, Retrieve, Manage) -> :class:`zoo.memory.Genotype`,
   :class:`zoo.memory.ModularMemory`; provide / take-in interface -> :mod:`zoo.agents.memory_interface`;
-* inner loop (tasks with a fixed Omega, each trajectory ingested) -> :func:`zoo.memory.evolve.run_stream`;
-* analyze / diagnose -> :func:`zoo.memory.evolve.diagnose`;
-* generate / design -> :func:`zoo.memory.evolve.rule_based_design`, :class:`zoo.memory.evolve.LLMDesigner`;
-* validate (smoke tasks, timeout), tournament, finals -> :meth:`zoo.memory.evolve.MemEvolve.run_round`;
-* selection, lexicographic or Pareto with the released tie-break -> :func:`zoo.memory.evolve.selection_order`,
-  :func:`zoo.memory.evolve.pareto_ranks`, :func:`zoo.memory.evolve.tie_break_scores`.
+* inner loop (tasks with a fixed Omega, each trajectory ingested) -> :func:`zoo.memory.memevolve.run_stream`;
+* analyze / diagnose -> :func:`zoo.memory.memevolve.diagnose`;
+* generate / design -> :func:`zoo.memory.memevolve.rule_based_design`, :class:`zoo.memory.memevolve.LLMDesigner`;
+* validate (smoke tasks, timeout), tournament, finals -> :meth:`zoo.memory.memevolve.MemEvolve.run_round`;
+* selection, lexicographic or Pareto with the released tie-break -> :func:`zoo.memory.memevolve.selection_order`,
+  :func:`zoo.memory.memevolve.pareto_ranks`, :func:`zoo.memory.memevolve.tie_break_scores`.
 
 Logged (``test/``): ``success/<system>`` and ``tokens/<system>`` on the evolution families,
 ``transfer_success/<system>`` and ``transfer_tokens/<system>`` on the held-out families, ``evolved_success``,
@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo.agents.memory_interface import NoMemory
 from zoo.errors import ConfigError
-from zoo.memory.evolve import Candidate, LLMDesigner, MemEvolve, compare_systems
+from zoo.memory.memevolve import Candidate, LLMDesigner, MemEvolve, compare_systems
 from zoo.memory.system import Genotype, ModularMemory
 
 log = logging.getLogger("zoo")
