@@ -6,6 +6,8 @@ Frequent characters serve as step delimiters so that random text has many steps.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 import torch
 
@@ -472,3 +474,121 @@ def test_without_a_step_length_the_row_end_still_closes_the_step(lm):
 def test_max_step_tokens_must_be_positive_or_none():
     with pytest.raises(ValueError, match="max_step_tokens must be an integer >= 1 or null"):
         StepwiseDecoder(max_step_tokens=0)
+
+
+def _close_at(tok, prompt_width: int, position: int, then_ban: Sequence[int] = ()):
+    """A logits processor that makes every row write ``</think>`` as its completion token ``position`` (0-based; a row
+    that wrote it before writes it again) and bans ``then_ban`` everywhere: a policy that ends its reasoning early and
+    writes its answer after it."""
+    close = tok.convert_tokens_to_ids("</think>")
+
+    def processor(ids, scores):
+        kept = (ids[:, prompt_width:] != tok.pad_token_id).sum(-1)
+        scores = scores.clone()
+        scores[:, list(then_ban)] = float("-inf")
+        forced = torch.full_like(scores, float("-inf"))
+        forced[:, close] = 0.0
+        return torch.where((kept == position)[:, None], forced, scores)
+
+    return processor
+
+
+@pytest.mark.parametrize("lookahead", [0, 8])
+def test_with_answer_steps_every_token_after_the_closing_tag_lies_in_an_offered_answer_step(lm, lookahead):
+    """The policy closes its reasoning (``</think>``) at its third token and answers after it until its budget runs
+    out. With ``answer_steps`` the answer is offered to the hook in steps -- at delimiters, every ``max_step_tokens``
+    tokens and at the row's end -- marked ``answer`` and never ``final``, which laid end to end are the whole answer;
+    without it no answer step is offered and nothing after the final step. A hook that does nothing leaves the text as
+    it was either way."""
+    model, tok, ids, mask, _ = lm
+    close = tok.convert_tokens_to_ids("</think>")
+    processor = _close_at(tok, ids.shape[1], 2, then_ban=[tok.eos_token_id])
+    params = SamplingParams(max_new_tokens=30, do_sample=True)
+    outs, offered = {}, {}
+    for answer_steps in (True, False):
+        events: list[StepEvent] = []
+        decoder = StepwiseDecoder(
+            lambda ev, events=events: events.extend(ev) or {},
+            DELIMS,
+            processors=[processor],
+            hook_lookahead=lookahead,
+            max_step_tokens=4,
+            answer_steps=answer_steps,
+        )
+        outs[answer_steps] = decoder(model, tok, ids, mask, params=params, generator=_gen(3))
+        offered[answer_steps] = events
+    on, off = outs[True], outs[False]
+    assert on.texts == off.texts and torch.equal(on.completion_ids, off.completion_ids)
+    assert not any(e.answer for e in offered[False])
+    lengths = []
+    for i in range(len(PROMPTS)):
+        kept = on.completion_ids[i][on.completion_mask[i].bool()].tolist()
+        answer_start = kept.index(close) + 1  # the reasoning's (first) closing tag: its final step ends there
+        lengths.append(len(kept) - answer_start)
+        (final,) = [e for e in offered[False] if e.row == i and e.final]
+        assert len(final.ids) == answer_start
+        assert all(len(e.ids) <= answer_start for e in offered[False] if e.row == i)  # nothing after the final step
+        steps = sorted((e for e in offered[True] if e.row == i and e.answer), key=lambda e: e.step_index)
+        assert [e.step_index for e in steps] == list(range(final.step_index + 1, final.step_index + 1 + len(steps)))
+        assert not any(e.final for e in steps)
+        # the answer steps tile the answer: the first starts at the closing tag, each where the previous ended, the
+        # last where the row's text ends
+        assert steps[0].step_start == answer_start
+        assert all(b.step_start == len(a.ids) for a, b in zip(steps, steps[1:]))
+        assert list(steps[-1].ids) == kept
+        assert all(e.cut != "end" for e in steps[:-1])
+        # the row's budget ran out inside an answer step: reported open with answer steps, not without
+        assert on.open_step[i] == (steps[-1].cut == "end") and not off.open_step[i]
+    assert max(lengths) >= 8, "the test must see answers of several steps"
+    assert any(e.cut == "length" for e in offered[True] if e.answer)
+    assert any(e.cut is None for e in offered[True] if e.answer)
+    assert any(on.open_step), "the test must see a row whose budget ran out inside an answer step"
+
+
+@pytest.mark.parametrize("lookahead", [0, 8])
+def test_an_answer_step_rolled_back_or_kept_leaves_the_row_in_the_answer(lm, lookahead):
+    """Rows 0 and 2 roll their first answer step back (with an injection), rows 1 and 3 keep it (the injection follows
+    it): every later step of those rows is an answer step again (the resample keeps the index, attempt 1), no row
+    closes a second final step (a closing tag sampled in the answer is text), and the last answer step ends where
+    the row's text ends."""
+    model, tok, ids, mask, _ = lm
+    close = tok.convert_tokens_to_ids("</think>")
+    inject = tok("XYZ", add_special_tokens=False)["input_ids"]
+    events: list[tuple[int, StepEvent]] = []  # (hook call, event)
+    acted: dict[int, tuple[int, StepEvent]] = {}
+
+    def hook(batch):
+        call = len({c for c, _ in events}) + 1
+        events.extend((call, e) for e in batch)
+        actions = {}
+        for e in batch:
+            if e.answer and e.row not in acted:
+                acted[e.row] = call, e
+                actions[e.row] = StepAction(inject, rollback=e.row % 2 == 0, step_index=e.step_index)
+        return actions
+
+    hook.several_steps_per_row = True
+    decoder = StepwiseDecoder(
+        hook,
+        DELIMS,
+        processors=[_close_at(tok, ids.shape[1], 1, then_ban=[tok.eos_token_id])],
+        hook_lookahead=lookahead,
+        answer_steps=True,
+    )
+    out = decoder(model, tok, ids, mask, params=SamplingParams(max_new_tokens=30, do_sample=True), generator=_gen(5))
+    assert sorted(acted) == [0, 1, 2, 3]
+    assert [bool(d) for d in out.discarded] == [True, False, True, False]
+    for i, (call, first) in acted.items():
+        # what the hook saw of the row in its later calls (the row's later steps in the same call were discarded)
+        later = [e for c, e in events if e.row == i and c > call]
+        assert later and all(e.answer and not e.final for e in later)
+        if i % 2 == 0:  # the resample of the rolled-back step: same index, attempt 1
+            assert (later[0].step_index, later[0].attempt) == (first.step_index, 1)
+        else:
+            assert later[0].step_index == first.step_index + 1
+        kept = out.completion_ids[i][out.completion_mask[i].bool()].tolist()
+        injected = out.injected_mask[i][out.completion_mask[i].bool()].tolist()
+        assert injected.count(1) == len(inject)
+        assert kept.index(close) < first.step_start  # the reasoning closed before the answer step acted on
+        last = max((e for e in later), key=lambda e: (e.step_index, e.attempt))
+        assert list(last.ids) == kept  # the last answer step ends where the row's text ends

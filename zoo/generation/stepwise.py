@@ -20,13 +20,20 @@ What the decoder guarantees
 
   - its text contains a step delimiter (``step_delimiters``, newline by default);
   - its text contains a final-step delimiter (``final_step_delimiters``, ``</think>`` by default;
-    :attr:`StepEvent.final`): the last reasoning step; the text after a kept final step (the answer) is not cut;
+    :attr:`StepEvent.final`): the last reasoning step; the text after a kept final step (the answer) is not cut,
+    unless ``answer_steps`` (below);
   - it reached ``max_step_tokens`` tokens without a delimiter (:attr:`StepEvent.cut` ``== "length"``), so that a
     policy that never writes a delimiter is still offered its text step by step;
   - the row ends inside it: EOS (not part of the step), a stop string or the budget (``cut == "end"``).
 
-  Openers (``step_openers``, ``<think>``) at the start of a step are not part of it. A hook that declares
+  Openers (``step_openers``, ``<think>``) at the start of a reasoning step are not part of it. A hook that declares
   ``wants(row, step_index, attempt)`` is offered only the steps it wants.
+* **With ``answer_steps``, every answer token too.** The text after a kept final step (the answer) is cut into steps
+  by the same rules -- step delimiters, ``max_step_tokens``, the row's end -- numbered on from the reasoning steps and
+  marked :attr:`StepEvent.answer`; they are never ``final`` (a final-step delimiter in the answer is plain text) and
+  have no openers. A hook's ``wants`` is called with ``answer=True`` for them. Rolling an answer step back resamples
+  it after the reasoning (which stays done); keeping it keeps the row in the answer. Without ``answer_steps``
+  (default) the answer is not cut, and the decoding is what it was before the option existed.
 * **Budget.** ``params.max_new_tokens`` bounds per row the sampled tokens kept or rolled back by the hook; injected
   tokens are extra; tokens discarded because they were sampled after a step the hook acted on (lookahead, below) are
   not counted; the EOS of a row whose ``end`` step the hook acted on is dropped and stays counted. Every row ends (EOS,
@@ -44,8 +51,8 @@ What the decoder guarantees
 * **Context.** The prefill + ``max_new_tokens`` + the hook's declared ``max_appended_tokens`` must fit the model's
   positions (checked before decoding); an injection beyond what the hook declared that would run past them raises a
   :class:`~zoo.errors.ConfigError`.
-* **Reporting.** :class:`StepwiseResult` marks injected tokens, counts kept steps and reports rows that ended inside a
-  step (``open_step``); a warning names the delimiter when a row never wrote one.
+* **Reporting.** :class:`StepwiseResult` marks injected tokens, counts kept steps (answer steps included) and reports
+  rows that ended inside a step (``open_step``); a warning names the delimiter when a row never wrote one.
 
 What a hook may do
 ------------------
@@ -105,6 +112,8 @@ class StepEvent:
         tokenizer: decodes :attr:`step_text` and :attr:`trace` when they are read.
         cut: ``None`` when a delimiter closed the step; ``"length"`` when it reached the decoder's
             ``max_step_tokens`` without one; ``"end"`` when the row ended inside it (EOS, stop string or budget).
+        answer: the step lies in the answer, after a kept final step (only with the decoder's ``answer_steps``);
+            never ``final``.
     """
 
     row: int
@@ -115,6 +124,7 @@ class StepEvent:
     step_start: int = 0
     tokenizer: PreTrainedTokenizerBase | None = field(default=None, repr=False, compare=False)
     cut: str | None = None
+    answer: bool = False
 
     @cached_property
     def step_text(self) -> str:
@@ -168,8 +178,9 @@ class StepwiseResult(GenerationResult):
         injected_mask: ``[B, L]`` 1 on tokens appended by the hook (0 on sampled tokens and padding).
         steps_closed: per row, number of kept steps closed by a delimiter (a final step included) or cut at
             ``max_step_tokens``.
-        open_step: per row, whether the row's budget ran out inside a reasoning step that reached no delimiter
-            (offered to the hook as an ``end`` step; the answer after a final step is not a step).
+        open_step: per row, whether the row's budget ran out inside a step that reached no delimiter (offered to
+            the hook as an ``end`` step): a reasoning step, or with ``answer_steps`` an answer step (without it the
+            answer after a final step is not a step).
         discarded: per row, texts of the steps rolled back.
         hook_seconds: wall time spent inside the hook.
         total_seconds: wall time of the whole call.
@@ -211,7 +222,7 @@ class _Row:
         self.attempt = 0
         self.done = False  # samples no more: finished, or its budget is spent
         self.finished = False  # ended by EOS or a stop string
-        self.reasoning_done = False  # a final step was kept: the rest is not cut into steps
+        self.reasoning_done = False  # a final step was kept: the rest is the answer (cut only with answer_steps)
         self.delimited = False  # a delimiter (step or final) closed one of its steps
         self.discarded: list[str] = []
         self.sampled = 0
@@ -355,7 +366,10 @@ def _as_tuple(
     return out
 
 
-def _has_text(ids: list[int], start: int, end: int, opener_ids: set[int]) -> bool:
+_NO_OPENERS: frozenset[int] = frozenset()
+
+
+def _has_text(ids: list[int], start: int, end: int, opener_ids: set[int] | frozenset[int]) -> bool:
     """Whether ``ids[start:end]`` holds a token other than a reasoning opener (an open step worth offering)."""
     return any(t not in opener_ids for t in ids[start:end])
 
@@ -382,6 +396,9 @@ class StepwiseDecoder(Decoder):
         max_step_tokens: a step with no delimiter closes after this many tokens (``StepEvent.cut == "length"``), so
             that a policy that never writes a delimiter is still offered its text in steps; default
             :data:`DEFAULT_MAX_STEP_TOKENS`; ``None``: steps close only at delimiters and at the row's end.
+        answer_steps: also cut the answer (the text after a kept final step) into steps offered to the hook
+            (:attr:`StepEvent.answer`; the module docstring says how), so that no sampled token escapes the hook;
+            ``False`` (default): the answer is not cut (token-identical to decoding before the option).
 
     Returns a :class:`StepwiseResult`.
     """
@@ -397,6 +414,7 @@ class StepwiseDecoder(Decoder):
         final_step_delimiters: str | Sequence[str] = (THINK_CLOSE,),
         hook_lookahead: int = 0,
         max_step_tokens: int | None = DEFAULT_MAX_STEP_TOKENS,
+        answer_steps: bool = False,
     ) -> None:
         super().__init__(processors, hooks)
         if hook_lookahead < 0:
@@ -415,12 +433,16 @@ class StepwiseDecoder(Decoder):
         self.final_step_delimiters = _as_tuple(final_step_delimiters, "final step delimiters", empty_ok=True)
         self.step_openers = tuple(step_openers)
         self.warn_no_delimiter = warn_no_delimiter
+        self.answer_steps = bool(answer_steps)
 
-    def with_step_hook(self, step_hook: StepHook | None) -> StepwiseDecoder:
+    def with_step_hook(self, step_hook: StepHook | None, answer_steps: bool | None = None) -> StepwiseDecoder:
         """A decoder with these settings and the same processor and hook lists (not copies: what a callback adds to
-        them applies to both) whose step hook is ``step_hook``; this decoder is left as it is."""
+        them applies to both) whose step hook is ``step_hook`` (and ``answer_steps``, when given, that setting: a
+        monitor that must see the answer turns it on); this decoder is left as it is."""
         other = copy.copy(self)
         other.step_hook = step_hook
+        if answer_steps is not None:
+            other.answer_steps = bool(answer_steps)
         return other
 
     def max_injected_tokens(self) -> int:
@@ -442,7 +464,7 @@ class StepwiseDecoder(Decoder):
         generator: torch.Generator | None,
     ) -> StepwiseResult:
         start = time.perf_counter()
-        hook, max_step = self.step_hook, self.max_step_tokens
+        hook, max_step, answer_steps = self.step_hook, self.max_step_tokens, self.answer_steps
         wants = getattr(hook, "wants", None)
         device, batch_size = prefill.device, prefill.batch_size
         eos, pad = tokenizer.eos_token_id, pad_token_id(tokenizer)
@@ -483,22 +505,29 @@ class StepwiseDecoder(Decoder):
                 cut = None
                 end = len(row.ids)  # the step's ids end here (an EOS that ends the row is not part of it)
                 final = False
+                answer = row.reasoning_done  # the token lies in the answer, after a kept final step
+                uncut = answer and not answer_steps  # the answer is not cut into steps
+                openers = _NO_OPENERS if answer else opener_ids  # an answer step has no openers: all of it is text
                 if token == eos or (stops is not None and stops.ends_with(row.ids)):
                     row.done = row.finished = True
                     end -= token == eos
-                    if row.reasoning_done or not _has_text(row.ids, row.step_start, end, opener_ids):
+                    if uncut or not _has_text(row.ids, row.step_start, end, openers):
                         continue
                     cut = "end"
                 else:
                     running += not row.done
-                    final = not row.reasoning_done and finals is not None and finals.contains(row.ids, row.step_start)
-                    if row.reasoning_done or not (final or steps.contains(row.ids, row.step_start)):
-                        # An opener such as <think> that began the current step is not part of it
-                        if token in opener_ids and all(t in opener_ids for t in row.ids[row.step_start :]):
+                    final = not answer and finals is not None and finals.contains(row.ids, row.step_start)
+                    if uncut or not (final or steps.contains(row.ids, row.step_start)):
+                        # An opener such as <think> that began the current reasoning step is not part of it
+                        if (
+                            not answer
+                            and token in opener_ids
+                            and all(t in opener_ids for t in row.ids[row.step_start :])
+                        ):
                             row.step_start = len(row.ids)
-                        if row.reasoning_done:
+                        if uncut:
                             continue
-                        if row.done and _has_text(row.ids, row.step_start, end, opener_ids):
+                        if row.done and _has_text(row.ids, row.step_start, end, openers):
                             cut = "end"
                         elif max_step is not None and end - row.step_start >= max_step:
                             cut = "length"
@@ -507,11 +536,15 @@ class StepwiseDecoder(Decoder):
                     else:
                         row.delimited = True
                 index = row.steps_closed + 1
-                if hook is not None and (wants is None or wants(i, index, row.attempt)):
+                if hook is not None and (
+                    wants is None
+                    or (wants(i, index, row.attempt, answer=True) if answer else wants(i, index, row.attempt))
+                ):
                     ids = tuple(row.ids[:end])
-                    fresh[i] = StepEvent(i, index, row.attempt, final, ids, row.step_start, tokenizer, cut)
+                    fresh[i] = StepEvent(i, index, row.attempt, final, ids, row.step_start, tokenizer, cut, answer)
                 if cut != "end":  # the step is kept unless the hook acts on it (then _act puts the row as it was)
-                    row.steps_closed, row.attempt, row.reasoning_done, row.step_start = index, 0, final, len(row.ids)
+                    row.steps_closed, row.attempt, row.step_start = index, 0, len(row.ids)
+                    row.reasoning_done = answer or final
             if hook is not None and self._deliver_events(
                 call, rows, cache, fresh, state, tokenizer, iteration, running
             ):
@@ -651,7 +684,8 @@ class StepwiseDecoder(Decoder):
         """Apply ``action`` to the step of ``event``: tokens sampled after it are discarded (lookahead; they leave the
         row's budget; the EOS after an ``end`` step stays counted), then the step is kept (and counted) or rolled
         back (its tokens stay counted, as with ``hook_lookahead = 0``), then ``append_ids`` are appended. The row
-        runs again unless out of budget."""
+        runs again unless out of budget. An answer step (:attr:`StepEvent.answer`) rolled back or kept leaves the
+        reasoning done: the row stays in the answer."""
         end = len(event.ids)
         if event.cut != "end":  # after an ``end`` step nothing was sampled but the EOS that ended the row
             row.lookahead_discarded += sum(not injected for injected in row.injected[end:])
@@ -662,10 +696,10 @@ class StepwiseDecoder(Decoder):
         if action.rollback:
             row.discarded.append(tokenizer.decode(row.ids[event.step_start :], skip_special_tokens=False))
             row.truncate(event.step_start, state, k)
-            row.steps_closed, row.reasoning_done = event.step_index - 1, False
+            row.steps_closed, row.reasoning_done = event.step_index - 1, event.answer
             row.attempt += 1
         else:
-            row.steps_closed, row.reasoning_done = event.step_index, event.final
+            row.steps_closed, row.reasoning_done = event.step_index, event.final or event.answer
         row.append([int(t) for t in action.append_ids], True)
         row.step_start = len(row.ids)
         row.stale = not row.ids or row.cols[-1] >= 0  # nothing new to feed: the last kept token is fed again
@@ -764,7 +798,9 @@ class StepwiseDecoder(Decoder):
         logprobs = torch.tensor(
             [r.logprobs + [0.0] * (width - len(r.ids)) for r in rows], dtype=torch.float32, device=device
         ).reshape(batch, width)
-        open_step = [not r.finished and not r.reasoning_done and len(r.ids) > r.step_start for r in rows]
+        open_step = [
+            not r.finished and (self.answer_steps or not r.reasoning_done) and len(r.ids) > r.step_start for r in rows
+        ]
         never = [i for i, r in enumerate(rows) if not r.finished and not r.delimited]
         if self.warn_no_delimiter and never:
             cuts = f"every {self.max_step_tokens} tokens (max_step_tokens) and " if self.max_step_tokens else ""
@@ -808,6 +844,7 @@ def stepwise_generate(
     final_step_delimiters: str | Sequence[str] = (THINK_CLOSE,),
     hook_lookahead: int = 0,
     max_step_tokens: int | None = DEFAULT_MAX_STEP_TOKENS,
+    answer_steps: bool = False,
 ) -> StepwiseResult:
     """:class:`StepwiseDecoder` with ``hook`` (no processors or hooks) on left-padded prompts."""
     decoder = StepwiseDecoder(
@@ -818,5 +855,6 @@ def stepwise_generate(
         final_step_delimiters=final_step_delimiters,
         hook_lookahead=hook_lookahead,
         max_step_tokens=max_step_tokens,
+        answer_steps=answer_steps,
     )
     return decoder(model, tokenizer, prompt_ids, prompt_attention_mask, params=params, generator=generator)
