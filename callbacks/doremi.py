@@ -1,16 +1,27 @@
 """DoReMi's online domain reweighting as a callback over the weighted-sampler seam (arXiv 2305.10429).
 
-Each training step of the proxy model: per-token losses of the proxy (current weights) and of the frozen reference
-model on the batch -> per-domain excess loss -> exponentiated-gradient update of the domain weights
-(:func:`zoo.mixing.doremi_update`) -> the batch's per-row ``loss_weight`` set so that the module's token-mean loss is
-DoReMi's ``sum_k a_k * (mean domain-k token loss)`` (:func:`zoo.mixing.domain_loss_weights`). The running average of
-the weights is the output, written at the end of training as a JSON object ``{domain: weight}`` that
-``datamodule.sampler.weights_file`` reads.
+Each micro-batch of the proxy model: per-token losses of the proxy and of the frozen reference model -> per-domain
+sums of the clipped excess loss and token counts, accumulated over the optimizer step; the batch's per-row
+``loss_weight`` is set from the weights in force so that the module's token-mean loss is DoReMi's
+``sum_k a_k * (mean domain-k token loss)`` (:func:`zoo.mixing.domain_loss_weights`). Once per optimizer step (before
+it), the accumulated sums and counts are all-reduced across ranks and the weights take one exponentiated-gradient
+step (:func:`zoo.mixing.doremi_update`) from the step's per-domain excess losses; a domain without tokens in the step
+keeps its last score (official rule; ``absent_domains``). So gradient accumulation and the number of processes do not
+change the weights (accumulating 2 micro-batches = one batch twice as large), and every rank holds the same weights.
+The running average of the weights is the output, written at the end of training as a JSON object
+``{domain: weight}`` that ``datamodule.sampler.weights_file`` reads.
+
+[assumed] Order within a step: the official trainer (``doremi/trainer.py``, ``training_step``) gathers the excess
+losses of a step's micro-batches and updates the weights at the last one, whose loss already uses the new weights
+while the earlier micro-batches used the old ones. Here every micro-batch of step ``t`` is weighted with the weights in
+force when the step starts (updated at the end of step ``t - 1``), so the gradient of a step does not depend on how it
+is split; without accumulation this differs from the official order by one step.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +31,7 @@ from lightning.pytorch.callbacks import Callback
 
 from zoo.errors import ConfigError
 from zoo.losses import masked_token_logprobs
-from zoo.mixing.doremi import DoReMiWeights, domain_excess_loss, domain_loss_weights
+from zoo.mixing.doremi import ABSENT_RULES, DoReMiWeights, domain_excess_sums, domain_loss_weights, excess_from_sums
 
 
 class DoReMiReweighting(Callback):
@@ -34,6 +45,11 @@ class DoReMiReweighting(Callback):
         apply: ``loss`` (paper: the proxy's loss is reweighted; batches keep the sampler's weights) or ``sampler``
             (the batches are drawn with the current weights instead, through ``sampler.set_weights``; the loss is
             the plain token mean) [assumed variant].
+        absent_domains: the score of a domain without tokens in a step: ``keep_last`` (official code: its last
+            score) or ``zero`` (it scores 0 and loses weight against the domains with a positive excess loss).
+        initial_score: a domain's score before its first tokens (``keep_last``); ``None`` = ``log`` of the proxy's
+            vocabulary size, as the official code (``doremi/train.py``: ``perdomain_scores`` start at
+            ``log(len(tokenizer))``).
 
     Needs ``datamodule/sampler=weighted`` (the domains and the domain column come from it) and a module with a
     ``model`` (a causal LM) whose training loss honours the batch's ``loss_weight`` (``CausalLMModule``).
@@ -46,7 +62,13 @@ class DoReMiReweighting(Callback):
         eta: float = 1.0,
         smoothing: float = 1e-3,
         apply: str = "loss",
+        absent_domains: str = "keep_last",
+        initial_score: float | None = None,
     ) -> None:
+        if absent_domains not in ABSENT_RULES:
+            raise ConfigError(f"DoReMiReweighting.absent_domains must be one of {ABSENT_RULES}, got {absent_domains!r}")
+        if initial_score is not None and not 0 <= initial_score < float("inf"):
+            raise ConfigError(f"DoReMiReweighting.initial_score must be finite and >= 0 or null, got {initial_score}")
         if apply not in ("loss", "sampler"):
             raise ConfigError(f"DoReMiReweighting.apply must be 'loss' or 'sampler', got {apply!r}")
         if not 0.0 <= smoothing <= 1.0 or eta <= 0:
@@ -54,6 +76,10 @@ class DoReMiReweighting(Callback):
         self.reference_path = Path(reference)
         self.weights_file = Path(weights_file)
         self.eta, self.smoothing, self.apply = float(eta), float(smoothing), apply
+        self.absent_domains = absent_domains
+        self.initial_score = initial_score
+        self._sums: torch.Tensor | None = None  # the step's per-domain excess sums and token counts so far
+        self._counts: torch.Tensor | None = None
         self.reference: torch.nn.Module | None = None
         self.state: DoReMiWeights | None = None
         self.domains: tuple[str, ...] = ()
@@ -82,7 +108,14 @@ class DoReMiReweighting(Callback):
             raise ConfigError(f"DoReMiReweighting needs a causal-LM module with .model, got {type(pl_module).__name__}")
         sampler = trainer.datamodule.sampler
         self.domains = sampler.domains
-        self.state = DoReMiWeights(len(self.domains), self.eta, self.smoothing)
+        initial_score = self.initial_score
+        if initial_score is None:
+            initial_score = math.log(int(pl_module.model.get_output_embeddings().weight.shape[0]))
+        self.state = DoReMiWeights(
+            len(self.domains), self.eta, self.smoothing, absent_domains=self.absent_domains, initial_score=initial_score
+        )
+        self._sums = torch.zeros(len(self.domains), dtype=torch.float64)
+        self._counts = torch.zeros(len(self.domains), dtype=torch.float64)
         if self._pending_state is not None:
             if tuple(self._pending_state["domains"]) != self.domains:
                 raise ConfigError(
@@ -108,19 +141,34 @@ class DoReMiReweighting(Callback):
         domain_index = torch.tensor([index_of[str(name)] for name in names])
         proxy_loss, mask = self._token_losses(pl_module.model, batch)
         reference_loss, _ = self._token_losses(self.reference, batch)
-        excess = domain_excess_loss(proxy_loss.cpu(), reference_loss.cpu(), mask.cpu(), domain_index, len(self.domains))
-        weights = self.state.step(excess)
-        if self.apply == "loss":
-            batch["loss_weight"] = domain_loss_weights(weights, mask.sum(dim=1).cpu(), domain_index).to(
+        sums, counts = domain_excess_sums(proxy_loss, reference_loss, mask, domain_index, len(self.domains))
+        self._sums += sums.cpu()
+        self._counts += counts.cpu()
+        if self.apply == "loss":  # the weights in force since the last optimizer step
+            batch["loss_weight"] = domain_loss_weights(self.state.current, mask.sum(dim=1).cpu(), domain_index).to(
                 pl_module.device
             )
-        else:
-            sampler.set_weights(weights.tolist())
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """One weight update per optimizer step, from the step's excess losses summed over its micro-batches and
+        all-reduced over the ranks (every rank computes the same weights)."""
+        if self.state is None or self._sums is None:
+            return
+        totals = torch.stack([self._sums, self._counts])
+        if trainer.world_size > 1:
+            totals = trainer.strategy.reduce(totals.to(pl_module.device), reduce_op="sum").cpu()
+        self._sums = torch.zeros_like(self._sums)
+        self._counts = torch.zeros_like(self._counts)
+        excess = excess_from_sums(totals[0], totals[1])
+        weights = self.state.step(excess)
+        if self.apply == "sampler":
+            trainer.datamodule.sampler.set_weights(weights.tolist())
         for name, value in zip(self.domains, weights.tolist()):
             pl_module.log(f"doremi/weight/{name}", value, batch_size=1)
-        for name, value in zip(self.domains, excess.tolist()):
-            if value == value:  # NaN = no tokens of the domain in this batch
-                pl_module.log(f"doremi/excess/{name}", value, batch_size=1)
+        for name, value in zip(self.domains, self.state.scores.tolist()):
+            pl_module.log(f"doremi/excess/{name}", value, batch_size=1)
 
     def average_weights(self) -> dict[str, float]:
         """The output: ``{domain: mean_t a_t}``."""

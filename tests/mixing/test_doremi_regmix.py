@@ -20,6 +20,7 @@ from zoo.mixing import (
     sample_mixtures,
     spearman,
 )
+from zoo.mixing.doremi import resolve_absent
 from zoo.mixing.regmix import LinearRegressor
 
 
@@ -52,15 +53,20 @@ def test_zero_excess_only_moves_toward_uniform():
     assert (new - uniform).norm() < (weights - uniform).norm()
 
 
-def test_nan_excess_for_an_empty_domain_does_not_poison_the_weights():
+def test_an_empty_domain_keeps_its_last_score_by_default():
+    """Official rule (doremi/trainer.py update_domain_weights): a domain absent from the step keeps its last score;
+    ``absent_domains="zero"`` scores it 0. An unresolved NaN never reaches the update."""
     weights = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
-    new = doremi_update(weights, torch.tensor([0.5, math.nan, 0.0]), eta=1.0, smoothing=1e-3)
-    assert torch.isfinite(new).all()
-    assert new.sum().item() == pytest.approx(1.0)
-    same = doremi_update(weights, torch.tensor([0.5, 0.0, 0.0]), eta=1.0, smoothing=1e-3)
-    assert torch.allclose(new, same)
+    last = torch.tensor([0.1, 0.7, 0.2], dtype=torch.float64)
+    excess = torch.tensor([0.5, math.nan, 0.0], dtype=torch.float64)
+    assert torch.equal(resolve_absent(excess, last), torch.tensor([0.5, 0.7, 0.0], dtype=torch.float64))
+    assert torch.equal(resolve_absent(excess, last, "zero"), torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64))
+    with pytest.raises(DataError, match="NaN excess"):
+        doremi_update(weights, excess, eta=1.0, smoothing=1e-3)
     with pytest.raises(DataError, match="infinite excess"):
         doremi_update(weights, torch.tensor([math.inf, 0.0, 0.0]), eta=1.0, smoothing=1e-3)
+    with pytest.raises(ConfigError, match="absent_domains"):
+        resolve_absent(excess, last, "drop")
 
 
 def test_returned_weights_are_the_running_average():
