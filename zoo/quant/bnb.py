@@ -133,13 +133,99 @@ class BnbQuantizer(Quantizer):
         return None
 
     def apply(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Check that load-time quantization happened (no silent full-precision model)."""
+        """Check that load-time quantization happened (no silent full-precision model) and prepare the 4-bit layers
+        (:func:`prepare_4bit_layers`: checkpoints of the model resume and validate with the numbers of the run)."""
         if not is_bnb_quantized(model):
             raise ConfigError(
                 f"quant={self.name}: the built model has no bitsandbytes layers; load-time quantization only acts "
                 "inside from_pretrained (a backbone built without it, e.g. from a Lightning .ckpt, is not supported)"
             )
+        prepare_4bit_layers(model)
         return model
+
+
+def prepare_4bit_layers(model: torch.nn.Module) -> int:
+    """Make every bitsandbytes ``Linear4bit`` of ``model`` load the state dict it saves and compute the same in
+    training and evaluation; returns how many such layers there are. Idempotent. Two things:
+
+    * **Checkpoints load.** ``Linear4bit._save_to_state_dict`` writes the packed weight plus its quantization state
+      under ``<layer>.weight.<component>`` (``absmax``, ``quant_map``, ``nested_absmax``, ``nested_quant_map``,
+      ``quant_state.bitsandbytes__nf4``: ``QuantState.as_dict(packed=True)``), but bitsandbytes (0.50) has no
+      matching load: ``load_state_dict`` rejects those keys as unexpected, so a checkpoint of a 4-bit model could not
+      be resumed or evaluated. A load pre-hook on each layer takes the components out of the state dict and rebuilds
+      the weight from them with ``Params4bit.from_prequantized`` -- what transformers does when ``from_pretrained``
+      reads a pre-quantized 4-bit checkpoint (``Bnb4bitDeserialize``) -- before the packed weight is copied in. Int8
+      layers need no hook: ``Linear8bitLt._load_from_state_dict`` reads their ``SCB`` row scales.
+    * **No CPU re-packing.** On a CPU with AVX512-BF16, bitsandbytes rewrites a layer's weight in place into a CPU
+      layout with bf16 block scales at its first forward in eval mode (``_convert_weight_packed_for_cpu``), keeps
+      using that layout afterwards -- in training too, where the layer then passes no gradient to its input -- and
+      converts it back, lossily (the nested absmax is re-quantized), whenever a state dict is taken. A validation
+      would thus change the training after it and the weights a checkpoint holds. The zoo keeps the layout that
+      training uses (``support_avx512bf16_for_cpu = False``): the same numbers in every stage and checkpoints equal to
+      the model, at the price of the bf16 CPU kernel in evaluation (GPUs are unaffected).
+    """
+    import bitsandbytes as bnb
+
+    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    for layer in layers:
+        layer.support_avx512bf16_for_cpu = False
+        if not getattr(layer, "_zoo_loads_quant_state", False):
+            layer._register_load_state_dict_pre_hook(_load_4bit_quant_state, with_module=True)
+            layer._zoo_loads_quant_state = True
+        if not getattr(layer, "_zoo_trains_through_matmul", False):
+            layer.register_forward_pre_hook(_differentiable_4bit_forward)
+            layer._zoo_trains_through_matmul = True
+    return len(layers)
+
+
+def _differentiable_4bit_forward(layer: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    """Forward pre-hook of a ``Linear4bit`` (see :func:`prepare_4bit_layers`): a forward that may need gradients never
+    runs bitsandbytes' inference kernel.
+
+    ``bitsandbytes.matmul_4bit`` (0.50) calls ``gemv_4bit`` -- an op with no autograd kernel: no gradient reaches the
+    input, so every adapter below the layer gets none or a wrong one ("an autograd kernel was not registered") --
+    whenever the weight is in the CPU inference layout (``quant_state.packing_format_for_cpu``), whatever the number
+    of rows; otherwise it takes ``MatMul4Bit`` (dequantize + matmul, whose backward is exact) when the input or bias
+    requires grad and the ``gemm_4bit`` op when nothing does. (bitsandbytes < 0.50 took ``gemv_4bit`` for a single row
+    only when the input required no grad, which no gradient crosses.) A layer that arrives in that layout with
+    gradients enabled -- re-packed by an evaluation forward before the zoo prepared it -- is converted back to the
+    training layout (``_convert_weight_packed_for_cpu_inverse``, what bitsandbytes does before a state dict or a move to
+    CUDA) and kept there."""
+    if not torch.is_grad_enabled():
+        return
+    weight = layer.weight
+    state = getattr(weight, "quant_state", None)
+    if state is not None and getattr(state, "packing_format_for_cpu", False):
+        from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
+
+        weight.data, weight.quant_state = _convert_weight_packed_for_cpu_inverse(weight.data, state)
+        layer.support_avx512bf16_for_cpu = False
+
+
+def _load_4bit_quant_state(
+    layer: torch.nn.Module,
+    state_dict: dict[str, Any],
+    prefix: str,
+    local_metadata: dict[str, Any],
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    """Load pre-hook of a ``Linear4bit`` (see :func:`prepare_4bit_layers`)."""
+    import bitsandbytes as bnb
+
+    head = prefix + "weight."
+    stats = {key[len(head) :]: state_dict.pop(key) for key in [k for k in state_dict if k.startswith(head)]}
+    if not stats:  # nothing quantized in this state dict for the layer (e.g. adapters only)
+        return
+    weight = state_dict.get(prefix + "weight")
+    if weight is None:
+        error_msgs.append(f"{prefix}weight: the 4-bit quantization state is there but the packed weight is missing")
+        return
+    layer.weight = bnb.nn.Params4bit.from_prequantized(
+        data=weight, quantized_stats=stats, requires_grad=False, device=layer.weight.device, module=layer
+    )
 
 
 def is_bnb_quantized(model: torch.nn.Module) -> bool:
