@@ -134,6 +134,20 @@ def config_spec(cfg: DictConfig) -> dict[str, Any]:
 
 
 @dataclass
+class App:
+    """The CLI's entry points a build needs, registered by :mod:`zoo.cli.train` when it is imported (importing the
+    :mod:`zoo.cli` package does): ``run`` (a whole run: checks, prerequisites, job) and ``job`` (the job of a config
+    whose prerequisites are built). The modules below it call them through here, so none imports the module that
+    calls it (the CLI's imports go one way)."""
+
+    run: Callable[[DictConfig], dict[str, float]] | None = None
+    job: Callable[[DictConfig], dict[str, float]] | None = None
+
+
+APP = App()
+
+
+@dataclass
 class ArtifactBuild:
     """A planned build run: its composed config, the spec that keys it, and where its artifact lives."""
 
@@ -172,10 +186,9 @@ class ArtifactBuild:
             cfg.paths.log_dir = str(directory / "logs")
             cfg.run_id = "artifact"
         with rng_isolated():
-            runner = self.runner
+            runner = self.runner or APP.run
             if runner is None:
-                from zoo.cli.train import run as runner  # its first import (Lightning) may draw random numbers too
-
+                raise RuntimeError("no app is registered to build artifacts: import zoo.cli (it registers its run)")
             metrics = runner(cfg)
         shutil.rmtree(directory / "checkpoints", ignore_errors=True)
         if not (directory / self.product).exists():

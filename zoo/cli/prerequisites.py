@@ -6,7 +6,7 @@ A config declares its prerequisites as data, where their results go:
 * a node whose ``_target_`` is a prerequisite plan (:func:`zoo.artifacts.prerequisite`), e.g.
   ``backbone.init_from: {_target_: zoo.modules.nmars.undo_policy, ...}`` (N-MARS's masked-SFT policy),
   ``module.teacher: {_target_: zoo.modules.valr_teacher.synthetic_teacher}``, ``module.encoder_init: {_target_:
-  zoo.modules.structure_encoder_pretrain.pretrained_encoder, ...}``, the rollouts, mixtures and proxies of
+  zoo.modules.cuttlefish_encoder.pretrained_encoder, ...}``, the rollouts, mixtures and proxies of
   :mod:`zoo.cli.rollouts` / :mod:`zoo.cli.mixing`, a demo's ``zoo.cli.artifacts.train_artifact`` node.
 
 :func:`prepare` replaces each such entry by its result (a path, or a config node such as a ``JsonlSource`` of paths)
@@ -29,7 +29,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from zoo.artifacts import Plan, Prerequisite, plan_of
 from zoo.backbones.base import BASE_POLICY
-from zoo.cli.artifacts import plan_request
+from zoo.cli.artifacts import APP, plan_request
 from zoo.errors import ConfigError
 
 Job = Callable[[DictConfig], dict[str, float]]
@@ -118,9 +118,9 @@ def run_prepared(cfg: DictConfig, job: Job) -> dict[str, float]:
 
 
 def _default_job() -> Job:
-    from zoo.cli.train import run_job
-
-    return run_job
+    if APP.job is None:
+        raise RuntimeError("no app is registered to run prerequisite builds: import zoo.cli (it registers its job)")
+    return APP.job
 
 
 def prepare(cfg: DictConfig, job: Job | None = None) -> None:

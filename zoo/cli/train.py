@@ -46,6 +46,7 @@ from zoo.artifacts import artifacts_mark, artifacts_used
 from zoo.callbacks.run_guard import describe_checkpoint, last_checkpoint_path
 from zoo.catalogue import check_entries
 from zoo.checkpoints import read_checkpoint
+from zoo.cli.artifacts import APP
 from zoo.cli.prerequisites import prepare
 from zoo.cli.resolvers import register_resolvers
 from zoo.errors import (
@@ -695,6 +696,10 @@ def task_function(cfg: DictConfig) -> float | None:
         raise SystemExit(2) from None
     metric = cfg.get("optimized_metric")
     return metrics.get(metric) if metric else None
+
+
+# prerequisite builds run through the app's own run and job (zoo.cli.artifacts.APP)
+APP.run, APP.job = run, run_job
 
 
 def main() -> None:
