@@ -68,7 +68,9 @@ def test_registry_of_an_environment_is_its_declared_tools():
     registry = MysteryGrid(seed=0).tools()
     assert registry.names == ["move", "get_current_state", "get_full_map", "reset", "commit_final_result"]
     commit = registry["commit_final_result"]
-    assert "round_step_mod_3" in commit.description  # the structured commit schema is part of the declaration
+    # the answer format is part of the declaration; no candidate rule is (the default commit is not multiple choice)
+    assert "Format:" in commit.description and "visits" in commit.description
+    assert "round_step_mod_3" not in commit.description
 
 
 def test_calls_are_validated_and_bad_calls_become_failed_results():

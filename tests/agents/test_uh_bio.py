@@ -11,6 +11,19 @@ from zoo.agents import AlienGeneticsLab
 from zoo.agents.envs.ultrahorizon.bio import CAPACITY, SIZE_VALUES
 from zoo.stats import binom_test
 
+#: a correct report in the default answer format (written as an agent would, not as the environment's code)
+ANSWER = {
+    "ploidy": 3,
+    "gamete_copies": [2, 1],
+    "viable_zygote_copies": [3],
+    "size_values": [205, 48, 11],
+    "size_rule": "values[0] + values[1] + values[2]",
+    "color_order": ["red", "blue", "white"],
+    "color_intensity": "95 if counts['red'] else (60 if counts['blue'] else 20)",
+    "shell_beats": {"spiky": ["smooth"], "smooth": ["ridged"], "ridged": ["spiky"]},
+    "lethal_combinations": [["smooth", "spiky", "ridged"]],
+}
+#: the same in the multiple-choice variant (commit_format="choice")
 TRUTH = {
     "ploidy": 3,
     "gamete_split": "1+2",
@@ -93,18 +106,42 @@ def test_offspring_count_capacity_and_removal():
 
 def test_commit_rule_schema_and_rubric_weights():
     lab = AlienGeneticsLab(seed=6, required_steps=1)
-    assert not lab.commit_final_result(json.dumps(TRUTH))["success"]
+    assert not lab.commit_final_result(json.dumps(ANSWER))["success"]
     lab.conduct_cross(1, 2, 5)
-    bad = lab.commit_final_result(json.dumps({**TRUTH, "color_order": ["red", "blue"]}))
+    bad = lab.commit_final_result(json.dumps({**ANSWER, "color_order": ["red", "blue"]}))
     assert not bad["success"] and "color_order" in bad["message"] and not lab.committed
-    bad = lab.commit_final_result(json.dumps({**TRUTH, "ploidy": "three"}))
+    bad = lab.commit_final_result(json.dumps({**ANSWER, "ploidy": "three"}))
     assert not bad["success"] and "ploidy" in bad["message"]
-    assert lab.commit_final_result(json.dumps(TRUTH))["success"] and lab.report.total == 100
+    bad = lab.commit_final_result(json.dumps({**ANSWER, "size_rule": "open('x')"}))
+    assert not bad["success"] and "size_rule" in bad["message"]
+    assert lab.commit_final_result(json.dumps(ANSWER))["success"] and lab.report.total == 100
     weights = [i.points for i in lab.report.items]
     assert weights == [15, 5, 5, 5, 10, 20, 5, 5, 10, 20]
+    wrong = {
+        **ANSWER,
+        "size_values": [230, 50, 10],  # 230 is outside 200 +- 20
+        "shell_beats": {"spiky": ["smooth", "ridged"], "smooth": ["ridged"]},  # linear, not cyclic
+        "size_rule": "max(values)",  # not additive
+        "color_intensity": "sum(intensity[c] * counts[c] for c in counts) / 3",  # blending, not complete dominance
+    }
     partial = AlienGeneticsLab(seed=6, free=True)
-    partial.commit_final_result(json.dumps({**TRUTH, "size_values": [230, 50, 10], "shell_relation": "linear"}))
-    assert partial.report.total == 100 - 20 - 10
+    partial.commit_final_result(json.dumps(wrong))
+    assert partial.report.total == 100 - 20 - 10 - 5 - 5
+
+
+def test_choice_variant_and_no_answer_options_in_the_default_commit():
+    description = AlienGeneticsLab(seed=0).tools()["commit_final_result"].description
+    assert not any(hint in description for hint in ("triploid_only", "1+2", "cyclic", "additive", "complete"))
+    lab = AlienGeneticsLab(seed=6, free=True, commit_format="choice")
+    lab.commit_final_result(json.dumps({**TRUTH, "size_values": [230, 50, 10], "shell_relation": "linear"}))
+    assert lab.report.total == 100 - 20 - 10
+
+
+def test_lab_status_carries_the_official_fields():
+    lab = AlienGeneticsLab(seed=0)
+    lab.conduct_cross(1, 2, 3)
+    status = lab.get_lab_status()
+    assert status["message"] == "Laboratory status retrieved successfully" and status["experiment_log_entries"] == 1
 
 
 def test_per_instance_rng_and_difficulty_has_no_effect():
@@ -119,6 +156,6 @@ def test_per_instance_rng_and_difficulty_has_no_effect():
 
 @pytest.mark.parametrize("field", ["lethal_set", "shell_order"])
 def test_commit_names_must_be_known(field):
-    lab = AlienGeneticsLab(seed=0, free=True)
+    lab = AlienGeneticsLab(seed=0, free=True, commit_format="choice")
     out = lab.commit_final_result(json.dumps({**TRUTH, field: ["spiky", "spiky", "smooth"]}))
     assert not out["success"] and field in out["message"]

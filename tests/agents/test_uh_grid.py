@@ -94,7 +94,7 @@ def test_moves_off_the_grid_are_refused_and_cost_nothing():
 
 def test_commit_is_refused_until_the_required_steps_or_20_resets():
     env = MysteryGrid(seed=0, required_steps=3)
-    commit = json.dumps(dict.fromkeys("ABCDE", "no_effect"))
+    commit = json.dumps(dict.fromkeys("ABCDE", "0"))
     refused = env.commit_final_result(commit)
     assert not refused["success"] and "3 moves are required" in refused["message"] and not env.committed
     grid_with(env, {}, 5, 5)
@@ -147,25 +147,84 @@ def test_difficulty_maps_letters_to_the_official_effects():
         MysteryGrid(seed=0, difficulty="insane")
 
 
-def test_structured_commit_schema_and_rubric():
+TRUTH_IDS = {
+    "A": "round_step_mod_3",
+    "B": "border_plus_3_corner_plus_6",
+    "C": "letter_visits_odd_plus_1",
+    "D": "low_energy_refill_10",
+    "E": "x_minus_y",
+}
+#: the HARD rules as an agent would write them (not the library's wording)
+HARD_ANSWER = {
+    "A": "-1 + 3 * (steps % 3 == 0)",
+    "B": {"score": "3 * (min(x, y) < 2 or max(x, y) > 7) + 3 * (x % 9 == 0 and y % 9 == 0)", "energy": "0"},
+    "C": "visits % 2",
+    "D": {"score": "1 if energy >= 10 else -2", "energy": "10 * (energy <= 9)"},
+    "E": {"score": "x - y"},
+}
+
+
+def test_the_default_commit_shows_no_candidate_rule():
+    env = MysteryGrid(seed=0)
+    description = env.tools()["commit_final_result"].description
+    for rule in GRID_RULES.values():
+        assert rule.description not in description and rule.id not in description
+    choice = MysteryGrid(seed=0, commit_format="choice").tools()["commit_final_result"].description
+    assert all(rule.id in choice for rule in GRID_RULES.values())  # the multiple-choice variant, kept by name
+
+
+def test_answers_are_graded_by_agreement_with_the_true_rule():
     env = MysteryGrid(seed=0, free=True)
     for bad, field in (
         ("not json at all {", "malformed"),
-        (json.dumps({"A": "no_effect"}), "missing"),
-        (json.dumps({**dict.fromkeys("ABCDE", "no_effect"), "F": "x"}), "unexpected"),
-        (json.dumps({**dict.fromkeys("ABCD", "no_effect"), "E": "teleport"}), "E: unknown rule id"),
+        (json.dumps({"A": "0"}), "missing"),
+        (json.dumps({**dict.fromkeys("ABCDE", "0"), "F": "1"}), "unexpected"),
+        (json.dumps({**dict.fromkeys("ABCD", "0"), "E": "teleport"}), "E: unknown name 'teleport'"),
+        (json.dumps({**dict.fromkeys("ABCD", "0"), "E": "__import__('os')"}), "E: unknown name"),
+        (json.dumps({**dict.fromkeys("ABCD", "0"), "E": "x.__class__"}), "E: attribute"),
+        (json.dumps({**dict.fromkeys("ABCD", "0"), "E": "2 ** 99"}), "E: Pow"),
     ):
         out = env.commit_final_result(bad)
         assert not out["success"] and field in out["message"] and not env.committed
-    truth = {
-        "A": "round_step_mod_3",
-        "B": "border_plus_3",
-        "C": "letter_visits_odd_plus_1",
-        "D": "low_energy_refill_10",
-        "E": "x_minus_y",
+    assert env.commit_final_result(json.dumps(HARD_ANSWER))["success"] and env.report.total == 100
+    # a wrong trigger (energy threshold 9 instead of 10), a surface pattern (C always +1) and a missed corner bonus
+    wrong = {
+        **HARD_ANSWER,
+        "B": "3 * (min(x, y) < 2 or max(x, y) > 7)",
+        "C": "1",
+        "D": {"score": "1 if energy >= 9 else -2", "energy": "10 * (energy < 9)"},
     }
-    assert env.commit_final_result(json.dumps(truth))["success"]
-    assert env.report.total == 80 and [i.awarded for i in env.report.items] == [20, 0, 20, 20, 20]
-    again = env.commit_final_result(json.dumps(truth))
-    assert not again["success"] and "only one commit" in again["message"] and env.report.total == 80
-    assert set(truth.values()) <= set(GRID_RULES)
+    graded = MysteryGrid(seed=0, free=True)
+    graded.commit_final_result(json.dumps(wrong))
+    assert [i.awarded for i in graded.report.items] == [20, 0, 0, 0, 20]
+    # as the official judge: also charging the move's own energy to the letter is accepted
+    with_cost = {k: {"score": v, "energy": "-1"} for k, v in HARD_ANSWER.items() if isinstance(v, str)}
+    counted = MysteryGrid(seed=0, free=True)
+    counted.commit_final_result(json.dumps({**HARD_ANSWER, **with_cost}))
+    assert counted.report.total == 100
+    again = env.commit_final_result(json.dumps(HARD_ANSWER))
+    assert not again["success"] and "only one commit" in again["message"] and env.report.total == 100
+
+
+def test_choice_variant_keeps_the_rule_id_schema():
+    env = MysteryGrid(seed=0, free=True, commit_format="choice")
+    out = env.commit_final_result(json.dumps({**dict.fromkeys("ABCD", "no_effect"), "E": "teleport"}))
+    assert not out["success"] and "E: unknown rule id" in out["message"]
+    assert env.commit_final_result(json.dumps({**TRUTH_IDS, "B": "border_plus_3"}))["success"]
+    assert [i.awarded for i in env.report.items] == [20, 0, 20, 20, 20]
+    with pytest.raises(ConfigError, match="commit_format"):
+        MysteryGrid(seed=0, commit_format="essay")
+
+
+def test_corner_bonus_dynamics_and_the_graded_truth_are_separate_switches():
+    # the released runs: +6 corner dynamics, graded against the judge text's +3
+    released = grid_with(MysteryGrid(seed=0, free=True, graded_corner_bonus="description"), {(0, 0): "B"}, 0, 1)
+    assert released.move("down")["score"] == 6
+    border_3 = {**HARD_ANSWER, "B": "3 * (min(x, y) < 2 or max(x, y) > 7)"}
+    assert released.commit_final_result(json.dumps(border_3))["success"] and released.report.total == 100
+    consistent = MysteryGrid(seed=0, free=True)
+    consistent.commit_final_result(json.dumps(border_3))
+    assert consistent.report.total == 80
+    assert MysteryGrid(seed=0, corner_bonus="description").truth()["B"] == "border_plus_3"
+    with pytest.raises(ConfigError, match="graded_corner_bonus"):
+        MysteryGrid(seed=0, graded_corner_bonus="both")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from zoo.agents import SequenceExploration
-from zoo.agents.envs.ultrahorizon.sequence import STAGE_RULES, is_prime
+from zoo.agents.envs.ultrahorizon.sequence import SEQ_RULES, STAGE_RULES, is_prime
 
 
 def stages(out: dict) -> list[str]:
@@ -88,18 +88,58 @@ def test_medium_uses_the_hard_rules_and_history_tools_are_off_by_default():
     assert {"get_game_info", "get_history"} <= set(names)
 
 
+#: the HARD chain as an agent would write it (not the library's wording)
+HARD_ANSWER = {
+    "rule_1": "''.join(p + q for p, q in zip(*((main, vice) if len(history) % 2 == 0 else (vice, main))))",
+    "rule_2": "''.join(chr((ord(c) - 65 + len(history) + 1) % 26 + 65) for c in cur[::-1] + cur)",
+    "rule_3": "cur + cur[(len(history) % 10 + 1) - 1] * (len(history) % 10 + 1)",
+    "rule_4": "''.join(chr((ord(a) + ord(b) - 130) % 26 + 65) for a, b in zip(cur, history[-1][0])) + cur[5:] "
+    "if history else cur",
+    "rule_5": "cur.replace(max(cur, key=cur.count), chr((ord(max(cur, key=cur.count)) - 64) % 26 + 65)) if "
+    "len(history) + 1 in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37) else cur",
+}
+
+
 def test_commit_rule_and_rubric_with_the_rule_1_split():
     env = SequenceExploration(seed=0, required_steps=2)
-    truth = dict(zip([f"rule_{i}" for i in range(1, 6)], STAGE_RULES["hard"]))
-    assert not env.commit_final_result(json.dumps(truth))["success"]
+    assert not env.commit_final_result(json.dumps(HARD_ANSWER))["success"]
     env.input_sequences("ABCDE", "EDCBA")
     env.input_sequences("ABCDE", "EDCBA")
     assert "error" in env.input_sequences("ABCDE", "EDCBA")  # budget spent
-    guess = {**truth, "rule_1": "interleave_main_first"}
+    main_first = "''.join(a + b for a, b in zip(main, vice))"
+    guess = {**HARD_ANSWER, "rule_1": main_first}
     assert env.commit_final_result(json.dumps(guess))["success"]
     assert env.report.total == 85  # rule_1: 5 (interleaving) + 0 (parity lead)
+    exact = SequenceExploration(seed=0, free=True)
+    exact.commit_final_result(json.dumps(HARD_ANSWER))
+    assert exact.report.total == 100
     strict = SequenceExploration(seed=0, free=True, rule1_split=False)
     strict.commit_final_result(json.dumps(guess))
     assert strict.report.total == 80
-    bad = SequenceExploration(seed=0, free=True).commit_final_result(json.dumps({**truth, "rule_3": "magic"}))
-    assert not bad["success"] and "rule_3: unknown rule id" in bad["message"]
+    not_interleaved = SequenceExploration(seed=0, free=True)
+    not_interleaved.commit_final_result(json.dumps({**HARD_ANSWER, "rule_1": "main + vice"}))
+    assert not_interleaved.report.total == 80
+    bad = SequenceExploration(seed=0, free=True).commit_final_result(json.dumps({**HARD_ANSWER, "rule_3": "magic"}))
+    assert not bad["success"] and "rule_3: unknown name 'magic'" in bad["message"]
+
+
+def test_choice_variant_and_no_candidate_rule_in_the_default_commit():
+    description = SequenceExploration(seed=0).tools()["commit_final_result"].description
+    assert not any(rule.description in description or rule.id in description for rule in SEQ_RULES.values())
+    env = SequenceExploration(seed=0, free=True, commit_format="choice")
+    truth = dict(zip([f"rule_{i}" for i in range(1, 6)], STAGE_RULES["hard"]))
+    env.commit_final_result(json.dumps({**truth, "rule_1": "interleave_main_first"}))
+    assert env.report.total == 85
+    bad = SequenceExploration(seed=0, free=True, commit_format="choice")
+    assert "rule_3: unknown rule id" in bad.commit_final_result(json.dumps({**truth, "rule_3": "magic"}))["message"]
+
+
+def test_step_0_transformation_carries_the_official_sequence_text():
+    step0 = SequenceExploration(seed=0).input_sequences("ABCDE", "EDCBA")["transformations"][0]
+    assert step0 == {
+        "step": 0,
+        "rule": "input",
+        "sequence": "main: ABCDE, vice: EDCBA",
+        "main": "ABCDE",
+        "vice": "EDCBA",
+    }

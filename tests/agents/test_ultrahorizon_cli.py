@@ -32,7 +32,7 @@ def test_ultrahorizon_runs_as_a_test_stage_without_a_backbone(train_cfg, tmp_pat
     assert [r["episode"] for r in rows] == [0, 1]
     assert metrics["test/score"] == pytest.approx(sum(r["score"] for r in rows) / 2)
     assert metrics["test/committed"] == 1.0 and all(r["committed"] for r in rows)
-    assert rows[0]["env"] == "ultrahorizon/grid" and rows[0]["agent"] == "hypothesis_elimination"
+    assert rows[0]["env"] == "ultrahorizon/grid" and rows[0]["agent"] == "hypothesis_elimination+crnr"
     assert rows[0]["steps"][0]["tool"] == "get_current_state" and rows[0]["report"]["source"] == "rubric"
     assert (tmp_path / "run" / "csv" / "metrics.csv").is_file()
 
@@ -99,10 +99,22 @@ def test_hydra_multirun_over_seeds_agents_and_difficulties(tmp_path):
         settings.add((row["agent"], row["difficulty"], seed))
         assert (run_dir / "csv" / "metrics.csv").is_file()
     assert settings == {
-        (a, d, s) for a in ("random", "hypothesis_elimination") for d in ("easy", "hard") for s in (0, 1)
+        (a, d, s) for a in ("random+crnr", "hypothesis_elimination+crnr") for d in ("easy", "hard") for s in (0, 1)
     }
 
 
 def test_backbone_none_with_a_model_method_is_one_clear_error(train_cfg):
     with pytest.raises(ConfigError, match=r"backbone=none builds no model.*CausalLMModule"):
         build(train_cfg(["backbone=none"]))
+
+
+def test_released_harness_is_the_default_and_the_others_are_options(train_cfg):
+    """interface.py always gives PythonExecute and OpenManus keeps CRNR (WINDOW_SIZE 200) on."""
+    cfg = train_cfg(["+method=ultrahorizon", *SMALL])
+    assert cfg.module.crnr_window == 200 and cfg.module.code_tool is True
+    module, _, _ = build(cfg)
+    trajectory = module.run_batch([0])[0]
+    assert trajectory.agent == "hypothesis_elimination+crnr"
+    bare = train_cfg(["+method=ultrahorizon", *SMALL, "module.crnr_window=null", "module.code_tool=false"])
+    assert bare.module.crnr_window is None and bare.module.code_tool is False
+    assert build(bare)[0].run_batch([0])[0].agent == "hypothesis_elimination"

@@ -7,10 +7,11 @@ rule says so (unless ``free``), is accepted exactly once, and ends the episode.
 
 Scoring has two paths:
 
-* the default **deterministic rubric**: ``content`` is a JSON object following the environment's structured
-  commit schema (hypothesis ids from a declared library); a commit that violates the schema is refused with a
-  message naming the field and is *not* consumed; the scorer awards the original point weights, all or nothing
-  per item;
+* the default **deterministic grader**: ``content`` is a JSON object with the agent's answer (each hidden rule as
+  an expression, or plain values; no candidate rule is shown, see :mod:`zoo.agents.envs.answers`); an answer
+  that violates the format is refused with a message naming the field and is *not* consumed; the grader awards
+  the original point weights, all or nothing per item (``commit_format="choice"`` keeps the older multiple-choice
+  variant: ids from a declared library listed in the commit tool);
 * the optional **LLM judge** (``judge=`` any :class:`~zoo.agents.backends.Backend`, usually an
   OpenAI-compatible endpoint): ``content`` is free text, sent with the environment's rubric and ground truth.
 """
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from zoo.agents.backends.base import Backend
+from zoo.agents.envs.answers import AnswerError, agrees, compile_expression
 from zoo.agents.parsing import loads_lenient
 from zoo.agents.tools import ToolRegistry, agent_tool
 from zoo.errors import ConfigError
@@ -238,52 +240,110 @@ class Environment(ABC):
         return {"success": True, "message": "Final result committed; the episode is over.", "points": report.total}
 
 
-class RuleMappingEnvironment(Environment):
-    """An environment whose structured commit maps each unknown (a letter, a stage) to one id of a rule library.
+COMMIT_FORMATS = ("answer", "choice")
 
-    Subclasses set :attr:`keys`, :attr:`key_name` and :attr:`rule_library` (id -> an object with a
-    ``description``) and implement :meth:`truth`; each key is worth 20 points unless :meth:`score_key` says
-    otherwise.
+
+class RuleMappingEnvironment(Environment):
+    """An environment whose hidden rules are one rule per unknown (a letter, a stage).
+
+    Two commit formats (``commit_format``):
+
+    * ``answer`` (default): the agent writes each unknown's rule as an expression over the quantities the prompt
+      names (:attr:`answer_variables`); :mod:`zoo.agents.envs.answers` grades it against the true rule on
+      :meth:`answer_cases`. The commit tool shows no candidate rule.
+    * ``choice``: the agent picks one id per unknown from the declared :attr:`rule_library`, whose descriptions
+      (the true rules among them) are listed in the commit tool -- a multiple-choice variant kept for comparison.
+
+    Each key is worth 20 points unless :meth:`score_key` says otherwise. The library also serves the scripted
+    agents as their hypothesis space (:meth:`library`, with each rule's expression in ``formulas``).
     """
 
     keys: ClassVar[tuple[str, ...]] = ()
     key_name: ClassVar[str] = "key"
     rule_library: ClassVar[Mapping[str, Any]] = {}
     judge_help: ClassVar[str] = ""
+    answer_help: ClassVar[str] = ""
+    answer_variables: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        seed: int = 0,
+        difficulty: str = "hard",
+        required_steps: int = 50,
+        free: bool = False,
+        judge: Backend | None = None,
+        commit_format: str = "answer",
+    ) -> None:
+        super().__init__(seed, difficulty, required_steps, free, judge)
+        if commit_format not in COMMIT_FORMATS:
+            raise ConfigError(f"{self.name}: commit_format={commit_format!r}; use one of {COMMIT_FORMATS}")
+        self.commit_format = commit_format
 
     @abstractmethod
     def truth(self) -> dict[str, str]:
         """The true rule id of every key."""
 
+    @abstractmethod
+    def answer_cases(self, key: str) -> list[dict[str, Any]]:
+        """The fixed situations (variable -> value) on which an answer for ``key`` is compared with the truth."""
+
+    @abstractmethod
+    def rule_function(self, rule_id: str) -> Any:
+        """``f(case) -> outcome`` of a library rule, in the form an answer expression must produce."""
+
+    def answer_function(self, key: str, value: Any) -> Any:
+        """``f(case) -> outcome`` of the agent's answer for ``key`` (default: one expression)."""
+        return compile_expression(value, self.answer_variables)
+
     def library(self) -> dict[str, Any]:
-        return {"keys": list(self.keys), "rules": {k: r.description for k, r in self.rule_library.items()}}
+        return {
+            "keys": list(self.keys),
+            "commit_format": self.commit_format,
+            "rules": {k: r.description for k, r in self.rule_library.items()},
+            "formulas": {k: r.formula for k, r in self.rule_library.items()},
+        }
 
     def commit_help(self) -> str:
         if self.judge is not None:
             return self.judge_help
+        if self.commit_format == "answer":
+            return self.answer_help
         example = ", ".join(f'"{k}": <rule id>' for k in self.keys)
         rules = "; ".join(f"{k}: {r.description}" for k, r in self.rule_library.items())
         return f"Format: a JSON object giving one rule id per {self.key_name}, {{{example}}}. Rule ids: {rules}."
 
-    def parse_commit(self, data: Any) -> dict[str, str]:
+    def parse_commit(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
-            raise CommitError(
-                f"the commit must be a JSON object mapping each {self.key_name} {list(self.keys)} to a rule id"
-            )
+            raise CommitError(f"the commit must be a JSON object with one entry per {self.key_name} {list(self.keys)}")
         missing = [k for k in self.keys if k not in data]
         extra = sorted(set(data) - set(self.keys))
         if missing or extra:
             raise CommitError(f"missing {missing}, unexpected keys {extra}; give exactly {list(self.keys)}")
+        if self.commit_format == "answer":
+            parsed = {}
+            for key in self.keys:
+                try:
+                    parsed[key] = self.answer_function(key, data[key])
+                except AnswerError as err:
+                    raise CommitError(f"{key}: {err}") from None
+            return parsed
         for key in self.keys:
             if data[key] not in self.rule_library:
                 raise CommitError(f"{key}: unknown rule id {data[key]!r}; valid ids: {list(self.rule_library)}")
         return {k: data[k] for k in self.keys}
 
-    def score_key(self, key: str, given: str, truth: str) -> list[RubricItem]:
-        """The rubric items of one key (default: 20 points, all or nothing)."""
-        return [RubricItem(key, 20, 20 if given == truth else 0, f"committed {given}")]
+    def key_correct(self, key: str, given: Any, truth: str) -> bool:
+        """Whether a parsed commit entry states the true rule (same id, or an expression that agrees everywhere)."""
+        if self.commit_format == "choice":
+            return given == truth
+        return agrees(given, self.rule_function(truth), self.answer_cases(key))
 
-    def score_commit(self, commit: dict[str, str]) -> ScoreReport:
+    def score_key(self, key: str, given: Any, truth: str) -> list[RubricItem]:
+        """The rubric items of one key (default: 20 points, all or nothing)."""
+        ok = self.key_correct(key, given, truth)
+        return [RubricItem(key, 20, 20 if ok else 0, given if isinstance(given, str) else "expression")]
+
+    def score_commit(self, commit: dict[str, Any]) -> ScoreReport:
         truth = self.truth()
         return ScoreReport.from_items([item for k in self.keys for item in self.score_key(k, commit[k], truth[k])])
 

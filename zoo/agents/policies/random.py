@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from zoo.agents.policies.answers import answer_payload
 from zoo.agents.policies.base import Action, Agent, EpisodeInfo, commit_call
 from zoo.agents.policies.solvers.sequence import random_sequence
 from zoo.agents.types import ToolCall, ToolResult
@@ -64,7 +65,7 @@ class RandomAgent(Agent):
         info = self.info
         budget_spent = self.exhausted or self.successes >= info.required_steps
         if budget_spent or (info.free and self.rng.random() < 1.0 / info.required_steps):
-            return Action(commit_call(random_commit(info, self.rng)))
+            return Action(commit_call(answer_payload(info, random_commit(info, self.rng))))
         return Action(getattr(self, "_" + info.env_name.split("/")[1])())
 
     def _grid(self) -> ToolCall:

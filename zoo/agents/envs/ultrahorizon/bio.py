@@ -31,8 +31,10 @@ import random
 from collections import Counter
 from typing import Any, ClassVar
 
+from zoo.agents.envs.answers import AnswerError, agrees, compile_expression
 from zoo.agents.envs.base import CommitError, Environment, RubricItem, ScoreReport
 from zoo.agents.tools import agent_tool
+from zoo.errors import ConfigError
 
 GENES = ("body_size", "color", "shell_shape")
 SIZE_VALUES = {"S1": 200, "S2": 50, "S3": 10}
@@ -63,6 +65,46 @@ COMMIT_FIELDS: dict[str, tuple[Any, ...] | None] = {
 }
 COLOR_NAMES = tuple(name for name, _ in COLORS.values())
 SHELL_NAMES = tuple(SHELLS.values())
+COMMIT_FORMATS = ("answer", "choice")
+
+#: the default commit: field -> what the agent writes (no candidate answers are listed)
+ANSWER_FIELDS: dict[str, str] = {
+    "ploidy": "copies of each gene an organism carries (an integer)",
+    "gamete_copies": "copies of a gene each kind of gamete receives (a list of integers, e.g. [1, 1])",
+    "viable_zygote_copies": "copies per gene of the zygotes that survive (a list of integers)",
+    "size_values": "the body-size value of each size allele (a list of numbers, one per allele)",
+    "size_rule": "a Python expression giving an organism's size score from values, the list of the size "
+    "values of the alleles it carries (one per copy)",
+    "color_order": f"the colors {list(COLOR_NAMES)} ordered from most to least dominant",
+    "color_intensity": "a Python expression giving an organism's color intensity from counts (color name -> "
+    "copies it carries) and intensity (color name -> intensity of a pure line of that color)",
+    "shell_beats": f"for each shell of {list(SHELL_NAMES)}, the list of shells it wins over when both are present",
+    "lethal_combinations": "every set of shell alleles whose joint presence kills the zygote (a list of lists "
+    "of shell names; [] if none)",
+}
+TRUE_BEATS = {SHELLS[a]: [SHELLS[b]] for a, b in BEATS.items()}
+
+
+def _size_cases() -> list[dict[str, Any]]:
+    rng = random.Random(20250926)
+    return [{"values": [rng.randint(1, 300) for _ in range(3)]} for _ in range(200)]
+
+
+def _color_cases() -> list[dict[str, Any]]:
+    intensity = dict(COLORS.values())
+    return [
+        {"counts": dict(zip(COLOR_NAMES, (a, b, 3 - a - b))), "intensity": intensity}
+        for a in range(4)
+        for b in range(4 - a)
+    ]
+
+
+def _true_intensity(case: dict[str, Any]) -> int:
+    return next(case["intensity"][c] for c in COLOR_NAMES if case["counts"][c])
+
+
+SIZE_CASES = _size_cases()
+COLOR_CASES = _color_cases()
 
 
 def noisy(rng: random.Random, value: float, level: float) -> float:
@@ -104,9 +146,18 @@ class AlienGeneticsLab(Environment):
     max_steps_factor: ClassVar[int] = 8
 
     def __init__(
-        self, seed: int = 0, difficulty: str = "hard", required_steps: int = 50, free: bool = False, judge: Any = None
+        self,
+        seed: int = 0,
+        difficulty: str = "hard",
+        required_steps: int = 50,
+        free: bool = False,
+        judge: Any = None,
+        commit_format: str = "answer",
     ) -> None:
         super().__init__(seed, difficulty, required_steps, free, judge)
+        if commit_format not in COMMIT_FORMATS:
+            raise ConfigError(f"{self.name}: commit_format={commit_format!r}; use one of {COMMIT_FORMATS}")
+        self.commit_format = commit_format
         self.organisms: dict[int, dict[str, Any]] = {}
         self.next_id = 1
         self.experiments = 0
@@ -153,20 +204,52 @@ class AlienGeneticsLab(Environment):
 
     @property
     def prompt(self) -> str:
-        budget = "" if self.free else f" The study requires {self.required_steps} crosses before you may report."
+        budget = "" if self.free else f" A study takes {self.required_steps} experimental steps in total."
         return (
-            "ALIEN GENETICS LAB. You study an alien species whose traits (body size, color, shell) are controlled by "
-            "hidden genetic factors. Discover how they are inherited and expressed.\n"
-            f"- Cross two organisms to obtain offspring; each cross is one experiment.{budget} Some zygotes may not "
-            "be viable; the lab reports how many.\n"
-            f"- You can query organisms (phenotypes, generation, parents), remove organisms (the lab holds at most "
-            f"{CAPACITY}) and read the lab status. Genotypes are never shown.\n"
-            "- Your report must cover the chromosome sets and gamete formation, each trait's alleles, their effects "
-            "and dominance, and every lethal combination. You can commit only once."
+            "ALIEN ORGANISM GENETICS LAB\n"
+            "Task: you are a researcher studying a newly discovered species of alien organism. Every organism has "
+            "several traits controlled by hidden genetic factors. Your goal is to discover the rules that govern how "
+            "these traits are inherited and expressed.\n"
+            "Rules:\n"
+            "- You can cross organisms under control to obtain offspring. Every cross uses 1 experimental "
+            f"step.{budget}\n"
+            "- Every experiment gives offspring whose traits (phenotypes) you can observe.\n"
+            "- Some crosses can give offspring that are not viable (lethal combinations).\n"
+            "- You can query the organisms of the lab to see their traits, descriptions and lineage.\n"
+            "- The number of experiments has a maximum, and a minimum number of steps must be done before you submit "
+            "your conclusions.\n"
+            "Goals of the exploration:\n"
+            "- Find out how traits are inherited from generation to generation.\n"
+            "- Identify dominance, interaction or dosage effects in the traits.\n"
+            "- Find the lethal combinations that keep offspring from being viable.\n"
+            "- Build a model that predicts the traits of offspring from their parents.\n"
+            "- Write down observations, form hypotheses, and refine them with repeated experiments.\n"
+            "Tools: conduct_cross(parent1_id, parent2_id, num_offspring) crosses two organisms and reports offspring "
+            "phenotypes, viability rates and lethality; query_organisms(start_id, end_id) shows the organisms in an "
+            "id range with their phenotypes, generation, parents and description; get_lab_status() shows the lab's "
+            "resources, the experiments done and those remaining; commit_final_result(content) submits your final "
+            "conclusions on the inheritance rules, once, after the minimum number of steps.\n"
+            "Notes:\n"
+            "- The hidden mechanisms can include complex inheritance, dominance, dosage effects, interactions and "
+            "lethal combinations.\n"
+            "- The effects are consistent but not disclosed: repeated experiments and careful observation are "
+            "needed.\n"
+            "- Non-viable offspring belong to the system and carry key information.\n"
+            "- Organisms can interact in ways that are not obvious: consider lineage and combinations of traits.\n"
+            "- Record your observations carefully. Your final submission must explain the mechanisms you inferred "
+            "and predict the outcome of crosses you did not run.\n"
+            "Final report: a formal experimental report in three parts. (1) Genetic basis: the organism's "
+            "chromosomal make-up (such as the number of chromosome sets) and how gametes form, including any special "
+            "segregation rule. (2) Inheritance of each trait: the exact number of alleles and the effect of each, "
+            "the dominance relations (dominant, recessive, dosage effects, ...), and any special mechanism (such as "
+            "position effects or dosage sensitivity). (3) Lethal combinations and special cases: every lethal or "
+            "non-viable combination found and why it is lethal, and any exception or conditional outcome. The report "
+            "must be formal, logically consistent and self-contained, so that it alone explains every result."
         )
 
     def library(self) -> dict[str, Any]:
         return {
+            "commit_format": self.commit_format,
             "fields": {k: (list(v) if v else None) for k, v in COMMIT_FIELDS.items()},
             "colors": list(COLOR_NAMES),
             "shells": list(SHELL_NAMES),
@@ -175,6 +258,12 @@ class AlienGeneticsLab(Environment):
     def commit_help(self) -> str:
         if self.judge is not None:
             return "Write a formal report: genetic basis and gametes, inheritance of each trait, lethal combinations."
+        if self.commit_format == "answer":
+            fields = "; ".join(f"{k}: {v}" for k, v in ANSWER_FIELDS.items())
+            return (
+                f"Format: a JSON object with the fields {fields}. Each item of the report counts only when it is "
+                "exactly right."
+            )
         return (
             "Format: a JSON object with the fields ploidy (copies per gene: 2, 3 or 4), gamete_split (how the copies "
             "split into gametes: 1+1, 1+2, 2+2 or random), viability_rule (triploid_only or all), size_model "
@@ -299,11 +388,13 @@ class AlienGeneticsLab(Environment):
         """Experiments done and remaining, organisms in the lab and the capacity."""
         return {
             "success": True,
+            "message": "Laboratory status retrieved successfully",
             "current_experiments": self.experiments,
             "remaining_experiments": self.required_steps - self.experiments,
             "can_commit": self.experiments >= self.required_steps,
             "total_organisms": len(self.organisms),
             "max_organisms": CAPACITY,
+            "experiment_log_entries": len(self.experiment_log),
             "committed": self.committed,
         }
 
@@ -314,6 +405,73 @@ class AlienGeneticsLab(Environment):
         return None
 
     def parse_commit(self, data: Any) -> dict[str, Any]:
+        return self._parse_answer(data) if self.commit_format == "answer" else self._parse_choice(data)
+
+    def score_commit(self, commit: dict[str, Any]) -> ScoreReport:
+        checks = self._answer_checks(commit) if self.commit_format == "answer" else self._choice_checks(commit)
+        values = sorted(commit["size_values"], reverse=True)
+        values_ok = len(values) == 3 and all(
+            abs(v - target) <= tol for v, (target, tol) in zip(values, ((200, 20), (50, 10), (10, 5)))
+        )
+        checks.insert(5, ("Body size: allele values", 20, values_ok))
+        return ScoreReport.from_items([RubricItem(name, pts, pts if ok else 0) for name, pts, ok in checks])
+
+    def _parse_answer(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise CommitError("the commit must be a JSON object with the fields " + ", ".join(ANSWER_FIELDS))
+        missing = [k for k in ANSWER_FIELDS if k not in data]
+        extra = sorted(set(data) - set(ANSWER_FIELDS))
+        if missing or extra:
+            raise CommitError(f"fields missing {missing}, unexpected fields {extra}")
+        parsed = dict(data)
+        if isinstance(data["ploidy"], bool) or not isinstance(data["ploidy"], int):
+            raise CommitError(f"ploidy must be an integer, got {data['ploidy']!r}")
+        for key in ("gamete_copies", "viable_zygote_copies"):
+            value = data[key]
+            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise CommitError(f"{key} must be a list of integers, got {value!r}")
+        values = data["size_values"]
+        if not isinstance(values, list) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+        ):
+            raise CommitError(f"size_values must be a list of numbers, got {values!r}")
+        order = data["color_order"]
+        if not isinstance(order, list) or sorted(map(str, order)) != sorted(COLOR_NAMES):
+            raise CommitError(f"color_order must order all of {list(COLOR_NAMES)}, got {order!r}")
+        try:
+            parsed["size_rule"] = compile_expression(data["size_rule"], ("values",))
+            parsed["color_intensity"] = compile_expression(data["color_intensity"], ("counts", "intensity"))
+        except AnswerError as err:
+            raise CommitError(f"size_rule/color_intensity: {err}") from None
+        beats = data["shell_beats"]
+        if not isinstance(beats, dict) or any(
+            k not in SHELL_NAMES or not isinstance(v, list) or any(x not in SHELL_NAMES for x in v)
+            for k, v in beats.items()
+        ):
+            raise CommitError(f"shell_beats must map shell names {list(SHELL_NAMES)} to lists of them, got {beats!r}")
+        lethal = data["lethal_combinations"]
+        if not isinstance(lethal, list) or any(
+            not isinstance(c, list) or any(x not in SHELL_NAMES for x in c) for c in lethal
+        ):
+            raise CommitError(f"lethal_combinations must be a list of lists of {list(SHELL_NAMES)}, got {lethal!r}")
+        return parsed
+
+    def _answer_checks(self, commit: dict[str, Any]) -> list[tuple[str, int, bool]]:
+        beats = {k: sorted(v) for k, v in commit["shell_beats"].items() if v}
+        lethal = {frozenset(c) for c in commit["lethal_combinations"]}
+        return [
+            ("Triploidy", 15, commit["ploidy"] == 3),
+            ("Meiosis: 1n and 2n gametes", 5, sorted(commit["gamete_copies"]) == [1, 2]),
+            ("Viability: only triploid zygotes", 5, sorted(set(commit["viable_zygote_copies"])) == [3]),
+            ("Body size: additive dosage", 5, agrees(commit["size_rule"], lambda c: sum(c["values"]), SIZE_CASES)),
+            ("Body size: three alleles", 10, len(commit["size_values"]) == 3),
+            ("Color: dominance order", 5, list(commit["color_order"]) == list(COLOR_NAMES)),
+            ("Color: complete dominance", 5, agrees(commit["color_intensity"], _true_intensity, COLOR_CASES)),
+            ("Shell: cyclic dominance", 10, beats == TRUE_BEATS),
+            ("Shell: H1+H2+H3 lethal", 20, lethal == {frozenset(SHELL_NAMES)}),
+        ]
+
+    def _parse_choice(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise CommitError("the commit must be a JSON object with the fields " + ", ".join(COMMIT_FIELDS))
         missing = [k for k in COMMIT_FIELDS if k not in data]
@@ -339,27 +497,21 @@ class AlienGeneticsLab(Environment):
                 raise CommitError(f"{key} must order all of {list(names)}, got {data[key]!r}")
         return dict(data)
 
-    def score_commit(self, commit: dict[str, Any]) -> ScoreReport:
-        values = sorted(commit["size_values"], reverse=True)
-        values_ok = len(values) == 3 and all(
-            abs(v - target) <= tol for v, (target, tol) in zip(values, ((200, 20), (50, 10), (10, 5)))
-        )
+    def _choice_checks(self, commit: dict[str, Any]) -> list[tuple[str, int, bool]]:
         cycle = list(SHELL_NAMES)
         order = commit["shell_order"]
         is_rotation = any(order == cycle[i:] + cycle[:i] for i in range(3))
-        checks = [
+        return [
             ("Triploidy", 15, commit["ploidy"] == 3),
             ("Meiosis: 1n and 2n gametes", 5, commit["gamete_split"] == "1+2"),
             ("Viability: only triploid zygotes", 5, commit["viability_rule"] == "triploid_only"),
             ("Body size: additive dosage", 5, commit["size_model"] == "additive"),
             ("Body size: three alleles", 10, commit["size_alleles"] == 3),
-            ("Body size: allele values", 20, values_ok),
             ("Color: dominance order", 5, commit["color_order"] == list(COLOR_NAMES)),
             ("Color: complete dominance", 5, commit["color_dominance"] == "complete"),
             ("Shell: cyclic dominance", 10, commit["shell_relation"] == "cyclic" and is_rotation),
             ("Shell: H1+H2+H3 lethal", 20, sorted(commit["lethal_set"]) == sorted(SHELL_NAMES)),
         ]
-        return ScoreReport.from_items([RubricItem(name, pts, pts if ok else 0) for name, pts, ok in checks])
 
     def ground_truth(self) -> dict[str, str]:
         return {

@@ -22,10 +22,12 @@ mapping -> :data:`DIFFICULTY_RULES`; move/round/commit rules -> :meth:`MysteryGr
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from zoo.agents.envs.answers import AnswerError, compile_expression
 from zoo.agents.envs.base import RuleMappingEnvironment
 from zoo.agents.tools import agent_tool
 from zoo.errors import ConfigError
@@ -66,6 +68,11 @@ class GridRule:
     id: str
     description: str
     effect: Callable[[GridContext], tuple[int, int]]
+    #: the rule as an answer (``{"score": expression, "energy": expression}`` over :data:`ANSWER_VARIABLES`)
+    formula: dict[str, str] = field(default_factory=lambda: {"score": "0", "energy": "0"})
+
+
+_CONTEXT_FIELDS = ("x", "y", "steps", "total_steps", "energy")
 
 
 def _band(c: GridContext) -> bool:
@@ -78,6 +85,43 @@ def _corner(c: GridContext) -> bool:
 
 def _refill(threshold: int) -> Callable[[GridContext], tuple[int, int]]:
     return lambda c: (-2, 10) if c.energy < threshold else (1, 0)
+
+
+_FORMULAS: dict[str, tuple[str, str]] = {
+    "no_effect": ("0", "0"),
+    "score_plus_1": ("1", "0"),
+    "score_minus_1": ("-1", "0"),
+    "score_plus_2": ("2", "0"),
+    "energy_plus_1": ("0", "1"),
+    "energy_minus_1": ("0", "-1"),
+    "xy_odd_plus_1": ("1 if (x + y) % 2 == 1 else -1", "0"),
+    "xy_even_plus_1": ("1 if (x + y) % 2 == 0 else -1", "0"),
+    "energy_at_least_15": ("2 if energy >= 15 else -2", "0"),
+    "energy_at_least_10": ("2 if energy >= 10 else -2", "0"),
+    "round_step_mod_3": ("2 if steps % 3 == 0 else -1", "0"),
+    "round_step_mod_2": ("2 if steps % 2 == 0 else -1", "0"),
+    "round_step_mod_4": ("2 if steps % 4 == 0 else -1", "0"),
+    "total_step_mod_3": ("2 if total_steps % 3 == 0 else -1", "0"),
+    "border_plus_3": ("3 if x <= 1 or x >= 8 or y <= 1 or y >= 8 else 0", "0"),
+    "border_plus_3_corner_plus_6": (
+        "(3 if x <= 1 or x >= 8 or y <= 1 or y >= 8 else 0) + (3 if x in (0, 9) and y in (0, 9) else 0)",
+        "0",
+    ),
+    "outer_edge_plus_3": ("3 if x in (0, 9) or y in (0, 9) else 0", "0"),
+    "letter_visits_odd_plus_1": ("1 if visits % 2 == 1 else 0", "0"),
+    "letter_visits_even_plus_1": ("1 if visits % 2 == 0 else 0", "0"),
+    "low_energy_refill_10": ("-2 if energy < 10 else 1", "10 if energy < 10 else 0"),
+    "low_energy_refill_5": ("-2 if energy < 5 else 1", "10 if energy < 5 else 0"),
+    "low_energy_refill_15": ("-2 if energy < 15 else 1", "10 if energy < 15 else 0"),
+    "x_minus_y": ("x - y", "0"),
+    "y_minus_x": ("y - x", "0"),
+    "x_plus_y": ("x + y", "0"),
+}
+
+
+def _formula(rule_id: str) -> dict[str, str]:
+    score, energy = _FORMULAS[rule_id]
+    return {"score": score, "energy": energy}
 
 
 def _rules() -> dict[str, GridRule]:
@@ -148,7 +192,7 @@ def _rules() -> dict[str, GridRule]:
         GridRule("y_minus_x", "score += y - x", lambda c: (c.y - c.x, 0)),
         GridRule("x_plus_y", "score += x + y", lambda c: (c.x + c.y, 0)),
     ]
-    return {r.id: r for r in rules}
+    return {r.id: GridRule(r.id, r.description, r.effect, _formula(r.id)) for r in rules}
 
 
 #: the hypothesis library = the commit vocabulary (ordered: simpler rules first)
@@ -191,12 +235,47 @@ class RoundState:
     letter_visits: dict[str, int] = field(default_factory=dict)
 
 
+ANSWER_VARIABLES = ("x", "y", "steps", "total_steps", "energy", "visits")
+
+
+def _answer_cases() -> list[dict[str, int]]:
+    """Situations an answer is checked on: every position, every round step, every energy level, every visit
+    count (each with the other quantities drawn from a fixed seed), plus 600 fully random situations."""
+    rng = random.Random(20250926)
+
+    def case(**fixed: int) -> dict[str, int]:
+        steps = fixed.get("steps", rng.randint(1, ROUND_STEPS))
+        drawn = {
+            "x": rng.randint(0, SIZE - 1),
+            "y": rng.randint(0, SIZE - 1),
+            "steps": steps,
+            "total_steps": steps + rng.randint(0, 150),
+            "energy": rng.randint(0, 30),
+            "visits": rng.randint(1, 8),
+        }
+        return {**drawn, **fixed}
+
+    cases = [case(x=x, y=y) for x in range(SIZE) for y in range(SIZE)]
+    cases += [case(steps=s, total_steps=t) for s in range(1, ROUND_STEPS + 1) for t in (s, s + 31, s + 62)]
+    cases += [case(energy=e) for e in range(31) for _ in range(3)]
+    cases += [case(visits=v) for v in range(1, 9) for _ in range(4)]
+    return cases + [case() for _ in range(600)]
+
+
+ANSWER_CASES: list[dict[str, int]] = _answer_cases()
+
+
 class MysteryGrid(RuleMappingEnvironment):
     """Mystery Grid with per-instance RNG.
 
     Args:
-        corner_bonus: ``code`` (corners +6 under the border rule, as the official code) or ``description`` (+3, as
-            the official judge text).
+        corner_bonus: the dynamics of the border rule: ``code`` (corners +6, as the official code) or
+            ``description`` (+3, as the official judge text).
+        graded_corner_bonus: the border rule a commit is graded against (``None``: the one in play).
+            ``corner_bonus="code", graded_corner_bonus="description"`` reproduces the released runs, where the
+            dynamics give +6 on corners and the judge's ground truth says +3.
+        commit_format: ``answer`` (each letter's effect as expressions, graded on :data:`ANSWER_CASES`) or
+            ``choice`` (rule ids of :data:`GRID_RULES`, listed in the commit tool).
         (others: see :class:`~zoo.agents.envs.base.Environment`)
     """
 
@@ -205,6 +284,17 @@ class MysteryGrid(RuleMappingEnvironment):
     key_name: ClassVar[str] = "letter"
     rule_library: ClassVar[dict[str, GridRule]] = GRID_RULES
     judge_help: ClassVar[str] = "Describe, for each of A-E, its exact effect and the condition that triggers it."
+    answer_variables: ClassVar[tuple[str, ...]] = ANSWER_VARIABLES
+    answer_help: ClassVar[str] = (
+        "Format: a JSON object with one entry per letter A-E. Each entry is "
+        '{"score": <expression>, "energy": <expression>}: the change of score and of energy the letter causes '
+        "(not counting the move's own energy cost), written as Python expressions over x, y (the tile stepped on), "
+        "steps (moves in this round, this one included), total_steps (moves in the whole game, this one "
+        "included), energy (energy after paying for the move) and visits (times this letter was stepped on in "
+        "this round, this visit included); a bare expression means the score change with no energy change. "
+        'Example: {"A": {"score": "3 if energy > 12 else 0", "energy": "0"}, "B": "x * 2", ...}. Each letter '
+        "counts only when its expressions agree with the true effect in every situation."
+    )
 
     def __init__(
         self,
@@ -213,17 +303,24 @@ class MysteryGrid(RuleMappingEnvironment):
         required_steps: int = 50,
         free: bool = False,
         corner_bonus: str = "code",
+        graded_corner_bonus: str | None = None,
         judge: Any = None,
+        commit_format: str = "answer",
     ) -> None:
-        super().__init__(seed, difficulty, required_steps, free, judge)
-        if corner_bonus not in CORNER_BONUS:
-            raise ConfigError(f"{self.name}: corner_bonus={corner_bonus!r}; use one of {CORNER_BONUS}")
+        super().__init__(seed, difficulty, required_steps, free, judge, commit_format)
+        for option, value in (("corner_bonus", corner_bonus), ("graded_corner_bonus", graded_corner_bonus)):
+            if value is not None and value not in CORNER_BONUS:
+                raise ConfigError(f"{self.name}: {option}={value!r}; use one of {CORNER_BONUS}")
         self.corner_bonus = corner_bonus
-        border = "border_plus_3_corner_plus_6" if corner_bonus == "code" else "border_plus_3"
-        self.rules = {k: border if v == "border" else v for k, v in DIFFICULTY_RULES[difficulty].items()}
+        self.graded_corner_bonus = graded_corner_bonus or corner_bonus
+        self.rules = self._resolve(corner_bonus)
         self.total_steps = 0
         self.reset_count = 0
         self._new_round()
+
+    def _resolve(self, corner_bonus: str) -> dict[str, str]:
+        border = "border_plus_3_corner_plus_6" if corner_bonus == "code" else "border_plus_3"
+        return {k: border if v == "border" else v for k, v in DIFFICULTY_RULES[self.difficulty].items()}
 
     def _new_round(self) -> None:
         # same draw order as the official code: start x, start y, then the grid row by row
@@ -239,21 +336,44 @@ class MysteryGrid(RuleMappingEnvironment):
         budget = (
             ""
             if self.free
-            else f" The run requires {self.required_steps} moves in total; you cannot move after that, and you "
-            "cannot commit before it."
+            else f" The game requires {self.required_steps} moves in total: you cannot move once that total is "
+            "reached, and you cannot commit before it is reached."
         )
         return (
-            "MYSTERY GRID. You are an agent on a 10x10 grid of letters A-E. Discover the hidden effect of each "
+            "GRID EXPLORATION GAME\n"
+            "Objective: you are an agent in a 10x10 grid world. Your goal is to discover the hidden effects of the "
+            "letters A-E.\n"
+            "Rules:\n"
+            f"- You start at an initial position with {START_ENERGY} energy.\n"
+            "- Every move costs 1 energy.\n"
+            f"- A game round has at most {ROUND_STEPS} steps.{budget}\n"
+            "- The grid holds the letters A to E, each with its own hidden effect on your score or energy. X marks a "
+            "tile you already stepped on; it has no effect.\n"
+            "- Each letter's effect stays the same from game to game, but you must find it by exploring.\n"
+            "- When you step on a tile, its letter turns into X.\n"
+            f"- A round ends when your energy runs out or after {ROUND_STEPS} steps.\n"
+            "Important:\n"
+            "- The letter effects are hidden but follow consistent rules, found only by experiment. An effect may "
+            "depend on your position, your energy, the step count or the visit count.\n"
+            "- Every letter A-E works differently. Never conclude an effect from a single try: validate it several "
+            "times in different situations so that a coincidence is ruled out. Make full use of the resets to explore "
+            "every letter.\n"
+            "- Use notes to record plans, ideas and discoveries, and review them often to stay on track. Record each "
+            "letter's effect as you find it; you may also record what changed after each move for later analysis.\n"
+            "- You may reset and play again many times to learn the patterns. The goal is not a high score but a "
+            "clear understanding of the mechanism. Use each round fully, until its steps or energy are spent, rather "
+            "than resetting early; and repeat trials until your conclusions are confirmed. You can commit only once, "
+            "and the game then ends: commit only when you are sure of every letter's effect.\n"
+            "- The 1 energy every move costs is not an effect.\n"
+            "Commit requirements:\n"
+            "- Give exactly one effect for each of A, B, C, D and E.\n"
+            "- State the trigger condition behind each effect; it may depend on the step count, the visit count, the "
+            "energy or the grid position. Surface patterns such as 'sometimes +2, sometimes -1' are not enough.\n"
+            "- No vague terms ('random', 'uncertain', 'complex') and no several conflicting explanations.\n"
+            "- Grading is strict: an effect counts only when its trigger condition and its outcome are both right.\n"
+            "Coordinates: positions are shown as (x,y,letter), x the column, y the row, letter the tile's current "
             "letter.\n"
-            f"- A round starts at a random position with {START_ENERGY} energy; each move costs 1 energy. A round "
-            f"ends after {ROUND_STEPS} steps or when energy runs out; reset starts a new round on a new random grid."
-            f"{budget}\n"
-            "- Stepping on a letter applies its effect to your score or energy, then the tile becomes X (X has no "
-            "effect). Effects are fixed for the whole run and may depend on position, energy, step count or visit "
-            "counts; the move's own energy cost is not an effect.\n"
-            "- Positions are written (x,y,letter): x is the column, y the row, y grows upward.\n"
-            "- Test each letter under different conditions before concluding; take notes of what you observe and "
-            "review them. You can commit only once, then the run ends."
+            "Start exploring and discover the hidden mechanics."
         )
 
     # -- tools ------------------------------------------------------------------------------------------------
@@ -354,4 +474,34 @@ class MysteryGrid(RuleMappingEnvironment):
         return None
 
     def truth(self) -> dict[str, str]:
-        return dict(self.rules)
+        """The rules a commit is graded against (those in play unless ``graded_corner_bonus`` differs)."""
+        return self._resolve(self.graded_corner_bonus)
+
+    def answer_cases(self, key: str) -> list[dict[str, int]]:
+        return ANSWER_CASES
+
+    def rule_function(self, rule_id: str) -> Callable[[dict[str, int]], tuple[int, int]]:
+        rule = GRID_RULES[rule_id]
+        return lambda case: tuple(rule.effect(GridContext(*(case[k] for k in _CONTEXT_FIELDS), case["visits"])))
+
+    def answer_function(self, key: str, value: Any) -> Callable[[dict[str, int]], tuple[int, int]]:
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - {"score", "energy"})
+            if unknown:
+                raise AnswerError(f"unexpected fields {unknown}; give score and energy")
+            score = compile_expression(value.get("score", "0"), ANSWER_VARIABLES)
+            energy = compile_expression(value.get("energy", "0"), ANSWER_VARIABLES)
+        else:
+            score, energy = compile_expression(value, ANSWER_VARIABLES), compile_expression("0", ANSWER_VARIABLES)
+        return lambda case: (score(case), energy(case))
+
+    def key_correct(self, key: str, given: Any, truth: str) -> bool:
+        """As the official judge, an answer that also charges the move's 1 energy to the letter is correct."""
+        if self.commit_format == "choice" or super().key_correct(key, given, truth):
+            return super().key_correct(key, given, truth)
+
+        def with_cost(case: dict[str, int]) -> tuple[int, int]:
+            score, energy = given(case)
+            return score, energy + 1
+
+        return super().key_correct(key, with_cost, truth)

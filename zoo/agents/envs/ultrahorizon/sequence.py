@@ -28,6 +28,7 @@ equation -> function: stage rule -> :data:`SEQ_RULES` ``[id].apply(SeqContext)``
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -74,6 +75,8 @@ class SeqRule:
     id: str
     description: str
     apply: Callable[[SeqContext], str]
+    #: the rule as an answer expression over :data:`ANSWER_VARIABLES`
+    formula: str = "cur"
 
 
 def _letter(value: int) -> str:
@@ -117,6 +120,61 @@ def _bump(current: str, alphabetical: bool = False) -> str:
         return current
     best = max(sorted(counts) if alphabetical else counts, key=lambda ch: counts[ch])
     return current.replace(best, _letter((_val(best) + 1) % 26))
+
+
+# answer expressions of the library rules (what a scripted agent writes when it commits a rule)
+_N = "(len(history) + 1)"  # the step number
+_A = f"({_N} % 10 or 10)"
+_PRIME = f"{_N} > 1 and all({_N} % d for d in range(2, {_N}))"
+_PREVIOUS = ("(history[-1][0] if history else '')", "(history[-1][1] if history else '')")
+
+
+def _shift_formula(k: str, text: str) -> str:
+    return f"''.join(chr(65 + (ord(c) - 65 + {k}) % 26) if c in 'ABCDE' else c for c in {text})"
+
+
+def _add_to_first_5(other: str) -> str:
+    added = f"''.join(chr(65 + (ord(a) + ord(b) - 130) % 26) for a, b in zip(cur[:5], {other}))"
+    return f"{added} + cur[5:] if {other} and cur else cur"
+
+
+def _bump_formula(condition: str, pool: str = "cur") -> str:
+    bumped = f"[cur.replace(m, chr(65 + (ord(m) - 64) % 26)) for m in [max({pool}, key=cur.count)]][0]"
+    return f"{bumped} if cur and {condition} else cur"
+
+
+def _interleave_formula(main_first_when: str) -> str:
+    return f"''.join(a + b if {main_first_when} else b + a for a, b in zip(main, vice))"
+
+
+_FORMULAS: dict[str, str] = {
+    "identity": "cur",
+    "interleave_main_first": _interleave_formula("True"),
+    "interleave_vice_first": _interleave_formula("False"),
+    "interleave_main_first_on_odd_step": _interleave_formula("len(history) % 2 == 0"),
+    "interleave_main_first_on_even_step": _interleave_formula("len(history) % 2 == 1"),
+    "concat_main_vice": "main + vice",
+    "add_positions": "''.join(chr(ord(a) + ord(b) - 65) for a, b in zip(main, vice))",
+    "add_positions_mod_5": "''.join(chr(65 + (ord(a) + ord(b) - 130) % 5) for a, b in zip(main, vice))",
+    "max_per_position": "''.join(max(a, b) for a, b in zip(main, vice))",
+    "min_per_position": "''.join(min(a, b) for a, b in zip(main, vice))",
+    "reverse_shift_step_then_shift_step": _shift_formula(_N, "cur[::-1] + cur"),
+    "reverse_shift_1_then_shift_1": _shift_formula("1", "cur[::-1] + cur"),
+    "shift_step_then_reverse_shift_step": _shift_formula(_N, "cur + cur[::-1]"),
+    "reverse_then_string": "cur[::-1] + cur",
+    "append_char_at_step_mod_10": f"cur + cur[{_A} - 1] * {_A} if len(cur) >= {_A} else cur",
+    "append_first_char_step_mod_10": f"cur + cur[:1] * {_A}",
+    "append_char_at_step": f"cur + cur[{_N} - 1] * {_N} if len(cur) >= {_N} else cur",
+    "add_previous_main_to_first_5": _add_to_first_5(_PREVIOUS[0]),
+    "add_main_to_first_5": _add_to_first_5("main"),
+    "add_previous_vice_to_first_5": _add_to_first_5(_PREVIOUS[1]),
+    "sort_main_vice": "''.join(sorted(main + vice))",
+    "sort_string": "''.join(sorted(cur))",
+    "prime_step_bump_most_frequent": _bump_formula(_PRIME),
+    "prime_step_bump_most_frequent_alphabetical": _bump_formula(_PRIME, "sorted(cur)"),
+    "odd_step_bump_most_frequent": _bump_formula("len(history) % 2 == 0"),
+    "always_bump_most_frequent": _bump_formula("True"),
+}
 
 
 def _rules() -> dict[str, SeqRule]:
@@ -237,7 +295,7 @@ def _rules() -> dict[str, SeqRule]:
             lambda c: _bump(c.current),
         ),
     ]
-    return {r.id: r for r in rules}
+    return {r.id: SeqRule(r.id, r.description, r.apply, _FORMULAS[r.id]) for r in rules}
 
 
 #: the hypothesis library = the commit vocabulary of every stage
@@ -258,6 +316,13 @@ STAGE_RULES["medium"] = STAGE_RULES["hard"]
 INTERLEAVE_FAMILY = tuple(k for k in SEQ_RULES if k.startswith("interleave_"))
 
 
+def _safe(function: Callable[[dict[str, Any]], Any], case: dict[str, Any]) -> Any:
+    try:
+        return function(case)
+    except Exception:
+        return None
+
+
 def run_chain(
     rules: tuple[str, ...], main: str, vice: str, n: int, last_main: str = "", last_vice: str = ""
 ) -> list[str]:
@@ -269,6 +334,30 @@ def run_chain(
     return out
 
 
+ANSWER_VARIABLES = ("cur", "main", "vice", "history")
+
+
+def _answer_cases() -> list[dict[str, Any]]:
+    """Inputs an answer is checked on: for each of the first 40 inputs of a game, 5 random main/vice pairs after
+    a random history of earlier pairs (fixed seed)."""
+    rng = random.Random(20250926)
+
+    def draw() -> str:
+        while True:
+            text = "".join(rng.choice(ALPHABET) for _ in range(5))
+            if validate_sequence(text) is None:
+                return text
+
+    return [
+        {"main": draw(), "vice": draw(), "history": [[draw(), draw()] for _ in range(n - 1)]}
+        for n in range(1, 41)
+        for _ in range(5)
+    ]
+
+
+ANSWER_CASES: list[dict[str, Any]] = _answer_cases()
+
+
 class SequenceExploration(RuleMappingEnvironment):
     """Sequence Exploration.
 
@@ -276,6 +365,8 @@ class SequenceExploration(RuleMappingEnvironment):
         rule1_split: under HARD, score R1 as 5 points (any interleaving) + 15 (the step-parity lead), as the
             official judge text does; ``False``: 20 points all or nothing.
         history_tools: expose ``get_game_info`` and ``get_history`` as tools (not tools in the official harness).
+        commit_format: ``answer`` (each rule as an expression, graded on :data:`ANSWER_CASES`) or ``choice``
+            (rule ids of :data:`SEQ_RULES`, listed in the commit tool).
         (others: see :class:`~zoo.agents.envs.base.Environment`)
     """
 
@@ -285,6 +376,14 @@ class SequenceExploration(RuleMappingEnvironment):
     rule_library: ClassVar[dict[str, SeqRule]] = SEQ_RULES
     judge_help: ClassVar[str] = (
         "Describe the mechanism of each of rule_1 ... rule_5, including when and how it applies."
+    )
+    answer_variables: ClassVar[tuple[str, ...]] = ANSWER_VARIABLES
+    answer_help: ClassVar[str] = (
+        "Format: a JSON object with one entry per rule, rule_1 ... rule_5. Each entry is a Python expression giving "
+        "the string that rule outputs, over cur (the string the previous rule output; empty for rule_1), main and "
+        "vice (this input pair) and history (the earlier input pairs of this game as [main, vice] lists, oldest "
+        'first). Example: {"rule_1": "main[::-1] + vice", "rule_2": "cur.replace(\'A\', \'B\')", ...}. '
+        "A rule counts only when its expression gives the true output for every input."
     )
 
     def __init__(
@@ -296,26 +395,42 @@ class SequenceExploration(RuleMappingEnvironment):
         rule1_split: bool = True,
         history_tools: bool = False,
         judge: Any = None,
+        commit_format: str = "answer",
     ) -> None:
-        super().__init__(seed, difficulty, required_steps, free, judge)
+        super().__init__(seed, difficulty, required_steps, free, judge, commit_format)
         self.rule1_split = rule1_split
         self.hidden_tools = () if history_tools else ("get_game_info", "get_history")
         self.rules = STAGE_RULES[difficulty]
         self.total_steps = 0
         self.history: list[dict[str, Any]] = []
+        self._cases: dict[str, list[dict[str, Any]]] = {}
 
     @property
     def prompt(self) -> str:
-        budget = "" if self.free else f" The run requires {self.required_steps} inputs before you may commit."
+        budget = "" if self.free else f" A game takes {self.required_steps} input pairs in total."
         return (
-            "SEQUENCE EXPLORATION. A hidden chain of five rules transforms pairs of letter sequences. Discover each "
-            "rule.\n"
-            "- Each input is two sequences, main and vice, of exactly 5 letters from A-E, each with at least 2 "
-            f"different letters. Each input pair costs one step.{budget}\n"
-            "- The pair goes through rule_1 ... rule_5 in order and you see the result after every rule. The rules are "
-            "deterministic and the same for the whole run; they may depend on the inputs, the running string, the "
-            "step number or earlier inputs.\n"
-            "- Record observations and hypotheses in your notes. You can commit only once, then the run ends."
+            "SEQUENCE EXPLORATION. You face a hidden system that transforms pairs of letter sequences. Your goal is "
+            "to discover the hidden rules it applies to pairs of sequences of the letters A-E.\n"
+            "Rules of the game:\n"
+            "- Every input is TWO sequences of EXACTLY 5 characters, each using only the letters A-E.\n"
+            "- Each sequence must contain at least 2 different letters.\n"
+            '- The first sequence is the "main" string and the second the "vice" string.\n'
+            f"- Every input pair uses 1 step.{budget}\n"
+            "- Each input pair goes through a fixed chain of transformations. Every transformation applies the same "
+            "rule every time, working on the current result and/or the original inputs.\n"
+            "- The hidden rules stay the same for the whole game; only exploration reveals them.\n"
+            "- The game is over when the step limit is reached or when you submit your final answer.\n"
+            "Notes:\n"
+            "- The rules are deterministic but hidden: test repeatedly to confirm the true rules.\n"
+            "- A rule may depend on the content of the sequences, on positions, on the history, or on how main and "
+            "vice relate.\n"
+            "- Write the transformations you observe and your hypotheses in your notes.\n"
+            "- You can commit only once, so wait until you are confident.\n"
+            "- The aim is to uncover and describe the mechanisms behind these dual-sequence transformations.\n"
+            'Input format: pairs such as ("ABCDE", "DECBA") or ("AABCE", "DDEAC"), each exactly 5 characters with '
+            "at least 2 different letters. The output shows the result after each rule, step by step.\n"
+            "Difficulty: easy games use simplified versions of rules 1-5, hard games use complex versions.\n"
+            "Start experimenting and find the transformation rules."
         )
 
     # -- tools ------------------------------------------------------------------------------------------------
@@ -345,7 +460,15 @@ class SequenceExploration(RuleMappingEnvironment):
             last.get("main_input", ""),
             last.get("vice_input", ""),
         )
-        transformations = [{"step": 0, "rule": "input", "main": main_sequence, "vice": vice_sequence}]
+        transformations = [
+            {
+                "step": 0,
+                "rule": "input",
+                "sequence": f"main: {main_sequence}, vice: {vice_sequence}",
+                "main": main_sequence,
+                "vice": vice_sequence,
+            }
+        ]
         transformations += [{"step": i + 1, "rule": STAGES[i], "sequence": s} for i, s in enumerate(outputs)]
         entry = {
             "main_input": main_sequence,
@@ -392,12 +515,42 @@ class SequenceExploration(RuleMappingEnvironment):
     def _split_rule_1(self, key: str) -> bool:
         return key == "rule_1" and self.difficulty != "easy" and self.rule1_split
 
-    def score_key(self, key: str, given: str, truth: str) -> list[RubricItem]:
+    def answer_cases(self, key: str) -> list[dict[str, Any]]:
+        """:data:`ANSWER_CASES` with ``cur`` = what the true chain gives the rule ``key`` on each input."""
+        if key not in self._cases:
+            stage = STAGES.index(key)
+            cases = []
+            for case in ANSWER_CASES:
+                last = case["history"][-1] if case["history"] else ["", ""]
+                n = len(case["history"]) + 1
+                chain = run_chain(self.rules[:stage], case["main"], case["vice"], n, *last)
+                cases.append({**case, "cur": chain[-1] if chain else ""})
+            self._cases[key] = cases
+        return self._cases[key]
+
+    def rule_function(self, rule_id: str) -> Callable[[dict[str, Any]], str]:
+        rule = SEQ_RULES[rule_id]
+
+        def apply(case: dict[str, Any]) -> str:
+            last = case["history"][-1] if case["history"] else ["", ""]
+            n = len(case["history"]) + 1
+            return rule.apply(SeqContext(case["cur"], case["main"], case["vice"], n, *last))
+
+        return apply
+
+    def score_key(self, key: str, given: Any, truth: str) -> list[RubricItem]:
         if not self._split_rule_1(key):
             return super().score_key(key, given, truth)
+        exact = self.key_correct(key, given, truth)
+        if self.commit_format == "choice":
+            interleaves = given in INTERLEAVE_FAMILY
+        else:
+            either = lambda case: {_interleave(case["main"], case["vice"]), _interleave(case["vice"], case["main"])}
+            interleaves = exact or all(_safe(given, c) in either(c) for c in self.answer_cases(key))
+        comment = given if isinstance(given, str) else "expression"
         return [
-            RubricItem("rule_1 interleaving", 5, 5 if given in INTERLEAVE_FAMILY else 0, f"committed {given}"),
-            RubricItem("rule_1 step-parity lead", 15, 15 if given == truth else 0, f"committed {given}"),
+            RubricItem("rule_1 interleaving", 5, 5 if interleaves else 0, comment),
+            RubricItem("rule_1 step-parity lead", 15, 15 if exact else 0, comment),
         ]
 
     def rubric(self) -> list[tuple[str, int, str]]:
