@@ -12,8 +12,10 @@
   training let the current step finish, write ``last.ckpt`` (in the ``ModelCheckpoint`` folder) at its end -- the
   state ``ModelCheckpoint`` itself saves every ``every_n_train_steps`` -- and stop before the next step with
   :class:`~zoo.errors.RunInterrupted` (``train.py`` exits with status 128 + the signal number and prints the resume
-  command). The step's metrics, and a validation that was due after it, are logged before the stop. A second Ctrl+C
-  stops at once, without a checkpoint.
+  command). The step's metrics, and a validation that was due after it, are logged before the stop. A second SIGINT
+  or SIGTERM stops at once, without a checkpoint (exit status 128 + the signal number), even while the process waits
+  in a collective or other native call that never returns to Python (a hung DDP peer): the signals are counted by a
+  watcher thread fed through ``signal.set_wakeup_fd``, which Python's C-level handler writes at once.
 * **Resumed logs hold every step once.** Each checkpoint records how many metric rows each resumable logger
   (:class:`zoo.loggers.CSVLogger`) had written (flushing them first) and the first logging step that a run resumed
   from it logs; resuming a fit from it cuts the log back to those rows plus the later rows of earlier steps (those
@@ -30,8 +32,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
+import socket
+import threading
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -181,6 +187,7 @@ class RunGuard(Callback):
         self.resume_logging_step: int | None = None  # the logging step a resumed fit continues at
         self._interrupted: RunInterrupted | None = None
         self._previous: dict[int, Any] = {}
+        self._wakeup: tuple[socket.socket, socket.socket, int] | None = None  # reader, writer, previous wakeup fd
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.atomic_checkpoints:
@@ -322,13 +329,48 @@ class RunGuard(Callback):
         try:
             for number in self.SIGNALS:
                 self._previous[number] = signal.signal(number, self._on_signal)
+            self._watch_signals()
         except ValueError:  # not the main thread of the interpreter: signals cannot be handled here
             self._restore()
+
+    def _watch_signals(self) -> None:
+        """Start the watcher thread that ends the process at the second SIGINT/SIGTERM (see the module docstring)."""
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        self._wakeup = (reader, writer, previous)
+        threading.Thread(target=self._count_signals, args=(reader,), name="zoo-run-guard-signals", daemon=True).start()
+
+    def _count_signals(self, reader: socket.socket) -> None:
+        seen = 0
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:  # closed by _restore
+                return
+            if not data:
+                return
+            for number in data:
+                if number in self.SIGNALS:
+                    seen += 1
+                    if seen >= 2:
+                        name = signal.Signals(number).name
+                        os.write(2, f"[zoo] second {name}: stopping at once, without a checkpoint\n".encode())
+                        os._exit(128 + number)
 
     def _restore(self) -> None:
         for number, handler in self._previous.items():
             signal.signal(number, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
+        if self._wakeup is not None:
+            reader, writer, previous = self._wakeup
+            self._wakeup = None
+            with contextlib.suppress(ValueError):  # (not the main thread)
+                signal.set_wakeup_fd(previous)
+            with contextlib.suppress(OSError):
+                reader.shutdown(socket.SHUT_RDWR)  # wakes the watcher's recv: it returns b"" and the thread ends
+            reader.close()
+            writer.close()
 
 
 __all__ = [

@@ -43,3 +43,38 @@ def test_two_process_ddp_on_cpu(tmp_path):
     import torch
 
     assert torch.load(ckpt, map_location="cpu", weights_only=True)["global_step"] == 8
+
+
+@pytest.mark.distributed
+def test_grpo_on_two_processes_through_train_py(tmp_path):
+    """The command that hung (GRPO, default token budget, ranks packing different micro-batch counts) finishes; the
+    DDP preset sets a collective timeout on the process group."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "train.py"),
+            "+method=grpo",
+            "backbone.init_from=null",
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            "trainer.max_steps=4",
+            "trainer.strategy.timeout.minutes=2",
+            "datamodule.source.num_val=4",
+            "run_id=grpo_ddp",
+            f"paths.log_dir={tmp_path}",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert "[zoo] fit done" in output
+    ckpt = tmp_path / "train" / "runs" / "grpo_ddp" / "checkpoints" / "last.ckpt"
+    import torch
+
+    assert torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] == 4
