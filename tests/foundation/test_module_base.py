@@ -12,7 +12,7 @@ from zoo.backbones import TinyBackbone
 from zoo.data.structures import make_structure_samples
 from zoo.errors import NaNLossError
 from zoo.modules import SequenceClassifierModule, ZooBaseModule, ZooModule
-from zoo.modules.structure_encoder_pretrain import StructureEncoderPretrainModule
+from zoo.modules.cuttlefish_encoder import StructureEncoderPretrainModule
 from zoo.modules.valr_teacher import VaLRTeacherModule
 from zoo.optim import one_cycle
 
@@ -25,14 +25,14 @@ def _modules(optimizer, scheduler):
         "sequence_classifier": SequenceClassifierModule(
             TinyBackbone(**SMALL_LM), optimizer=optimizer, scheduler=scheduler
         ),
-        "structure_encoder_pretrain": StructureEncoderPretrainModule(
+        "cuttlefish_encoder": StructureEncoderPretrainModule(
             encoder={"hidden": 16, "num_layers": 1, "num_rbf": 8}, optimizer=optimizer, scheduler=scheduler
         ),
         "valr_teacher": VaLRTeacherModule(dim=16, optimizer=optimizer, scheduler=scheduler),
     }
 
 
-@pytest.mark.parametrize("name", ["sequence_classifier", "structure_encoder_pretrain", "valr_teacher"])
+@pytest.mark.parametrize("name", ["sequence_classifier", "cuttlefish_encoder", "valr_teacher"])
 def test_backbone_free_modules_use_the_shared_base(name):
     optimizer = functools.partial(torch.optim.SGD, lr=0.123)
     module = _modules(optimizer, functools.partial(one_cycle, pct_start=0.5))[name]
@@ -57,7 +57,7 @@ def test_backbone_free_modules_use_the_shared_base(name):
         module.check_finite(torch.tensor(float("nan")))
 
 
-def test_structure_encoder_pretraining_stops_on_a_non_finite_loss():
+def test_cuttlefish_encoder_pretraining_stops_on_a_non_finite_loss():
     from zoo.data.structures import collate_structures
 
     module = StructureEncoderPretrainModule(encoder={"hidden": 16, "num_layers": 1, "num_rbf": 8})

@@ -15,7 +15,7 @@ from zoo.data.structures import STRUCTURE_TOKEN, make_structure_samples
 from zoo.datamodules.structures import StructureDataModule, StructureTaskSource, structure_batch_from_samples
 from zoo.errors import ConfigError, DataError
 from zoo.losses import IGNORE_INDEX
-from zoo.modules.structure_encoder_pretrain import (
+from zoo.modules.cuttlefish_encoder import (
     ENCODER_WEIGHTS,
     PretrainRecipe,
     encoder_request,
@@ -270,7 +270,7 @@ def test_cuttlefish_method_fast_dev_run_bootstraps_encoder(train_cfg, tmp_path, 
         encoder_request(cfg.paths.cache_dir, dict(cfg.module.encoder), dict(cfg.module.encoder_pretrain))
     )
     assert (build.export_dir / ENCODER_WEIGHTS).is_file()
-    assert build.config.trainer.max_steps == 2  # the recipe reached the +method=structure_encoder_pretrain run
+    assert build.config.trainer.max_steps == 2  # the recipe reached the +method=cuttlefish_encoder run
     for key in ("val/exact_match", "val/loss", "val/tokens_per_structure"):
         assert key in metrics
     assert any(k.startswith("val/acc_size/") for k in metrics)
@@ -297,12 +297,12 @@ def test_cuttlefish_method_fast_dev_run_bootstraps_encoder(train_cfg, tmp_path, 
     )
 
 
-def test_structure_encoder_pretrain_method_exports_an_encoder_cuttlefish_loads(train_cfg, tmp_path):
+def test_cuttlefish_encoder_method_exports_an_encoder_cuttlefish_loads(train_cfg, tmp_path):
     from zoo.cli.train import run
 
     cfg = train_cfg(
         [
-            "+method=structure_encoder_pretrain",
+            "+method=cuttlefish_encoder",
             *SMALL_DATA,
             "trainer.max_steps=2",
             "trainer.val_check_interval=2",
@@ -337,11 +337,11 @@ def test_structure_encoder_pretrain_method_exports_an_encoder_cuttlefish_loads(t
     )
 
 
-def test_cuttlefish_default_recipe_is_the_default_structure_encoder_pretrain_run(train_cfg, tmp_path):
-    """The encoder +method=cuttlefish asks for is built by +method=structure_encoder_pretrain with its own defaults."""
+def test_cuttlefish_default_recipe_is_the_default_cuttlefish_encoder_run(train_cfg, tmp_path):
+    """The encoder +method=cuttlefish asks for is built by +method=cuttlefish_encoder with its own defaults."""
     from zoo.cli.artifacts import plan_artifact
 
-    for method in ("cuttlefish", "structure_encoder_pretrain"):
+    for method in ("cuttlefish", "cuttlefish_encoder"):
         info = train_cfg([f"+method={method}"]).methods[method]
         assert info.paper == "arXiv:2602.02780"
         assert info.kind == "module"
@@ -349,7 +349,7 @@ def test_cuttlefish_default_recipe_is_the_default_structure_encoder_pretrain_run
     from zoo.cli.artifacts import plan_request
 
     wanted = plan_request(encoder_request(tmp_path, dict(cfg.module.encoder), dict(cfg.module.encoder_pretrain)))
-    default = plan_artifact("structure_encoder", ["+method=structure_encoder_pretrain"], cache_dir=tmp_path)
+    default = plan_artifact("structure_encoder", ["+method=cuttlefish_encoder"], cache_dir=tmp_path)
     assert wanted.spec == default.spec
     # each recipe field lands on the option of the pretraining run that it names
     changed = plan_request(

@@ -41,8 +41,8 @@ from zoo.generation.decoders import Decoder
 from zoo.lora import DEFAULT_LORA, inject_lora, merged_copy
 from zoo.losses import IGNORE_INDEX, masked_nll
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
+from zoo.modules.cuttlefish_encoder import PretrainRecipe, load_encoder
 from zoo.modules.generating import EVAL_SPLITS, GeneratingModule
-from zoo.modules.structure_encoder_pretrain import PretrainRecipe, load_encoder
 from zoo.multimodal.cuttlefish import (
     ConnectorOutput,
     InsertedInputs,
@@ -68,9 +68,9 @@ class StructureLMModule(GeneratingModule):
         connector: partial taking ``(node_dim=, llm_dim=)`` and returning a connector with the Cuttlefish interface.
         encoder: :class:`~zoo.multimodal.structure_encoder.StructureEncoder` kwargs.
         encoder_init: a directory written by the pretraining method (the config's default is the prerequisite node
-            :func:`zoo.modules.structure_encoder_pretrain.pretrained_encoder`, which the CLI builds through the
+            :func:`zoo.modules.cuttlefish_encoder.pretrained_encoder`, which the CLI builds through the
             artifact cache before the job and replaces by its directory) or ``random`` (no pretraining; ablation).
-        encoder_pretrain: :class:`~zoo.modules.structure_encoder_pretrain.PretrainRecipe` fields (recorded with the
+        encoder_pretrain: :class:`~zoo.modules.cuttlefish_encoder.PretrainRecipe` fields (recorded with the
             hyperparameters: the recipe of the pretrained encoder).
         stage: ``alignment`` (LLM frozen), ``llm_adaptation`` (LoRA on the LLM) or ``full_finetune`` (every LLM
             weight trains with the connector; not a stage of the paper: for a small random-init LLM, which LoRA on a
@@ -145,7 +145,7 @@ class StructureLMModule(GeneratingModule):
         if self.encoder_init == "pretrained":
             raise ConfigError(
                 "module.encoder_init=pretrained: the module loads an encoder directory; the config's default "
-                "(module.encoder_init: the zoo.modules.structure_encoder_pretrain.pretrained_encoder node) builds "
+                "(module.encoder_init: the zoo.modules.cuttlefish_encoder.pretrained_encoder node) builds "
                 "it through the artifact cache. Drop the override, or give module.encoder_init=<dir> or random"
             )
         self.recipe = PretrainRecipe(**dict(encoder_pretrain or {}))
@@ -404,7 +404,7 @@ class StructureLMModule(GeneratingModule):
     def export_pretrained(self, directory: str | Path) -> Path:
         """LLM (LoRA adapters merged) + tokenizer via ``save_pretrained``, plus ``connector.safetensors`` and
         ``encoder.safetensors`` (reload the connector with ``module.connector_init=<directory>``)."""
-        from zoo.modules.structure_encoder_pretrain import save_encoder
+        from zoo.modules.cuttlefish_encoder import save_encoder
 
         self.configure_model()
         directory = Path(directory)

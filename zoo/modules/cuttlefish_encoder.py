@@ -1,4 +1,4 @@
-"""Structure encoder pretraining (``+method=structure_encoder_pretrain``) and the pretrained encoders it caches.
+"""Structure encoder pretraining (``+method=cuttlefish_encoder``) and the pretrained encoders it caches.
 
 Paper: "Cuttlefish: Scaling-Aware Adapter for Structure-Grounded LLM Reasoning", arXiv 2602.02780, stage (1) of
 training (notes 4(a)): the all-atom EGNN is pretrained by masked reconstruction -- element type of masked atoms,
@@ -16,7 +16,7 @@ Equation -> function:
 Pretrained encoders used by the structure-LM module (``module.encoder_init``, by default the prerequisite node of
 :func:`pretrained_encoder`) are built by this method through the artifact cache, by the CLI before the job:
 :func:`encoder_request` turns a :class:`PretrainRecipe` and the encoder kwargs into a
-``+method=structure_encoder_pretrain`` run (:meth:`PretrainRecipe.config_values`) whose export
+``+method=cuttlefish_encoder`` run (:meth:`PretrainRecipe.config_values`) whose export
 (``encoder.safetensors`` + ``encoder.json``) lives at ``<cache_dir>/structure_encoder/egnn<hidden>x<layers>-<key>/``,
 the key hashing that run's composed config.
 """
@@ -43,7 +43,7 @@ ENCODER_META = "encoder.json"
 
 @dataclass(frozen=True)
 class PretrainObjective:
-    """The pretraining objective (``module.objective`` of ``+method=structure_encoder_pretrain``).
+    """The pretraining objective (``module.objective`` of ``+method=cuttlefish_encoder``).
 
     Attributes:
         atom_mask_prob, edge_mask_prob: masking rates of the reconstruction objective.
@@ -66,7 +66,7 @@ class PretrainObjective:
             raise ConfigError(f"coord_noise must be >= 0, got {self.coord_noise}")
 
 
-# PretrainRecipe field -> option of the +method=structure_encoder_pretrain run it sets
+# PretrainRecipe field -> option of the +method=cuttlefish_encoder run it sets
 RECIPE_OPTIONS = {
     "steps": "trainer.max_steps",
     "batch_size": "datamodule.batch_size",
@@ -102,7 +102,7 @@ class PretrainRecipe(PretrainObjective):
             raise ConfigError(f"bad encoder pretraining recipe: {self}")
 
     def config_values(self, encoder: dict[str, Any]) -> dict[str, Any]:
-        """The options of the ``+method=structure_encoder_pretrain`` run this recipe describes (dotted key -> value)."""
+        """The options of the ``+method=cuttlefish_encoder`` run this recipe describes (dotted key -> value)."""
         values: dict[str, Any] = {"module.encoder": {**_encoder_defaults(), **dict(encoder)}}
         for field in fields(PretrainObjective):
             values[f"module.objective.{field.name}"] = getattr(self, field.name)
@@ -203,18 +203,18 @@ def pretraining_objective(
 def encoder_request(
     cache_dir: str | Path | None, encoder: dict[str, Any], recipe: PretrainRecipe | dict[str, Any]
 ) -> Prerequisite:
-    """The ``+method=structure_encoder_pretrain`` build run of the encoder ``encoder`` + ``recipe`` describe."""
+    """The ``+method=cuttlefish_encoder`` build run of the encoder ``encoder`` + ``recipe`` describe."""
     recipe = recipe if isinstance(recipe, PretrainRecipe) else PretrainRecipe(**recipe)
     values = recipe.config_values(encoder)
     kwargs = values["module.encoder"]
     return Prerequisite(
         "structure_encoder",
-        ("+method=structure_encoder_pretrain",),
+        ("+method=cuttlefish_encoder",),
         values,
         name=f"egnn{kwargs['hidden']}x{kwargs['num_layers']}",
         reason=(
             "module.encoder_init asks for a structure encoder pretrained with module.encoder_pretrain "
-            f"({values['trainer.max_steps']} steps of +method=structure_encoder_pretrain)"
+            f"({values['trainer.max_steps']} steps of +method=cuttlefish_encoder)"
         ),
         cache_dir=cache_dir,
     )
@@ -239,7 +239,7 @@ def pretrained_encoder(
 
 
 class StructureEncoderPretrainModule(ZooBaseModule):
-    """``+method=structure_encoder_pretrain``: masked-atom / distance-bin / coordinate-noise pretraining of the EGNN.
+    """``+method=cuttlefish_encoder``: masked-atom / distance-bin / coordinate-noise pretraining of the EGNN.
 
     Batches are those of :class:`zoo.datamodules.structures.StructureDataModule` (only ``structures`` is used). The
     export (``export: true``) is the encoder (:func:`save_encoder`), loadable by the structure-LM module with
