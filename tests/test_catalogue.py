@@ -4,6 +4,7 @@ and every declared (method, backbone, quantizer) combination runs fast_dev_run."
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from omegaconf import OmegaConf
 
 from zoo.catalogue import (
     KINDS,
+    README_END,
+    README_START,
     by_paper,
     check_entries,
     file_problems,
@@ -142,6 +145,44 @@ def test_a_method_entry_drives_the_generated_pages(tmp_path):
 def test_generated_pages_are_current():
     stale = [str(p.relative_to(REPO_ROOT)) for p in stale_files(REPO_ROOT)]
     assert not stale, f"{stale} are stale: run `python -m zoo.catalogue --write` and commit the result"
+
+
+def _hand_written_lists(text: str, names: set[str], at_least: int = 4) -> list[str]:
+    """Blocks of ``text`` (a paragraph, a list item or a table row) outside the catalogue's generated block that name
+    ``at_least`` methods or registry classes: a per-method list kept by hand (stale when a method comes or goes)."""
+    start, end = text.find(README_START), text.find(README_END)
+    if start >= 0 and end > start:
+        text = text[:start] + text[end:]
+    blocks: list[list[str]] = [[]]
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith(("- ", "* ", "| ")):
+            blocks.append([])
+        blocks[-1].append(line)
+    words = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+    joined = ["\n".join(block).strip() for block in blocks]
+    return [block for block in joined if len(set(words.findall(block)) & names) >= at_least]
+
+
+def _per_method_names() -> set[str]:
+    import zoo.callbacks
+    import zoo.datamodules
+    import zoo.modules
+
+    registries = [*zoo.callbacks.__all__, *zoo.modules.__all__, *zoo.datamodules.__all__]
+    return set(METHODS) | {n for n in registries if n[:1].isupper() and not n.isupper()}
+
+
+def test_no_per_method_list_is_kept_by_hand():
+    """README.md (outside its generated table), CONTRIBUTING.md and the shared docs pages list no methods, callbacks,
+    modules or datamodules by hand: the catalogue and the discovered registries are the lists."""
+    names = _per_method_names()
+    planted = "- Available: `EvalRecords`, `RotationInvariance`,\n  `StepStateProbe` and `SafeThinkMonitor`."
+    generated = f"{README_START}\n| `gr3` | `sft` | `dpo` | `safethink` |\n{README_END}\n"
+    assert _hand_written_lists(generated + "\n" + planted + "\n- next item: `gr3`\n", names) == [planted]
+    pages = [REPO_ROOT / "README.md", REPO_ROOT / "CONTRIBUTING.md"]
+    pages += [p for p in sorted((REPO_ROOT / "docs").glob("*.md")) if p.name != "index.md"]
+    found = {p.name: _hand_written_lists(p.read_text(), names) for p in pages}
+    assert not any(found.values()), f"hand-kept per-method lists (generate them or drop them): {found}"
 
 
 def test_index_has_one_row_per_paper_and_the_matrix():
