@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import shutil
 import sys
@@ -73,6 +74,17 @@ class HydraConfigForSweeps(Callback):
         HydraConfig.instance().set_config(config)
 
 
+def launched_rank() -> int:
+    """The global rank this process was launched as (0 outside distributed launches): Lightning's DDP launcher and
+    ``torchrun`` set ``RANK``/``LOCAL_RANK``, SLURM ``SLURM_PROCID``; each relaunches the same command, so a check of
+    the run directory belongs to rank 0 alone (the others write into the directory rank 0 just created)."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK"):
+        value = os.environ.get(key, "0")
+        if value.isdigit() and int(value) != 0:
+            return int(value)
+    return 0
+
+
 class OneRunPerDirectory(Callback):
     """A run directory (or a sweep directory) holds one run: checked before Hydra writes to it.
 
@@ -89,7 +101,7 @@ class OneRunPerDirectory(Callback):
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if not is_fit(config):
+        if not is_fit(config) or launched_rank() != 0:  # Lightning relaunches the same command for ranks 1..N-1
             return
         HydraConfig.instance().set_config(config)  # ${hydra:runtime.cwd} in the run directory's path
         run_dir = Path(str(config.hydra.run.dir)).expanduser().resolve()
