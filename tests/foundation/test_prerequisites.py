@@ -12,9 +12,11 @@ import ast
 import json
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from zoo.artifacts import Plan, prerequisite
+from zoo.errors import ConfigError
 
 from conftest import REPO_ROOT, SMALL_BASE_POLICY
 
@@ -166,3 +168,71 @@ def test_run_builds_a_chain_of_prerequisites_one_job_after_another(train_cfg, tm
     assert Path(cfg.backbone.init_from).parent.parent.name == "chain_policy"
     info = json.loads((tmp_path / "run" / "run_info.json").read_text())
     assert [a["kind"] for a in info["artifacts"]] == ["base_policy", "chain_policy"]
+
+
+# -- backbone.init_from=base: the base policy bootstraps a random-init backbone, not a pretrained one ----------------
+def saved_tiny_model(path: Path) -> Path:
+    """A tiny Llama and its tokenizer written by ``save_pretrained`` (a stand-in for a real ``backbone=hf`` model)."""
+    from zoo.backbones import TinyBackbone
+
+    backbone = TinyBackbone(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2
+    )
+    backbone.build_model().save_pretrained(path)
+    backbone.tokenizer.save_pretrained(path)
+    return path
+
+
+class BuildStarted(Exception):
+    """Raised by the test job: the base policy's build run reached its job."""
+
+
+def test_init_from_base_keeps_a_pretrained_backbones_own_weights(train_cfg, tmp_path, caplog):
+    """``+method=gr3 backbone=hf``: no base-policy build run (no job), ``init_from`` cleared, one log line says so."""
+    import logging
+
+    from zoo.cli.prerequisites import prepare
+
+    model = saved_tiny_model(tmp_path / "model")
+    cfg = train_cfg(["+method=gr3", "backbone=hf", f"backbone.name_or_path={model}"])
+    assert cfg.backbone.init_from == "base"  # the GRPO family's default
+    jobs = []
+    with caplog.at_level(logging.INFO, logger="zoo.cli.prerequisites"):
+        prepare(cfg, lambda sub: jobs.append(sub) or {})
+    assert jobs == []
+    assert cfg.backbone.init_from is None
+    said = [r.getMessage() for r in caplog.records if r.name == "zoo.cli.prerequisites"]
+    assert len(said) == 1 and "own weights" in said[0] and str(model) in said[0]
+
+
+def test_base_policy_pretrained_sft_builds_the_base_policy_from_a_pretrained_backbone(train_cfg, tmp_path):
+    """``+base_policy.pretrained=sft`` asks for the bootstrap anyway: the build run is the ``+method=sft`` run of the
+    pretrained model (without the parent's LoRA); the synthetic backbone is bootstrapped by default."""
+    from zoo.cli.prerequisites import prepare
+
+    def job(sub):
+        seen.append(sub)
+        raise BuildStarted
+
+    model = saved_tiny_model(tmp_path / "model")
+    seen: list = []
+    cfg = train_cfg(
+        [
+            "+method=gr3",
+            "backbone=hf",
+            f"backbone.name_or_path={model}",
+            "+base_policy.pretrained=sft",
+            "+backbone.lora={r: 2}",
+        ]
+    )
+    with pytest.raises(BuildStarted):
+        prepare(cfg, job)
+    assert "sft" in seen[0].methods and seen[0].backbone.name_or_path == str(model)
+    assert seen[0].backbone.lora is None and seen[0].backbone.init_from is None
+    seen.clear()
+    with pytest.raises(BuildStarted):
+        prepare(train_cfg(["+method=gr3"]), job)
+    assert "sft" in seen[0].methods and seen[0].backbone._target_.endswith("TinyBackbone")
+    bad = train_cfg(["+method=gr3", "backbone=hf", f"backbone.name_or_path={model}", "+base_policy.pretrained=yes"])
+    with pytest.raises(ConfigError, match="base_policy.pretrained='yes'"):
+        prepare(bad, job)

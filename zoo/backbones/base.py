@@ -16,7 +16,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -88,7 +88,14 @@ class Backbone(ABC):
 
     The base vocabulary is the tokenizer as built (``extra_tokens`` included): :attr:`base_vocab_size`. Tokens
     added to the tokenizer afterwards (a vocabulary extension, :mod:`zoo.vocab`) are not rows of the built model.
+
+    Attributes:
+        pretrained: whether the source weights are a trained model (a Hugging Face checkpoint) rather than a random
+            init. ``init_from: base`` bootstraps a base SFT policy only for a random-init (synthetic) backbone; a
+            pretrained one starts from its own weights unless ``base_policy.pretrained=sft`` (:mod:`zoo.cli.bootstrap`).
     """
+
+    pretrained: ClassVar[bool] = False
 
     def __init__(
         self,

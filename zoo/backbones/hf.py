@@ -53,6 +53,8 @@ class HFBackbone(Backbone):
         trust_remote_code: run code shipped with the checkpoint (off by default).
     """
 
+    pretrained = True
+
     def __init__(
         self,
         name_or_path: str,

@@ -14,6 +14,12 @@ the build run's datamodule option (default ``sft``: the task's prompt/completion
 policy of multi-turn feedback episodes (DRIFT); the parent run's ``multiturn`` node (the episodes' environment, when
 it has one) is then passed to the build with the task.
 
+Only a random-init (synthetic) backbone is bootstrapped: a pretrained one (``backbone=hf``, whose class sets
+:attr:`zoo.backbones.base.Backbone.pretrained`) starts from its own weights, since fine-tuning a real model on the
+synthetic task at the recipe's learning rate (and without the run's LoRA and quantizer) is not what its user asked for;
+``+base_policy.pretrained=sft`` builds the base policy from it all the same (:func:`bootstraps_base_policy`). One log
+line of :func:`zoo.cli.prerequisites.prepare` says which start the run takes.
+
 The orchestrator (:func:`zoo.cli.prerequisites.prepare`) builds it before the run's job, like any other declared
 prerequisite (``backbone.init_from`` may also be a prerequisite node, e.g. :func:`zoo.modules.nmars.undo_policy`).
 """
@@ -23,9 +29,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from zoo.backbones.base import BASE_POLICY
 from zoo.cli.artifacts import ArtifactBuild, plan_artifact
 from zoo.errors import ConfigError
 
@@ -39,6 +46,36 @@ RECIPE_FIELDS = {
 
 
 QUICK_RECIPE = "base_policy.num_train=512 base_policy.max_epochs=1"
+#: ``base_policy.pretrained``: what ``init_from: base`` means for a pretrained backbone -- its own weights (``own``,
+#: the default) or the base SFT policy built from it like from a synthetic one (``sft``).
+PRETRAINED_STARTS = ("own", "sft")
+
+
+def backbone_is_pretrained(backbone: Any) -> bool:
+    """Whether a backbone config node's class loads trained weights (:attr:`zoo.backbones.base.Backbone.pretrained`)."""
+    target = backbone.get("_target_") if backbone is not None else None
+    if not isinstance(target, str):
+        return False
+    try:
+        cls = get_object(target)
+    except Exception:  # a target that does not import is reported when it is instantiated
+        return False
+    return bool(getattr(cls, "pretrained", False))
+
+
+def bootstraps_base_policy(cfg: DictConfig) -> bool:
+    """Whether ``cfg``'s ``backbone.init_from: base`` builds (or reuses) the base SFT policy: always for a random-init
+    backbone; for a pretrained one only with ``base_policy.pretrained=sft`` (else it keeps its own weights).
+
+    Raises:
+        ConfigError: ``base_policy.pretrained`` is not one of :data:`PRETRAINED_STARTS`.
+    """
+    if cfg.get("backbone") is None or cfg.backbone.get("init_from") != BASE_POLICY:
+        return False
+    start = (cfg.get("base_policy") or {}).get("pretrained", "own")
+    if start not in PRETRAINED_STARTS:
+        raise ConfigError(f"base_policy.pretrained={start!r}: use one of {list(PRETRAINED_STARTS)}")
+    return not backbone_is_pretrained(cfg.backbone) or start == "sft"
 
 
 def recipe_summary(recipe: Any) -> str:
@@ -51,12 +88,14 @@ def recipe_summary(recipe: Any) -> str:
 def base_policy_build(cfg: DictConfig) -> ArtifactBuild:
     """The ``+method=sft`` build run of the base policy that ``cfg`` (a run with ``init_from: base``) asks for."""
     recipe = OmegaConf.to_container(cfg.base_policy, resolve=True)
+    recipe.pop("pretrained", None)  # whether a pretrained backbone is bootstrapped at all (bootstraps_base_policy)
     datamodule = recipe.pop("datamodule", None)
     seed = recipe.pop("seed", None)
     unknown = sorted(set(recipe) - set(RECIPE_FIELDS))
     if unknown:
         raise ConfigError(
-            f"base_policy: unknown recipe fields {unknown}; known: {sorted(RECIPE_FIELDS)}, datamodule and seed"
+            f"base_policy: unknown recipe fields {unknown}; known: {sorted(RECIPE_FIELDS)}, datamodule, seed and "
+            "pretrained"
         )
     backbone = OmegaConf.to_container(cfg.backbone, resolve=True)
     backbone.update(init_from=None, extra_tokens=[])

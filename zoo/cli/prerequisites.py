@@ -2,7 +2,8 @@
 
 A config declares its prerequisites as data, where their results go:
 
-* ``backbone.init_from: base`` -- the cached base SFT policy of the run's task (:mod:`zoo.cli.bootstrap`);
+* ``backbone.init_from: base`` -- the cached base SFT policy of the run's task (:mod:`zoo.cli.bootstrap`) for a
+  random-init backbone; a pretrained one (``backbone=hf``) keeps its own weights unless ``base_policy.pretrained=sft``;
 * a node whose ``_target_`` is a prerequisite plan (:func:`zoo.artifacts.prerequisite`), e.g.
   ``backbone.init_from: {_target_: zoo.modules.nmars.undo_policy, ...}`` (N-MARS's masked-SFT policy),
   ``module.teacher: {_target_: zoo.modules.valr_teacher.synthetic_teacher}``, ``module.encoder_init: {_target_:
@@ -20,6 +21,7 @@ config), then its job. Jobs therefore run one after the other, never one inside 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from zoo.cli.artifacts import APP, plan_request
 from zoo.errors import ConfigError
 
 Job = Callable[[DictConfig], dict[str, float]]
+log = logging.getLogger(__name__)
 
 
 def _plan_target(node: Any) -> Callable[..., Plan] | None:
@@ -132,12 +135,22 @@ def prepare(cfg: DictConfig, job: Job | None = None) -> None:
     """
     job = job if job is not None else _default_job()
     if cfg.get("backbone") is not None and cfg.backbone.get("init_from") == BASE_POLICY:
-        from zoo.cli.bootstrap import base_policy_build, base_policy_reason
+        from zoo.cli.bootstrap import base_policy_build, base_policy_reason, bootstraps_base_policy
 
-        build = base_policy_build(cfg)
-        build.runner = lambda sub: run_prepared(sub, job)
+        if bootstraps_base_policy(cfg):
+            build = base_policy_build(cfg)
+            build.runner = lambda sub: run_prepared(sub, job)
+            start = str(build.ensure(base_policy_reason(cfg, build)))
+            log.info("backbone.init_from=base: the run starts from the base SFT policy of its task at %s", start)
+        else:
+            start = None
+            log.info(
+                "backbone.init_from=base: the backbone (%s) is pretrained, so the run starts from its own weights; "
+                "+base_policy.pretrained=sft fine-tunes it on the task first (the synthetic backbone's base policy)",
+                cfg.backbone.get("name_or_path", cfg.backbone.get("_target_")),
+            )
         with open_dict(cfg):
-            cfg.backbone.init_from = str(build.ensure(base_policy_reason(cfg, build)))
+            cfg.backbone.init_from = start
     while True:
         nodes = list(declared(cfg))
         if not nodes:

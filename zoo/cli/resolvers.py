@@ -22,8 +22,14 @@ def base_policy_note(cfg: DictConfig) -> str | None:
     """What a run with ``backbone.init_from: base`` builds before it trains (``None`` for other runs)."""
     if _select(cfg, "backbone.init_from") != "base":
         return None
-    from zoo.cli.bootstrap import QUICK_RECIPE, recipe_summary
+    from zoo.cli.bootstrap import QUICK_RECIPE, backbone_is_pretrained, recipe_summary
 
+    own_weights = _select(cfg, "base_policy.pretrained", "own") != "sft"
+    if own_weights and backbone_is_pretrained(_select(cfg, "backbone") or {}):
+        return (
+            "This run starts from the pretrained backbone's own weights (backbone.init_from=base); "
+            "+base_policy.pretrained=sft trains the task's base SFT policy from it first"
+        )
     return (
         f"This run first trains the base SFT policy of its task (backbone.init_from=base): "
         f"{recipe_summary(_select(cfg, 'base_policy') or {})}, which trainer.max_steps does not shorten; it is "
