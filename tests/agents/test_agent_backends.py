@@ -159,7 +159,7 @@ def tiny_lm():
 
 def test_hf_local_backend_generates_deterministically_with_a_seed(tiny_lm):
     model, tokenizer = tiny_lm
-    backend = HFLocalBackend(model=model, tokenizer=tokenizer, temperature=1.0, max_tokens=12)
+    backend = HFLocalBackend(model=model, tokenizer=tokenizer, temperature=1.0, max_tokens=12, overflow="keep_recent")
     a = backend.complete(CHAT, [MOVE], seed=5)
     b = backend.complete(CHAT, [MOVE], seed=5)
     c = backend.complete(CHAT, [MOVE], seed=6)
@@ -176,9 +176,10 @@ def test_hf_local_backend_uses_the_chat_template_and_loads_saved_directories(tin
     backend = HFLocalBackend(model=model, tokenizer=tokenizer, max_tokens=4)
     text, templated = backend.render(CHAT, [MOVE])
     assert templated and text == "[system]Explore.[user]Next step.[assistant]"
-    loaded = HFLocalBackend(path=str(tmp_path / "lm"), max_tokens=4)
+    loaded = HFLocalBackend(path=str(tmp_path / "lm"), max_tokens=4, overflow="keep_recent")
     greedy = loaded.complete(CHAT, [MOVE], seed=0)
-    again = HFLocalBackend(model=model, tokenizer=tiny_lm[1], max_tokens=4).complete(CHAT, [MOVE], seed=0)
+    again = HFLocalBackend(model=model, tokenizer=tiny_lm[1], max_tokens=4, overflow="keep_recent")
+    again = again.complete(CHAT, [MOVE], seed=0)
     assert greedy.content == again.content  # same weights, same greedy reply
 
 
@@ -187,10 +188,38 @@ def test_hf_local_backend_drives_a_zoo_generating_module():
 
     module = CausalLMModule(backbone=TinyBackbone(seed=1))
     assert module.model is None
-    backend = HFLocalBackend.from_module(module, max_tokens=3)
+    backend = HFLocalBackend.from_module(module, max_tokens=3, overflow="keep_recent")
     assert module.model is not None  # built on demand (configure_model)
     reply = backend.complete(CHAT, [MOVE], seed=0)
     assert 0 < reply.usage.completion_tokens <= 3 and backend.identity()["kind"] == "hf_local"
+
+
+def test_hf_local_backend_drops_the_oldest_turns_never_the_system_prompt(tiny_lm, caplog):
+    """The tiny model's context is 256 tokens: a long chat must lose its oldest turns, not the system prompt."""
+    model, tokenizer = tiny_lm
+    system = {"role": "system", "content": "TASK: explore the grid."}
+    turns = [{"role": "user" if i % 2 else "assistant", "content": f"turn {i:02d} " + "x" * 30} for i in range(12)]
+    backend = HFLocalBackend(model=model, tokenizer=tokenizer, max_tokens=8)
+    with caplog.at_level("WARNING", logger="zoo.agents.backends.hf_local"):
+        reply = backend.complete([system, *turns], None, seed=0)
+        backend.complete([system, *turns, {"role": "user", "content": "more"}], None, seed=0)
+    kept = next(k for k in range(len(turns)) if len(backend.encode([system, *turns[k:]], [])) <= 256 - 8)
+    assert kept > 0 and reply.usage.prompt_tokens == len(backend.encode([system, *turns[kept:]], []))
+    assert sum("oldest turns are dropped" in r.message for r in caplog.records) == 1  # logged once
+    with pytest.raises(BackendError, match="system prompt and the last message"):
+        backend.complete([{"role": "system", "content": "y" * 400}, turns[-1]], None, seed=0)
+    cut = HFLocalBackend(model=model, tokenizer=tokenizer, max_tokens=8, overflow="keep_recent")
+    assert cut.complete([{"role": "system", "content": "y" * 400}, turns[-1]], None).usage.prompt_tokens == 248
+
+
+def test_finish_reason_is_read_and_a_length_cut_reply_is_never_run():
+    call = {"id": "c1", "type": "function", "function": {"name": "move", "arguments": '{"direction": "up"}'}}
+    with serve() as server:
+        body = server.reply("", [call])
+        body["choices"][0]["finish_reason"] = "length"
+        server.replies.append((200, body))
+        reply = OpenAICompatBackend(server.base_url, "m").complete(CHAT, [MOVE])
+    assert reply.finish_reason == "length" and reply.truncated and reply.tool_calls
 
 
 def test_hf_local_backend_refuses_missing_directories(tmp_path):

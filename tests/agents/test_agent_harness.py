@@ -25,7 +25,9 @@ from zoo.agents import (
     run_episode,
 )
 from zoo.agents.context import REFRESH_MESSAGE
-from zoo.agents.metrics import windowed_entropy
+from zoo.agents.errors import BackendError, UnreachableEndpointError
+from zoo.agents.evaluate import derive_seed, run_episodes
+from zoo.agents.metrics import summarize, windowed_entropy
 from zoo.agents.runner import StepRecord, build_registry
 from zoo.errors import ConfigError
 
@@ -219,3 +221,61 @@ def test_after_a_refresh_no_request_holds_an_orphaned_tool_message():
         for previous, message in zip(messages, messages[1:]):
             if message["role"] == "tool":
                 assert previous.get("tool_calls"), [m["role"] for m in messages]
+
+
+ANSWER = json.dumps(dict.fromkeys("ABCDE", "0"))
+
+
+def test_a_reply_cut_off_by_max_tokens_is_never_executed():
+    """A length-cut reply whose (repairable) commit call would use up the single commit is a truncated step."""
+    cut = '<tool_call>{"name": "commit_final_result", "arguments": {"content": "{\\"A\\": \\"1\\", \\"B'
+    replies = [
+        {"content": cut, "finish_reason": "length"},
+        {"content": "", "tool_calls": [{"name": "commit_final_result", "arguments": {"content": ANSWER}}]},
+    ]
+    env = MysteryGrid(seed=0, required_steps=3, free=True)
+    agent = LLMToolAgent(ScriptedBackend(replies), seed=0)
+    trajectory = run_episode(env, agent, max_steps=2)
+    first, second = trajectory.steps
+    assert first.tool is None and not first.ok and "finish_reason=length" in first.error
+    assert "cut off at the token limit" in agent.context.messages[2]["content"]  # the agent is told
+    assert second.tool == "commit_final_result" and second.ok and env.commit_content == ANSWER
+
+
+class FailingBackend(ScriptedBackend):
+    """A backend whose server answers HTTP 400 (context length) on the second request of episode 1."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            policy=lambda messages, tools: '<tool_call>{"name": "get_full_map", "arguments": {}}</tool_call>'
+        )
+        self.calls = 0
+
+    def _complete(self, request):
+        self.calls += self.seed_of(request) == "fail"
+        if self.seed_of(request) == "fail" and self.calls == 2:
+            raise BackendError("http://x/v1/chat/completions answered HTTP 400: maximum context length exceeded")
+        return super()._complete(request)
+
+    @staticmethod
+    def seed_of(request):
+        return "fail" if request["seed"] == derive_seed(0, 1, "agent") else "ok"
+
+
+def test_a_model_error_fails_its_episode_only_and_is_counted():
+    backend = FailingBackend()
+    trajectories = run_episodes(
+        lambda seed: MysteryGrid(seed=seed, required_steps=3, free=True),
+        lambda seed: LLMToolAgent(backend, seed=seed),
+        [0, 1, 2],
+        0,
+        max_steps=3,
+    )
+    assert [t.failed for t in trajectories] == [False, True, False]
+    assert "HTTP 400" in trajectories[1].error and len(trajectories[1].steps) == 1  # the step before the error
+    assert len(trajectories[2].steps) == 3  # the run went on
+    assert summarize(trajectories)["failed_episodes"] == 1 and trajectories[1].score == 0.0
+    unreachable = ScriptedBackend(["x"])
+    unreachable._complete = lambda request: (_ for _ in ()).throw(UnreachableEndpointError("could not reach"))
+    with pytest.raises(UnreachableEndpointError):  # a wrong endpoint is the run's configuration: it stops the run
+        run_episodes(lambda seed: MysteryGrid(seed=seed), lambda seed: LLMToolAgent(unreachable, seed=seed), [0], 0)

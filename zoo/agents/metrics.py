@@ -97,6 +97,7 @@ def summarize(trajectories: Sequence[Any]) -> dict[str, Any]:
         "failed_steps": sum(t.failed_steps for t in trajectories) / n if n else math.nan,
         "tokens": sum(t.usage.total_tokens for t in trajectories) / n if n else math.nan,
         "committed": sum(t.committed for t in trajectories) / n if n else math.nan,
+        "failed_episodes": sum(bool(getattr(t, "error", None)) for t in trajectories),
         "refreshes": sum(t.refreshes for t in trajectories) / n if n else math.nan,
         "items": {k: sum(v) / len(v) for k, v in items.items()},
         "error_tags": dict(sorted(tags.items())),

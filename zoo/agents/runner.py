@@ -5,20 +5,27 @@ Python tool. Each step the agent acts on the last observation; a step without a 
 reply, no call) is recorded as a failed step, never raised; a call is run through the registry, where an unknown
 tool or bad arguments come back as a failed observation. The episode ends when the environment accepts the
 commit or at ``max_steps`` (default: the environment's ``required_steps x 4``, ``x 8`` for bio, as UltraHorizon).
+A model error during an episode (any :class:`~zoo.agents.errors.BackendError`, such as a context-length 400 from a
+server) ends that episode only: it is recorded with its ``error`` and the steps made so far, scores 0, and the run
+goes on. A missing replay recording or an unreachable endpoint is the run's configuration and stops the run.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from zoo.agents.context import NoteBook
 from zoo.agents.envs.base import Environment
+from zoo.agents.errors import BackendError, ReplayMissError, UnreachableEndpointError
 from zoo.agents.metrics import error_tags, windowed_entropy
 from zoo.agents.policies.base import Agent, EpisodeInfo
 from zoo.agents.sandbox import PythonSandbox
 from zoo.agents.tools import ToolRegistry
 from zoo.agents.types import ToolResult, Usage
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,6 +62,13 @@ class Trajectory:
     refreshes: int = 0
     entropy: list[float] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
+    #: why the episode stopped early on a model error (``None``: it ran to its commit or step cap)
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """Whether a model error ended the episode (it scores 0 and is counted in ``failed_episodes``)."""
+        return self.error is not None
 
     @property
     def score(self) -> float:
@@ -75,6 +89,7 @@ class Trajectory:
             score=self.score,
             tool_calls=self.tool_calls,
             failed_steps=self.failed_steps,
+            failed=self.failed,
             tokens=self.usage.total_tokens,
             usage=self.usage.to_dict(),
         )
@@ -116,7 +131,14 @@ def run_episode(
     trajectory = Trajectory(env.name, agent.name, episode, seed, env.difficulty, env.required_steps)
     observation: ToolResult | None = None
     for index in range(limit):
-        action = agent.act(observation)
+        try:
+            action = agent.act(observation)
+        except (ReplayMissError, UnreachableEndpointError):
+            raise  # a missing recording or a wrong endpoint: the run's configuration, every episode would fail
+        except BackendError as err:  # e.g. a context-length 400 from a server: this episode fails, the run goes on
+            trajectory.error = f"{type(err).__name__}: {err}"
+            log.warning("episode %s failed at step %s: %s", episode, index, trajectory.error)
+            break
         trajectory.usage.add(action.usage)
         usage = action.usage
         if action.call is None:

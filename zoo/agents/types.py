@@ -97,12 +97,20 @@ class Completion:
         tool_calls: parsed tool calls (native, or recovered from the text).
         parse_errors: why a tool call in the reply could not be parsed (the step is recorded as failed).
         usage: tokens of this call.
+        finish_reason: why generation stopped, as OpenAI reports it (``stop``, ``tool_calls``, ``length`` when the
+            ``max_tokens`` budget cut the reply off, ...); ``None`` when the backend does not say.
     """
 
     content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     parse_errors: list[str] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the reply was cut off by the token budget (its tool calls must not be run)."""
+        return self.finish_reason == "length"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -110,6 +118,7 @@ class Completion:
             "tool_calls": [asdict(c) for c in self.tool_calls],
             "parse_errors": list(self.parse_errors),
             "usage": asdict(self.usage),
+            "finish_reason": self.finish_reason,
         }
 
     @classmethod
@@ -119,4 +128,5 @@ class Completion:
             tool_calls=[ToolCall(**c) for c in data.get("tool_calls", [])],
             parse_errors=list(data.get("parse_errors", [])),
             usage=Usage(**data.get("usage", {})),
+            finish_reason=data.get("finish_reason"),
         )

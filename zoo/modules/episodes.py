@@ -3,7 +3,8 @@
 ``test_step``/``predict_step`` run a batch of episodes through :func:`zoo.agents.run_episodes` (plain Python,
 no gradients), write one JSON line per episode (the full trajectory) to ``<trajectory_dir>/trajectories.jsonl``
 and aggregate with torchmetrics: ``test/score`` (mean in [0, 1]), ``test/score_ci95`` (95% t-interval
-half-width), ``test/tool_calls``, ``test/failed_steps``, ``test/tokens``, ``test/committed``. ``predict_step``
+half-width), ``test/tool_calls``, ``test/failed_steps``, ``test/tokens``, ``test/committed``, ``test/failed`` (share
+of episodes a model error ended; they score 0 and the run goes on). ``predict_step``
 returns the generation-protocol dict (``texts`` = the commits, ``meta`` = per-episode numbers), so
 ``stage=predict`` writes ``predictions.jsonl``. Used with ``backbone: none`` (no model, no tokenizer).
 """
@@ -25,7 +26,7 @@ from zoo.agents.policies.base import Agent
 from zoo.agents.runner import Trajectory
 from zoo.stats import mean_ci95
 
-SUMMARY = ("score", "tool_calls", "failed_steps", "tokens", "committed")
+SUMMARY = ("score", "tool_calls", "failed_steps", "tokens", "committed", "failed")
 
 
 class EpisodeModule(pl.LightningModule):

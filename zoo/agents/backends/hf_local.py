@@ -4,21 +4,27 @@ The chat is rendered with the tokenizer's chat template (tools passed to the tem
 a tokenizer without a template (the zoo's character-level tokenizer) gets a plain role-tagged transcript with
 the tools listed in the system prompt. Tool calls are recovered from the generated text. Weights load from
 local files only (``local_files_only=True``). Decoding is :func:`zoo.generation.decoders.generate` (greedy at
-temperature 0, else seeded sampling); the reply budget is capped at half the model's context, and a prompt
-longer than the rest keeps its most recent tokens (the system prompt is then cut first: small models see the
-latest observations).
+temperature 0, else seeded sampling); the reply budget is capped at half the model's context. A chat longer than
+the rest loses its **oldest turns** (never the system prompt, which carries the task, nor the last message); the
+first time this happens a warning is logged. When the system prompt and the last message alone do not fit, the
+request fails with a :class:`~zoo.agents.errors.BackendError` naming the sizes (the harness records the episode as
+failed). ``finish_reason`` is ``length`` when the reply used its whole budget without an end of sequence.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from zoo.agents.backends.base import Backend, ReplayCache, flatten_messages
+from zoo.agents.errors import BackendError
 from zoo.agents.types import Completion, Message, Usage
-from zoo.errors import CheckpointNotFoundError
+from zoo.errors import CheckpointNotFoundError, ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def plain_transcript(messages: list[Message]) -> str:
@@ -35,6 +41,9 @@ class HFLocalBackend(Backend):
         model, tokenizer: an already built model and tokenizer instead of ``path`` (see :meth:`from_module`).
         device: where the model runs when loaded from ``path``.
         top_p: nucleus sampling when ``temperature > 0``.
+        overflow: what to do when the system prompt and the last message alone exceed the context: ``error``
+            (default) or ``keep_recent`` (keep the most recent tokens, cutting the system prompt; for models whose
+            context is shorter than the task description, such as the tiny test models).
     """
 
     def __init__(
@@ -47,8 +56,12 @@ class HFLocalBackend(Backend):
         temperature: float = 0.0,
         max_tokens: int = 256,
         cache: ReplayCache | dict[str, Any] | None = None,
+        overflow: str = "error",
     ) -> None:
         super().__init__(temperature, max_tokens, cache)
+        if overflow not in ("error", "keep_recent"):
+            raise ConfigError(f"backend.overflow={overflow!r}; use error or keep_recent")
+        self.overflow = overflow
         if path is None and (model is None or tokenizer is None):
             raise CheckpointNotFoundError("HFLocalBackend needs path=<save_pretrained dir> or both model and tokenizer")
         if path is not None and not Path(path).expanduser().is_dir():
@@ -61,6 +74,7 @@ class HFLocalBackend(Backend):
         self.top_p = top_p
         self._model = model
         self._tokenizer = tokenizer
+        self._warned_truncation = False
 
     @classmethod
     def from_module(cls, module: Any, **kwargs: Any) -> HFLocalBackend:
@@ -108,15 +122,36 @@ class HFLocalBackend(Backend):
 
         self._load()
         model, tokenizer = self._model, self._tokenizer
-        text, templated = self.render(request["messages"], request["tools"])
-        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if not templated and tokenizer.bos_token_id is not None:
-            ids = [tokenizer.bos_token_id, *ids]
         max_new = int(request["max_tokens"])
         limit = getattr(model.config, "max_position_embeddings", None)
         if limit is not None:
             max_new = min(max_new, max(1, limit // 2))
-            ids = ids[-(limit - max_new) :]
+        messages = list(request["messages"])
+        ids = self.encode(messages, request["tools"])
+        dropped = 0
+        while limit is not None and len(ids) > limit - max_new:
+            first = 1 if messages and messages[0]["role"] == "system" else 0
+            if len(messages) - first <= 1 and self.overflow == "keep_recent":
+                ids = ids[-(limit - max_new) :]
+                break
+            if len(messages) - first <= 1:
+                raise BackendError(
+                    f"the system prompt and the last message take {len(ids)} tokens, more than the "
+                    f"{limit - max_new} the model's context ({limit}) leaves beside a {max_new}-token reply; lower "
+                    "backend.max_tokens or use a model with a longer context"
+                )
+            del messages[first]
+            while len(messages) - first > 1 and messages[first]["role"] == "tool":  # its call was just dropped
+                del messages[first]
+            dropped += 1
+            ids = self.encode(messages, request["tools"])
+        if dropped and not self._warned_truncation:
+            self._warned_truncation = True
+            log.warning(
+                "HFLocalBackend: the chat exceeds the model's context (%s tokens); the oldest turns are dropped "
+                "(the system prompt is kept). Logged once.",
+                limit,
+            )
         device = next(model.parameters()).device
         prompt = torch.tensor([ids], dtype=torch.long, device=device)
         temperature = float(request["temperature"])
@@ -130,4 +165,13 @@ class HFLocalBackend(Backend):
         content = result.texts[0]
         parsed = self.parse_reply(content, None, request["tools"])
         usage = Usage(len(ids), int(result.lengths[0]), 1)
-        return Completion(content, parsed.calls, parsed.errors, usage)
+        finish = "stop" if bool(result.finished[0]) else "length"
+        return Completion(content, parsed.calls, parsed.errors, usage, finish)
+
+    def encode(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
+        """The prompt token ids of a chat (BOS added when no chat template supplies it)."""
+        text, templated = self.render(messages, tools)
+        ids = list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not templated and self._tokenizer.bos_token_id is not None:
+            ids = [self._tokenizer.bos_token_id, *ids]
+        return ids

@@ -146,6 +146,7 @@ class OpenAICompatBackend(Backend):
     def _complete(self, request: dict[str, Any]) -> Completion:
         data = self.post("/chat/completions", self.body(request))
         try:
+            finish_reason = data["choices"][0].get("finish_reason")
             message = data["choices"][0]["message"]
         except (KeyError, IndexError, TypeError):
             raise BackendError(f"{self.base_url}: reply without choices[0].message: {str(data)[:300]}") from None
@@ -158,4 +159,5 @@ class OpenAICompatBackend(Backend):
         if prompt_tokens is None:  # servers that do not report usage: estimate
             prompt_tokens = approx_tokens(json.dumps(request["messages"]))
             completion_tokens = approx_tokens(content + json.dumps(native or []))
-        return Completion(content, parsed.calls, parsed.errors, Usage(int(prompt_tokens), int(completion_tokens), 1))
+        usage = Usage(int(prompt_tokens), int(completion_tokens), 1)
+        return Completion(content, parsed.calls, parsed.errors, usage, finish_reason)

@@ -23,7 +23,8 @@ class ScriptedBackend(Backend):
     """Replies taken in order from ``responses`` (or computed by ``policy``), from the first one in every episode.
 
     A reply is a string (the reply text, from which tool calls are parsed like any model's text) or a dict
-    ``{"content": str, "tool_calls": [{"name": ..., "arguments": {...}} | OpenAI tool_call dict, ...]}`` (native
+    ``{"content": str, "tool_calls": [{"name": ..., "arguments": {...}} | OpenAI tool_call dict, ...],
+    "finish_reason": "stop" | "length" | ...}`` (native
     calls). Tokens are counted with :func:`~zoo.agents.backends.base.approx_tokens`.
 
     Args:
@@ -73,9 +74,10 @@ class ScriptedBackend(Backend):
     def _complete(self, request: dict[str, Any]) -> Completion:
         reply = self._next_reply(request)
         if isinstance(reply, str):
-            content, native = reply, None
+            content, native, finish = reply, None, "stop"
         else:
             content, native = str(reply.get("content") or ""), reply.get("tool_calls")
+            finish = reply.get("finish_reason", "stop")
         if native:
             parsed = _scripted_calls(native)
         else:
@@ -83,7 +85,7 @@ class ScriptedBackend(Backend):
         prompt_text = json.dumps(request["messages"]) + json.dumps(request["tools"])
         completion_text = content + json.dumps(native or [])
         usage = Usage(approx_tokens(prompt_text), approx_tokens(completion_text), 1)
-        return Completion(content, parsed.calls, parsed.errors, usage)
+        return Completion(content, parsed.calls, parsed.errors, usage, finish)
 
 
 def _scripted_calls(native: list[dict[str, Any]]) -> ParsedCalls:

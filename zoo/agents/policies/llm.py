@@ -2,8 +2,10 @@
 
 Mirrors UltraHorizon's OpenManus loop: the task description is the system prompt, the conversation starts with a
 next-step instruction, each model reply may call tools and only the first call is executed; a reply without a
-call gets the next-step instruction again, and a reply whose call cannot be parsed gets the parse error back.
-Both are recorded as failed steps. The backend receives the agent's seed with every request.
+call gets the next-step instruction again, and a reply whose call cannot be parsed gets the parse error back. A
+reply that stopped because it reached ``max_tokens`` (``finish_reason == "length"``) is never executed, even when
+a tool call can be recovered from it, and the agent is told. All three are recorded as failed steps. The backend
+receives the agent's seed with every request.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ NEXT_STEP_PROMPT = (
     "Pick the single most useful tool for the next step (one tool call per reply) and call it. Think first: state "
     "what you observed, your current hypotheses and your plan. Write notes of observations and conclusions with "
     "note_tool and review them often. Before committing, read your notes and check every conclusion."
+)
+
+TRUNCATED = (
+    "your reply was cut off at the token limit (finish_reason=length), so no tool call in it was run; reply "
+    "again, shorter"
 )
 
 
@@ -63,6 +70,12 @@ class LLMToolAgent(Agent):
         reply = self.backend.complete(
             messages, self.info.tools, seed=self.seed, temperature=self.temperature, max_tokens=self.max_tokens
         )
+        if reply.truncated:
+            # a reply cut off by max_tokens is never executed (a repaired, truncated commit would use up the one
+            # commit); the agent is told, as OpenManus answers a call whose arguments are not valid JSON
+            self.context.add({"role": "assistant", "content": reply.content})
+            self.context.add({"role": "user", "content": f"Error: {TRUNCATED}. {self.next_step_prompt}"})
+            return Action(None, error=TRUNCATED, text=reply.content, usage=reply.usage)
         if reply.tool_calls:
             call = reply.tool_calls[0]
             self.context.add(call_message(call, reply.content))
