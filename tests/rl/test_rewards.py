@@ -105,10 +105,6 @@ def _nan_reward(prompts, completions, **columns):
     return [1.0, float("nan"), 0.0]
 
 
-def _none_reward(prompts, completions, **columns):
-    return [None, 1.0, 0.0]
-
-
 def _short_reward(prompts, completions, **columns):
     return [1.0]
 
@@ -124,7 +120,6 @@ def test_score_rewards_sums_with_weights():
     ("fn", "pattern"),
     [
         (_nan_reward, r"'_nan_reward'.*NaN.*1: nan"),
-        (_none_reward, r"'_none_reward'.*None.*0: None"),
         (_short_reward, r"'_short_reward' returned 1 rewards for 3 completions"),
         (functools.partial(_short_reward), r"'_short_reward'"),
     ],

@@ -52,9 +52,11 @@ from zoo.rl import (
     GRPOAdvantage,
     LossAggregator,
     NoShaping,
+    RewardContext,
     constant_groups,
     reward_group_stats,
     reward_matrix,
+    weighted_rewards,
 )
 from zoo.rl.advantages import AdvantageEstimator
 from zoo.rl.auxiliary import AuxiliaryItems, AuxiliaryLoss
@@ -325,9 +327,10 @@ class GRPOModule(GeneratingModule):
         columns["completion_ids"] = [
             row[: int(n)] for row, n in zip(result.completion_ids.tolist(), result.completion_mask.sum(-1).tolist())
         ]
-        matrix = reward_matrix(self.rewards, prompts, result.texts, columns)
+        context = RewardContext(self.reward_trainer_state())  # TRL's trainer_state / log_metric / log_extra
+        matrix = reward_matrix(self.rewards, prompts, result.texts, columns, context)
         weights = self._reward_weights(matrix.shape[1]).to(matrix)
-        rewards = (matrix @ weights).to(self.device)
+        rewards = weighted_rewards(matrix, weights, completions=result.texts).to(self.device)  # None rows left out
         lengths = result.lengths.to(rewards)
         num_groups = len(batch["prompts"])
         shaped = self.shaper(rewards.view(num_groups, g), lengths.view(num_groups, g), self.sampling.max_new_tokens)
@@ -345,7 +348,26 @@ class GRPOModule(GeneratingModule):
             "advantages": self.advantage(shaped).reshape(-1),
             "correct": correct,
             "answers": answers,
+            "reward_metrics": context.metric_means(),
+            "reward_extras": dict(context.extras),
         }
+
+    def reward_trainer_state(self) -> Any:
+        """The ``transformers.TrainerState`` reward functions receive as ``trainer_state`` (TRL passes its trainer's
+        state): ``global_step``, ``epoch``, ``max_steps`` and ``num_train_epochs`` (0 where Lightning has no bound)
+        and the process-zero flags, from the Lightning trainer."""
+        from transformers import TrainerState
+
+        trainer = self._trainer
+        max_steps = int(getattr(trainer, "max_steps", -1) or -1)
+        return TrainerState(
+            epoch=float(self.current_epoch),
+            global_step=int(self.global_step),
+            max_steps=max(max_steps, 0),
+            num_train_epochs=max(int(getattr(trainer, "max_epochs", 0) or 0), 0),
+            is_world_process_zero=self.global_rank == 0,
+            is_local_process_zero=self.local_rank == 0,
+        )
 
     def _reward_weights(self, count: int) -> torch.Tensor:
         if self.reward_weights is None:
@@ -701,6 +723,8 @@ class GRPOModule(GeneratingModule):
             values["accuracy"] = torch.tensor(rollout["correct"], dtype=torch.float).mean()
         for seam in (self.shaper, self.advantage):  # each seam reports its own state (e.g. GR3: gr3_alpha)
             values.update({k: torch.as_tensor(v, dtype=torch.float) for k, v in seam.metrics().items()})
+        for key, value in rollout.get("reward_metrics", {}).items():  # reward functions' log_metric (TRL's names)
+            values.setdefault(key, torch.tensor(value, dtype=torch.float))
         self._log_train(values, len(rollout["texts"]))
 
     def log_update(self, rollout: dict[str, Any], loss: torch.Tensor, loss_metrics: dict[str, torch.Tensor]) -> None:

@@ -43,11 +43,13 @@ from zoo.rl.rewards import (
     ExactMatchReward,
     FormatReward,
     LengthBiasedProxyReward,
+    RewardContext,
     RewardFunctionError,
     WeightedSumReward,
     reward_matrix,
     reward_name,
     score_rewards,
+    weighted_rewards,
 )
 from zoo.rl.shapers import (
     AdditiveLengthPenalty,
@@ -76,6 +78,7 @@ __all__ = [
     "LossAggregator",
     "NoShaping",
     "RLOOAdvantage",
+    "RewardContext",
     "RewardFunctionError",
     "RewardShaper",
     "WeightedSumReward",
@@ -102,4 +105,5 @@ __all__ = [
     "score_rewards",
     "soft_overlong_punishment",
     "to_groups",
+    "weighted_rewards",
 ]

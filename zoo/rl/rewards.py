@@ -8,15 +8,29 @@ keyword lists aligned with ``completions``. Each class sets ``__name__`` so TRL-
 - :class:`LengthBiasedProxyReward`: a verbosity-biased stand-in for a learned reward model (RLHF demo of GR3).
 - :class:`WeightedSumReward`: weighted combination of several reward functions.
 - :func:`score_rewards` / :func:`reward_matrix`: call reward functions and validate their output, naming the
-  offending function when it returns the wrong count, ``None``, NaN or inf.
+  offending function when it returns the wrong count, NaN or inf.
+
+TRL's reward-function protocol (``GRPOTrainer._calculate_rewards``, TRL 1.16) holds here too:
+
+- a function may return ``None`` for a completion it does not apply to: NaN in :func:`reward_matrix`, left out of
+  the weighted sum (:func:`weighted_rewards`, TRL's ``nansum``); a completion that no function scores is an error
+  here (TRL warns and gives it advantage 0);
+- with a :class:`RewardContext` every function also receives ``trainer_state`` (a ``transformers.TrainerState``),
+  ``log_metric(name, value)`` and ``log_extra(column, values)``, the keyword arguments TRL passes;
+- an ``async def`` function (or a class with an async ``__call__``) is awaited; all async functions of a call run
+  concurrently (``asyncio.gather``) on one event loop in a daemon thread that lives as long as the process, as in TRL.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
+import inspect
 import math
 import re
+import threading
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -221,16 +235,89 @@ def _as_list(fns: Sequence[RewardFn] | Mapping[str, RewardFn]) -> tuple[list[Rew
     return fn_list, [reward_name(f) for f in fn_list]
 
 
+class RewardContext:
+    """The keyword arguments TRL's ``GRPOTrainer`` gives every reward function besides the dataset columns:
+    ``trainer_state`` (a ``transformers.TrainerState``: ``global_step``, ``epoch``, ``max_steps``, ...),
+    ``log_metric(name, value)`` (a scalar averaged over the step and logged with the trainer's metrics) and
+    ``log_extra(column, values)`` (a column of the completions table, one value per completion).
+
+    Args:
+        trainer_state: the state the functions read; built by the trainer (the GRPO module fills it from Lightning's
+            ``global_step``, ``current_epoch``, ``max_steps``, ``max_epochs`` and the process ranks).
+
+    After the call, :attr:`metrics` maps each name to the values logged under it and :attr:`extras` each column to its
+    values.
+    """
+
+    KEYS = ("trainer_state", "log_metric", "log_extra")
+
+    def __init__(self, trainer_state: Any = None) -> None:
+        if trainer_state is None:
+            from transformers import TrainerState
+
+            trainer_state = TrainerState()
+        self.trainer_state = trainer_state
+        self.metrics: dict[str, list[float]] = defaultdict(list)
+        self.extras: dict[str, list[Any]] = defaultdict(list)
+
+    def log_metric(self, name: str, value: float) -> None:
+        """Record a scalar (TRL: ``GRPOTrainer._log_metric``)."""
+        self.metrics[str(name)].append(float(value))
+
+    def log_extra(self, column: str, values: Sequence[Any]) -> None:
+        """Record a column of the completions table (TRL: ``GRPOTrainer._log_completion_extra``)."""
+        self.extras[str(column)].extend(values)
+
+    def kwargs(self) -> dict[str, Any]:
+        """``{"trainer_state": ..., "log_metric": ..., "log_extra": ...}``."""
+        return {"trainer_state": self.trainer_state, "log_metric": self.log_metric, "log_extra": self.log_extra}
+
+    def metric_means(self) -> dict[str, float]:
+        """Mean of each metric logged during the call."""
+        return {name: sum(values) / len(values) for name, values in self.metrics.items() if values}
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """The event loop async reward functions run on: one per process, in a daemon thread, so that clients an async
+    function keeps between calls stay bound to a live loop and a caller inside a running loop (a notebook) can wait."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or _LOOP.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="zoo-async-rewards", daemon=True).start()
+            _LOOP = loop
+        return _LOOP
+
+
+def _run_concurrently(coroutines: list[Any]) -> list[Any]:
+    async def gather() -> list[Any]:
+        return list(await asyncio.gather(*coroutines))
+
+    return asyncio.run_coroutine_threadsafe(gather(), _event_loop()).result()
+
+
 def reward_matrix(
     reward_fns: Sequence[RewardFn] | Mapping[str, RewardFn],
     prompts: Sequence[str],
     completions: Sequence[str],
     columns: Mapping[str, Any] | None = None,
+    context: RewardContext | None = None,
 ) -> Tensor:
-    """Call every reward function and validate the output: ``float32 [N, num_fns]``.
+    """Call every reward function and validate the output: ``float32 [N, num_fns]``, NaN where a function returned
+    ``None`` (it does not apply to that completion; TRL's convention).
 
-    Raises :class:`RewardFunctionError` (a ``ValueError``) naming the function when it returns a count other
-    than ``N = len(completions)``, or ``None``/NaN/inf/non-numbers (with the offending indices).
+    Args:
+        reward_fns: the functions (a list, or a mapping name -> function).
+        prompts, completions: ``N`` of each.
+        columns: dataset columns, each a list of ``N`` values, passed as keyword arguments.
+        context: passes ``trainer_state``, ``log_metric`` and ``log_extra`` too (see :class:`RewardContext`).
+
+    Async functions are awaited, all of them concurrently. Raises :class:`RewardFunctionError` (a ``ValueError``)
+    naming the function when it returns a count other than ``N``, or NaN/inf/non-numbers (with the offending indices).
     """
     fns, names = _as_list(reward_fns)
     if not fns:
@@ -239,38 +326,77 @@ def reward_matrix(
         raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
     n = len(completions)
     cols = dict(columns or {})
+    if context is not None:
+        cols.update(context.kwargs())
+    outputs: list[Any] = [None] * len(fns)
+    pending: list[int] = []
+    for j, fn in enumerate(fns):
+        outputs[j] = fn(prompts=list(prompts), completions=list(completions), **cols)
+        if inspect.isawaitable(outputs[j]):
+            pending.append(j)
+    if pending:
+        for j, value in zip(pending, _run_concurrently([outputs[j] for j in pending])):
+            outputs[j] = value
     out = torch.empty(n, len(fns), dtype=torch.float32)
-    for j, (fn, name) in enumerate(zip(fns, names)):
-        values = fn(prompts=list(prompts), completions=list(completions), **cols)
-        if isinstance(values, Tensor):
-            values = values.detach().cpu().reshape(-1).tolist()
-        try:
-            values = list(values)
-        except TypeError as err:
-            raise RewardFunctionError(
-                f"reward function {name!r} returned {type(values).__name__}, expected a list of {n} floats"
-            ) from err
-        if len(values) != n:
-            raise RewardFunctionError(f"reward function {name!r} returned {len(values)} rewards for {n} completions")
-        floats = []
-        bad = []
-        for i, v in enumerate(values):
-            try:
-                f = float("nan") if v is None else float(v)
-            except (TypeError, ValueError):
-                f = float("nan")
-            if not math.isfinite(f):
-                bad.append(i)
-            floats.append(f)
-        if bad:
-            shown = ", ".join(f"{i}: {values[i]!r}" for i in bad[:5])
-            more = f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""
-            raise RewardFunctionError(
-                f"reward function {name!r} returned None/NaN/inf or a non-number for {len(bad)} of {n} "
-                f"completions (index: value) {shown}{more}"
-            )
-        out[:, j] = torch.tensor(floats, dtype=torch.float32)
+    for j, (values, name) in enumerate(zip(outputs, names)):
+        out[:, j] = _validated(values, name, n)
     return out
+
+
+def _validated(values: Any, name: str, n: int) -> Tensor:
+    if isinstance(values, Tensor):
+        values = values.detach().cpu().reshape(-1).tolist()
+    try:
+        values = list(values)
+    except TypeError as err:
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {type(values).__name__}, expected a list of {n} floats (or None)"
+        ) from err
+    if len(values) != n:
+        raise RewardFunctionError(f"reward function {name!r} returned {len(values)} rewards for {n} completions")
+    floats = []
+    bad = []
+    for i, v in enumerate(values):
+        if v is None:  # does not apply to this completion
+            floats.append(float("nan"))
+            continue
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            f = float("nan")
+        if not math.isfinite(f):
+            bad.append(i)
+        floats.append(f)
+    if bad:
+        shown = ", ".join(f"{i}: {values[i]!r}" for i in bad[:5])
+        more = f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""
+        raise RewardFunctionError(
+            f"reward function {name!r} returned NaN/inf or a non-number for {len(bad)} of {n} completions "
+            f"(index: value) {shown}{more}; return None for a completion the function does not apply to"
+        )
+    return torch.tensor(floats, dtype=torch.float32)
+
+
+def weighted_rewards(
+    matrix: Tensor, weights: Tensor, names: Sequence[str] | None = None, completions: Sequence[str] | None = None
+) -> Tensor:
+    """``sum_j w_j r_j`` per completion over the functions that scored it (NaN entries, from ``None``, left out:
+    TRL's ``nansum``): ``matrix [N, F]``, ``weights [F]`` -> ``[N]``.
+
+    Raises:
+        RewardFunctionError: a completion that no function scored (every entry NaN), naming the functions and the
+            completion (TRL warns and gives it advantage 0; here it is a configuration to fix).
+    """
+    unscored = torch.isnan(matrix).all(dim=1)
+    if matrix.shape[1] and bool(unscored.any()):
+        i = int(unscored.nonzero()[0, 0])
+        who = ", ".join(repr(x) for x in names) if names else f"all {matrix.shape[1]}"
+        text = f" ({completions[i][:60]!r})" if completions is not None else ""
+        raise RewardFunctionError(
+            f"every reward function ({who}) returned None for completion {i}{text} and {int(unscored.sum()) - 1} "
+            "other(s): add a reward function that scores every completion"
+        )
+    return torch.nansum(matrix * weights.to(matrix).unsqueeze(0), dim=1)
 
 
 def _weights_vector(weights: Sequence[float] | Mapping[str, float] | None, names: list[str]) -> Tensor:
@@ -294,14 +420,16 @@ def score_rewards(
     completions: Sequence[str],
     columns: Mapping[str, Any] | None = None,
 ) -> Tensor:
-    """Weighted sum of validated rewards ``sum_j w_j r_j(completion)``: ``float32 [N]``.
+    """Weighted sum of validated rewards ``sum_j w_j r_j(completion)`` over the functions that scored the completion
+    (:func:`weighted_rewards`): ``float32 [N]``.
 
     ``weights=None`` weighs every function 1 (TRL ``reward_weights`` default). A mapping of reward functions
-    names them by key; weights may then be a mapping too (missing keys weigh 1). Errors as :func:`reward_matrix`.
+    names them by key; weights may then be a mapping too (missing keys weigh 1). Errors as :func:`reward_matrix` and
+    :func:`weighted_rewards`.
     """
     _, names = _as_list(reward_fns)
     w = _weights_vector(weights, names)
-    return reward_matrix(reward_fns, prompts, completions, columns) @ w
+    return weighted_rewards(reward_matrix(reward_fns, prompts, completions, columns), w, names, completions)
 
 
 class WeightedSumReward:
@@ -327,8 +455,14 @@ class WeightedSumReward:
         self.weights = _weights_vector(weights, names)
         self.__name__ = name
 
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
-        return score_rewards(self.reward_fns, self.weights.tolist(), prompts, completions, columns).tolist()
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float | None]:
+        """The weighted sum of the functions that scored each completion; ``None`` where none did (so the
+        combination itself follows TRL's protocol). ``trainer_state``/``log_metric``/``log_extra`` among ``columns``
+        reach the combined functions."""
+        matrix = reward_matrix(self.reward_fns, prompts, completions, columns)
+        unscored = torch.isnan(matrix).all(dim=1).tolist()
+        total = torch.nansum(matrix * self.weights.unsqueeze(0), dim=1).tolist()
+        return [None if skip else value for value, skip in zip(total, unscored)]
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{n}*{w:g}" for n, w in zip(self.names, self.weights.tolist()))
