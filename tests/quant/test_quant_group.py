@@ -288,6 +288,7 @@ def test_baseline_quantizers_measured_bpw_and_stats():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from zoo.quant.baselines import OneBitLinear, SignBinaryLinear
+    from zoo.quant.nanoquant import quantized_layers
     from zoo.quant.nanoquant_quantizer import CalibrationSet, OneBitQuantizer, SignQuantizer
 
     cfg = LlamaConfig(vocab_size=40, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4)
@@ -319,7 +320,10 @@ def test_baseline_quantizers_measured_bpw_and_stats():
     a0 = m.model.layers[0].self_attn.q_proj.alpha.float()
     a1 = qs.model.layers[0].self_attn.q_proj.alpha.float()
     assert not torch.allclose(a0, a1)
-    assert all(not p.requires_grad for p in qs.parameters())
+    # the quantized layers are frozen; the rest of the model (embeddings, norms) trains, as under bitsandbytes
+    frozen = [p for layer in quantized_layers(qs).values() for p in layer.parameters()]
+    assert frozen and not any(p.requires_grad for p in frozen)
+    assert qs.model.embed_tokens.weight.requires_grad and qs.model.norm.weight.requires_grad
 
 
 def _copy(model: nn.Module) -> nn.Module:

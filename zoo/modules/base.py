@@ -1,8 +1,9 @@
 """What the zoo's LightningModules share.
 
 * :class:`ZooBaseModule` (every module, with or without a language backbone): optimizer/scheduler partials and
-  ``configure_optimizers``, the trainable parameters, the NaN-loss stop, the run config stored in checkpoints, and the
-  export hook that ``train.py`` calls after ``fit`` (``export: true``).
+  ``configure_optimizers``, the trainable parameters, the NaN-loss stop, the run config stored in checkpoints, the
+  one rule of what ``save_hyperparameters`` keeps (plain data only), and the export hook that ``train.py`` calls after
+  ``fit`` (``export: true``).
 * :class:`ZooModule` (the language-model families): adds the backbone built in ``configure_model``, generation and
   the ``save_pretrained`` export (generation itself: the generating family base,
   :mod:`zoo.modules.generating`).
@@ -10,13 +11,16 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.core.mixins import HyperparametersMixin
+from lightning.pytorch.utilities.parsing import collect_init_args
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.backbones.base import Backbone
@@ -29,6 +33,21 @@ log = logging.getLogger("zoo")
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 SchedulerFactory = Callable[..., Any]
+# the scalar types of a hyper-parameter; with lists, tuples and dicts of them: what a checkpoint may hold in its
+# ``hyper_parameters`` (torch.load(weights_only=True), the zoo's only way to open a checkpoint, unpickles these)
+PLAIN_SCALARS = (type(None), bool, int, float, str)
+
+
+def is_plain_data(value: Any) -> bool:
+    """Whether ``value`` is ``None``, a ``bool``/``int``/``float``/``str`` (exactly those types: an enum or a numpy
+    scalar is not), or a list, tuple or dict (string or integer keys) of plain data."""
+    if type(value) in PLAIN_SCALARS:
+        return True
+    if type(value) in (list, tuple):
+        return all(is_plain_data(v) for v in value)
+    if type(value) is dict:
+        return all(type(k) in (str, int) and is_plain_data(v) for k, v in value.items())
+    return False
 
 
 class ZooBaseModule(pl.LightningModule):
@@ -44,6 +63,40 @@ class ZooBaseModule(pl.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.run_config: dict[str, Any] | None = None  # the resolved Hydra config, set by train.py
+
+    # -- hyper-parameters -----------------------------------------------------------------------------------
+    def save_hyperparameters(
+        self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None, logger: bool = True
+    ) -> None:
+        """Lightning's ``save_hyperparameters`` under one rule for every zoo module: only plain data
+        (:func:`is_plain_data`) is kept, whatever ``ignore`` names.
+
+        Constructor arguments that are objects -- backbone, quantizer, decoder, verifier, optimizer partials, cores,
+        anything injected -- are left out (and never deep-copied): a checkpoint's ``hyper_parameters`` must load with
+        ``torch.load(weights_only=True)``, which refuses pickled objects (:func:`zoo.checkpoints.read_checkpoint`), and
+        the objects are rebuilt from the resolved run config stored beside them (``zoo_config``). The arguments are
+        collected as Lightning collects them (``collect_init_args`` over the ``__init__`` frames, ``**kwargs``
+        included); hyper-parameters given otherwise (LightningCLI, ``self.hparams.update``) are filtered the same way
+        when saved."""
+        if frame is None:
+            current = inspect.currentframe()
+            frame = current.f_back if current is not None else None
+        names = [ignore] if isinstance(ignore, str) else list(ignore or [])
+        if frame is not None:
+            collected: dict[str, Any] = {}
+            for local in collect_init_args(frame, [], classes=(HyperparametersMixin,)):
+                collected.update(local)
+            names += [name for name, value in collected.items() if not is_plain_data(value)]
+        super().save_hyperparameters(*args, ignore=names, frame=frame, logger=logger)
+        self._drop_objects(getattr(self, "_hparams", None))
+        self._drop_objects(getattr(self, "_hparams_initial", None))
+
+    @staticmethod
+    def _drop_objects(hparams: Any) -> None:
+        if hparams is None:
+            return
+        for name in [k for k, v in hparams.items() if not is_plain_data(v)]:
+            del hparams[name]
 
     # -- export ---------------------------------------------------------------------------------------------
     def export_pretrained(self, directory: str | Path) -> Path:
@@ -97,13 +150,17 @@ class ZooBaseModule(pl.LightningModule):
         quantizer = getattr(self, "quantizer", None)
         frozen_by_quant = quantizer is not None and quantizer.name != "none" and trainable < total
         if frozen_by_quant and not has_lora(self):
+            # peft's LoRA wraps the bitsandbytes layers, not the zoo's binary ones (NanoQuant, sign, OneBit)
+            qlora = quantizer.name.startswith("bnb_")
             log.warning(
-                "quant=%s: the quantized layers are frozen, so only %s of %s parameters train (%s). To train "
-                "adapters on the quantized model (QLoRA), add +preset=qlora (or set backbone.lora)",
+                "quant=%s: the quantized layers are frozen, so only %s of %s parameters train (%s)%s",
                 quantizer.name,
                 human_count(trainable),
                 human_count(total),
                 kinds or "none",
+                ". To train adapters on the quantized model (QLoRA), add +preset=qlora (or set backbone.lora)"
+                if qlora
+                else "",
             )
         return trainable, total
 
@@ -111,6 +168,8 @@ class ZooBaseModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.run_config is not None:
             checkpoint["zoo_config"] = self.run_config
+        if "hyper_parameters" in checkpoint:  # set after save_hyperparameters (self.hparams.update): same rule
+            self._drop_objects(checkpoint["hyper_parameters"])
 
 
 def human_count(n: int) -> str:

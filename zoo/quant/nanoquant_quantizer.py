@@ -40,6 +40,7 @@ from zoo.quant.nanoquant import (
     load_quantized,
     model_bits_per_weight,
     quantize_model,
+    quantized_layers,
     rank_for_bits,
     replace_linears,
     set_forward_mode,
@@ -272,10 +273,22 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
                 "calibration_real_tokens": calib.num_tokens,
             }
         )
-        for p in model.parameters():  # a post-training quantized model is for evaluation/export
-            p.requires_grad_(False)
+        freeze_quantized_layers(model)
         set_forward_mode(model, self.forward, self.chunk_size)
         return model
+
+
+def freeze_quantized_layers(model: nn.Module) -> int:
+    """Freeze the parameters of the layers a binary quantizer replaced (their scales and biases; the packed bits are
+    buffers) and leave the rest of the model (embeddings, norms, output head) as it was: the rule of the
+    bitsandbytes quantizers, whose quantized layers are frozen while the other weights train (the trainable-parameter
+    report says so). A fit on a NanoQuant, sign or OneBit model then trains those weights and writes checkpoints
+    that resume, instead of failing with an empty optimizer. Returns how many layers were frozen."""
+    layers = quantized_layers(model)
+    for layer in layers.values():
+        for p in layer.parameters():
+            p.requires_grad_(False)
+    return len(layers)
 
 
 class _BaselineQuantizer(_CalibratedQuantizer):
@@ -305,8 +318,7 @@ class _BaselineQuantizer(_CalibratedQuantizer):
             ids = calib.input_ids.to(_device_of(model))
             stats = shrink_stats(collect_linear_stats(model, ids, token_mask=calib.token_mask), self.shrinkage)
         replace_linears(model, type(self)._fn, None, stats=stats, scale_dtype=self.scale_dtype)
-        for p in model.parameters():
-            p.requires_grad_(False)
+        freeze_quantized_layers(model)
         self.bits_per_weight = model_bits_per_weight(model)
         return model
 
