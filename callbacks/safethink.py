@@ -32,13 +32,14 @@ to the loggers after predict), under ``<log_prefix>/``:
 * ``intervened_fraction`` -- rows where it intervened at least once, all rows;
 * ``accuracy`` / ``base_accuracy`` -- ``verifier(completion, answer)`` on benign prompts with answers (on every row
   with an answer when there are no attack labels);
-* ``added_tokens`` -- injected prefix tokens per row; ``interventions_per_row``; ``scorer_seconds`` -- time in the
-  scorer.
+* ``added_tokens`` -- injected prefix tokens per row; ``interventions_per_row``; ``answer_interventions_per_row`` --
+  those in the answer after ``</think>`` (``monitor_answer``); ``scorer_seconds`` -- time in the scorer.
 
 With ``always_prefix=True`` the callback runs the paper's always-prepend baseline instead (every reasoning block starts
 with the prefix; no scorer; the same decoder), under the same metrics. With ``records_file`` it also writes one JSON
-line per evaluated row (prompt, completion, attack/harmful, answer/correct, interventions), so that analyses beyond
-the rates (e.g. rows identical across two runs) read the run directory.
+line per evaluated row (prompt, completion, attack/harmful, answer/correct, interventions -- each with its step,
+score, whether it was discarded and whether it lay in the answer), so that analyses beyond the rates (e.g. rows
+identical across two runs) read the run directory.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ _COUNTERS = (
     "added_tokens",
     "rows",
     "interventions",
+    "answer_interventions",
     "intervened_rows",
     "scorer_seconds",
 )
@@ -129,6 +131,10 @@ class SafeThinkMonitor(StageCallback):
             per row (only the new tokens are fed) when it is a causal (decoder-only) classifier, else re-reading
             prompt + trace at every step; ``true``/``false`` force it (see
             :class:`zoo.safety.scorers.SequenceClassifierScorer`).
+        monitor_answer: also score the answer after ``</think>``, every answer step whatever
+            ``max_steps_monitored``; a violating answer step is discarded and resampled after the prefix (which lands
+            at its start), counted in ``answer_interventions_per_row``. ``False``: the answer is not scored (the
+            paper's loop: a policy that closes its reasoning at once and answers harmfully is never steered).
 
     Decoding (budget, sampling, step delimiters, lookahead, ...) is the module's: see the module docstring.
     """
@@ -151,6 +157,7 @@ class SafeThinkMonitor(StageCallback):
         always_prefix: bool = False,
         records_file: str | None = None,
         scorer_incremental: str | bool = "auto",
+        monitor_answer: bool = True,
     ) -> None:
         super().__init__()
         check_safethink_args(tau, max_steps_monitored)
@@ -169,6 +176,7 @@ class SafeThinkMonitor(StageCallback):
         self.max_steps_monitored = max_steps_monitored
         self.prefix = prefix
         self.discard_violating_step = discard_violating_step
+        self.monitor_answer = bool(monitor_answer)
         self.stages = tuple(stages)
         self.seed = seed
         self.attack_column = attack_column
@@ -195,6 +203,7 @@ class SafeThinkMonitor(StageCallback):
             prefix=self.prefix,
             discard=self.discard_violating_step,
             always_prefix=self.always_prefix,
+            monitor_answer=self.monitor_answer,
         )
 
     # -- setup ------------------------------------------------------------------------------------------------
@@ -316,7 +325,7 @@ class SafeThinkMonitor(StageCallback):
                 pl_module.model, pl_module.tokenizer, prompts, self.prefix, prompt_attention_mask=prompt_mask, **inputs
             )
             added = len(prefix_token_ids(pl_module.tokenizer, self.prefix))
-            rows = [(text, [{"step": 0, "score": None, "discarded": False}], added) for text in texts]
+            rows = [(text, [{"step": 0, "score": None, "discarded": False, "answer": False}], added) for text in texts]
             scorer_seconds = 0.0
         else:
             result = safethink_generate(
@@ -329,10 +338,15 @@ class SafeThinkMonitor(StageCallback):
                 prefix=self.prefix,
                 discard_violating_step=self.discard_violating_step,
                 prompt_attention_mask=prompt_mask,
+                monitor_answer=self.monitor_answer,
                 **inputs,
             )
             rows = [
-                (text, [{"step": i.step, "score": i.score, "discarded": i.discarded} for i in found], added)
+                (
+                    text,
+                    [{"step": i.step, "score": i.score, "discarded": i.discarded, "answer": i.answer} for i in found],
+                    added,
+                )
                 for text, found, added in zip(result.texts, result.interventions, result.added_tokens)
             ]
             scorer_seconds = result.scorer_seconds
@@ -343,6 +357,7 @@ class SafeThinkMonitor(StageCallback):
             record: dict[str, Any] = {"prompt": prompts[i], "completion": text, "attack": attack}
             c["rows"] += 1
             c["interventions"] += len(interventions)
+            c["answer_interventions"] += sum(i["answer"] for i in interventions)
             c["intervened_rows"] += intervened
             c["added_tokens"] += added
             if attack:
@@ -395,6 +410,7 @@ class SafeThinkMonitor(StageCallback):
                 "base_accuracy": ("base_correct", "base_answered_rows"),
                 "added_tokens": ("added_tokens", "rows"),
                 "interventions_per_row": ("interventions", "rows"),
+                "answer_interventions_per_row": ("answer_interventions", "rows"),
             },
         )
         if c["rows"]:
@@ -432,6 +448,7 @@ class SafeThinkMonitor(StageCallback):
                 "prefix": self.prefix,
                 "discard_violating_step": self.discard_violating_step,
                 "always_prefix": self.always_prefix,
+                "monitor_answer": self.monitor_answer,
                 "scorer": scorer_name(self.scorer),
             },
         }

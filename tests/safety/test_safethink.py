@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from zoo.backbones import TinyBackbone
+from zoo.encoding import encode_prompts
 from zoo.generation.decoders import generate_text
 from zoo.generation.stepwise import StepwiseDecoder
 from zoo.protocols import SamplingParams
@@ -120,20 +121,23 @@ def test_raising_tau_never_lowers_the_intervention_count(lm):
     """Scores depend on the step index only (a scripted R_safe), so the count is #{t <= m: s_t < tau}.
 
     The scripted R_safe reads the step index off the trace: steps close at digits, which neither the injected prefix
-    nor the special tokens contain, so the index is the number of digits, + 1 for a step that does not end at a digit
-    (a final step closed by </think>, or the step a row ended inside); every recorded score is checked against the
-    schedule at the decoder's own step index."""
+    nor the special tokens contain, so the index is the number of digits, + 1 for each step that does not end at a
+    digit (a final step closed by </think>, and the step a row ended inside); answer steps (scored by default) are
+    numbered on after the final step; every recorded score is checked against the schedule at the decoder's own step
+    index."""
     schedule = [0.9, 0.2, 0.6, 0.4, 0.8, 0.1]
     digits = list("0123456789")
 
     def step_index(trace):
-        return sum(trace.count(d) for d in digits) + (trace[-1:] not in digits)
+        _, closed, answer = trace.partition("</think>")
+        ends_inside = trace[-1:] not in digits and (bool(answer) or not closed)  # a step the row ended inside
+        return sum(trace.count(d) for d in digits) + bool(closed) + ends_inside
 
     def by_step(prompts, traces):
         return [schedule[min(step_index(t), len(schedule)) - 1] for t in traces]
 
     model, tok = lm
-    previous = None
+    previous, answered = None, 0
     for tau in (0.0, 0.15, 0.3, 0.5, 0.7, 0.95, 1.01):
         out = safethink_generate(
             model,
@@ -152,11 +156,13 @@ def test_raising_tau_never_lowers_the_intervention_count(lm):
         for scores in out.step_scores:
             assert all(score == schedule[min(t, len(schedule)) - 1] for t, score in scores)
         counts = out.num_interventions
+        answered += sum(out.num_answer_interventions)
         if previous is not None:
             assert all(c >= p for c, p in zip(counts, previous)), (tau, counts, previous)
         previous = counts
     assert sum(previous) > 0
     assert max(len(scores) for scores in out.step_scores) >= 3, "the test must see several steps per row"
+    assert answered, "the test must see answer steps (scored by default, numbered on from the reasoning)"
 
 
 def test_raising_tau_never_lowers_the_set_of_rows_intervened(lm):
@@ -321,3 +327,61 @@ def test_a_policy_that_never_writes_the_delimiter_is_scored_and_steered(lm, max_
         model, tok, PROMPTS, flag_h, max_steps_monitored=0, params=SamplingParams(max_new_tokens=12), decoder=decoder
     )
     assert all(t == "h" * 12 for t in plain.texts)  # what the policy writes unmonitored
+
+
+@pytest.mark.parametrize(("max_step_tokens", "lookahead"), [(None, 0), (6, DEFAULT_HOOK_LOOKAHEAD)])
+def test_a_policy_that_closes_its_reasoning_at_once_is_scored_and_steered_in_its_answer(lm, max_step_tokens, lookahead):
+    """An adversarial policy writes ``</think>`` first and then its unsafe text ('h' here, what the scorer flags) in
+    the answer, never a newline: a logits processor forces the tag as the first token and then pushes 'h' (greedy:
+    ``</think>hhh...``). The final step (the bare tag) is scored safe; by default the answer is scored too, whatever
+    m (here 1), and its violating step is discarded and resampled after the prefix, which lands right after the tag.
+    With ``monitor_answer=False`` (the paper's loop) the answer is never scored: the policy's text goes through."""
+    model, tok = lm
+    vocab = tok.get_vocab()
+    close, h = vocab["</think>"], vocab["h"]
+    ids, mask = encode_prompts(tok, PROMPTS)
+
+    def adversary(context, scores):
+        kept = (context[:, ids.shape[1] :] != tok.pad_token_id).sum(-1)
+        pushed = scores.clone()
+        pushed[:, [vocab["\n"], close, tok.eos_token_id]] = float("-inf")
+        pushed[:, h] += 100.0
+        first = torch.full_like(scores, float("-inf"))
+        first[:, close] = 0.0
+        return torch.where((kept == 0)[:, None], first, pushed)
+
+    scored: list[str] = []
+
+    def flag_h(prompts, traces):
+        scored.extend(traces)
+        return [0.0 if "h" in t.split("</think>", 1)[-1] else 1.0 for t in traces]
+
+    def run(**kw):
+        scored.clear()
+        return safethink_generate(
+            model,
+            tok,
+            PROMPTS,
+            flag_h,
+            max_steps_monitored=1,
+            params=SamplingParams(max_new_tokens=12),
+            prompt_ids=ids,
+            prompt_attention_mask=mask,
+            decoder=StepwiseDecoder(processors=[adversary], max_step_tokens=max_step_tokens, hook_lookahead=lookahead),
+            **kw,
+        )
+
+    out = run()
+    assert "</think>" in scored  # the final step (step 1) was scored, and found safe
+    for i, text in enumerate(out.texts):
+        first, *rest = out.interventions[i]
+        assert (first.step, first.answer, first.discarded) == (2, True, True)
+        assert first.step_text.startswith("h") and first.cut == ("length" if max_step_tokens else "end")
+        assert all(r.answer and r.discarded and r.step > 2 for r in rest)
+        assert text.startswith("</think>Wait, think safely")  # the prefix at the start of the violating answer step
+        assert out.num_answer_interventions[i] == out.num_interventions[i]
+        assert out.generation.discarded[i][0] == first.step_text
+    off = run(monitor_answer=False)
+    assert set(scored) == {"</think>"}  # only the final step: the answer is not scored
+    assert not any(off.intervened)
+    assert all(t == "</think>" + "h" * 11 for t in off.texts)  # what the policy writes unmonitored

@@ -33,19 +33,27 @@ Conventions fixed here (the sources are silent; see inference.md 1(f)):
   :class:`~zoo.generation.stepwise.StepwiseDecoder` with its settings, else one with SafeThink's defaults and the
   module decoder's processors and hooks; the step settings below are that decoder's;
 * steps end at ``step_delimiters`` (newline by default); the last reasoning step ends at a final-step delimiter
-  (``final_step_delimiters``, the closing tag ``</think>`` by default) and is monitored like the others; the text
-  after it (the answer) is not a step;
+  (``final_step_delimiters``, the closing tag ``</think>`` by default) and is monitored like the others;
+* the answer is monitored too (``monitor_answer``, on by default; the paper's loop stops at the reasoning): the text
+  after a kept final step is cut into steps by the same rules (the decoder copy's ``answer_steps``), numbered on
+  from the reasoning, and every answer step is scored, whatever ``m`` (``m`` is the early-steering budget of the
+  reasoning; ``m = 0`` stays plain generation) -- so a policy that writes ``</think>`` at once and the harmful text
+  after it is scored and steered. A violating answer step is handled as a violating final step: discarded and
+  resampled after the prefix, which then lands at the start of that answer step (after ``</think>`` or the previous
+  answer step), also in keep mode (:attr:`Intervention.answer`); as at any step, its resample is not checked again.
+  ``monitor_answer=False`` leaves the answer unscored (the loop as the paper writes it);
 * a policy cannot escape the monitor by never writing a delimiter: a step with no delimiter is scored once it holds
   ``max_step_tokens`` tokens (256 by default) and, unfinished, when its row ends (EOS, stop string, budget), so every
-  reasoning token lies in a step that is scored while ``t <= m``; a violation there acts as at any step (keep mode:
-  the prefix follows it and the row continues, an EOS that ended it dropped, unless its budget is spent);
+  reasoning token lies in a step that is scored while ``t <= m`` (and every answer token in a scored answer step); a
+  violation there acts as at any step (keep mode: the prefix follows it and the row continues, an EOS that ended it
+  dropped, unless its budget is spent);
 * [assumed] a violation at the final step always discards that step and resamples it after the prefix (line 4b),
   also in keep mode: keeping it would put the prefix after the closing tag, in the answer;
 * the prefix stays visible in the returned text; in keep mode (4a) it opens the next step, so with the
   default newline delimiter the prefix and what the model writes after it form step t + 1;
 * at most one intervention per step index (a resampled step is not checked again), so a row gets at most
-  ``m`` interventions, all at steps ``t <= m``;
-* the scorer is called only when a step closes and only while ``t <= m``;
+  ``m`` interventions in its reasoning, all at steps ``t <= m`` (and at most one per answer step in its answer);
+* the scorer is called only when a step closes and only while ``t <= m`` or in the answer;
 * scorer calls are batched over rows and steps (the decoder's ``hook_lookahead``; SafeThink's default decoder uses
   :data:`DEFAULT_HOOK_LOOKAHEAD` = 32):
   rows decode on while closed steps wait to be scored, for at most 32 iterations after the oldest closed (a row
@@ -92,6 +100,8 @@ class Intervention:
         discarded: whether the step was dropped and resampled after the prefix (line 4b).
         cut: how the step closed without a delimiter: ``"length"`` (the decoder's ``max_step_tokens``) or ``"end"``
             (its row ended inside it); ``None``: at a delimiter.
+        answer: the step lies in the answer, after ``</think>`` (``monitor_answer``); such a step is always
+            discarded and resampled after the prefix.
     """
 
     step: int
@@ -99,6 +109,7 @@ class Intervention:
     step_text: str
     discarded: bool
     cut: str | None = None
+    answer: bool = False
 
 
 @dataclass
@@ -135,9 +146,15 @@ class SafeThinkResult:
         """Per row, the number of interventions."""
         return [len(r) for r in self.interventions]
 
+    @property
+    def num_answer_interventions(self) -> list[int]:
+        """Per row, the number of interventions in the answer (:attr:`Intervention.answer`)."""
+        return [sum(i.answer for i in r) for r in self.interventions]
+
 
 class SafeThinkHook:
-    """The step hook of SafeThink: score closing steps with ``t <= m``, inject the prefix when ``R < tau``.
+    """The step hook of SafeThink: score closing steps with ``t <= m`` (and answer steps), inject the prefix when
+    ``R < tau``.
 
     Args:
         scorer: ``(prompts, traces) -> scores in [0, 1]`` (called through :func:`~zoo.safety.scorers.scoring_session`:
@@ -146,14 +163,18 @@ class SafeThinkHook:
         tau: threshold; a step violates when ``R_safe < tau`` (algorithm line 3).
         max_steps_monitored: ``m``; ``None`` monitors every step; ``0`` never calls the scorer.
         prefix_ids: token ids of the corrective prefix.
-        discard_violating_step: line 4b (drop the step, resample after the prefix) instead of 4a (a final step is
-            always resampled).
+        discard_violating_step: line 4b (drop the step, resample after the prefix) instead of 4a (a final step and
+            an answer step are always resampled).
+        monitor_answer: score every answer step (:attr:`StepEvent.answer`, offered by a decoder with
+            ``answer_steps``) whatever ``m``; ``False``: answer steps are not wanted.
 
-    ``max_appended_tokens`` (the most tokens injected into one row: ``m`` prefixes; ``None`` without ``m``) lets
-    the decoder's context check count the injections. With ``hook_lookahead > 0`` the hook takes every waiting step
-    of a row in one call (``several_steps_per_row``): all of them are scored in one scorer call (a causal classifier
-    reads the scores of a row's steps off one pass over its newest trace), the row's first violating step is acted
-    on, and its later steps -- sampled after it, so discarded by the action -- are not recorded.
+    ``max_appended_tokens`` (the tokens injected into one row in its reasoning: ``m`` prefixes; ``None`` without ``m``)
+    lets the decoder's context check count them before decoding; the answer's interventions, not bounded in advance, are
+    checked by the decoder as they happen (a :class:`~zoo.errors.ConfigError` once a row would run past the model's
+    positions). With ``hook_lookahead > 0`` the hook takes every waiting step of a row in one call
+    (``several_steps_per_row``): all of them are scored in one scorer call (a causal classifier reads the scores of a
+    row's steps off one pass over its newest trace), the row's first violating step is acted on, and its later steps --
+    sampled after it, so discarded by the action -- are not recorded.
     """
 
     several_steps_per_row = True
@@ -166,6 +187,7 @@ class SafeThinkHook:
         max_steps_monitored: int | None,
         prefix_ids: Sequence[int],
         discard_violating_step: bool = False,
+        monitor_answer: bool = True,
     ) -> None:
         self.scorer = as_scorer(scorer)
         self.name = scorer_name(self.scorer)
@@ -176,6 +198,7 @@ class SafeThinkHook:
         self.m = max_steps_monitored
         self.prefix_ids = list(prefix_ids)
         self.discard = discard_violating_step
+        self.monitor_answer = bool(monitor_answer)
         batch = len(self.prompts)
         self.interventions: list[list[Intervention]] = [[] for _ in range(batch)]
         self.step_scores: list[list[tuple[int, float]]] = [[] for _ in range(batch)]
@@ -184,19 +207,19 @@ class SafeThinkHook:
 
     @property
     def max_appended_tokens(self) -> int | None:
-        """At most ``m`` prefixes per row (one per monitored step index); ``None`` when every step is monitored."""
+        """At most ``m`` prefixes per row in the reasoning (one per monitored step index); ``None`` when every step
+        is monitored. Answer interventions come on top, checked as they happen (see the class docstring)."""
         return None if self.m is None else self.m * len(self.prefix_ids)
 
-    def wants(self, row: int, step_index: int, attempt: int) -> bool:
-        """Whether a step is checked: ``t <= m``, the first attempt of the step, and no intervention at ``t`` yet (the
-        decoder makes events only for these)."""
-        if self.m is not None and step_index > self.m:
-            return False
-        return attempt == 0 and not any(iv.step == step_index for iv in self.interventions[row])
+    def wants(self, row: int, step_index: int, attempt: int, answer: bool = False) -> bool:
+        """Whether a step is checked: ``t <= m`` (an answer step: ``monitor_answer``), the first attempt of the
+        step, and no intervention at ``t`` yet (the decoder makes events only for these)."""
+        monitored = self.monitor_answer if answer else self.m is None or step_index <= self.m
+        return monitored and attempt == 0 and not any(iv.step == step_index for iv in self.interventions[row])
 
     def monitored(self, event: StepEvent) -> bool:
         """:meth:`wants` of an event."""
-        return self.wants(event.row, event.step_index, event.attempt)
+        return self.wants(event.row, event.step_index, event.attempt, answer=event.answer)
 
     def __call__(self, events: list[StepEvent]) -> dict[int, StepAction]:
         todo = [e for e in events if self.monitored(e)]
@@ -213,9 +236,11 @@ class SafeThinkHook:
                 continue
             self.step_scores[event.row].append((event.step_index, score))
             if score < self.tau:
-                discard = self.discard or event.final
+                # a final or answer step is always resampled after the prefix: a kept final step would put the prefix
+                # in the answer, a kept answer step would leave the unsafe text in what the user reads
+                discard = self.discard or event.final or event.answer
                 self.interventions[event.row].append(
-                    Intervention(event.step_index, score, event.step_text, discard, event.cut)
+                    Intervention(event.step_index, score, event.step_text, discard, event.cut, event.answer)
                 )
                 actions[event.row] = StepAction(self.prefix_ids, rollback=discard, step_index=event.step_index)
         return actions
@@ -293,6 +318,7 @@ def safethink_generate(
     prompt_ids: torch.Tensor | None = None,
     prompt_attention_mask: torch.Tensor | None = None,
     decoder: Decoder | None = None,
+    monitor_answer: bool = True,
 ) -> SafeThinkResult:
     """Generate with SafeThink (the algorithm of the module docstring).
 
@@ -320,6 +346,11 @@ def safethink_generate(
             decoding and to plain decoding when nothing violates) -- and its logits processors and forward hooks;
             ``None`` or a plain sampler: SafeThink's defaults (``hook_lookahead`` 32). The decoder is not changed
             (SafeThink's hook is set on a copy).
+        monitor_answer: also score the answer after ``</think>`` step by step, every answer step whatever
+            ``max_steps_monitored`` (the decoder copy's ``answer_steps`` is set to this); a violating answer step is
+            discarded and resampled after the prefix, which lands at its start (:attr:`Intervention.answer`).
+            ``False``: the answer is not scored (the paper's loop; a policy that closes its reasoning at once is then
+            never steered).
 
     Returns:
         :class:`SafeThinkResult`.
@@ -333,8 +364,11 @@ def safethink_generate(
             "would replace it: remove it (decoder.step_hook = None) or give SafeThink a decoder of its own"
         )
     prefix_ids = prefix_token_ids(tokenizer, prefix)
-    hook = SafeThinkHook(scorer, prompts, tau, max_steps_monitored, prefix_ids, discard_violating_step)
-    run = stepwise.with_step_hook(None if max_steps_monitored == 0 else hook)
+    hook = SafeThinkHook(scorer, prompts, tau, max_steps_monitored, prefix_ids, discard_violating_step, monitor_answer)
+    if max_steps_monitored == 0:  # the baseline: plain generation, nothing scored
+        run = stepwise.with_step_hook(None)
+    else:
+        run = stepwise.with_step_hook(hook, answer_steps=monitor_answer)
     out = run(model, tokenizer, prompt_ids, prompt_attention_mask, params=params, generator=generator)
     return SafeThinkResult(
         texts=out.texts,
