@@ -316,7 +316,8 @@ def test_released_baselines_are_named_configs_citing_their_source(train_cfg, nam
         "agent_kb": ("insight", "hybrid", 0.5),
     }[name]
     assert (g.encode, g.retrieve) == expected[:2] and (expected[2] is None or g.alpha == expected[2])
-    assert g.phases == (("begin",) if name in ("agent_kb", "agent_workflow_memory") else ("begin", "in"))
+    # EvolveLab's released providers: ExpeL answers at BEGIN and IN; the other five answer only at BEGIN
+    assert g.phases == (("begin", "in") if name == "expel" else ("begin",))
 
 
 def test_modules_are_config_groups(train_cfg):
