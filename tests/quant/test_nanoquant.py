@@ -242,6 +242,31 @@ def test_chunked_forward_allocates_a_bounded_workspace():
     assert largest_allocation() <= max(workspace, activations) < full_factor
 
 
+def test_unpacking_shifts_move_with_the_layer_not_per_call(monkeypatch):
+    """The bit shifts live on the layer (a non-persistent buffer moved by ``.to`` once): no forward (cached or
+    chunked) copies the host constant to the layer's device; the state dict is unchanged (DESIGN "Scale")."""
+    from zoo.quant.nanoquant import packing
+
+    lay = _random_layer(mid=True, bias=True)
+    assert "bit_shifts" not in lay.state_dict() and lay.bit_shifts.device == lay.u_packed.device
+    copies = []
+    original = torch.Tensor.to
+
+    def counting_to(self, *args, **kwargs):
+        if self is packing._SHIFTS:
+            copies.append(args or kwargs)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", counting_to)
+    x = torch.randn(2, 3, 260, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        cached = lay(x)
+        lay.set_forward("chunked", 16)
+        chunked = lay(x)
+    assert copies == []
+    torch.testing.assert_close(chunked, cached, rtol=1e-4, atol=1e-3)
+
+
 def test_quantizer_selects_the_run_time_forward():
     from transformers import LlamaConfig, LlamaForCausalLM
 

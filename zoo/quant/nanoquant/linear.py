@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from zoo.quant.nanoquant.packing import pack_signs, packed_width, unpack_signs
+from zoo.quant.nanoquant.packing import bit_shifts, pack_signs, packed_width, unpack_signs
 
 
 class _SignSTE(torch.autograd.Function):
@@ -91,6 +91,8 @@ class NanoQuantLinear(nn.Module):
         kw = {"device": device}
         self.register_buffer("u_packed", torch.zeros(out_features, packed_width(rank), dtype=torch.uint8, **kw))
         self.register_buffer("v_packed", torch.zeros(rank, packed_width(in_features), dtype=torch.uint8, **kw))
+        # the unpacking shifts travel with the layer (``.to``/``.cuda`` move them once); not part of the state dict
+        self.register_buffer("bit_shifts", bit_shifts(device), persistent=False)
         self.s_pre = nn.Parameter(torch.ones(in_features, dtype=scale_dtype, **kw))
         self.s_post = nn.Parameter(torch.ones(out_features, dtype=scale_dtype, **kw))
         self.s_mid = nn.Parameter(torch.ones(rank, dtype=scale_dtype, **kw)) if mid_scale else None
@@ -194,8 +196,8 @@ class NanoQuantLinear(nn.Module):
             self.u_packed.device,
         )
         if self._cache is None or self._cache[0] != key:
-            U = unpack_signs(self.u_packed, self.rank, dtype)
-            V = unpack_signs(self.v_packed, self.in_features, dtype)
+            U = unpack_signs(self.u_packed, self.rank, dtype, self.bit_shifts)
+            V = unpack_signs(self.v_packed, self.in_features, dtype, self.bit_shifts)
             self._cache = (key, U, V)
         return self._cache[1], self._cache[2]
 
@@ -224,7 +226,7 @@ class NanoQuantLinear(nn.Module):
         m = packed.shape[0]
         out = h.new_empty(*h.shape[:-1], m)
         for start in range(0, m, self.chunk_size):
-            block = unpack_signs(packed[start : start + self.chunk_size], n, h.dtype)
+            block = unpack_signs(packed[start : start + self.chunk_size], n, h.dtype, self.bit_shifts)
             out[..., start : start + block.shape[0]] = h @ block.T
         return out
 

@@ -34,12 +34,25 @@ def pack_signs(signs: torch.Tensor) -> torch.Tensor:
     return (bits * _BIT_WEIGHTS.to(bits.device)).sum(dim=-1, dtype=torch.uint8)
 
 
-def unpack_signs(packed: torch.Tensor, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Inverse of :func:`pack_signs`: ``uint8 [..., ceil(n/8)]`` -> ``{+1, -1}`` tensor ``[..., n]`` of ``dtype``."""
+def bit_shifts(device: torch.device | str | None = None) -> torch.Tensor:
+    """The shifts ``0..7`` (``uint8``) that :func:`unpack_signs` reads each bit with, on ``device``: a layer keeps them
+    as a (non-persistent) buffer, so they move with it once instead of being copied to the device at every unpack."""
+    return _SHIFTS.to(device) if device is not None else _SHIFTS.clone()
+
+
+def unpack_signs(
+    packed: torch.Tensor, n: int, dtype: torch.dtype = torch.float32, shifts: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Inverse of :func:`pack_signs`: ``uint8 [..., ceil(n/8)]`` -> ``{+1, -1}`` tensor ``[..., n]`` of ``dtype``.
+
+    ``shifts``: :func:`bit_shifts` already on ``packed``'s device (a layer's buffer); ``None`` copies the host
+    constant to that device (one small host-to-device copy per call on an accelerator)."""
     if packed.dtype != torch.uint8:
         raise TypeError(f"packed bits must be uint8, got {packed.dtype}")
     if packed.shape[-1] != packed_width(n):
         raise ValueError(f"packed width {packed.shape[-1]} does not match n={n} (expected {packed_width(n)} bytes)")
-    bits = (packed.unsqueeze(-1) >> _SHIFTS.to(packed.device)) & 1
+    if shifts is None or shifts.device != packed.device:
+        shifts = _SHIFTS.to(packed.device)
+    bits = (packed.unsqueeze(-1) >> shifts) & 1
     bits = bits.reshape(*packed.shape[:-1], packed.shape[-1] * 8)[..., :n]
     return bits.to(dtype).mul_(2).sub_(1)  # in place: one float buffer (the chunked forward's workspace)
