@@ -20,6 +20,20 @@ def test_char_tokenizer_is_a_real_fast_tokenizer_with_the_specials():
     assert len(ids) == len(text) - len("<think>") - len("</think>") + 2
 
 
+def test_reasoning_tags_survive_decoding_that_skips_special_tokens(tmp_path):
+    """TRL decodes completions with skip_special_tokens=True: the think tags are added tokens that are not special (as
+    reasoning models' tokenizers register them), pad/BOS/EOS are dropped; the same after a save/load round trip."""
+    tok = build_char_tokenizer(["<UNDO>"])
+    ids = tok("<think>9+9</think>18", add_special_tokens=False)["input_ids"]
+    assert ids[0] == tok.convert_tokens_to_ids("<think>") and len(ids) == 7
+    row = [tok.bos_token_id, *ids, tok.eos_token_id, tok.pad_token_id]
+    tok.save_pretrained(tmp_path)
+    for t in (tok, AutoTokenizer.from_pretrained(tmp_path)):
+        assert t.decode(row, skip_special_tokens=True) == "<think>9+9</think>18"
+        assert t.decode(t.convert_tokens_to_ids(["<UNDO>", "a"]), skip_special_tokens=True) == "a"  # methods' stay
+        assert t.convert_tokens_to_ids(["<think>", "</think>"]) == [3, 4]  # ids (and embeddings) unchanged
+
+
 def test_methods_can_add_tokens_and_the_model_is_resized():
     tok = build_char_tokenizer()
     (undo,) = add_special_tokens(tok, ["<UNDO>"])

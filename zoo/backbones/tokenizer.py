@@ -1,7 +1,10 @@
 """Character-level tokenizer built in process as a real ``PreTrainedTokenizerFast``.
 
-Every printable ASCII character and the newline is one token; ``<pad> <bos> <eos> <think> </think>`` (and
-``<unk>``, named in :mod:`zoo.tokens`) are special tokens. Methods add their own tokens with
+Every printable ASCII character and the newline is one token; ``<pad> <bos> <eos>`` (and ``<unk>``, named in
+:mod:`zoo.tokens`) are special tokens. The reasoning tags ``<think> </think>`` are single tokens too, added as
+``AddedToken(special=False)`` -- as current reasoning models' tokenizers do (Qwen3, DeepSeek-R1) -- so that
+``decode(..., skip_special_tokens=True)``, which TRL's trainers use on completions, keeps them and a reward function
+reads the same text whichever trainer decoded it. Methods add their own tokens with
 :func:`add_special_tokens` (the model's embeddings are resized by the backbone). The tokenizer round-trips through
 ``save_pretrained`` / ``AutoTokenizer.from_pretrained`` because it is a plain ``tokenizers`` JSON underneath.
 """
@@ -10,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from zoo.tokens import BASE_SPECIAL_TOKENS, BOS, EOS, PAD, THINK_CLOSE, THINK_OPEN, UNK
@@ -35,10 +38,11 @@ def build_char_tokenizer(extra_tokens: Sequence[str] = ()) -> PreTrainedTokenize
         bos_token=BOS,
         eos_token=EOS,
         unk_token=UNK,
-        additional_special_tokens=[THINK_OPEN, THINK_CLOSE],
         padding_side="right",
         model_max_length=100_000,
     )
+    # matched as one token each (before the character split), decoded by every decode call (not special)
+    tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in (THINK_OPEN, THINK_CLOSE)])
     add_special_tokens(tokenizer, extra_tokens)
     return tokenizer
 
