@@ -20,7 +20,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-torch.set_num_threads(2)
+# two cores: two threads in a serial run, one per worker in a parallel one (`pytest -n 2`)
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,8 +84,21 @@ def zoo_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> 
 
 @pytest.fixture(scope="session")
 def base_policy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache dir for the session, so the small test base policy is trained once."""
+    """One cache dir for the session, so the small test base policy is trained once: shared by the workers of a
+    parallel run (``pytest -n 2``; the artifact cache's file lock lets one worker build while the others wait)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "zoo_cache"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("zoo_cache")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Multi-process tests (``distributed``: two gloo ranks each) run one after another on one worker of a parallel
+    run (``--dist loadgroup``), so no more than three processes share the two cores."""
+    for item in items:
+        if item.get_closest_marker("distributed") is not None:
+            item.add_marker(pytest.mark.xdist_group("distributed"))
 
 
 # A small base-policy recipe for tests (a few seconds instead of minutes).
