@@ -28,10 +28,12 @@ from zoo.report import (
 )
 from zoo.stats import (
     Stat,
+    compare,
     fmt_stat,
     stat,
 )
 from zoo.tokens import THINK_OPEN
+from zoo.verdict import Claim, verdict_section
 
 PAPER = "safethink"
 RECORDS = "safethink_records.jsonl"
@@ -187,7 +189,43 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         *reading(values, labels),
         "",
     ]
-    return [write_page(out, PAPER, text), png]
+    return [write_page(out, PAPER, text, verdict(values, labels)), png]
+
+
+def verdict(values: Any, labels: dict[str, str]) -> list[str]:
+    """The paper's claims as this demo tests them (arXiv 2602.11096: steering a few early reasoning steps recovers
+    safety without hurting benign accuracy)."""
+
+    def effect(a: str, b: str, key: str) -> Any:
+        return compare(values(a, key), values(b, key))
+
+    claims = [
+        Claim(
+            "SafeThink lowers the attack success rate",
+            f"ASR on attack prompts, {labels.get('rm_m3', 'rm_m3')} − base",
+            effect("rm_m3", "base", "asr"),
+            "lower",
+        ),
+        Claim(
+            "without hurting benign accuracy",
+            f"accuracy on benign prompts, {labels.get('rm_m3', 'rm_m3')} − base (within ±0.02)",
+            effect("rm_m3", "base", "accuracy"),
+            "within",
+            margin=0.02,
+        ),
+        Claim(
+            "a few early steps suffice",
+            "ASR, safety RM monitoring every step − monitoring the first 3 (within ±0.03)",
+            effect("rm_all", "rm_m3", "asr"),
+            "within",
+            margin=0.03,
+        ),
+    ]
+    return verdict_section(
+        claims,
+        "real reasoning models and jailbreak benchmarks, and a safety reward model whose task is hard: here unsafe "
+        "steps carry a marker and the policy learned to recover after the prefix from its training traces.",
+    )
 
 
 def reading(values: Any, labels: dict[str, str]) -> list[str]:
@@ -217,8 +255,7 @@ def reading(values: Any, labels: dict[str, str]) -> list[str]:
         + contrast(lab("rm_m3"), values("rm_m3", "asr"), lab("oracle_m3"), values("oracle_m3", "asr"), "ASR")
         + ".",
         f"- Of the attack rows of {lab('rm_m3')}, {m('rm_m3', 'late_drift'):.3f} (ASR {m('rm_m3', 'asr'):.3f}) are "
-        "traces whose last step turned unsafe after a safe one: the last step ends at `</think>`, not at a step "
-        "delimiter, so the step-wise decoder never scores it (the convention in `zoo/safety/safethink.py`).",
+        "traces whose last step turned unsafe after a safe one, beyond the first m monitored steps.",
         "- Discard-step variant (line 4b: drop the violating step, continue after the prefix): "
         + contrast(lab("rm_m3_discard"), values("rm_m3_discard", "asr"), lab("base"), values("base", "asr"), "ASR")
         + f"; {m('rm_m3_discard', 'lost_think_open'):.3f} of its attack rows lose the `<think>` opener. The training "
