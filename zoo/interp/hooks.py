@@ -8,7 +8,8 @@ A hook object can be entered again after it exits (not while it is active).
 
 * :class:`ActivationCache` -- record the residual stream after decoder layers (``site="residual"``) or the
   per-head attention outputs consumed by the output projection (``site="heads"``, ``[B, T, H, d_head]``).
-* :class:`ResidualSteerer` -- ``h_l <- h_l + alpha * v`` at every position of the output of layer ``l``.
+* :class:`ResidualSteerer` -- ``h_l <- h_l + alpha * v`` at the chosen positions (``all``, ``prompt``, ``generated``,
+  ``from_step:k``; never padding) of the output of layer ``l``.
 * :class:`HeadScaler` -- multiply head ``h`` of layer ``l`` by a scale: a pre-hook on the attention output
   projection scales that head's slice ``[h * d_head, (h + 1) * d_head)`` of its input (query heads under
   GQA); with a ``gate`` callable the factor is ``1 + (scale - 1) * g`` for a step-dependent ``g``.
@@ -35,7 +36,7 @@ from transformers import PreTrainedTokenizerBase
 
 from zoo.encoding import encode_prompts
 from zoo.errors import ConfigError
-from zoo.interp.architectures import ModelLayout, model_layout
+from zoo.interp.architectures import ModelLayout, model_layout, unwrap_model
 
 Head = tuple[int, int]
 Gate = Callable[[int], "float | torch.Tensor"]
@@ -178,34 +179,135 @@ class ActivationCache(ModelHook):
         return torch.cat(chunks, dim=1)
 
 
-class ResidualSteerer(ModelHook):
-    """Add ``alpha * vector`` to the residual stream after decoder layer ``layer``, at every position.
+#: ``positions`` of :class:`ResidualSteerer`: every token, the prompt's, the generated ones, from generated token k on.
+STEER_POSITIONS = ("all", "prompt", "generated", "from_step:<k>")
 
-    ``h_l(t) <- h_l(t) + alpha * v`` for every token ``t`` of every forward call -- the prompt positions and
-    every cached decode step (the first generated token included). Steering along ``-v`` is ``alpha < 0``.
+
+def parse_positions(positions: str) -> tuple[str, int]:
+    """``"all" | "prompt" | "generated" | "from_step:k"`` -> ``(kind, k)`` (``generated`` is ``from_step:0``)."""
+    text = str(positions).strip()
+    if text in ("all", "prompt"):
+        return text, 0
+    if text == "generated":
+        return "generated", 0
+    if text.startswith("from_step:"):
+        value = text.split(":", 1)[1]
+        if value.isdigit():
+            return "generated", int(value)
+    raise ConfigError(f"positions={positions!r}: use one of {', '.join(STEER_POSITIONS)} (k an integer >= 0)")
+
+
+def first_float_parameter(module: nn.Module) -> torch.Tensor | None:
+    """The first floating-point parameter or buffer of ``module`` (where its activations live), else ``None``."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_floating_point():
+            return tensor
+    return None
+
+
+def layers_owner(model: nn.Module, layers: nn.ModuleList) -> nn.Module:
+    """The module whose forward runs ``layers`` (e.g. ``LlamaModel``: it receives the 2-D ``attention_mask`` and the
+    cache from every wrapper, PEFT's included, which call the language model's ``forward`` directly)."""
+    base = unwrap_model(model)
+    for module in base.modules():
+        if any(child is layers for child in module.children()):
+            return module
+    return base
+
+
+class ResidualSteerer(ModelHook):
+    """Add ``alpha * vector`` to the residual stream after decoder layer ``layer``, at the chosen positions.
+
+    ``h_l(t) <- h_l(t) + alpha * v`` for every chosen token ``t`` of every forward call -- a full forward or the
+    prefill and every cached decode step. Steering along ``-v`` is ``alpha < 0``. Padding (positions whose 2-D
+    ``attention_mask`` is 0: left padding, per-row padding of fed chunks, retracted tokens) is never steered.
+
+    ``positions``:
+
+    * ``all`` -- every non-padding position (prompt and generated tokens);
+    * ``prompt`` -- the prompt's positions: the columns of the call that starts a sequence (no cache yet);
+    * ``generated`` -- the positions of generated tokens (columns after the prompt's), whose residuals steer the
+      tokens after them; the first generated token is sampled from the unsteered prompt;
+    * ``from_step:k`` -- the generated tokens from the ``k``-th on (``from_step:0`` = ``generated``), counted per row
+      over non-padding positions (so retracted tokens do not count).
+
+    Which positions a call covers is read by a forward pre-hook on the module that runs the decoder layers (the 2-D
+    ``attention_mask`` of width cache + new tokens that Hugging Face ``generate`` and the zoo's decoders pass, else
+    the cache's length); a forward without any cache counts as the prompt. The shift ``alpha * v`` is cast to the
+    layer's device and dtype once when the hook attaches (no host-to-device copy per call).
 
     Args:
         model: the causal LM.
         layer: decoder-layer index whose output is steered.
         vector: ``[hidden_size]`` steering direction (used as given: not normalised).
         alpha: steering strength.
+        positions: which positions are steered (above); ``all`` by default.
     """
 
-    def __init__(self, model: nn.Module, layer: int, vector: torch.Tensor, alpha: float) -> None:
+    def __init__(
+        self, model: nn.Module, layer: int, vector: torch.Tensor, alpha: float, positions: str = "all"
+    ) -> None:
         super().__init__(model)
         self.layer = self.layout.check_layer(layer)
         self.vector = self.layout.check_vector(vector, "steering vector").detach()
         if not math.isfinite(float(alpha)):
             raise ConfigError(f"alpha={alpha!r} must be a finite number")
         self.alpha = float(alpha)
+        self.positions = str(positions)
+        self._kind, self._from_step = parse_positions(positions)
+        self._shift: torch.Tensor | None = None
+        self._where: torch.Tensor | None = None  # [B, T, 1] 0/1 of the current call's positions (None: all)
+        self._prompt_width = 0  # columns of the sequence's first call (the prompt)
 
     def _attach(self, stack: ExitStack) -> None:
-        stack.callback(self.layout.layers[self.layer].register_forward_hook(self._steer).remove)
+        layer = self.layout.layers[self.layer]
+        anchor = first_float_parameter(layer)
+        shift = self.alpha * self.vector
+        self._shift = shift if anchor is None else shift.to(device=anchor.device, dtype=anchor.dtype)
+        self._where = None
+        owner = layers_owner(self.model, self.layout.layers)
+        stack.callback(owner.register_forward_pre_hook(self._read_positions, with_kwargs=True).remove)
+        stack.callback(layer.register_forward_hook(self._steer).remove)
+
+    def _read_positions(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        fed = kwargs.get("input_ids", args[0] if args else None)
+        if fed is None:
+            fed = kwargs.get("inputs_embeds")
+        if fed is None:
+            self._where = None
+            return
+        batch, width = fed.shape[0], fed.shape[1]
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[1] >= width:
+            past = mask.shape[1] - width
+        else:
+            mask = None
+            cache = kwargs.get("past_key_values", kwargs.get("cache"))
+            past = int(cache.get_seq_length()) if hasattr(cache, "get_seq_length") else 0
+        if past == 0:
+            self._prompt_width = width
+        if mask is None and self._kind == "all":
+            self._where = None
+            return
+        full = mask if mask is not None else torch.ones(batch, past + width, dtype=torch.long, device=fed.device)
+        attended = full != 0
+        where = attended[:, past:]
+        if self._kind == "prompt":
+            where = where & (torch.arange(past, past + width, device=full.device) < self._prompt_width)
+        elif self._kind == "generated":
+            prompt_tokens = attended[:, : self._prompt_width].sum(-1, keepdim=True)
+            index = attended.long().cumsum(-1)[:, past:] - 1 - prompt_tokens  # generated token index per row
+            where = where & (index >= self._from_step)
+        self._where = where[..., None]
 
     def _steer(self, module: nn.Module, args: tuple, output: Any) -> Any:
         hidden = hidden_of(output)
-        shift = (self.alpha * self.vector).to(device=hidden.device, dtype=hidden.dtype)
-        return _replace_hidden(output, hidden + shift)
+        if self._shift is None or self._shift.device != hidden.device or self._shift.dtype != hidden.dtype:
+            self._shift = (self.alpha * self.vector).to(device=hidden.device, dtype=hidden.dtype)  # once, then kept
+        where = self._where
+        if where is None or where.shape[:2] != hidden.shape[:2]:
+            return _replace_hidden(output, hidden + self._shift)
+        return _replace_hidden(output, hidden + where.to(hidden.dtype) * self._shift)
 
 
 class ProjectionInputHook(ModelHook):
@@ -217,6 +319,7 @@ class ProjectionInputHook(ModelHook):
     edit_layers: list[int]
 
     def _attach(self, stack: ExitStack) -> None:
+        self._place()
         for layer in self.edit_layers:
             proj = self.layout.attn_out_projs[layer]
             stack.callback(proj.register_forward_pre_hook(partial(self._pre_hook, layer), with_kwargs=True).remove)
@@ -225,6 +328,13 @@ class ProjectionInputHook(ModelHook):
         if args:
             return (self._edit(layer, args[0]), *args[1:]), kwargs
         return args, {**kwargs, "input": self._edit(layer, kwargs["input"])}
+
+    def _place(self) -> None:
+        """Move the hook's tensors next to the layers they edit, once, when the hook attaches (subclasses)."""
+
+    def _device_of(self, layer: int) -> torch.device | None:
+        anchor = first_float_parameter(self.layout.layers[layer])
+        return None if anchor is None else anchor.device
 
     @abstractmethod
     def _edit(self, layer: int, x: torch.Tensor) -> torch.Tensor:
@@ -270,8 +380,16 @@ class HeadScaler(ProjectionInputHook):
         self.gate = gate
         self.edit_layers = sorted(self.deltas)
 
+    def _place(self) -> None:
+        for layer, delta in self.deltas.items():
+            device = self._device_of(layer)
+            if device is not None:
+                self.deltas[layer] = delta.to(device)
+
     def _edit(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        delta = self.deltas[layer].to(x.device)
+        delta = self.deltas[layer]
+        if delta.device != x.device:  # a layer that moved after the hook attached: follow it once
+            delta = self.deltas[layer] = delta.to(x.device)
         if self.gate is None:
             factor = 1.0 + delta
         else:
@@ -324,6 +442,12 @@ class HeadPatcher(ProjectionInputHook):
         self.position = position
         self.edit_layers = sorted(self.patches)
 
+    def _place(self) -> None:
+        for layer, patches in self.patches.items():
+            device = self._device_of(layer)
+            if device is not None:
+                self.patches[layer] = [(head, values.to(device)) for head, values in patches]
+
     def _edit(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         x = x.clone()
         for head, values in self.patches[layer]:
@@ -331,7 +455,7 @@ class HeadPatcher(ProjectionInputHook):
                 raise ConfigError(
                     f"patch values of head ({layer}, {head}) have {values.shape[0]} rows; batch is {x.shape[0]}"
                 )
-            x[:, self.position, self._head_slice(head)] = values.to(device=x.device, dtype=x.dtype)
+            x[:, self.position, self._head_slice(head)] = values.to(dtype=x.dtype)
         return x
 
 
