@@ -45,8 +45,12 @@ FIELDS = {
 }
 OPTIONAL = {
     "benchmark": "a section heading of docs/benchmarks.md",
-    "smoke": "overrides that keep the catalogue's fast_dev_run smoke test cheap",
+    "smoke": "overrides that keep the catalogue's smoke run of each cell cheap",
+    "refuses": "{option: reason} for backbone or quant options it cannot run with (train.py refuses them, naming why)",
 }
+# the quantizers under which a method that trains a language model trains LoRA adapters on the frozen quantized base
+# (QLoRA, +preset=qlora): the catalogue's smoke run of such a cell checks that the adapters are all that trains
+QLORA_QUANTS = ("bnb_nf4", "bnb_int8")
 # column order of the compatibility matrix (other options follow, sorted)
 BACKBONE_ORDER = ("tiny", "hf", "tiny_vlm", "hf_vlm")
 QUANT_ORDER = ("none", "bnb_nf4", "bnb_int8", "nanoquant", "sign", "onebit")
@@ -98,11 +102,21 @@ class Method:
     quantizers: tuple[str, ...]
     benchmark: str | None = None
     smoke: tuple[str, ...] = ()
+    refuses: tuple[tuple[str, str], ...] = ()
 
     @property
     def combinations(self) -> list[tuple[str, str]]:
-        """Every declared (backbone, quantizer) pair; the smoke test runs each one."""
-        return [(b, q) for b in self.backbones for q in self.quantizers]
+        """One (backbone, quantizer) run per declared cell of the compatibility matrix, which the smoke test runs:
+        every backbone with the method's own quantizer (the first listed), then every other quantizer on the
+        method's own backbone (the first listed). Backbone and quantizer are orthogonal seams (a quantizer acts on
+        whatever model the backbone builds, through ``from_pretrained`` for both ``tiny`` and ``hf``), so each cell
+        is run once rather than every product."""
+        cells = [(b, self.quantizers[0]) for b in self.backbones]
+        return cells + [(self.backbones[0], q) for q in self.quantizers[1:]]
+
+    def refusal(self, option: str) -> str | None:
+        """The reason this method gives for not running with a backbone or quant ``option`` (``None``: not refused)."""
+        return dict(self.refuses).get(option)
 
 
 # -- sources ------------------------------------------------------------------------------------------------------
@@ -200,7 +214,9 @@ def entry_problems(
         problems.append(f"{where}.smoke must be a list of key=value overrides")
     if "demo" in info and info["demo"] is not None and not str(info["demo"]).endswith(".md"):
         problems.append(f"{where}.demo={info['demo']!r}: a results page under docs/ (results/<paper>.md) or null")
-    for key, allowed in (("backbones", [*backbones, NO_BACKBONE]), ("quantizers", list(quants))):
+    backbones, quants = list(backbones), list(quants)
+    problems += refuses_problems(where, info, [*backbones, NO_BACKBONE, *quants])
+    for key, allowed in (("backbones", [*backbones, NO_BACKBONE]), ("quantizers", quants)):
         if key not in info:
             continue
         values = info[key]
@@ -210,6 +226,38 @@ def entry_problems(
         bad = [v for v in values if v not in allowed]
         if bad:
             problems.append(f"{where}.{key} has {bad}, which are not options of {sorted(allowed)}")
+    return problems
+
+
+def refuses_problems(where: str, info: Mapping[str, Any], options: Sequence[str]) -> list[str]:
+    """Problems of an entry's ``refuses`` mapping: each key a backbone or quant option that the entry does not also
+    declare, each value a one-line reason."""
+    refuses = info.get("refuses", {})
+    if not isinstance(refuses, Mapping):
+        return [f"{where}.refuses must be a mapping {{option: reason}}, e.g. {{bnb_nf4: '<why it cannot run>'}}"]
+    problems = []
+    for option, reason in refuses.items():
+        if option not in options:
+            problems.append(f"{where}.refuses.{option}: not a backbone or quant option of {sorted(set(options))}")
+        elif option in (info.get("backbones") or []) or option in (info.get("quantizers") or []):
+            problems.append(f"{where}.refuses.{option}: {option} is also declared as tested; keep one of the two")
+        if not (isinstance(reason, str) and reason.strip() and "\n" not in reason.strip()):
+            problems.append(f"{where}.refuses.{option} must be a one-line reason")
+    return problems
+
+
+def option_refusals(name: str, info: Mapping[str, Any], choices: Mapping[str, str]) -> list[str]:
+    """Why method ``name`` (its ``methods.<name>`` entry ``info``) refuses a run's selected options
+    ``{"backbone": ..., "quant": ...}``: one message per refused option, naming it, the entry's reason and the
+    options the method does run with (empty when none is refused)."""
+    refuses = info.get("refuses") or {}
+    problems = []
+    for group, field in (("backbone", "backbones"), ("quant", "quantizers")):
+        option = choices.get(group)
+        if option is None or option not in refuses:
+            continue
+        works = ", ".join(f"{group}={o}" for o in info.get(field) or [])
+        problems.append(f"+method={name} refuses {group}={option}: {refuses[option]}. It runs with {works}")
     return problems
 
 
@@ -236,9 +284,101 @@ def check_entries(methods: Mapping[str, Any], conf: Path | None = None) -> dict[
             quantizers=tuple(info["quantizers"]),
             benchmark=info.get("benchmark"),
             smoke=tuple(info.get("smoke") or ()),
+            refuses=tuple((str(k), " ".join(str(v).split())) for k, v in (info.get("refuses") or {}).items()),
         )
         for name, info in methods.items()
     }
+
+
+def method_stages(conf: Path | None = None) -> dict[str, str | None]:
+    """``{name: the stage its conf/method/<name>.yaml sets}`` (``None``: it sets none, so the run's stage applies)."""
+    stages: dict[str, str | None] = {}
+    for path in sorted(((conf or conf_dir()) / "method").glob("*.yaml")):
+        stage = (yaml.safe_load(path.read_text()) or {}).get("stage")
+        stages[path.stem] = str(stage) if stage is not None else None
+    return stages
+
+
+def stack_problems(
+    methods: Mapping[str, Mapping[str, Any]],
+    stages: Mapping[str, str | None] | None = None,
+    stage_chosen: bool = False,
+) -> list[str]:
+    """Why the methods of one stack (``+method=[a,b,...]``, in that order) cannot share a run: one message per
+    conflict, each naming the methods and the reason (empty when they can).
+
+    Args:
+        methods: the stack's ``methods.<name>`` entries (``kind``, ``backbones``, ``quantizers``).
+        stages: the stage each method's file sets (:func:`method_stages`; ``None``/absent: none).
+        stage_chosen: the command line sets ``stage=`` itself (then a method's stage does not silently decide it).
+
+    The conflicts: two methods that each replace the training module (``kind: module``); a method that runs without
+    a language model (``backbones: [none]``) with one that needs one; a post-training quantizer (``kind:
+    quantizer``) with a training module that does not declare its quantizer; and, unless ``stage=`` is on the
+    command line, a method whose file sets a stage other than ``fit`` with a training module (which would then not
+    train), or two methods that set different stages.
+    """
+    stages = stages or {}
+    names = list(methods)
+    kind = {n: (methods[n] or {}).get("kind") for n in names}
+    listed = {n: list((methods[n] or {}).get("backbones") or []) for n in names}
+    problems: list[str] = []
+    pairs: set[frozenset[str]] = set()  # the pairs already reported (one message per pair)
+    modules = [n for n in names if kind[n] == "module"]
+    if len(modules) > 1:
+        problems.append(
+            f"methods {modules} each replace the training module (kind: module); a run takes at most one of them. "
+            "Stack one module method with callback methods instead, e.g. +method=[grpo,safethink]"
+        )
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            for x, y in ((a, b), (b, a)):
+                if listed[x] == [NO_BACKBONE] and listed[y] and NO_BACKBONE not in listed[y]:
+                    pairs.add(frozenset((x, y)))
+                    problems.append(
+                        f"methods {x} and {y} conflict: {x} runs without a language model (backbones: [none]) and "
+                        f"{y} needs one (backbones: {listed[y]}), so no backbone serves both; run them separately"
+                    )
+    trainers = [n for n in modules if stages.get(n) in (None, "fit")]
+    for q in (n for n in names if kind[n] == "quantizer"):
+        options = list((methods[q] or {}).get("quantizers") or [])
+        for m in trainers:
+            declared = list((methods[m] or {}).get("quantizers") or [])
+            if set(options) & set(declared):
+                continue
+            stage = stages.get(q)
+            would = (
+                f", and {q} sets stage={stage}, so {m} would not train"
+                if stage not in (None, "fit") and not stage_chosen
+                else ""
+            )
+            pairs.add(frozenset((m, q)))
+            problems.append(
+                f"methods {m} and {q} conflict: {q} quantizes a trained model after training (kind: quantizer) and "
+                f"{m} trains one (kind: module) but does not declare quant={'/'.join(options)} (methods.{m}."
+                f"quantizers: {declared}){would}. Train first, then quantize its export: python train.py "
+                f"+method={m}, then python train.py +method={q} backbone.init_from=<that run's directory>/export"
+            )
+    if stage_chosen:
+        return problems
+    setters = [n for n in names if stages.get(n) not in (None, "fit")]
+    for s in setters:
+        for m in trainers:
+            if frozenset((m, s)) in pairs:
+                continue
+            problems.append(
+                f"methods {m} and {s} conflict: {m} trains a model (kind: module, stage=fit) but {s} sets "
+                f"stage={stages[s]}, so {m} would not train. Choose the stage on the command line: stage={stages[s]} "
+                f"({s} on {m}'s starting model) or stage=fit (train {m} with {s})"
+            )
+    for i, a in enumerate(setters):
+        for b in setters[i + 1 :]:
+            if stages[a] != stages[b] and frozenset((a, b)) not in pairs:
+                problems.append(
+                    f"methods {a} and {b} conflict: {a} sets stage={stages[a]} and {b} sets stage={stages[b]}; "
+                    "choose one on the command line (stage=...)"
+                )
+    return problems
 
 
 def load_catalogue(conf: Path | None = None) -> tuple[list[Paper], dict[str, Method]]:
@@ -377,7 +517,8 @@ def _columns(options: Sequence[str], order: Sequence[str]) -> list[str]:
 
 
 def compatibility_matrix(methods: Mapping[str, Method], conf: Path | None = None) -> list[str]:
-    """Markdown lines: method x backbone and method x quantizer, every declared pair tested."""
+    """Markdown lines: method x backbone and method x quantizer; ✓ for a declared (tested) option, ✗ with a numbered
+    footnote for a refused one (its reason), empty for an option the method neither declares nor refuses."""
     backbones = _columns(group_options("backbone", conf), BACKBONE_ORDER)
     if NO_BACKBONE not in backbones and any(NO_BACKBONE in m.backbones for m in methods.values()):
         backbones.append(NO_BACKBONE)
@@ -386,22 +527,38 @@ def compatibility_matrix(methods: Mapping[str, Method], conf: Path | None = None
     lines = [
         "## Compatibility",
         "",
-        "What each method declares it runs with (`methods.<name>.backbones` and `.quantizers`). "
-        "`tests/test_catalogue.py` runs `fast_dev_run` for every declared backbone x quantizer pair of every method "
-        "(`hf` and `hf_vlm` on tiny checkpoints written with `save_pretrained`, `bnb_*` with bitsandbytes for real).",
+        "What each method declares it runs with (`methods.<name>.backbones` and `.quantizers`): ✓ is tested, ✗ is "
+        "refused with the reason in its footnote (`methods.<name>.refuses`; `train.py` stops such a run with that "
+        "reason), an empty cell is neither (a run warns that it is untested). `tests/test_catalogue.py` runs every ✓ "
+        "cell once: one composition and one training step, or one evaluation batch for a method that does not "
+        "train (each backbone with the method's own quantizer, each quantizer on the method's own backbone; `hf` "
+        "and `hf_vlm` on tiny checkpoints written with `save_pretrained`, `bnb_*` with bitsandbytes for real). "
+        f"A method that trains a language model runs {'/'.join(f'`quant={q}`' for q in QLORA_QUANTS)} as QLoRA: "
+        "the quantized base frozen, LoRA adapters (`backbone.lora`, `+preset=qlora`) the only trainable weights, "
+        "which the test checks.",
         "",
         "| method | " + " | ".join(header) + " |",
         "|---|" + "---|" * len(header),
     ]
+    notes: list[str] = []
     for m in sorted(methods.values(), key=lambda m: m.name):
-        cells = ["✓" if b in m.backbones else "" for b in backbones] + [
-            "✓" if q in m.quantizers else "" for q in quants
-        ]
+        cells = []
+        for option, declared in [(b, m.backbones) for b in backbones] + [(q, m.quantizers) for q in quants]:
+            reason = m.refusal(option)
+            if option in declared:
+                cells.append("✓")
+            elif reason is not None:
+                notes.append(f"`{m.name}` refuses `{option}`: {reason}")
+                cells.append(f"✗[^{len(notes)}]")
+            else:
+                cells.append("")
         lines.append(f"| `{m.name}` | " + " | ".join(cells) + " |")
     unused = [f"`backbone={b}`" for b in backbones if not any(b in m.backbones for m in methods.values())]
     unused += [f"`quant={q}`" for q in quants if not any(q in m.quantizers for m in methods.values())]
     if unused:
         lines += ["", f"Declared by no method, so no method is smoke-tested with them: {', '.join(unused)}."]
+    if notes:
+        lines += ["", *(f"[^{i}]: {note}" for i, note in enumerate(notes, 1))]
     return lines
 
 

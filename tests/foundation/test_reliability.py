@@ -350,7 +350,57 @@ BAD_INPUTS = {
         "trainer.max_step: lightning.pytorch.trainer.trainer.Trainer takes no argument 'max_step'; did you mean "
         "trainer.max_steps",
     ),
+    # values of the wrong type or range (each was a traceback with exit status 1 and a run directory left behind)
+    "learning_rate_that_is_not_a_number": (
+        lambda d: ["module.optimizer.lr=abc"],
+        None,
+        "module.optimizer.lr='abc' must be a number (torch.optim.AdamW refused it",
+    ),
+    "seed_that_is_not_a_number": (
+        lambda d: ["seed=abc"],
+        None,
+        "seed='abc' must be a whole number from 0 to 4294967295",
+    ),
+    "no_devices": (
+        lambda d: ["trainer.devices=0"],
+        None,
+        "trainer.devices=0: `Trainer(devices=0)` value is not a valid input",
+    ),
+    "negative_max_steps": (
+        lambda d: ["trainer.max_steps=-2"],
+        None,
+        "trainer.max_steps=-2: `max_steps` must be a non-negative integer or -1",
+    ),
+    "validation_interval_beyond_the_epoch": (
+        lambda d: [*rows20(d), "datamodule.batch_size=4", "trainer.val_check_interval=25"],
+        lambda d: write_rows20(d),
+        "trainer.val_check_interval=25 is more than the 5 training batches of an epoch (20 training rows at "
+        "datamodule.batch_size=4), so no validation would run",
+    ),
+    "no_training_batch": (  # was "Trainer.fit stopped: No training batches" and exit status 0
+        lambda d: [*rows20(d), "datamodule.batch_size=32"],
+        lambda d: write_rows20(d),
+        "no training batch: 20 training rows at datamodule.batch_size=32 (an incomplete last batch is dropped)",
+    ),
+    "truncated_init_from_checkpoint": (  # was reported when the model was built, after the run directory was written
+        lambda d: [f"backbone.init_from={d / 'init.ckpt'}"],
+        lambda d: (d / "init.ckpt").write_bytes(b"PK\x03\x04" + b"\0" * 64),
+        "init.ckpt is not a valid checkpoint",
+    ),
 }
+
+
+def rows20(d: Path) -> list[str]:
+    return [
+        "datamodule=sft_jsonl",
+        f"datamodule.source.train_path={d / 'rows20.jsonl'}",
+        f"datamodule.source.val_path={d / 'rows20.jsonl'}",
+    ]
+
+
+def write_rows20(d: Path) -> Path:
+    rows = "".join(json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)}) + "\n" for i in range(20))
+    return jsonl(d / "rows20.jsonl", rows.encode())
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
@@ -374,6 +424,97 @@ def test_a_bad_input_gets_one_message_exit_status_2_and_leaves_nothing(case, zoo
     assert len(errors) == 1 and expected in errors[0], err[-3000:]
     assert "Traceback" not in err + out
     assert written_dirs(work) == [] and written_dirs(data) == []
+
+
+# settings outside the default job (SMALL's keys do not exist there), same checks as above
+OTHER_BAD_INPUTS = {
+    "gem_more_clusters_than_rows": (
+        ["+method=gem", "module.num_clusters=500", "datamodule.source.num_train=300", "module.encoder=hashing:32"],
+        "module.num_clusters=500 > the 300 points to cluster; use fewer clusters (the corpus split 'train')",
+    ),
+    "gem_clusters_not_a_number": (
+        ["+method=gem", "module.num_clusters=abc"],
+        "module.num_clusters must be a whole number >= 1, got 'abc'",
+    ),
+    # stacks: each message names the two methods and why (was Hydra's "Could not override 'datamodule/weighting'",
+    # a complaint about backbone=none, and an SFT run silently skipped for 94 s of validation)
+    "stack_of_two_training_modules": (
+        ["+method=[drift,grpo]"],
+        "methods ['drift', 'grpo'] each replace the training module (kind: module)",
+    ),
+    "stack_of_a_method_without_a_model_and_one_with": (
+        ["+method=[gem,sft]"],
+        "methods gem and sft conflict: gem runs without a language model (backbones: [none]) and sft needs one",
+    ),
+    "stack_of_training_and_post_training_quantization": (
+        ["+method=[sft,nanoquant]"],
+        "methods sft and nanoquant conflict: nanoquant quantizes a trained model after training (kind: quantizer) "
+        "and sft trains one (kind: module) but does not declare quant=nanoquant",
+    ),
+    "stack_whose_stage_would_skip_training": (
+        ["+method=[grpo,dts]"],
+        "methods grpo and dts conflict: grpo trains a model (kind: module, stage=fit) but dts sets stage=test, so "
+        "grpo would not train",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OTHER_BAD_INPUTS))
+def test_other_bad_inputs_get_one_message_exit_status_2_and_leave_nothing(case, zoo_main, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("ZOO_LOG_DIR", raising=False)
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
+    args, expected = OTHER_BAD_INPUTS[case]
+    code, out, err = zoo_main(args, tmp_path)
+    assert code == 2, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and expected in errors[0], err[-3000:]
+    assert "Traceback" not in err + out
+    assert written_dirs(tmp_path) == []
+
+
+def test_documented_stacks_and_a_chosen_stage_pass_the_stack_check(train_cfg):
+    """The stacks the docs show run; a stage chosen on the command line settles a method's stage."""
+    from zoo.cli.train import check_methods
+
+    for stack in (
+        ["+method=[grpo,safethink]"],
+        ["+method=[sft,xguard]"],
+        ["+method=[grpo,af_eval]"],
+        ["+method=[grpo,dts]", "stage=test"],
+        ["+method=[sft,wet]", "stage=fit"],
+    ):
+        assert len(check_methods(train_cfg(stack))) == 2, stack
+
+
+def test_an_undeclared_backbone_or_quantizer_is_warned_once(train_cfg, caplog):
+    """``+method=wet quant=bnb_nf4`` ran without a word although wet declares only quant=none."""
+    from zoo.cli.train import check_methods
+
+    cfg = train_cfg(["+method=wet", "quant=bnb_nf4"])
+    with caplog.at_level(logging.WARNING, logger="zoo"):
+        check_methods(cfg)
+        check_methods(cfg)  # run() and its job both check: one warning
+    warned = [r.getMessage() for r in caplog.records if "does not declare" in r.getMessage()]
+    assert warned == [
+        "method 'wet' does not declare quant=bnb_nf4: methods.wet.quantizers lists ['none'], the pairs that "
+        "tests/test_catalogue.py runs; this combination is untested"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="zoo"):
+        check_methods(train_cfg(["+method=sft", "quant=bnb_nf4"]))  # declared
+    assert "does not declare" not in caplog.text
+
+
+def test_the_rollout_collection_settings_are_named_as_typed():
+    """``datamodule.source.collect.n_traj=0`` was reported as ``module.n_traj`` (the build run's key)."""
+    from zoo.cli.rollouts import reference_rollouts_request
+
+    nodes = {"task": {}, "multiturn": {}, "backbone": {}, "base_policy": {}, "seed": 0}
+    with pytest.raises(ConfigError, match=r"^datamodule.source.collect.n_traj must be a whole number >= 1, got 0$"):
+        reference_rollouts_request(**nodes, n_traj=0)
+    with pytest.raises(ConfigError, match=r"^datamodule.source.collect.num_prompts must be a whole number >= 1"):
+        reference_rollouts_request(**nodes, num_prompts=-1)
 
 
 def test_a_failure_while_training_keeps_the_run_directory(zoo_main, tmp_path, monkeypatch):

@@ -256,6 +256,16 @@ class Backbone(ABC):
         blob = json.dumps({**self.describe(), "extra_tokens": list(self.extra_tokens)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
+    def check_init_from(self) -> None:
+        """Raise now when the weights ``init_from`` names are missing or unreadable (a ``.ckpt`` that is absent,
+        truncated or corrupt; an export directory without ``config.json``), before anything is built or written: the
+        model itself is built later (``configure_model``)."""
+        if self.init_from is None:
+            return
+        if self.init_from.endswith(".ckpt"):
+            read_checkpoint(self.init_from, what="backbone.init_from")
+        self._pretrained_dir()
+
     def with_init_from(self, init_from: str) -> Backbone:
         """This backbone with its weights from ``init_from`` (an export directory or a zoo ``.ckpt``) and the same
         tokenizer, e.g. for a frozen reference model that is not the initial policy."""

@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 
 from zoo.artifacts import Plan, Prerequisite, prerequisite
 from zoo.cli.artifacts import ArtifactBuild, plan_request
+from zoo.errors import ConfigError
 
 ROLLOUT_FILE = "rollouts.jsonl"
 
@@ -47,6 +48,10 @@ def reference_rollouts_request(
         generation: sampling of the collection (``module.generation``; ``None``: the method's default).
         cache_dir, root_dir, accelerator: where the artifact is cached, the repository root, where it runs.
     """
+    for name, value in (("n_traj", n_traj), ("num_prompts", num_prompts)):
+        # named as the user sets them on the parent run (the build run's module.n_traj is not what they typed)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"datamodule.source.collect.{name} must be a whole number >= 1, got {value!r}")
     values: dict[str, Any] = {
         "task": dict(task),
         "multiturn": dict(multiturn),

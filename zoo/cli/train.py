@@ -38,13 +38,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, HydraException, InstantiationException
 from hydra.types import RunMode
 from hydra.utils import get_object, instantiate
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from zoo.artifacts import artifacts_mark, artifacts_used
 from zoo.callbacks.run_guard import describe_checkpoint, last_checkpoint_path
-from zoo.catalogue import check_entries
+from zoo.catalogue import check_entries, method_entries, method_stages, option_refusals, stack_problems
 from zoo.checkpoints import read_checkpoint
 from zoo.cli.artifacts import APP
 from zoo.cli.prerequisites import prepare
@@ -73,20 +74,90 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
 
 def check_methods(cfg: DictConfig) -> dict[str, Any]:
     """Validate the ``methods`` block contributed by ``+method=...`` files (the catalogue fields of
-    :mod:`zoo.catalogue`, one message per problem); at most one ``kind: module``."""
+    :mod:`zoo.catalogue`, one message per problem); a stack of methods that cannot share a run is one message naming
+    the two methods and why (:func:`zoo.catalogue.stack_problems`); a backbone or quantizer that a method refuses
+    (``methods.<name>.refuses``) is an error naming the reason and what does work; one that it does not declare is
+    warned about once (:func:`warn_undeclared_options`)."""
     node = cfg.get("methods")
     methods = OmegaConf.to_container(node, resolve=True) if node else {}
     check_entries(methods)
     for name, info in methods.items():
         if info["status"] == "experimental":
             log.warning("method '%s' is experimental (%s)", name, info["paper"])
-    modules = [name for name, info in methods.items() if info["kind"] == "module"]
-    if len(modules) > 1:
-        raise ConfigError(
-            f"methods {modules} each replace the training module (kind: module); a run takes at most one of them. "
-            "Stack one module method with callback methods instead, e.g. +method=[grpo,safethink]"
-        )
+    if len(methods) > 1:
+        stage_chosen = any(o.split("=", 1)[0].lstrip("+~") == "stage" for o in task_overrides())
+        problems = stack_problems(methods, method_stages(), stage_chosen)
+        if problems:
+            raise ConfigError("; ".join(problems))
+    # a backbone or quantizer a method refuses (methods.<name>.refuses) is an error naming why; undeclared: a warning
+    refused = [msg for name, info in methods.items() for msg in option_refusals(name, info, selected_options(cfg))]
+    if refused:
+        raise ConfigError("; ".join(refused))
+    warn_undeclared_options(cfg, methods)
     return methods
+
+
+_UNDECLARED_WARNED: set[tuple[str, ...]] = set()
+
+
+def selected_options(cfg: DictConfig) -> dict[str, str]:
+    """The config group options the run selected (``backbone``, ``quant``, ...): Hydra's runtime choices."""
+    if "hydra" in cfg:
+        choices = OmegaConf.select(cfg, "hydra.runtime.choices")
+    else:
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else None
+    return {str(k): str(v) for k, v in (choices or {}).items() if v is not None}
+
+
+def warn_undeclared_options(cfg: DictConfig, methods: dict[str, Any]) -> None:
+    """Warn (once per run directory) when the run's backbone or quantizer is not among those a method declares
+    (``methods.<name>.backbones`` / ``.quantizers``: the pairs the catalogue's smoke test runs): the pair may work,
+    but nothing tested it."""
+    choices = selected_options(cfg)
+    for name, info in methods.items():
+        for group, field in (("backbone", "backbones"), ("quant", "quantizers")):
+            option = choices.get(group)
+            key = (str(OmegaConf.select(cfg, "paths.output_dir", default="")), name, group, str(option))
+            if option is None or option in info[field] or key in _UNDECLARED_WARNED:
+                continue
+            _UNDECLARED_WARNED.add(key)
+            log.warning(
+                "method '%s' does not declare %s=%s: methods.%s.%s lists %s, the pairs that tests/test_catalogue.py "
+                "runs; this combination is untested",
+                name,
+                group,
+                option,
+                name,
+                field,
+                info[field],
+            )
+
+
+def command_line_stack_problems(argv: list[str]) -> list[str]:
+    """The conflicts (:func:`zoo.catalogue.stack_problems`) of the method stacks on a command line
+    (``+method=[a,b]``, also inside a sweep), for a composition that failed before :func:`check_methods` could run;
+    empty when there is none or the command line does not parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+        entries = method_entries()
+    except (HydraException, ZooError, OSError):
+        return []
+    stacks = []
+    for override in overrides:
+        if override.key_or_group == "method":
+            value = override.value()
+            values = value.list if isinstance(value, ChoiceSweep) else [value]
+            stacks += [[str(v) for v in stack] for stack in values if isinstance(stack, list)]
+    stage_chosen = any(o.key_or_group == "stage" for o in overrides)
+    problems: list[str] = []
+    for stack in stacks:
+        if len(stack) > 1 and all(name in entries for name in stack):
+            found = stack_problems({n: entries[n] for n in stack}, method_stages(), stage_chosen)
+            problems += [p for p in found if p not in problems]
+    return problems
 
 
 def instantiate_named(node: DictConfig | None) -> list[Any]:
@@ -242,6 +313,7 @@ def build_objects(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningData
     # _convert_="all": plain dicts/lists reach the objects (checkpoints then hold no OmegaConf types and load with
     # torch.load(weights_only=True)).
     backbone = instantiate(cfg.backbone, _convert_="all")
+    backbone.check_init_from()  # a missing or corrupt checkpoint is reported before anything is written
     quantizer = instantiate(cfg.quant, _convert_="all")
     datamodule = instantiate(cfg.datamodule, tokenizer=backbone.tokenizer, _convert_="all")
     if hasattr(datamodule, "set_context_length"):
@@ -291,7 +363,20 @@ def build_trainer(cfg: DictConfig) -> pl.Trainer:
     """The trainer with the named callbacks and loggers of ``cfg``."""
     callbacks = instantiate_named(cfg.get("callbacks"))
     loggers = instantiate_named(cfg.get("logger"))
-    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    try:
+        return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    except InstantiationException as err:
+        if not isinstance(err.__cause__, MisconfigurationException):  # a value Lightning refuses, e.g. devices=0
+            raise
+        raise ConfigError(trainer_message(cfg, err.__cause__)) from None
+
+
+def trainer_message(cfg: DictConfig, cause: Exception) -> str:
+    """``trainer.max_steps=-2: ...`` for a trainer setting that Lightning refuses (the settings its message names)."""
+    text = str(cause).strip()
+    named = [key for key in cfg.trainer if isinstance(key, str) and re.search(rf"\b{re.escape(key)}\b", text)]
+    where = ", ".join(f"trainer.{key}={OmegaConf.select(cfg.trainer, key)}" for key in named) or "trainer"
+    return f"{where}: {text}"
 
 
 def check_optimizer(cfg: DictConfig) -> None:
@@ -305,10 +390,36 @@ def check_optimizer(cfg: DictConfig) -> None:
         factory([torch.nn.Parameter(torch.zeros(1))])
     except Exception as err:  # only a refused value is reported here; anything else is left to the run
         cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ is not None else err
+        values = {k: v for k, v in node.items() if k not in ("_target_", "_partial_")}
+        if isinstance(cause, TypeError):
+            # a value of the wrong type (module.optimizer.lr=abc): name the settings whose default is a number
+            try:
+                defaults = {
+                    name: p.default for name, p in inspect.signature(get_object(node._target_)).parameters.items()
+                }
+            except (ValueError, TypeError, ImportError, AttributeError):
+                defaults = {}
+            wrong = [
+                f"module.optimizer.{k}={v!r}"
+                for k, v in values.items()
+                if isinstance(v, str) and isinstance(defaults.get(k), (int, float)) and not isinstance(v, bool)
+            ]
+            if wrong:
+                raise ConfigError(
+                    f"{', '.join(wrong)} must be a number ({node._target_} refused it: {cause})"
+                ) from None
         if not isinstance(cause, ValueError):
             return
-        values = {k: v for k, v in node.items() if k not in ("_target_", "_partial_")}
         raise ConfigError(f"module.optimizer ({node._target_}): {cause} (settings: {values})") from None
+
+
+def check_seed(cfg: DictConfig) -> None:
+    """``seed`` must be a whole number that numpy and Lightning accept (0 .. 2**32 - 1), or null (a random one)."""
+    seed = cfg.get("seed")
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ConfigError(f"seed={seed!r} must be a whole number from 0 to 4294967295 (e.g. seed=0)")
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -317,6 +428,7 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(f"stage={cfg.stage!r}; use one of {STAGES}")
     check_methods(cfg)
     check_slurm(cfg)
+    check_seed(cfg)
     check_optimizer(cfg)
 
 
@@ -341,6 +453,7 @@ def run_job(cfg: DictConfig, start: float | None = None, mark: int | None = None
     if hasattr(datamodule, "setup"):
         # build the datasets now (Lightning reuses them): malformed data fails before the run directory is written
         datamodule.setup(cfg.stage)
+    check_against_data(cfg, module, datamodule, trainer)
     save_run_info(cfg)
     if cfg.stage == "fit":
         fit(cfg, module, datamodule, trainer, ckpt_path)
@@ -359,6 +472,54 @@ def run_job(cfg: DictConfig, start: float | None = None, mark: int | None = None
     if trainer.is_global_zero:
         print(f"[zoo] {cfg.stage} done in {cfg.paths.output_dir}: {summary_text(cfg, trainer, metrics)}")
     return metrics
+
+
+def check_against_data(cfg: DictConfig, module: Any, datamodule: Any, trainer: pl.Trainer) -> None:
+    """The settings that can only be checked against the data the stage will use, checked before the run directory
+    is written: the module's own checks (``module.check_data(datamodule, stage)``, e.g. a generating module's prompt
+    lengths + ``max_new_tokens`` against the context) and, for a fit, the number of training batches."""
+    check = getattr(module, "check_data", None)
+    if callable(check):
+        check(datamodule, cfg.stage)
+    if cfg.stage == "fit":
+        check_training_batches(trainer, datamodule)
+
+
+def check_training_batches(trainer: pl.Trainer, datamodule: Any) -> None:
+    """A fit with no training batch at all, or with ``trainer.val_check_interval`` (a number of batches) above the
+    batches of an epoch while validation counts epochs (``check_val_every_n_epoch`` set), is one message naming the
+    settings: Lightning otherwise stops with "No training batches" and exit status 0, or raises at the start of the
+    fit, after the run directory was written."""
+    if trainer.world_size > 1 or not hasattr(datamodule, "train_dataloader"):
+        return  # each rank's share is Lightning's to count
+    try:
+        loader = datamodule.train_dataloader()
+        batches = len(loader)
+    except (TypeError, NotImplementedError, MisconfigurationException):
+        return  # an iterable dataset (no length), or no training loader of its own
+    limit = trainer.limit_train_batches
+    if isinstance(limit, int):
+        batches = min(batches, limit)
+    elif isinstance(limit, float) and limit < 1.0:
+        batches = int(batches * limit)
+    rows = len(loader.dataset) if hasattr(loader.dataset, "__len__") else None
+    size = getattr(loader, "batch_size", None)
+    source = f"{rows} training rows at datamodule.batch_size={size}" if rows is not None and size else "the data"
+    if limit not in (1.0, None) and not trainer.fast_dev_run:
+        source += f", trainer.limit_train_batches={limit}"
+    if batches == 0 and not trainer.fast_dev_run:
+        raise ConfigError(
+            f"no training batch: {source} (an incomplete last batch is dropped); lower datamodule.batch_size or add "
+            "training rows"
+        )
+    interval = trainer.val_check_interval
+    if isinstance(interval, int) and interval > batches > 0 and trainer.check_val_every_n_epoch is not None:
+        raise ConfigError(
+            f"trainer.val_check_interval={interval} is more than the {batches} training batches of an epoch "
+            f"({source}), so no validation would run. Use trainer.val_check_interval<={batches}, a fraction of an "
+            f"epoch (e.g. 1.0), or trainer.check_val_every_n_epoch=null to validate every {interval} steps across "
+            "epochs"
+        )
 
 
 def fit(
@@ -629,7 +790,10 @@ def launch_message(err: BaseException) -> str | None:
     """The one-line message for an error raised by Hydra before or around the task (composition, overrides, creating
     the run directory); None for anything else (a bug: keep the traceback)."""
     if isinstance(err, ConfigCompositionException):
-        return composition_message(err)
+        # a stack of methods that cannot share a run often fails to compose (e.g. one method overrides a group the
+        # other removed): say which methods conflict and why rather than what Hydra could not override
+        stack = command_line_stack_problems(sys.argv[1:])
+        return "; ".join(stack) if stack else composition_message(err)
     if isinstance(err, HydraException) and not isinstance(err, InstantiationException):
         return str(err).strip()
     if isinstance(err, OmegaConfBaseException):

@@ -15,6 +15,7 @@ import torch
 
 from zoo.errors import ConfigError, DataError
 from zoo.mixing.bucketing import CLUSTERERS, bucket_metrics, cluster, student_labelling
+from zoo.mixing.clustering import check_num_clusters
 from zoo.mixing.embeddings import cached_embeddings
 
 
@@ -59,12 +60,31 @@ class BucketingModule(pl.LightningModule):
         super().__init__()
         if method not in CLUSTERERS:
             raise ConfigError(f"module.method must be one of {CLUSTERERS}, got {method!r}")
+        if isinstance(num_clusters, bool) or not isinstance(num_clusters, int) or num_clusters < 1:
+            raise ConfigError(f"module.num_clusters must be a whole number >= 1, got {num_clusters!r}")
         self.save_hyperparameters()
         self.method, self.num_clusters, self.lam = method, num_clusters, lam
         self.num_iters, self.kappa, self.num_init = num_iters, kappa, num_init
         self.encoder, self.cache_dir = encoder, cache_dir
         self.text_column, self.bucket_column, self.label_column = text_column, bucket_column, label_column
         self.student, self.seed_fraction, self.seed = student, seed_fraction, seed
+
+    def check_data(self, datamodule: Any, stage: str) -> None:
+        """Before the run: ``num_clusters`` must not exceed the rows of the corpus split to bucket
+        (``datamodule.rows``, set by its ``setup``)."""
+        rows = getattr(datamodule, "rows", None)
+        if rows is None:
+            return
+        try:
+            check_num_clusters(len(rows), self.num_clusters)
+        except ConfigError as err:
+            split = getattr(datamodule, "split", None)
+            raise ConfigError(f"module.{err}{f' (the corpus split {split!r})' if split else ''}") from None
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if datamodule is not None:
+            self.check_data(datamodule, stage)
 
     def bucket_name(self, index: int) -> str:
         return f"b{index:0{len(str(self.num_clusters - 1))}d}"
