@@ -39,17 +39,26 @@ def _align(logits: Tensor, labels: Tensor, shift: bool) -> tuple[Tensor, Tensor]
 
 
 def masked_token_logprobs(
-    logits: Tensor, labels: Tensor, *, shift: bool = True, ignore_index: int = IGNORE_INDEX
+    logits: Tensor,
+    labels: Tensor,
+    *,
+    shift: bool = True,
+    ignore_index: int = IGNORE_INDEX,
+    temperature: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
-    """Log-probability of each label token, ``log softmax(logits)[label]``, with ignored positions set to 0.
+    """Log-probability of each label token, ``log softmax(logits / temperature)[label]``, with ignored positions set
+    to 0.
 
     Computed as ``logit[label] - logsumexp(logits)`` (no ``[B, T, V]`` log-softmax copy); half-precision
-    logits are upcast to float32 in blocks of rows of at most :data:`UPCAST_BLOCK_ELEMENTS` logits.
+    logits are upcast to float32 in blocks of rows of at most :data:`UPCAST_BLOCK_ELEMENTS` logits, and the
+    temperature divides the float32 values (after the upcast, as the sampler divides its float32 logits: dividing
+    bf16 logits first rounds them to bf16 again).
 
     Args:
         logits: ``[B, T, V]``.
         labels: ``[B, T]`` token ids, ``ignore_index`` where no loss is taken.
         shift: Hugging Face convention (see module docstring); outputs are ``[B, T - 1]`` when True.
+        temperature: the sampling temperature of the distribution scored (``1``: the model's own).
 
     Returns:
         ``(logp, mask)``: ``logp [B, T']`` float (0 at masked positions) and ``mask [B, T']`` bool.
@@ -57,12 +66,16 @@ def masked_token_logprobs(
     logits, labels = _align(logits, labels, shift)
     mask = labels != ignore_index
     safe = labels.masked_fill(~mask, 0).long()
+    scaled = float(temperature) != 1.0
     picked = logits.gather(-1, safe.unsqueeze(-1)).squeeze(-1).float()
+    if scaled:
+        picked = picked / temperature
     if logits.dtype in (torch.float16, torch.bfloat16):
         block = max(1, UPCAST_BLOCK_ELEMENTS // max(1, logits.shape[1] * logits.shape[2]))
-        normalizer = torch.cat([torch.logsumexp(part.float(), dim=-1) for part in logits.split(block)])
+        parts = (part.float() / temperature if scaled else part.float() for part in logits.split(block))
+        normalizer = torch.cat([torch.logsumexp(part, dim=-1) for part in parts])
     else:
-        normalizer = torch.logsumexp(logits, dim=-1)
+        normalizer = torch.logsumexp(logits / temperature if scaled else logits, dim=-1)
     logp = picked - normalizer
     return logp.masked_fill(~mask, 0.0), mask
 
@@ -79,9 +92,15 @@ def masked_sequence_logprobs(
 
 
 def masked_token_entropy(
-    logits: Tensor, labels: Tensor, *, shift: bool = True, ignore_index: int = IGNORE_INDEX
+    logits: Tensor,
+    labels: Tensor,
+    *,
+    shift: bool = True,
+    ignore_index: int = IGNORE_INDEX,
+    temperature: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
-    """Entropy ``H_t = -sum_v p_t(v) log p_t(v)`` of the predictive distribution at every labelled position.
+    """Entropy ``H_t = -sum_v p_t(v) log p_t(v)`` of the predictive distribution ``p = softmax(logits /
+    temperature)`` (temperature applied to the float32 values) at every labelled position.
 
     Same alignment as :func:`masked_token_logprobs`. Returns ``(entropy [B, T'], mask [B, T'])`` with
     entropy 0 at masked positions. Uniform logits over ``V`` give ``log V``; one-hot-like logits give ~0.
@@ -89,7 +108,7 @@ def masked_token_entropy(
     """
     logits, labels = _align(logits, labels, shift)
     mask = labels != ignore_index
-    logp = torch.log_softmax(logits[mask].float(), dim=-1)
+    logp = torch.log_softmax(logits[mask].float() / float(temperature), dim=-1)
     entropy = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)
     entropy[mask] = -(logp.exp() * logp).sum(-1)
     return entropy, mask

@@ -81,7 +81,9 @@ class Backbone(ABC):
             ``.ckpt`` of a zoo module, or ``"base"`` (the cached base SFT policy; ``train.py`` resolves it to a
             directory before the backbone is built).
         extra_tokens: special tokens a method needs (added to the tokenizer; embeddings are resized).
-        dtype: parameter dtype of the built model.
+        dtype: dtype of the built model's frozen weights and of its compute: trainable weights stay float32
+            (:func:`upcast_trainable`), and ``bfloat16``/``float16`` select ``trainer.precision=bf16-mixed`` /
+            ``16-mixed`` (autocast) unless the trainer sets a precision of its own.
         lora: LoRA adapters to add to the built model (``r``, ``alpha``, ``dropout``, ``target_modules``; see
             :func:`zoo.lora.inject_lora`): they become its only trainable weights, after the quantizer acted, so
             ``quant=bnb_nf4`` + ``lora`` is QLoRA (``+preset=qlora``). ``None``: no adapters. Exports merge them.
@@ -184,6 +186,7 @@ class Backbone(ABC):
         model = quantizer.apply(model)
         if self.lora:
             model = inject_lora(model, self.lora)
+        upcast_trainable(model)
         if model.generation_config is not None:
             model.generation_config.pad_token_id = self.tokenizer.pad_token_id
         return model.train()
@@ -273,6 +276,23 @@ class Backbone(ABC):
         other = copy.copy(self)
         other.init_from = str(init_from)
         return other
+
+
+def upcast_trainable(model: torch.nn.Module) -> int:
+    """Keep trainable weights in float32 whatever ``backbone.dtype`` is: every half-precision parameter with
+    ``requires_grad`` (the LoRA adapters, or every weight of a full fine-tune) is cast to float32 in place; frozen
+    weights keep their dtype. Returns how many parameters were cast.
+
+    This is mixed precision as Lightning's ``bf16-mixed`` / ``16-mixed`` and PEFT (``autocast_adapter_dtype``) do it:
+    bf16/fp16 compute under autocast with float32 master weights, so the optimizer's updates and state are float32.
+    Pure bf16 weights lose updates below their rounding step (AdamW at lr 1e-6 leaves bf16 weights unchanged).
+    """
+    cast = 0
+    for param in model.parameters():
+        if param.requires_grad and param.dtype in (torch.float16, torch.bfloat16):
+            param.data = param.data.float()
+            cast += 1
+    return cast
 
 
 def load_module_checkpoint_weights(model: torch.nn.Module, ckpt_path: str, prefix: str = "model.") -> None:

@@ -2,6 +2,8 @@
 
 * ``${zoo.quick_settings:}`` -- the "Quick settings" section of ``python train.py --help``: cheap settings for a
   first try, each selected method's catalogue ``smoke`` settings, and what the run builds before it trains.
+* ``${zoo.precision:<backbone.dtype>}`` -- the default ``trainer.precision`` of a backbone dtype
+  (:func:`precision_for`).
 """
 
 from __future__ import annotations
@@ -69,9 +71,22 @@ def quick_settings(*, _root_: DictConfig) -> str:
     return "\n".join(lines)
 
 
+#: ``backbone.dtype`` -> the Lightning precision of its mixed-precision training (``${zoo.precision:...}``).
+MIXED_PRECISION = {"bfloat16": "bf16-mixed", "bf16": "bf16-mixed", "float16": "16-mixed", "fp16": "16-mixed"}
+
+
+def precision_for(dtype: Any = None) -> str:
+    """The default ``trainer.precision`` for a ``backbone.dtype``: ``bf16-mixed`` / ``16-mixed`` for a half-precision
+    backbone (autocast compute over its half-precision frozen weights and float32 trainable ones, see
+    :func:`zoo.backbones.base.upcast_trainable`), else ``32-true``. Never ``bf16-true``: pure half-precision weights and
+    optimizer state lose small updates."""
+    return MIXED_PRECISION.get(str(dtype), "32-true")
+
+
 def register_resolvers() -> None:
     """Register the resolvers above (idempotent)."""
     OmegaConf.register_new_resolver("zoo.quick_settings", quick_settings, replace=True)
+    OmegaConf.register_new_resolver("zoo.precision", precision_for, replace=True)
 
 
-__all__ = ["base_policy_note", "quick_settings", "random_init_note", "register_resolvers"]
+__all__ = ["base_policy_note", "precision_for", "quick_settings", "random_init_note", "register_resolvers"]

@@ -330,8 +330,10 @@ def sample_next(
     same tokens for the remaining rows as the full batch would, so seeded outputs do not depend on compaction.
 
     The log-probability is taken under ``softmax(logits / temperature)`` (the policy distribution RL
-    methods optimise), not under the top-k/top-p truncated one.
+    methods optimise), not under the top-k/top-p truncated one. Half-precision logits are upcast to float32 before
+    the temperature divides them (as :func:`zoo.losses.masked_token_logprobs` scores them in training).
     """
+    logits = logits.float()
     scaled = logits / params.temperature if params.temperature != 1.0 else logits
     logprobs_all = torch.log_softmax(scaled, dim=-1)
     if params.do_sample:
@@ -351,20 +353,38 @@ def sample_next(
     return tokens, logprobs_all.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def decode_completion(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
-    """Text of generated ids up to the first EOS, without pad/BOS/EOS but with other special tokens kept."""
-    return decode_completions(tokenizer, [ids])[0]
+def stop_token_ids(model: torch.nn.Module | None, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """The token ids that end a row: the tokenizer's EOS and every id of the model's
+    ``generation_config.eos_token_id`` (an int or a list), as ``transformers``' ``generate`` stops on them (e.g.
+    Llama-3-Instruct's ``<|eot_id|>`` next to ``<|end_of_text|>``, Gemma's ``<end_of_turn>``). Stop strings
+    (``SamplingParams.stop_strings``) come on top of these."""
+    ids = {tokenizer.eos_token_id}
+    config = getattr(model, "generation_config", None)
+    listed = getattr(config, "eos_token_id", None)
+    ids.update(listed if isinstance(listed, (list, tuple)) else [listed])
+    return frozenset(int(i) for i in ids if i is not None)
 
 
-def decode_completions(tokenizer: PreTrainedTokenizerBase, rows: Iterable[Sequence[int]]) -> list[str]:
+def decode_completion(
+    tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], stop_ids: Iterable[int] | None = None
+) -> str:
+    """Text of generated ids up to the first stop id (``stop_ids``, default the tokenizer's EOS; see
+    :func:`stop_token_ids`), without pad/BOS/EOS but with other special tokens kept."""
+    return decode_completions(tokenizer, [ids], stop_ids)[0]
+
+
+def decode_completions(
+    tokenizer: PreTrainedTokenizerBase, rows: Iterable[Sequence[int]], stop_ids: Iterable[int] | None = None
+) -> list[str]:
     """:func:`decode_completion` of every row of ids (the special token ids are looked up once)."""
-    eos = tokenizer.eos_token_id
+    stops = {tokenizer.eos_token_id} if stop_ids is None else set(stop_ids)
     drop = {tokenizer.pad_token_id, tokenizer.bos_token_id}
     texts = []
     for ids in rows:
         ids = list(ids)
-        if eos in ids:
-            ids = ids[: ids.index(eos)]
+        end = next((k for k, i in enumerate(ids) if i in stops), None)
+        if end is not None:
+            ids = ids[:end]
         texts.append(tokenizer.decode([i for i in ids if i not in drop], skip_special_tokens=False))
     return texts
 

@@ -162,8 +162,10 @@ class GRPOModule(GeneratingModule):
             string (DAPO; TRL ``mask_truncated_completions``); they still count in the group's reward statistics.
         reuse_rollout_logprobs: with ``num_iterations > 1``, take the old-policy log-probs from the rollout (the
             decoder's sampling log-probs) instead of a second forward pass, when the decoder has no logits
-            processors (whose log-probs are not the policy's) and the rows are the rollout's. Generation and
-            training forwards agree to float rounding in float32; set ``False`` where they do not (e.g. bf16).
+            processors (whose log-probs are not the policy's), the rows are the rollout's and the policy computes in
+            full precision (:meth:`full_precision`): generation and training forwards agree to float rounding in
+            float32 only. Under bf16/fp16 compute or quantized weights the old log-probs are recomputed with the
+            training forward, so that the first update's ratio is exactly 1.
         rollout: the rollout seam (``module/grpo/rollout``): ``None`` samples ``G`` single-turn completions per prompt
             (:meth:`rollout`); a callable ``(module, batch) -> rollout dict`` replaces it, e.g. multi-turn feedback
             episodes (:class:`~zoo.modules.multiturn.MultiTurnRollout`), and may give the token rows to train on as
@@ -449,14 +451,13 @@ class GRPOModule(GeneratingModule):
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra
             ).logits
         logits = logits[:, -keep:]
-        if self.sampling.temperature != 1.0:
-            logits = logits / self.sampling.temperature
         targets = labels[:, start - 1 :]
-        logp, mask = masked_token_logprobs(logits, targets)
+        # the temperature divides the float32 logits, after the upcast (as the sampler does)
+        logp, mask = masked_token_logprobs(logits, targets, temperature=self.sampling.temperature)
         entropy = None
         if with_entropy:
             with torch.no_grad():
-                entropy = masked_token_entropy(logits.detach(), targets)[0].sum()
+                entropy = masked_token_entropy(logits.detach(), targets, temperature=self.sampling.temperature)[0].sum()
         return logp, mask, entropy
 
     # -- training ---------------------------------------------------------------------------------------------
@@ -511,7 +512,18 @@ class GRPOModule(GeneratingModule):
         prompt_width = result.prompt_ids.shape[1]
         if not self.reuse_rollout_logprobs or self.decoder.processors or start < prompt_width:
             return None
+        if not self.full_precision():
+            return None
         return (result.logprobs * result.completion_mask)[:, start - prompt_width :].to(self.device)
+
+    def full_precision(self) -> bool:
+        """Whether the policy computes in float32/float64: the trainer's precision is ``32-true``/``64-true`` (no
+        autocast) and every parameter is float32/float64 (no half-precision or quantized weight). Only then may the
+        rollout's sampling log-probs stand for the training forward's (``reuse_rollout_logprobs``)."""
+        precision = str(self._trainer.precision) if self._trainer is not None else "32-true"
+        if precision not in ("32-true", "32", "64-true", "64"):
+            return False
+        return all(p.dtype in (torch.float32, torch.float64) for p in self.model.parameters())
 
     def micro_batches(self, num_rows: int) -> list[slice]:
         """Row slices of at most ``micro_batch_size``."""
