@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from zoo.data.chat import ChatFormat
 from zoo.data.sources import Row
 from zoo.datamodules.base import RowDataModule, collate_columns
 from zoo.encoding import encode_prompt, pad_sequences
-from zoo.errors import DataError
+from zoo.errors import ConfigError, DataError
+
+#: ``datamodule.chat_format`` of single-turn prompts: ``none`` (raw text after BOS, the synthetic tasks' format) or
+#: ``template`` (the tokenizer's chat template, one user message and the generation prompt: instruct models).
+PROMPT_FORMATS = ("none", "template")
 
 
 class PromptDataModule(RowDataModule):
@@ -20,6 +25,10 @@ class PromptDataModule(RowDataModule):
 
     Args:
         max_prompt_length: longest prompt in tokens.
+        chat_format: ``none`` -- the prompt text as is, after the BOS token; ``template`` -- the prompt as one user
+            message rendered by the tokenizer's chat template with the generation prompt (what an instruct model
+            was trained on); the template's own BOS is not doubled (:func:`zoo.encoding.encode_prompt`). Rewards
+            and columns still see the raw ``prompt``.
         completion_column: pass each row's reference ``completion`` to the columns under this name (e.g.
             ``reference``, for rewards and offline stages that compare with it); ``None`` keeps it out.
         (other arguments: see :class:`~zoo.datamodules.base.RowDataModule`).
@@ -28,14 +37,32 @@ class PromptDataModule(RowDataModule):
     required_fields = ("prompt",)
 
     def __init__(
-        self, *args: Any, max_prompt_length: int = 128, completion_column: str | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        max_prompt_length: int = 128,
+        completion_column: str | None = None,
+        chat_format: str = "none",
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        if chat_format not in PROMPT_FORMATS:
+            raise ConfigError(f"datamodule.chat_format={chat_format!r}: use one of {list(PROMPT_FORMATS)}")
+        if chat_format == "template" and not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError(
+                "datamodule.chat_format=template but the tokenizer has no chat_template; use chat_format=none"
+            )
         self.max_prompt_length = max_prompt_length
         self.completion_column = completion_column
+        self.chat_format = chat_format
+
+    def prompt_text(self, prompt: str) -> str:
+        """The text the model sees for a prompt (see ``chat_format``; without a leading BOS when templated)."""
+        if self.chat_format == "none":
+            return prompt
+        return ChatFormat(mode="tokenizer").render([{"role": "user", "content": prompt}], self.tokenizer)
 
     def encode(self, row: Row, index: int, split: str) -> dict[str, Any]:
-        prompt_ids = encode_prompt(self.tokenizer, row["prompt"])
+        prompt_ids = encode_prompt(self.tokenizer, self.prompt_text(row["prompt"]))
         if len(prompt_ids) > self.max_prompt_length:
             raise DataError(
                 f"{split} row {index}: prompt has {len(prompt_ids)} tokens > datamodule.max_prompt_length="

@@ -73,9 +73,13 @@ def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Prompt token ids, with the tokenizer's BOS token first when it has one."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + list(ids)
+    """Prompt token ids, with the tokenizer's BOS token first when it has one -- once: a text that already starts
+    with it (a prompt rendered by a chat template, e.g. Llama-3's ``<|begin_of_text|>...``) is not given a second."""
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    bos = tokenizer.bos_token_id
+    if bos is None or (ids and ids[0] == bos):
+        return ids
+    return [bos, *ids]
 
 
 def encode_prompts(

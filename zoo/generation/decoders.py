@@ -47,7 +47,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.encoding import encode_prompts, pad_token_id
 from zoo.generation.prefix import distinct_rows
-from zoo.generation.sampling import IncrementalDecoder, TokenTextMatcher, check_context, decode_completions, sample_next
+from zoo.generation.sampling import (
+    IncrementalDecoder,
+    TokenTextMatcher,
+    check_context,
+    decode_completions,
+    sample_next,
+    stop_token_ids,
+)
 from zoo.protocols import GenerationResult, SamplingParams
 
 LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -285,18 +292,19 @@ class Decoder(ABC):
         generator: torch.Generator | None,
         rows: torch.Tensor | None = None,
         num_rows: int | None = None,
-        ban_eos: tuple[torch.Tensor, int] | None = None,
+        ban_eos: tuple[torch.Tensor, int | Sequence[int]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Processors (when any; ``context_ids`` may be ``None`` when there are none), then
         :func:`~zoo.generation.sampling.sample_next`: ``(tokens [B], logprobs [B])``. ``ban_eos = (rows [B] bool,
-        eos id)``: those rows may not sample EOS (its logit is set to ``-inf`` after the processors)."""
+        stop id(s))``: those rows may not sample them (their logits are set to ``-inf`` after the processors)."""
         if self.processors:
             logits = self.process(context_ids, logits)
         if ban_eos is not None:
             banned, eos = ban_eos
-            column = logits[:, eos].masked_fill(banned, float("-inf"))
+            columns = [eos] if isinstance(eos, int) else list(eos)
+            block = logits[:, columns].masked_fill(banned[:, None], float("-inf"))
             logits = logits.clone()
-            logits[:, eos] = column
+            logits[:, columns] = block
         return sample_next(logits, params, generator, rows=rows, num_rows=num_rows)
 
     def sample_loop(
@@ -311,10 +319,12 @@ class Decoder(ABC):
     ) -> GenerationResult:
         """Sample from a prefilled ``state`` one token per row per step until every row has stopped.
 
-        A row stops at EOS, when its completion ends with one of ``params.stop_strings``, when
-        ``row_stop(row, ids)`` (called after each sampled token with the row's completion ids so far, EOS
-        excluded) is true, or after ``params.max_new_tokens`` tokens. Rows that stopped leave the KV-cached batch
-        once a tenth of them are done unless there are logits processors (they always see every row).
+        A row stops at a stop token (the tokenizer's EOS and the model's generation-config EOS ids,
+        :func:`~zoo.generation.sampling.stop_token_ids`), when its completion ends with one of
+        ``params.stop_strings``, when ``row_stop(row, ids)`` (called after each sampled token with the row's
+        completion ids so far, EOS excluded) is true, or after ``params.max_new_tokens`` tokens. Rows that stopped
+        leave the KV-cached batch once a tenth of them are done unless there are logits processors (they always see
+        every row).
 
         Args:
             state: the prefilled batch (:meth:`Prefill.start`); ``B`` rows.
@@ -322,7 +332,7 @@ class Decoder(ABC):
                 returned as the result's ``prompt_ids``.
             tokenizer, params, generator: as :meth:`__call__`.
             row_stop: an extra per-row stop test (e.g. a sentence end).
-            no_eos: ``[B]`` bool, rows that may not sample EOS (its logit is set to ``-inf`` after the processors,
+            no_eos: ``[B]`` bool, rows that may not sample a stop token (logits set to ``-inf`` after the processors,
                 so the sampling distribution and the returned log-probs are renormalised over the other tokens).
 
         Returns:
@@ -330,7 +340,8 @@ class Decoder(ABC):
             stop string or ``row_stop``.
         """
         batch, device = int(context_ids.shape[0]), context_ids.device
-        eos, pad = tokenizer.eos_token_id, pad_token_id(tokenizer)
+        eos, pad = sorted(stop_token_ids(state.model, tokenizer)), pad_token_id(tokenizer)
+        eos_ids = torch.tensor(eos, dtype=torch.long, device=device)
         stops = TokenTextMatcher(tokenizer, params.stop_strings) if params.stop_strings else None
         track = stops is not None or row_stop is not None
         compact = not self.processors
@@ -341,7 +352,7 @@ class Decoder(ABC):
         rows: list[list[int]] = [[] for _ in range(batch)]
         # ``live`` maps the state's (possibly compacted) rows to rows of the batch.
         live = torch.arange(batch, device=device)
-        ban = no_eos.to(device) if no_eos is not None and eos is not None and bool(no_eos.any()) else None
+        ban = no_eos.to(device) if no_eos is not None and eos and bool(no_eos.any()) else None
         for _ in range(params.max_new_tokens):
             sampled, sampled_lp = self.next_tokens(
                 state.next_logits,
@@ -363,7 +374,7 @@ class Decoder(ABC):
             out_mask.append(active.long())
             if self.processors:
                 context = torch.cat([context, tokens[:, None]], dim=1)
-            hit_eos = active & (tokens == eos)
+            hit_eos = active & torch.isin(tokens, eos_ids)
             if track:
                 token_list = tokens.tolist()
                 for i in torch.nonzero(active & ~hit_eos).flatten().tolist():
@@ -389,7 +400,7 @@ class Decoder(ABC):
             completion_ids=completion_ids,
             completion_mask=torch.stack(out_mask, dim=1),
             logprobs=torch.stack(out_lp, dim=1),
-            texts=decode_completions(tokenizer, completion_ids.tolist()),
+            texts=decode_completions(tokenizer, completion_ids.tolist(), eos),
             finished=finished,
         )
 

@@ -68,7 +68,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +78,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from zoo.answers import AnswerVerifier
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill, padded_context
-from zoo.generation.sampling import decode_completion, decode_completions, ends_with_stop, max_token_length, sample_next
+from zoo.generation.sampling import (
+    decode_completion,
+    decode_completions,
+    ends_with_stop,
+    max_token_length,
+    sample_next,
+    stop_token_ids,
+)
 from zoo.generation.voting import VotedResult, check_verifier, first_index, majority_vote, stack_rows, winner_share
 from zoo.protocols import SamplingParams
 
@@ -358,7 +365,7 @@ class DTSDecoder(Decoder):
         generator: torch.Generator | None,
     ) -> DTSResult:
         sample = params.with_temperature(self.temperature)
-        eos, device = tokenizer.eos_token_id, prefill.device
+        eos, device = stop_token_ids(model, tokenizer), prefill.device
         window = max_token_length(tokenizer, sample.stop_strings) + 2
         state = prefill.start(model)
         vocab = int(state.next_logits.shape[-1])
@@ -429,7 +436,7 @@ class DTSDecoder(Decoder):
                     going_on.append((row, child))
                     continue
                 tree.finished.append(
-                    (child, self.verifier.extract_answer(decode_completion(tokenizer, child.tokens())))
+                    (child, self.verifier.extract_answer(decode_completion(tokenizer, child.tokens(), eos)))
                 )
                 if len(tree.finished) >= self.num_traces:
                     tree.done = True
@@ -445,12 +452,15 @@ class DTSDecoder(Decoder):
             if rows != list(range(previous)):  # a branch or a finish: the stacked cache follows the hypotheses
                 state.reorder_rows(torch.tensor(rows, device=device))
             state.feed(torch.tensor([[h.node.token] for h in hyps], device=device))
-        return self.result(tokenizer, prefill, trees, hyps)
+        return self.result(tokenizer, prefill, trees, hyps, eos)
 
     @staticmethod
-    def ends(tokenizer: PreTrainedTokenizerBase, hyp: _Hyp, eos: int, stop_strings: Sequence[str], window: int) -> bool:
-        """Whether the hypothesis just emitted EOS or completed a stop string."""
-        if hyp.node.token == eos:
+    def ends(
+        tokenizer: PreTrainedTokenizerBase, hyp: _Hyp, eos: Collection[int], stop_strings: Sequence[str], window: int
+    ) -> bool:
+        """Whether the hypothesis just emitted a stop token (:func:`~zoo.generation.sampling.stop_token_ids`) or
+        completed a stop string."""
+        if hyp.node.token in eos:
             return True
         return bool(stop_strings) and ends_with_stop(tokenizer, hyp.node.tail(window), stop_strings, window)
 
@@ -461,7 +471,12 @@ class DTSDecoder(Decoder):
 
     # -- the answer of each prompt ----------------------------------------------------------------------------
     def result(
-        self, tokenizer: PreTrainedTokenizerBase, prefill: Prefill, trees: list[_Tree], hyps: list[_Hyp]
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prefill: Prefill,
+        trees: list[_Tree],
+        hyps: list[_Hyp],
+        stop_ids: Collection[int] | None = None,
     ) -> DTSResult:
         chosen: list[_Hyp | None] = []
         answers: list[list[str | None]] = []
@@ -492,7 +507,7 @@ class DTSDecoder(Decoder):
             completion_ids=ids,
             completion_mask=mask,
             logprobs=logprobs,
-            texts=decode_completions(tokenizer, ([n.token for n in c] for c in chains)),
+            texts=decode_completions(tokenizer, ([n.token for n in c] for c in chains), stop_ids),
             finished=torch.tensor([id(h) in finished_ids for h in chosen], dtype=torch.bool, device=prefill.device),
             answers=answers,
             voted=voted,

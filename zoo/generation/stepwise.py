@@ -92,6 +92,7 @@ from zoo.generation.sampling import (
     context_length,
     decode_completion,
     decode_completions,
+    stop_token_ids,
 )
 from zoo.protocols import GenerationResult, SamplingParams
 from zoo.tokens import THINK_CLOSE, THINK_OPEN
@@ -467,7 +468,7 @@ class StepwiseDecoder(Decoder):
         hook, max_step, answer_steps = self.step_hook, self.max_step_tokens, self.answer_steps
         wants = getattr(hook, "wants", None)
         device, batch_size = prefill.device, prefill.batch_size
-        eos, pad = tokenizer.eos_token_id, pad_token_id(tokenizer)
+        eos, pad = stop_token_ids(model, tokenizer), pad_token_id(tokenizer)
         steps = TokenTextMatcher(tokenizer, self.step_delimiters)
         finals = TokenTextMatcher(tokenizer, self.final_step_delimiters) if self.final_step_delimiters else None
         stops = TokenTextMatcher(tokenizer, params.stop_strings) if params.stop_strings else None
@@ -508,9 +509,9 @@ class StepwiseDecoder(Decoder):
                 answer = row.reasoning_done  # the token lies in the answer, after a kept final step
                 uncut = answer and not answer_steps  # the answer is not cut into steps
                 openers = _NO_OPENERS if answer else opener_ids  # an answer step has no openers: all of it is text
-                if token == eos or (stops is not None and stops.ends_with(row.ids)):
+                if token in eos or (stops is not None and stops.ends_with(row.ids)):
                     row.done = row.finished = True
-                    end -= token == eos
+                    end -= token in eos
                     if uncut or not _has_text(row.ids, row.step_start, end, openers):
                         continue
                     cut = "end"
@@ -568,7 +569,9 @@ class StepwiseDecoder(Decoder):
         else:
             if not all(r.done for r in rows):  # cannot happen (see the bound above); never loop forever
                 raise RuntimeError("StepwiseDecoder: rows still running after the iteration bound")
-        return self._result(tokenizer, prefill, params, rows, pad, call.hook_seconds, time.perf_counter() - start)
+        return self._result(
+            tokenizer, prefill, params, rows, pad, call.hook_seconds, time.perf_counter() - start, stop_ids=eos
+        )
 
     def _deliver_events(
         self,
@@ -783,6 +786,7 @@ class StepwiseDecoder(Decoder):
         pad: int,
         hook_seconds: float,
         total_seconds: float,
+        stop_ids: frozenset[int] | None = None,
     ) -> StepwiseResult:
         batch, device = len(rows), prefill.device
         width = max((len(r.ids) for r in rows), default=0)
@@ -818,7 +822,7 @@ class StepwiseDecoder(Decoder):
             completion_mask=completion_mask,
             injected_mask=injected_mask,
             logprobs=logprobs,
-            texts=decode_completions(tokenizer, (r.ids for r in rows)),
+            texts=decode_completions(tokenizer, (r.ids for r in rows), stop_ids),
             finished=torch.tensor([r.finished for r in rows], dtype=torch.bool, device=device),
             steps_closed=[r.steps_closed for r in rows],
             open_step=open_step,

@@ -41,7 +41,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.errors import ConfigError, DataError
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill, padded_context
-from zoo.generation.sampling import IncrementalDecoder, decode_completions, ends_with_stop, max_token_length
+from zoo.generation.sampling import (
+    IncrementalDecoder,
+    decode_completions,
+    ends_with_stop,
+    max_token_length,
+    stop_token_ids,
+)
 from zoo.protocols import GenerationResult, SamplingParams
 
 UNDO_TOKEN = "<UNDO>"
@@ -367,7 +373,7 @@ class UndoDecoder(Decoder):
     ) -> UndoResult:
         undo_id = undo_token_id(tokenizer, self.undo_token)
         device, batch = prefill.device, prefill.batch_size
-        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        eos, pad = stop_token_ids(model, tokenizer), tokenizer.pad_token_id
         window = max_token_length(tokenizer, params.stop_strings)
         state = prefill.start(model)
         if undo_id >= state.next_logits.shape[-1]:
@@ -400,7 +406,7 @@ class UndoDecoder(Decoder):
                 token = int(tokens[i])
                 physical[i].append(token)
                 logprobs[i].append(float(token_logprobs[i]))
-                if token == eos:
+                if token in eos:
                     done[i] = finished[i] = True
                     continue
                 if token == undo_id:
@@ -427,7 +433,7 @@ class UndoDecoder(Decoder):
                 torch.tensor(feed, dtype=torch.long, device=device)[:, None],
                 torch.tensor(fed, dtype=torch.long, device=device)[:, None],
             )
-        return self._result(tokenizer, prefill, physical, logprobs, stacks, undos, finished)
+        return self._result(tokenizer, prefill, physical, logprobs, stacks, undos, finished, stop_ids=eos)
 
     def _retract(
         self,
@@ -458,6 +464,7 @@ class UndoDecoder(Decoder):
         stacks: list[list[int]],
         undos: list[int],
         finished: list[bool],
+        stop_ids: frozenset[int] | None = None,
     ) -> UndoResult:
         device, pad = prefill.device, tokenizer.pad_token_id
         width = max(1, max((len(p) for p in physical), default=0))
@@ -474,10 +481,10 @@ class UndoDecoder(Decoder):
             completion_ids=completion_ids,
             completion_mask=completion_mask,
             logprobs=out_lp,
-            texts=decode_completions(tokenizer, stacks),
+            texts=decode_completions(tokenizer, stacks, stop_ids),
             finished=torch.tensor(finished, dtype=torch.bool, device=device),
             resolved_ids=[list(s) for s in stacks],
-            physical_texts=decode_completions(tokenizer, physical),
+            physical_texts=decode_completions(tokenizer, physical, stop_ids),
             num_undos=list(undos),
             capped=[u >= self.max_undos for u in undos],
         )

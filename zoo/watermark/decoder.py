@@ -48,7 +48,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from zoo.encoding import pad_sequences
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill
-from zoo.generation.sampling import context_length, decode_completion, decode_completions
+from zoo.generation.sampling import context_length, decode_completion, decode_completions, stop_token_ids
 from zoo.protocols import GenerationResult, SamplingParams
 from zoo.watermark.fitting import SchemeSpec, as_scheme_spec
 from zoo.watermark.sampler import (
@@ -307,7 +307,7 @@ class SemanticWatermarkDecoder(Decoder):
             completion_ids=pad_sequences([r.ids for r in rows], pad).to(prefill.device),
             completion_mask=pad_sequences([[1] * len(r.ids) for r in rows], 0).to(prefill.device),
             logprobs=_pad_floats([r.logprobs for r in rows]).to(prefill.device),
-            texts=decode_completions(tokenizer, (r.ids for r in rows)),
+            texts=decode_completions(tokenizer, (r.ids for r in rows), stop_token_ids(model, tokenizer)),
             finished=torch.tensor([r.finished for r in rows], dtype=torch.bool, device=prefill.device),
             watermarked=[WatermarkedText(r.prompt_text, [s.text for s in r.samples], r.samples) for r in rows],
             sampled_tokens=[r.sampled for r in rows],
@@ -354,6 +354,7 @@ class SemanticWatermarkDecoder(Decoder):
 
         round_params = replace(params, max_new_tokens=max(budgets))
         short = torch.tensor([len(row.samples) < self.min_sentences for row in rows], device=device)
+        stops = stop_token_ids(model, tokenizer)
         result = self.sample_loop(
             state, ids[repeat], tokenizer, round_params, generator, row_stop=sentence_done, no_eos=short[repeat]
         )
@@ -370,6 +371,7 @@ class SemanticWatermarkDecoder(Decoder):
                         result.logprobs[k, :length].tolist(),
                         params,
                         first=not row.samples,
+                        stop_ids=stops,
                     )
                 )
                 k += 1
@@ -394,10 +396,13 @@ class SemanticWatermarkDecoder(Decoder):
         logprobs: list[float],
         params: SamplingParams,
         first: bool,
+        stop_ids: frozenset[int] | None = None,
     ) -> _Candidate:
-        """Classify a sampled continuation (see the module docstring for what may pass)."""
-        text = decode_completion(tokenizer, ids)
-        hit_eos = bool(ids) and ids[-1] == tokenizer.eos_token_id
+        """Classify a sampled continuation (see the module docstring for what may pass); ``stop_ids``: the ids that
+        end the text (:func:`~zoo.generation.sampling.stop_token_ids`; default the tokenizer's EOS)."""
+        stop_ids = frozenset([tokenizer.eos_token_id]) if stop_ids is None else stop_ids
+        text = decode_completion(tokenizer, ids, stop_ids)
+        hit_eos = bool(ids) and ids[-1] in stop_ids
         terminal = hit_eos or any(text.endswith(s) for s in params.stop_strings)
         end = first_sentence_end(text, at_end=True)
         whole = (end is not None) or (terminal and bool(text.strip()))
