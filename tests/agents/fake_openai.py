@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,28 +17,47 @@ from typing import Any
 class FakeOpenAIServer:
     """Answers ``POST /v1/chat/completions`` with queued replies and records every request body.
 
-    A queued reply is ``(status, body_dict)``; when the queue is empty the server answers ``default``.
+    A queued reply is ``(status, body_dict)`` or ``(status, body_dict, headers)``; when the queue is empty the server
+    answers ``default``. ``delay`` seconds pass before every answer (a slow server); a request carrying a field of
+    ``reject_fields`` is answered HTTP 400 naming it, as the OpenAI API does for an unknown argument.
     """
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
-        self.replies: list[tuple[int, dict[str, Any]]] = []
-        self.default: tuple[int, dict[str, Any]] = (200, message_reply("ok"))
+        self.replies: list[tuple] = []
+        self.default: tuple = (200, message_reply("ok"))
+        self.delay = 0.0
+        self.reject_fields: set[str] = set()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
-                server.requests.append(json.loads(self.rfile.read(length)))
+                request = json.loads(self.rfile.read(length))
+                server.requests.append(request)
                 server.headers.append(dict(self.headers))
-                status, body = server.replies.pop(0) if server.replies else server.default
+                refused = sorted(server.reject_fields & set(request))
+                if refused:
+                    reply: tuple = (
+                        400,
+                        {"error": {"message": f"Unrecognized request argument supplied: {refused[0]}"}},
+                    )
+                else:
+                    reply = server.replies.pop(0) if server.replies else server.default
+                status, body, headers = (*reply, {}) if len(reply) == 2 else reply
+                time.sleep(server.delay)
                 data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting (timeout tests)
+                    pass
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -128,6 +128,67 @@ def test_retries_with_backoff_then_succeeds():
     assert waits == [0.5, 1.0]
 
 
+def test_a_429_then_200_waits_the_retry_after_seconds_and_the_policy_is_configurable():
+    waits = []
+    with serve() as server:
+        server.replies += [(429, {"error": "rate limited"}, {"Retry-After": "2"}), (200, server.reply("fine"))]
+        backend = OpenAICompatBackend(server.base_url, "m", backoff=0.5, sleep=waits.append)
+        assert backend.complete(CHAT).content == "fine"
+        assert len(server.requests) == 2 and waits == [2.0]  # the server's Retry-After, not the 0.5 s backoff
+        # the exponential wait is capped at max_backoff; a Retry-After above the cap falls back to the backoff
+        server.replies += [(503, {}), (503, {}), (503, {}, {"Retry-After": "300"}), (200, server.reply("late"))]
+        waits.clear()
+        capped = OpenAICompatBackend(
+            server.base_url, "m", max_retries=3, backoff=1.0, max_backoff=1.5, sleep=waits.append
+        )
+        assert capped.complete(CHAT).content == "late"
+        assert waits == [1.0, 1.5, 1.5]
+        # a status left out of retry_statuses is an error at once
+        server.replies += [(429, {"error": "rate limited"}), (200, server.reply("never"))]
+        strict = OpenAICompatBackend(server.base_url, "m", retry_statuses=[503], sleep=waits.append)
+        before = len(server.requests)
+        with pytest.raises(BackendError, match="HTTP 429"):
+            strict.complete(CHAT)
+        assert len(server.requests) == before + 1
+    with pytest.raises(ConfigError, match="retry_statuses"):
+        OpenAICompatBackend("http://localhost:8000/v1", "m", retry_statuses=[200])
+
+
+def test_a_slow_server_hits_the_timeout_with_one_clear_error():
+    waits = []
+    with serve() as server:
+        server.delay = 1.0
+        backend = OpenAICompatBackend(
+            server.base_url, "m", timeout=0.1, max_retries=1, backoff=0.25, sleep=waits.append
+        )
+        with pytest.raises(BackendError, match=r"no reply within backend\.timeout=0\.1 s on any of 2 attempts") as err:
+            backend.complete(CHAT)
+    assert not isinstance(err.value, UnreachableEndpointError)  # the server was reached: this episode fails only
+    assert len(server.requests) == 2 and waits == [0.25]
+    with pytest.raises(ConfigError, match="timeout"):
+        OpenAICompatBackend("http://localhost:8000/v1", "m", timeout=0)
+
+
+def test_a_server_that_rejects_the_seed_gets_requests_without_it_and_one_log_line(caplog):
+    waits = []
+    with serve() as server:
+        server.reject_fields = {"seed"}
+        backend = OpenAICompatBackend(server.base_url, "m", sleep=waits.append)
+        with caplog.at_level("WARNING", logger="zoo.agents.backends.openai_compat"):
+            first = backend.complete(CHAT, seed=3)
+            second = backend.complete(CHAT + [{"role": "user", "content": "again"}], seed=4)
+        assert len([r for r in caplog.records if "rejects the seed" in r.getMessage()]) == 1
+        # a refusal after a 503 is sent again at once: one wait (for the 503), the refusal costs no attempt
+        server.reject_fields = set()
+        refusal = (422, {"error": {"message": "Extra inputs are not permitted: seed"}})
+        server.replies += [(503, {}), refusal, (200, server.reply("third"))]
+        later = OpenAICompatBackend(server.base_url, "m", max_retries=1, backoff=0.5, sleep=waits.append)
+        assert later.complete(CHAT, seed=5).content == "third"
+    assert first.content == second.content == "ok"
+    assert ["seed" in body for body in server.requests] == [True, False, False, True, True, False]
+    assert waits == [0.5]  # only the 503 waited
+
+
 def test_client_errors_are_not_retried():
     with serve() as server:
         server.replies.append((400, {"error": {"message": "unknown model"}}))
