@@ -436,6 +436,13 @@ OTHER_BAD_INPUTS = {
         ["+method=gem", "module.num_clusters=abc"],
         "module.num_clusters must be a whole number >= 1, got 'abc'",
     ),
+    # was raised by the decoder at the first validation, after the training steps before it and no checkpoint
+    "generation_budget_beyond_the_context": (
+        ["module.generation.max_new_tokens=250", "datamodule.source.num_train=64", "datamodule.source.num_val=16"],
+        "of 16 prompts do not fit the backbone's context of 256 positions with max_new_tokens 250 (the longest prompt "
+        "has 7 tokens); this would stop the run at its first generation. Lower module.generation.max_new_tokens (or "
+        "the module's eval_generation) to at most 249",
+    ),
     # stacks: each message names the two methods and why (was Hydra's "Could not override 'datamodule/weighting'",
     # a complaint about backbone=none, and an SFT run silently skipped for 94 s of validation)
     "stack_of_two_training_modules": (

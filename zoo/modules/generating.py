@@ -27,6 +27,7 @@ from torchmetrics import MeanMetric
 
 from zoo.answers import EXACT_ANSWER
 from zoo.backbones.base import Backbone
+from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder, SampleDecoder
 from zoo.modules.base import OptimizerFactory, SchedulerFactory, ZooModule
 from zoo.protocols import GenerationOutput, GenerationResult, SamplingParams, Verifier
@@ -92,6 +93,39 @@ class GeneratingModule(ZooModule):
             generator=generator,
             **model_inputs,
         )
+
+    # -- checks before the run ---------------------------------------------------------------------------------
+    def generation_splits(self, datamodule: Any, stage: str) -> list[str]:
+        """The splits of ``datamodule`` this module generates from in ``stage`` (evaluation generation)."""
+        if stage == "predict":
+            return [getattr(datamodule, "predict_split", "test")]
+        if not self.generate_on_eval:
+            return []
+        return {"fit": ["val"], "validate": ["val"], "test": ["test"]}.get(stage, [])
+
+    def check_data(self, datamodule: Any, stage: str) -> None:
+        """Before the run (``train.py`` calls it once the datamodule is set up, before the run directory is written):
+        the longest prompt of every split the stage generates from, plus :attr:`eval_sampling`'s ``max_new_tokens``
+        (plus the tokens the decoder declares it injects), must fit the backbone's context; otherwise the decoder's
+        own check (:func:`zoo.generation.sampling.check_context`) would stop the run at its first validation, after
+        the training steps before it. Datamodules without encoded ``prompt_ids`` items are not checked here."""
+        context = self.backbone.context_length() if self.backbone is not None else None
+        if context is None or not hasattr(datamodule, "dataset"):
+            return
+        budget = self.eval_sampling.max_new_tokens
+        injected = getattr(self.decoder, "max_injected_tokens", lambda: 0)()
+        for split in self.generation_splits(datamodule, stage):
+            lengths = [len(item["prompt_ids"]) for item in datamodule.dataset(split) if "prompt_ids" in item]
+            longest = max(lengths, default=0)
+            if lengths and longest + budget + injected > context:
+                over = sum(n + budget + injected > context for n in lengths)
+                extra = f" + up to {injected} tokens the decoder injects" if injected else ""
+                raise ConfigError(
+                    f"{split}: {over} of {len(lengths)} prompts do not fit the backbone's context of {context} "
+                    f"positions with max_new_tokens {budget}{extra} (the longest prompt has {longest} tokens); this "
+                    f"would stop the run at its first generation. Lower module.generation.max_new_tokens (or the "
+                    f"module's eval_generation) to at most {context - longest - injected}, or shorten the prompts"
+                )
 
     # -- family hooks -----------------------------------------------------------------------------------------
     def eval_losses(self, batch: dict[str, Any], split: str) -> None:
