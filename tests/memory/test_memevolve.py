@@ -170,6 +170,35 @@ def test_the_base_always_joins_so_the_winner_is_never_worse_than_the_base(tmp_pa
     assert evolver.current.genotype.describe() == history[-1]["winner"]["system"]
 
 
+def test_the_finals_rerun_y_of_the_tournament_tasks_plus_x_new_ones(tmp_path):
+    """Released MemEvolve: the finals stream is ``random.sample`` of y tournament tasks followed by x new tasks, the
+    same stream for every finalist. The tasks each evaluation actually ran are read from its per-task rows."""
+    evolver = small(tmp_path, tasks=6, reused=3)
+    ran: list[tuple[int, str, str, list[int]]] = []
+    evaluate = evolver.evaluate
+
+    def spy(candidate, phase, episodes, timeout):
+        result = evaluate(candidate, phase, episodes, timeout)
+        ran.append((len(evolver.history), phase, candidate.name, [row["episode"] for row in result["episodes"]]))
+        return result
+
+    evolver.evaluate = spy
+    history = evolver.run()
+    for record in history:
+        r = record["round"]
+        tournament = [eps for rr, phase, _, eps in ran if rr == r and phase == "tournament"]
+        finals = [eps for rr, phase, _, eps in ran if rr == r and phase == "finals"]
+        assert tournament and all(eps == tournament[0] for eps in tournament) and len(tournament[0]) == 6
+        assert finals and all(eps == finals[0] for eps in finals)  # one stream for every finalist
+        reused, new = finals[0][:3], finals[0][3:]
+        assert set(reused) <= set(tournament[0]) and len(set(reused)) == 3
+        assert len(new) == 6 and not set(new) & set(tournament[0])
+        assert finals[0] == record["tasks"]["finals"]
+    # the reused subset is a seeded random sample, not a fixed slice of the batch
+    offsets = [[t - 100_000 * (rec["round"] + 1) for t in rec["tasks"]["finals"][:3]] for rec in history]
+    assert offsets != [[0, 1, 2]] * len(history)
+
+
 def test_base_in_finals_makes_the_winner_at_least_the_base_on_the_finals(tmp_path):
     for record in small(tmp_path, base_in_finals=True, rounds=1).run():
         finals = {f["name"]: f for f in record["finals"]}
