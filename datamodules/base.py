@@ -215,6 +215,20 @@ class RowDataModule(pl.LightningDataModule, ABC):
             count += found
             bad_rows += found > 0
         if count:
+            written = self.written_unknown_tokens(rows)
+            if written >= count:
+                log.warning(
+                    "%s split: %d tokens in %d of %d rows are %s, each written as the text %r: a model sampled its "
+                    "unknown-token id when these rows were generated (e.g. rollouts of a reference policy) and they "
+                    "are kept as it wrote them; no character of the data is missing from the tokenizer",
+                    split,
+                    count,
+                    bad_rows,
+                    len(rows),
+                    self.tokenizer.unk_token,
+                    self.tokenizer.unk_token,
+                )
+                return count
             examples = self.unknown_characters(rows)
             log.warning(
                 "%s split: %d tokens in %d of %d rows are %s: the tokenizer has no token for %s; the model can neither "
@@ -229,6 +243,14 @@ class RowDataModule(pl.LightningDataModule, ABC):
                 else "some of their text",
             )
         return count
+
+    def written_unknown_tokens(self, rows: Sequence[Row]) -> int:
+        """How often the rows' string fields hold the unknown token's own text (``<unk>``): what a model writes when it
+        samples that id, encoded back to it (not text the tokenizer lacks a token for)."""
+        text = self.tokenizer.unk_token
+        if not text:
+            return 0
+        return sum(value.count(text) for row in rows for value in row.values() if isinstance(value, str))
 
     def unknown_characters(self, rows: Sequence[Row]) -> list[str]:
         """Characters of the rows' string fields that the tokenizer encodes as its unknown token."""

@@ -111,3 +111,21 @@ def test_resumable_sampler_skips_exactly_the_consumed_items():
     other_epoch = ResumableSampler(20, seed=1)
     other_epoch.set_epoch(3)
     assert list(other_epoch) != order
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("1<unk>2", "a model sampled its unknown-token id"),  # generated rows: the model wrote the id itself
+        ("1é2", "the tokenizer has no token for 'é'"),  # text the tokenizer cannot represent
+    ],
+)
+def test_unknown_tokens_are_explained_by_where_they_come_from(tok, tmp_path, caplog, completion, expected):
+    path = tmp_path / "r.jsonl"
+    rows = [{"prompt": f"{i}+1=", "completion": completion} for i in range(4)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    dm = SFTDataModule(tok, JsonlSource(train_path=str(path), val_path=str(path)), batch_size=2)
+    with caplog.at_level("WARNING", logger="zoo"):
+        dm.setup("fit")
+    assert expected in caplog.text
+    assert ("clean the data" in caplog.text) == ("é" in completion)
