@@ -53,6 +53,7 @@ import lightning.pytorch as pl
 import torch
 
 from zoo.answers import EXACT_ANSWER
+from zoo.backbones.placement import place_auxiliary, resolve_dtype_option
 from zoo.callbacks.evaluation import (
     STAGES,
     StageCallback,
@@ -131,6 +132,10 @@ class SafeThinkMonitor(StageCallback):
             per row (only the new tokens are fed) when it is a causal (decoder-only) classifier, else re-reading
             prompt + trace at every step; ``true``/``false`` force it (see
             :class:`zoo.safety.scorers.SequenceClassifierScorer`).
+        scorer_device: where a model scorer (:class:`zoo.safety.scorers.SequenceClassifierScorer`) runs: ``None``
+            (default) = the policy's device, ``"keep"`` = where it was loaded, or a device (``"cuda:1"``); placed on
+            the first monitored batch of a stage (:func:`zoo.backbones.placement.place_auxiliary`).
+        scorer_dtype: its dtype: ``None`` (default) = the policy's compute dtype, ``"keep"``, or a dtype name.
         monitor_answer: also score the answer after ``</think>``, every answer step whatever
             ``max_steps_monitored``; a violating answer step is discarded and resampled after the prefix (which lands
             at its start), counted in ``answer_interventions_per_row``. ``False``: the answer is not scored (the
@@ -158,6 +163,8 @@ class SafeThinkMonitor(StageCallback):
         records_file: str | None = None,
         scorer_incremental: str | bool = "auto",
         monitor_answer: bool = True,
+        scorer_device: str | None = None,
+        scorer_dtype: str | None = None,
     ) -> None:
         super().__init__()
         check_safethink_args(tau, max_steps_monitored)
@@ -172,6 +179,8 @@ class SafeThinkMonitor(StageCallback):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"SafeThinkMonitor: {name} must be callable, got {type(fn).__name__}")
         self.scorer = as_scorer(scorer, incremental=scorer_incremental)
+        self.scorer_device = scorer_device
+        self.scorer_dtype = resolve_dtype_option(scorer_dtype, "SafeThinkMonitor: scorer_dtype")
         self.tau = float(tau)
         self.max_steps_monitored = max_steps_monitored
         self.prefix = prefix
@@ -314,6 +323,9 @@ class SafeThinkMonitor(StageCallback):
         if pl_module.model is None:
             pl_module.configure_model()
         params = self._params or self.decoding(pl_module)
+        scorer_model = getattr(self.scorer, "model", None)
+        if isinstance(scorer_model, torch.nn.Module):  # next to the policy (no-op once there)
+            place_auxiliary(scorer_model, pl_module.model, self.scorer_device, self.scorer_dtype, "scorer")
         prompt_ids, prompt_mask = self._prompt_inputs(pl_module, outputs, batch, prompts)
         decoder = getattr(pl_module, "decoder", None)
         generator = None

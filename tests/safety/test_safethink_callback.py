@@ -481,3 +481,51 @@ def test_an_answer_written_right_after_the_closing_tag_is_monitored(tmp_path, mo
         assert metrics["safethink/answer_interventions_per_row"] == 0.0
         assert all(r["completion"] == "</think>ZZZZ" and not r["interventions"] for r in attack)
     assert cb.state_key != monitor(monitor_answer=not monitor_answer).state_key
+
+
+def _classifier_scorer(tok):
+    from transformers import LlamaForSequenceClassification
+
+    from zoo.safety.scorers import SequenceClassifierScorer
+
+    torch.manual_seed(1)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        num_labels=2,
+        pad_token_id=tok.pad_token_id,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    return SequenceClassifierScorer(LlamaForSequenceClassification(config), tok)
+
+
+@pytest.mark.parametrize(("option", "expected"), [(None, torch.bfloat16), ("keep", torch.float32)])
+def test_a_model_scorer_runs_in_the_policys_dtype_and_device_unless_told(tmp_path, option, expected):
+    """The scorer loads in fp32 on the host; by default the monitor moves it next to the policy (here a bf16 policy:
+    the scorer runs in bf16), ``scorer_dtype='keep'`` leaves it as loaded (DESIGN "Scale")."""
+    policy = TinyGenerator()
+    policy.model.to(torch.bfloat16)
+    scorer = _classifier_scorer(policy.tokenizer)
+    cb = monitor(scorer=scorer, scorer_dtype=option, max_batches=1)
+    trainer([cb], tmp_path).validate(policy, loader(), verbose=False)
+    assert cb.runs == 1
+    assert scorer.model.dtype == expected
+    assert next(scorer.model.parameters()).device == next(policy.model.parameters()).device
+
+
+def test_place_auxiliary_follows_the_policys_device_and_refuses_a_bad_dtype():
+    """Device placement checked without an accelerator: a policy on the ``meta`` device pulls the auxiliary there."""
+    from zoo.backbones.placement import place_auxiliary
+
+    policy = torch.nn.Linear(2, 2, device="meta", dtype=torch.float16)
+    aux = torch.nn.Linear(2, 2)
+    assert place_auxiliary(aux, policy) is aux
+    assert aux.weight.device.type == "meta" and aux.weight.dtype == torch.float16
+    kept = torch.nn.Linear(2, 2)
+    place_auxiliary(kept, policy, device="keep", dtype="keep")
+    assert kept.weight.device.type == "cpu" and kept.weight.dtype == torch.float32
+    with pytest.raises(ConfigError, match="scorer_dtype='int8'"):
+        monitor(scorer_dtype="int8")
