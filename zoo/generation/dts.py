@@ -47,12 +47,21 @@ majority vote over the finished answers; consensus early stop        :func:`~zoo
                                                                        :func:`~zoo.generation.voting.winner_share`
 =====================================================================  =================================================
 
-KV cache: rows of the stacked cache are reordered through ``Cache.reorder_cache`` (the public API beam search uses)
-whenever hypotheses branch or finish (:meth:`~zoo.generation.sampling.IncrementalDecoder.reorder_rows`). The
-prefix is **copied, not shared**: every active hypothesis holds its own copy of the prompt's and its ancestors'
-keys/values, so cache memory grows as ``#active x (prompt + generated)`` -- as in the official decoder, which
-copies caches per branch -- but the official stack/split of every cache at every step is gone: a step without a
-branch or a finish touches the cache only through the forward.
+KV cache (``share_cache``, on by default): what hypotheses have in common is stored once. After the prefill, the
+stacked cache becomes a :class:`~zoo.generation.tree_cache.TreeKVCache`: per layer one store of token keys/values
+and one slot table ``[#active, L]`` saying which stored token every hypothesis reads at each position. When
+hypotheses branch or finish, rows follow them through ``Cache.reorder_cache`` (the public API beam search uses;
+:meth:`~zoo.generation.sampling.IncrementalDecoder.reorder_rows`), which here reorders the slot table only: the
+children of a branch read their parent's slots, so the prompt **and every branch point's prefix** (all the tokens
+the hypotheses have in common) are held once, and each step stores one new token per active hypothesis. Nothing
+is copied at a branch; the only copies are (1) each forward's dense ``[#active, heads, L, head_dim]`` view that
+every attention layer receives, gathered from the store for that layer and freed after it (one layer at a time:
+the model sees the same keys/values as with a stacked cache, so the tokens out are the same) and (2) a compaction
+of the stores when finished hypotheses leave more than half of the stored tokens unread. The stored cache grows
+as ``prompt + tokens decoded`` instead of ``#active x (prompt + generated)`` -- the official decoder copies caches
+per branch and stacks and splits them at every step. Caches that are not plain full-attention ``DynamicCache`` s
+(sliding windows, linear attention, quantized caches), and ``share_cache=false``, keep the stacked cache, whose
+rows are copied at every branch (``reorder_cache``'s ``index_select``).
 
 Sampling noise is drawn per hypothesis *slot* (the first child of a branch keeps its parent's slot, the others
 take the lowest slot freed by a finished hypothesis, or a new one): without branching the slots are the prompts, so
@@ -86,6 +95,7 @@ from zoo.generation.sampling import (
     sample_next,
     stop_token_ids,
 )
+from zoo.generation.tree_cache import TreeKVCache
 from zoo.generation.voting import VotedResult, check_verifier, first_index, majority_vote, stack_rows, winner_share
 from zoo.protocols import SamplingParams
 
@@ -275,6 +285,9 @@ class DTSDecoder(Decoder):
             the most common holds a share ``>= early_stop_min_share`` (official defaults 4 and 0.4; off by default:
             the official path raises a NameError when it fires, so the paper's numbers cannot come from it).
         verifier: extracts the answer of a finished trace (``None``: the shared ``</think>ANSWER`` format).
+        share_cache: store what hypotheses have in common (the prompt, every branch point's prefix) once
+            (:class:`~zoo.generation.tree_cache.TreeKVCache`; the same tokens out); ``False`` keeps a stacked cache
+            whose rows copy the shared prefix.
         processors, hooks: as every :class:`~zoo.generation.decoders.Decoder` (processors change the distribution
             that H, V, the children and the samples are computed from).
     """
@@ -295,6 +308,7 @@ class DTSDecoder(Decoder):
         early_stop_min_share: float = 0.4,
         vote_over: str = "finished",
         verifier: AnswerVerifier | None = None,
+        share_cache: bool = True,
         processors: Iterable[LogitsProcessor] = (),
         hooks: Iterable[ForwardHook] = (),
     ) -> None:
@@ -354,6 +368,7 @@ class DTSDecoder(Decoder):
         self.early_stop_min_share = float(early_stop_min_share)
         self.vote_over = vote_over
         self.verifier = check_verifier(verifier, field)
+        self.share_cache = bool(share_cache)
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def decode(
@@ -374,6 +389,10 @@ class DTSDecoder(Decoder):
                 f"module.decoder.branch_top_k={self.branch_top_k} exceeds the vocabulary of the model ({vocab} tokens)"
             )
         state.check_reorderable()
+        if self.share_cache:
+            shared = TreeKVCache.from_cache(state.cache)
+            if shared is not None:  # otherwise the stacked cache as it is (e.g. sliding windows)
+                state.cache = shared
         trees = [_Tree() for _ in range(prefill.batch_size)]
         hyps = [_Hyp(prompt=i, slot=i) for i in range(prefill.batch_size)]
         num_slots, free_slots = prefill.batch_size, []
