@@ -19,12 +19,14 @@ from test_catalogue import SMALL_DATA
 
 from zoo.catalogue import load_catalogue
 from zoo.checkpoints import read_checkpoint
+from zoo.cli.resolvers import register_resolvers
 from zoo.cli.train import build, run
 from zoo.modules.base import is_plain_data
 
 from conftest import REPO_ROOT, SMALL_BASE_POLICY, compose_train
 
 _, CATALOGUE = load_catalogue()
+register_resolvers()  # what python train.py registers before composing (${zoo.precision:...}, ...)
 
 QUANTIZERS = sorted(p.stem for p in (REPO_ROOT / "conf" / "quant").glob("*.yaml"))
 # the smallest settings of each quantizer that still quantize (NanoQuant: a few ADMM steps, no reconstruction)
