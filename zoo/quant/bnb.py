@@ -12,6 +12,7 @@ the optional ``kernels`` package; without it a slower reference path is used, wi
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -24,13 +25,40 @@ from zoo.quant.base import Quantizer
 MODES = ("nf4", "fp4", "int8")
 
 
+def compute_dtype_of_precision(precision: str | int) -> torch.dtype | None:
+    """The matmul dtype of a Lightning ``trainer.precision`` (``bf16-mixed``/``bf16-true`` -> bfloat16,
+    ``16-mixed``/``16-true`` -> float16, ``32-true``/``64-true`` -> float32); ``None`` for anything else."""
+    text = str(precision).strip().lower()
+    if text.startswith("bf16"):
+        return torch.bfloat16
+    if text.startswith("16"):
+        return torch.float16
+    if text.startswith(("32", "64")):
+        return torch.float32
+    return None
+
+
 def _dtype(value: str | torch.dtype) -> torch.dtype:
     if isinstance(value, torch.dtype):
         return value
     dt = getattr(torch, str(value), None)
-    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
-        raise ConfigError(f"quant.compute_dtype={value!r} is not a floating torch dtype (float32, bfloat16, float16)")
+    if isinstance(dt, torch.dtype) and dt.is_floating_point:
+        return dt
+    dt = compute_dtype_of_precision(value)
+    if dt is None:
+        raise ConfigError(
+            f"quant.compute_dtype={value!r} is not a floating torch dtype (float32, bfloat16, float16) nor a "
+            "trainer.precision (bf16-mixed, 16-mixed, 32-true, ...)"
+        )
     return dt
+
+
+def local_device_index() -> int:
+    """This process's GPU: ``LOCAL_RANK`` (Lightning, torchrun), else ``SLURM_LOCALID``, else the current device."""
+    for key in ("LOCAL_RANK", "SLURM_LOCALID"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return torch.cuda.current_device()
 
 
 class BnbQuantizer(Quantizer):
@@ -38,14 +66,18 @@ class BnbQuantizer(Quantizer):
 
     Args:
         mode: ``"nf4"`` (4-bit NormalFloat, ``Linear4bit``), ``"fp4"`` or ``"int8"`` (LLM.int8, ``Linear8bitLt``).
-        compute_dtype: dtype of the 4-bit matmuls (``bnb_4bit_compute_dtype``); float32 on CPU by default.
+        compute_dtype: dtype of the 4-bit matmuls (``bnb_4bit_compute_dtype``): a torch dtype name, or a Lightning
+            precision (the configs pass ``${trainer.precision}``: ``bf16-mixed`` -> bfloat16, ``16-mixed`` -> float16,
+            ``32-true`` -> float32), so the quantized matmuls run in the run's precision.
         double_quant: quantize the per-block absmax constants too (``bnb_4bit_use_double_quant``, QLoRA).
         skip_modules: module names kept in full precision (``llm_int8_skip_modules``; applies to 4-bit too).
             ``lm_head`` by default, as in transformers and in NanoQuant's accounting.
         int8_threshold: outlier threshold of LLM.int8 (``llm_int8_threshold``, paper value 6.0).
         device_map: where ``from_pretrained`` places the quantized model (bitsandbytes needs a device map).
-            ``None`` (the configs' default) follows the machine: ``"auto"`` when CUDA is available, else ``"cpu"``;
-            any explicit value (``"cpu"``, ``"auto"``, a dict) is passed through.
+            ``None`` (the configs' default) follows the process: with CUDA the whole model on this process's GPU
+            (``{"": local rank}``: under DDP each rank loads its replica on its own device, never ``"auto"``, which
+            would spread every rank's copy over all GPUs), else ``"cpu"``; any explicit value (``"cpu"``, ``"auto"``,
+            a dict) is passed through.
     """
 
     def __init__(
@@ -97,10 +129,10 @@ class BnbQuantizer(Quantizer):
         return {"quantization_config": self.quantization_config(), "device_map": self.resolved_device_map()}
 
     def resolved_device_map(self) -> str | dict[str, Any]:
-        """``device_map`` as given, or (``None``) ``"auto"`` with CUDA and ``"cpu"`` without."""
+        """``device_map`` as given, or (``None``) ``{"": cuda:<local rank>}`` with CUDA and ``"cpu"`` without."""
         if self.device_map is not None:
             return self.device_map
-        return "auto" if torch.cuda.is_available() else "cpu"
+        return {"": f"cuda:{local_device_index()}"} if torch.cuda.is_available() else "cpu"
 
     @classmethod
     def layer_bits(cls, layer: torch.nn.Module) -> tuple[int, int] | None:
