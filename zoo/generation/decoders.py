@@ -30,6 +30,12 @@ with the seeded generator), or :meth:`Decoder.sample_loop` for the whole standar
 stop test, and return a :class:`~zoo.protocols.GenerationResult` (or a dataclass subclass of it with the
 decoder's extra fields, like :class:`~zoo.generation.stepwise.StepwiseResult`). A decoder that does not keep the
 whole completion in the model's context (e.g. a sliding window) overrides :meth:`Decoder.check_length`.
+
+Sharded models (FSDP ``FULL_SHARD``, DeepSpeed ZeRO-3) on several processes: a loop stops when its own rows are done,
+and :meth:`Decoder.__call__` keeps the ranks in step around it (:func:`~zoo.generation.lockstep.forwards_in_step`: an
+all-reduce before each forward, and a finished rank runs dummy forwards until every rank's loop has returned), so a
+decoder needs no agreement of its own as long as every forward of its loop is a call of the ``model`` it was given
+(not of a submodule) and its loop runs no other collective.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.encoding import encode_prompts, pad_token_id
+from zoo.generation.lockstep import forwards_in_step
 from zoo.generation.prefix import distinct_rows
 from zoo.generation.sampling import (
     IncrementalDecoder,
@@ -246,7 +253,7 @@ class Decoder(ABC):
         was_training = model.training
         model.eval()
         try:
-            with self.attached(model):
+            with forwards_in_step(model, tokenizer), self.attached(model):
                 return self.decode(model, tokenizer, prefill, params, generator)
         finally:
             model.train(was_training)

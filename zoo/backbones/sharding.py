@@ -1,0 +1,50 @@
+"""FSDP sharding of a Hugging Face backbone: the auto-wrap policy comes from the model's decoder-layer class.
+
+``conf/trainer/fsdp.yaml`` passes :class:`DecoderLayerWrapPolicy` to Lightning's ``FSDPStrategy(auto_wrap_policy=)``.
+transformers names, on every model class, the blocks that must stay whole on one device (``_no_split_modules``:
+``["LlamaDecoderLayer"]``, ``["Qwen2DecoderLayer"]``, ...; the classes ``accelerate``'s ``device_map`` and TRL's FSDP
+setup wrap). The policy reads that attribute from the model it is wrapping, so a Qwen2, Mistral or Gemma backbone is
+sharded per decoder layer like a Llama one; a hard-wired ``LlamaDecoderLayer`` left every other model unwrapped (one
+root unit, no per-layer sharding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+
+class DecoderLayerWrapPolicy:
+    """FSDP auto-wrap policy (the callable form ``policy(module, recurse, nonwrapped_numel) -> bool`` that
+    ``torch.distributed.fsdp.FullyShardedDataParallel(auto_wrap_policy=)`` accepts): wrap every module whose class name
+    is one of the model's ``_no_split_modules``.
+
+    FSDP asks the policy top-down (``recurse=True`` on a parent before its children are decided), so the names are
+    collected from every module that declares ``_no_split_modules`` (the ``PreTrainedModel``, also inside a PEFT
+    wrapper) before its layers are reached.
+
+    Args:
+        layers: class names to wrap instead (``fsdp_wrap_layer=...``); ``None`` = the model's ``_no_split_modules``.
+    """
+
+    def __init__(self, layers: str | Sequence[str] | None = None) -> None:
+        self.layers: frozenset[str] | None = (
+            None if layers is None else frozenset([layers] if isinstance(layers, str) else layers)
+        )
+        self.found: set[str] = set()
+
+    def layer_names(self) -> frozenset[str]:
+        """The class names wrapped: the given ``layers``, else those found so far."""
+        return self.layers if self.layers is not None else frozenset(self.found)
+
+    def __call__(self, module: nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
+        if recurse:
+            names = getattr(module, "_no_split_modules", None)
+            if self.layers is None and names:
+                self.found.update(str(n) for n in names)
+            return True
+        return type(module).__name__ in self.layer_names()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(layers={sorted(self.layers) if self.layers is not None else 'from the model'})"
