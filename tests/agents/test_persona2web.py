@@ -19,6 +19,7 @@ from zoo.agents.envs.persona2web import (
     site_counts,
     write_history,
 )
+from zoo.agents.envs.persona2web.env import resolve_threshold
 from zoo.agents.envs.persona2web.world import site_domain
 from zoo.errors import ConfigError, DataError
 
@@ -139,6 +140,64 @@ def test_on_demand_reads_happen_through_memory_access_between_web_actions_with_t
     assert trajectory.report["raw"]["memory_reads"] == len(env.reads) == _steps(trajectory).count("memory_access")
 
 
+def test_pre_execution_reads_top_20_and_on_demand_top_10():
+    """The released budgets (pre-execution top_k=20, on-demand top_k=10): the results page explains part of the
+    gap between the schemes by them. The default hashing encoder has no threshold, so every read is full."""
+    for seed in range(3):
+        pre = PersonaWeb(seed=seed, level=1, scheme="pre-execution")
+        demand = PersonaWeb(seed=seed, level=1, scheme="on-demand")
+        assert pre.threshold is None and len(pre.world.history) > 20
+        assert len(pre.memory_access("apparel orders and sizes")["entries"]) == 20
+        assert len(demand.memory_access("apparel orders and sizes")["entries"]) == 10
+
+
+@pytest.mark.parametrize("scheme", ["pre-execution", "on-demand"])
+def test_the_score_threshold_applies_to_both_schemes(scheme):
+    """Released MemoryBankRetriever.retrieve keeps entries scoring >= threshold for both schemes' reads."""
+    query = "apparel orders delivered to my city"
+    every = PersonaWeb(seed=1, level=1, scheme=scheme, threshold=None).memory_access(query)["entries"]
+    scores = sorted({e["score"] for e in every}, reverse=True)
+    cut = (scores[len(scores) // 2 - 1] + scores[len(scores) // 2]) / 2  # between two scores of this read
+    env = PersonaWeb(seed=1, level=1, scheme=scheme, threshold=cut)
+    kept = env.memory_access(query)["entries"]
+    assert kept == [e for e in every if e["score"] >= cut] and 0 < len(kept) < len(every)
+    assert env.reads[0]["entries"] == env.retrieved  # only the kept entries count as retrieved evidence
+
+
+def test_auto_threshold_is_the_released_half_on_sentence_encoder_cosines_only():
+    assert resolve_threshold("auto", "minilm", "cosine") == resolve_threshold("auto", "/m/stella", "faiss") == 0.5
+    assert resolve_threshold("auto", "hashing", "cosine") is None  # hashing cosines stay below 0.3
+    assert resolve_threshold("auto", "minilm", "bm25") is None and resolve_threshold("auto", "minilm", "hybrid") is None
+    assert resolve_threshold(0.3, "hashing", "bm25") == 0.3 and resolve_threshold(None, "minilm", "cosine") is None
+    with pytest.raises(ConfigError, match="env.threshold"):
+        PersonaWeb(threshold="high")
+
+
+def test_evidence_from_another_domain_does_not_count():
+    """The persona's home city appears in every domain's history (deliveries, venues, live sessions); only an entry
+    of the task's own domain is evidence for the task's hidden location (and attributes)."""
+    world = PersonaWorld.generate(4)
+    task = world.task("apparel", 1)
+    truth = task.truth
+    elsewhere = [
+        e for e in world.history if site_domain(e.website) not in (None, "apparel") and truth["location"] in e.object
+    ]
+    own = [e for e in world.history if site_domain(e.website) == "apparel" and truth["location"] in e.object]
+    assert elsewhere and own
+    site = world.sites[truth["site"]]
+    answer = next(
+        i
+        for i in site.items
+        if i.category == task.category
+        and i.location == truth["location"]
+        and all(i.attributes[a] == truth[a] for a in DOMAINS["apparel"].attributes)
+    )
+    foreign = grade(task, answer, [site.name], elsewhere, {})
+    assert foreign.outcome["Intent"] == 1.0 and not foreign.fields["location"]["evidence"]
+    assert foreign.reasoning["Intent"] == 0.0  # the right city, but the only evidence came from another domain
+    assert grade(task, answer, [site.name], own, {}).fields["location"]["evidence"]
+
+
 def test_a_lucky_agent_scores_one_outcome_only_and_zero_reasoning_aware():
     env = PersonaWeb(seed=5, level=1, scheme="on-demand", reveal_answer=True)
     trajectory = run_episode(env, OracleAgent(seed=0, read_evidence=False))
@@ -254,7 +313,9 @@ def test_real_minilm_retrieval_feeds_the_pre_execution_agent():
 
     env = PersonaWeb(seed=0, level=1, scheme="pre-execution", encoder="minilm")
     trajectory = run_episode(env, PreExecutionAgent(seed=0))
-    assert env.reads and all(len(r["entries"]) == 20 for r in env.reads)
+    # top-20 cut at the released 0.5 (threshold=auto on a sentence encoder's cosine scores)
+    assert env.threshold == 0.5 and env.reads and all(0 < len(r["entries"]) <= 20 for r in env.reads)
+    assert all(e["score"] >= 0.5 for r in env.reads for e in env.memory_access(r["query"]).get("entries", []))
     assert trajectory.committed and trajectory.report["raw"]["outcome"]["P_web"] == 1.0
 
 

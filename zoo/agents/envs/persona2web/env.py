@@ -11,9 +11,14 @@ History-access schemes (``scheme``), as in the released ``access_scheme.py``:
 * ``pre-execution`` -- ``memory_access(query)`` returns the top-20 entries, at most 5 queries, and only before the
   first web action (the released code writes <= 5 memory queries, retrieves top-20 each, then rewrites the
   objective and runs the agent with memory off).
-* ``on-demand`` -- ``memory_access(query)`` is an action like any other; top-10 entries whose score reaches
-  ``threshold`` (released: top-10, threshold 0.5 on stella embeddings; the LLM answer built from them is left to
-  the agent [reconstruction]).
+* ``on-demand`` -- ``memory_access(query)`` is an action like any other; top-10 entries (the LLM answer the release
+  builds from them is left to the agent [reconstruction]).
+
+Both schemes keep only entries whose score reaches ``threshold``, as the released ``MemoryBankRetriever.retrieve``
+(``threshold=0.5`` on stella cosine scores, called by both ``process_memory_request`` paths). ``threshold="auto"``
+(the default) applies that 0.5 where the scores are a sentence encoder's cosine (``minilm`` or a local
+sentence-transformers directory with the ``cosine``/``faiss`` retriever) and no threshold on the hashing encoder or
+the BM25/hybrid scores, which live on other scales (hashing cosines stay below 0.3, so 0.5 would drop every entry).
 
 Retrieval goes through :mod:`zoo.text.retrieval` over the entries' text (``encoder``: ``hashing`` by default,
 ``minilm`` for the real sentence encoder; ``retriever``: cosine | faiss | bm25 | hybrid).
@@ -55,7 +60,24 @@ MODES = ("outcome", "reasoning")
 #: released settings: pre-execution <= 5 queries x top-20; on-demand top-10 with a score threshold
 PRE_EXECUTION_QUERIES = 5
 SCHEME_TOP_K = {"pre-execution": 20, "on-demand": 10}
+#: released ``MemoryBankRetriever.retrieve(threshold=0.5)``: stella cosine scores, both schemes
+RELEASED_THRESHOLD = 0.5
 RESULTS_SHOWN = 10
+
+
+def resolve_threshold(threshold: float | str | None, encoder: str, retriever: str) -> float | None:
+    """The score threshold of memory reads: a number, ``None`` (none), or ``"auto"`` -- the released 0.5 on a
+    sentence encoder's cosine scores (``cosine``/``faiss`` retriever, encoder not ``hashing``), else none."""
+    if threshold is None:
+        return None
+    if isinstance(threshold, str):
+        if threshold != "auto":
+            raise ConfigError(f"env.threshold={threshold!r}; use a number, null (no threshold) or auto")
+        dense = retriever in ("cosine", "faiss") and not str(encoder).startswith("hashing")
+        return RELEASED_THRESHOLD if dense else None
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+        raise ConfigError(f"env.threshold={threshold!r}; use a number, null (no threshold) or auto")
+    return float(threshold)
 
 
 @functools.lru_cache(maxsize=4)
@@ -77,7 +99,8 @@ class PersonaWeb:
         distractors: distractor seeds (gifts, one-off visits on other sites) per domain.
         encoder: sentence encoder spec for retrieval (``hashing``, ``hashing:<dim>``, ``minilm``, a local dir).
         retriever: ``cosine`` | ``faiss`` | ``bm25`` | ``hybrid``.
-        threshold: on-demand score threshold (``None``: none) [the released 0.5 is on stella cosine scores].
+        threshold: score threshold of memory reads in both schemes: a number, ``None`` (none) or ``"auto"`` (the
+            released 0.5 on a sentence encoder's cosine scores, none on hashing/BM25/hybrid scores; see above).
         max_steps: step cap of the episode (AgentOccam: 20).
         reveal_answer: publish the answer key in :meth:`library` (only for the oracle agent).
     """
@@ -96,7 +119,7 @@ class PersonaWeb:
         distractors: int = 6,
         encoder: str = "hashing",
         retriever: str = "cosine",
-        threshold: float | None = None,
+        threshold: float | str | None = "auto",
         max_steps: int = 20,
         reveal_answer: bool = False,
     ) -> None:
@@ -121,7 +144,7 @@ class PersonaWeb:
         self.free = True
         self.max_steps = int(max_steps)
         self.reveal_answer = bool(reveal_answer)
-        self.threshold = threshold
+        self.threshold = resolve_threshold(threshold, encoder, retriever)
         self.hidden_tools: tuple[str, ...] = ("memory_access",) if scheme == "no-history" else ()
         self._retriever = None
         self._encoder_spec, self._retriever_kind = encoder, retriever
@@ -330,7 +353,7 @@ class PersonaWeb:
             if len(self.reads) >= PRE_EXECUTION_QUERIES:
                 return {"error": f"pre-execution scheme: at most {PRE_EXECUTION_QUERIES} memory queries"}
         hits = self._retriever.search(query, SCHEME_TOP_K[self.scheme])
-        if self.scheme == "on-demand" and self.threshold is not None:
+        if self.threshold is not None:  # released: both schemes go through retrieve(threshold=0.5)
             hits = [(i, s) for i, s in hits if s >= self.threshold]
         indices = [i for i, _ in hits]
         self.reads.append({"query": query, "web_actions_before": self.web_actions, "entries": indices})
