@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 
 from fake_openai import serve
+from hydra.utils import instantiate
 
+from zoo.agents import run_episode
+from zoo.backbones import TinyBackbone
 from zoo.cli.train import run
 
 
@@ -67,3 +70,25 @@ def test_tiny_lm_arm_composes_with_its_caps(train_cfg):
     assert tiny.env.scheme == "on-demand"
     no_history = train_cfg(["+demo=persona2web", "demo/persona2web/arm=no_history"])
     assert no_history.env.scheme == "no-history" and no_history.agent._target_ == "zoo.agents.NoHistoryAgent"
+
+
+def tiny_arm_episode(cfg):
+    """One episode of the composed llm_tiny arm (its env, agent and backend settings) on a tiny Llama of the
+    architecture the arm's artifact trains (TinyBackbone: a 256-token context, shorter than the task prompt); the
+    trained weights are not needed to show that the prompt fits."""
+    backbone = TinyBackbone(seed=0)
+    weights = {"path": None, "model": backbone.build_model(), "tokenizer": backbone.tokenizer}
+    backend = instantiate(cfg.backend, **weights, _convert_="all")
+    agent = instantiate(cfg.agent, backend=backend, _convert_="all")(seed=0)
+    env = instantiate(cfg.env, _convert_="all")(seed=0)
+    assert backend._model.config.max_position_embeddings == 256
+    return run_episode(env, agent, max_steps=cfg.module.max_steps)
+
+
+def test_tiny_lm_arm_keeps_the_most_recent_tokens_so_its_episodes_run(train_cfg):
+    """The task prompt is longer than the tiny LM's context: with the HF backend's default overflow=error every
+    episode of the arm failed; the arm sets keep_recent."""
+    cfg = train_cfg(["+demo=persona2web", "demo/persona2web/arm=llm_tiny", "demo.llm.max_steps=2"])
+    assert cfg.backend.overflow == "keep_recent"
+    trajectory = tiny_arm_episode(cfg)
+    assert trajectory.error is None and len(trajectory.steps) == 2
