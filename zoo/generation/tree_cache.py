@@ -8,8 +8,9 @@ stores the keys/values of every token **once** and gives each row an index into 
 
 * per layer, a store of ``[S, kv_heads, head_dim]`` keys and values (``S`` slots: one per stored token);
 * one slot table ``index`` ``[B, L]`` shared by the layers: row ``b`` reads, at position ``l``, the slot
-  ``index[b, l]``. The prefill's rows take ``B x P`` slots (its left padding included: positions and masks stay
-  those of the stacked cache); every later forward of ``q`` tokens gives each row ``q`` new slots.
+  ``index[b, l]`` (and, computed once per table, the ``[B x kv_heads x L]`` row index of the contiguous gather).
+  The prefill's rows take ``B x P`` slots (its left padding included: positions and masks stay those of the stacked
+  cache); every later forward of ``q`` tokens gives each row ``q`` new slots.
 
 Reordering rows (a branch: a row repeated into its children; a finish: a row dropped), selecting rows and cropping
 touch the slot table only, never the stores: children share their parent's slots, so the prompt **and every branch
@@ -44,10 +45,28 @@ class _SlotTable:
     number of slots handed out (the length of every store between forwards), ``last_q`` the width of the latest
     extension (a layer whose store is shorter than ``size`` has not stored those positions yet)."""
 
-    __slots__ = ("index", "last_q", "size")
+    __slots__ = ("_gather", "_index", "last_q", "size")
 
     def __init__(self, index: torch.Tensor, size: int) -> None:
-        self.index, self.size, self.last_q = index, size, 0
+        self._index, self.size, self.last_q = index, size, 0
+        self._gather: dict[int, torch.Tensor] = {}
+
+    @property
+    def index(self) -> torch.Tensor:
+        return self._index
+
+    @index.setter
+    def index(self, index: torch.Tensor) -> None:
+        self._index, self._gather = index, {}
+
+    def gather_index(self, heads: int) -> torch.Tensor:
+        """``[B * heads * L]``: the rows of a store seen as ``[S * heads, head_dim]`` that make the dense view
+        ``[B, heads, L, head_dim]`` in one contiguous gather (computed once per table and head count, shared by the
+        layers of a forward)."""
+        if heads not in self._gather:
+            offsets = torch.arange(heads, device=self._index.device)[None, :, None]
+            self._gather[heads] = (self._index[:, None, :] * heads + offsets).reshape(-1)
+        return self._gather[heads]
 
     def claim(self, start: int, rows: int, width: int) -> torch.Tensor:
         """The slots ``[rows, width]`` of the tokens a layer is storing from slot ``start``: the first layer of a
@@ -95,10 +114,11 @@ class TreeKVLayer(CacheLayerMixin):
         return keys, values
 
     def view(self, store: torch.Tensor) -> torch.Tensor:
-        """The rows' dense ``[B, kv_heads, L, head_dim]`` gather of ``store`` through the slot table."""
-        index = self.slots.index
-        gathered = store.index_select(0, index.reshape(-1))
-        return gathered.view(*index.shape, *store.shape[1:]).transpose(1, 2)
+        """The rows' dense, contiguous ``[B, kv_heads, L, head_dim]`` gather of ``store`` through the slot table."""
+        slots, heads, dim = store.shape
+        rows, width = self.slots.index.shape
+        gathered = store.view(slots * heads, dim).index_select(0, self.slots.gather_index(heads))
+        return gathered.view(rows, heads, width, dim)
 
     def get_seq_length(self) -> int:
         width = self.slots.index.shape[1]
@@ -160,9 +180,9 @@ class TreeKVCache(Cache):
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cache holds: the stores of every layer and the slot table."""
+        """Bytes the cache holds: the stores of every layer, the slot table and its gather index."""
         stored = sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)
-        return stored + self.slots.index.nbytes
+        return stored + self.slots.index.nbytes + sum(t.nbytes for t in self.slots._gather.values())
 
     @property
     def view_bytes(self) -> int:
