@@ -19,6 +19,7 @@ from zoo.data.ambiguous_ops import (
     AmbiguousOpsConversations,
     AmbiguousOpsTask,
     Conversation,
+    Decomposition,
     Feedback,
     IntentWords,
     Reading,
@@ -250,6 +251,90 @@ def test_capability_only_feedback_leaves_the_context_unchanged(task: AmbiguousOp
     assert record.turns[1].prompt == record.turns[0].prompt == task.prompt("add", a, b)
     assert any(not torch.equal(x, y) for x, y in zip(before, adapter_values(module), strict=True))
     assert record.parameter_shift > 0
+
+
+class BothStreamsWords(IntentWords):
+    """IntentWords, except that a hint naming another operation on an answer that is not even the reading's
+    operation is split into both errors (e_amb: the reading was wrong; e_cap: the model also failed the reading it
+    had), the case where ROSA2 revises the context and then steps the weights on it."""
+
+    def decompose(self, conversation, reading, response, feedback):
+        parts = super().decompose(conversation, reading, response, feedback)
+        faithful = response.strip() == conversation.task.execute(reading.intent, conversation.a, conversation.b)
+        hinted = conversation.task.parse_hint(feedback.hint) if feedback.hint else None
+        if hinted is not None and hinted != reading.intent and not faithful:
+            return Decomposition(True, True)
+        return parts
+
+
+def reference_step(task: AmbiguousOpsTask, prompt: str, rewards: list[float]) -> list[torch.Tensor]:
+    """The adapters of a fresh module (same init) after one ROSA step on ``prompt`` with these candidate rewards."""
+    module = make_module(task)
+    settings = module.settings
+    with torch.enable_grad():
+        logp = candidate_logprobs(module.model, module.tokenizer, prompt, task.answers())
+        target = optimum_weights(logp, torch.tensor(rewards, dtype=logp.dtype), settings.beta)
+        rosa_step([p for _, p in module.adapters()], rosa_loss(target, logp), settings.lr, settings.max_update_norm)
+    return adapter_values(module)
+
+
+def same(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool:
+    return all(torch.allclose(x, y, atol=1e-6, rtol=1e-5) for x, y in zip(xs, ys, strict=True))
+
+
+def test_rosa2_steps_the_weights_on_the_revised_context(task: AmbiguousOpsTask) -> None:
+    """ROSA2's defining order: Revise(c_k, f_k) first, then the ROSA step on c_{k+1}, not on the prompt answered."""
+    module = make_module(task)
+    a, b = next(
+        (a, b)
+        for a in range(10)
+        for b in range(10)
+        if first_answer(module, task, "add", a, b) not in (task.execute("add", a, b), task.execute("mul", a, b))
+    )
+    conversation = Conversation(task, a, b, "mul", "add", 1.0, 0)  # the hint always comes: "I meant the product"
+    record = run_conversation(
+        module.model,
+        module.tokenizer,
+        [p for _, p in module.adapters()],
+        conversation,
+        replace(module.settings, max_turns=2),
+        BothStreamsWords(),
+    )
+    first = record.turns[0]
+    assert (first.ambiguity, first.capability, first.reading_changed, first.weight_step) == (True, True, True, True)
+    revised, answered = task.prompt("mul", a, b), task.prompt("add", a, b)
+    assert record.turns[1].prompt == revised and first.prompt == answered
+    rewards = [0.0 if c == first.response else module.settings.unobserved_reward for c in task.answers()]
+    on_revised, on_answered = reference_step(task, revised, rewards), reference_step(task, answered, rewards)
+    assert not same(on_revised, on_answered)  # the two contexts give different steps: the test can tell them apart
+    assert same(adapter_values(module), on_revised)
+
+
+def test_unjudged_candidates_get_the_unobserved_reward(task: AmbiguousOpsTask) -> None:
+    """pi* of the step: the judged answer at its reward (0), every candidate the user has not judged at
+    ``unobserved_reward`` [reconstruction]."""
+    module = make_module(task, unobserved_reward=0.9, words=False, decompose=False)
+    a, b = next(
+        (a, b)
+        for a in range(10)
+        for b in range(10)
+        if first_answer(module, task, "add", a, b) != task.execute("add", a, b)
+    )
+    conversation = Conversation(task, a, b, "add", "add", 0.0, 0)
+    record = run_conversation(
+        module.model,
+        module.tokenizer,
+        [p for _, p in module.adapters()],
+        conversation,
+        replace(module.settings, max_turns=2),
+    )
+    wrong = record.turns[0].response
+    assert record.turns[0].weight_step
+    prompt = task.prompt("add", a, b)
+    expected = reference_step(task, prompt, [0.0 if c == wrong else 0.9 for c in task.answers()])
+    default = reference_step(task, prompt, [0.0 if c == wrong else 0.5 for c in task.answers()])
+    assert not same(expected, default)
+    assert same(adapter_values(module), expected)
 
 
 def test_base_weights_are_bit_identical_and_adapters_reset(task: AmbiguousOpsTask) -> None:
