@@ -136,6 +136,30 @@ def test_scheduler_updates_exactly_the_top_k_densities_with_a_deterministic_tie_
         DensityScheduler(IDS, budget=0)
 
 
+def test_density_observes_each_steps_routed_shares_not_counts():
+    """s_i = share of the step's routed critiques that went to i, so densities do not grow with the minibatch: the
+    EMA is checked by hand from the routed gradients of two steps, and 2 or 4 examples with the same routing give
+    the same densities."""
+    sim = DeepChainSim(depth=6, faulty=(2, 2), noise=0.0, seed=3)
+    method = make_optimizer("textresnet", sim, budget=1, decay=0.5)
+    expected = dict.fromkeys(sim.component_ids, 0.0)
+    for batch in ([0, 1, 2, 3], [4, 5, 6]):
+        report = method.step(sim.train_examples(batch))
+        counts = {cid: len(items) for cid, items in report.gradients.items()}
+        total = sum(counts.values())
+        assert total > 1  # several critiques routed: shares and counts differ
+        expected = {cid: 0.5 * expected[cid] + 0.5 * counts[cid] / total for cid in expected}
+        assert report.extra["density"] == pytest.approx(expected)
+
+    def first_density(batch: list[int]) -> dict[str, float]:
+        fresh = DeepChainSim(depth=6, faulty=(2, 2), noise=0.0, seed=3)
+        return (
+            make_optimizer("textresnet", fresh, budget=1, decay=0.5).step(fresh.train_examples(batch)).extra["density"]
+        )
+
+    assert first_density([0, 1]) == pytest.approx(first_density([0, 1, 2, 3]))
+
+
 def test_a_component_with_no_routed_critique_keeps_its_instruction_byte_identical():
     sim = DeepChainSim(depth=8, faulty=(1, 1), noise=0.0, seed=1)
     method = make_optimizer("textresnet", sim, budget=3)
