@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zoo.data.chat import conversation_as_text
 from zoo.data.sources import Row
 from zoo.datamodules.base import IGNORE_INDEX, RowDataModule, encode_completion
 from zoo.encoding import encode_prompt, pad_sequences
@@ -14,13 +15,20 @@ class PreferenceDataModule(RowDataModule):
 
     Batch: ``chosen_input_ids``/``chosen_attention_mask``/``chosen_labels`` and the same for ``rejected``
     (``[B, T]`` right-padded, labels ``-100`` on the prompt and padding), plus ``prompts``. Consumed by
-    :class:`zoo.modules.PreferenceModule` (``+method=dpo``); rows from JSONL (``datamodule=prefs_jsonl``) or a
-    synthetic task (``datamodule=prefs``, :class:`zoo.data.sources.TaskPreferenceSource`).
+    :class:`zoo.modules.PreferenceModule` (``+method=dpo``); rows from JSONL or a local Hugging Face dataset
+    (``datamodule=prefs_jsonl``) or a synthetic task (``datamodule=prefs``,
+    :class:`zoo.data.sources.TaskPreferenceSource`).
+
+    Conversational rows, as TRL's DPO trainer takes them, are rendered by the tokenizer's chat template
+    (:func:`zoo.data.chat.conversation_as_text`): ``prompt``, ``chosen`` and ``rejected`` as lists of
+    ``{"role", "content"}`` messages, or ``chosen``/``rejected`` as whole conversations without ``prompt`` (the
+    shared turns are the prompt).
     """
 
     required_fields = ("prompt", "chosen", "rejected")
 
     def encode(self, row: Row, index: int, split: str) -> dict[str, Any]:
+        row = conversation_as_text(row, self.tokenizer, ("chosen", "rejected"), f"{split} row {index}")
         prompt_ids = encode_prompt(self.tokenizer, row["prompt"])
         item: dict[str, Any] = {"prompt": row["prompt"]}
         for side in ("chosen", "rejected"):

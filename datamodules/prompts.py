@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.data.chat import ChatFormat
+from zoo.data.chat import ChatFormat, prompt_conversation
 from zoo.data.sources import Row
 from zoo.datamodules.base import RowDataModule, collate_columns
 from zoo.encoding import encode_prompt, pad_sequences
@@ -28,7 +28,10 @@ class PromptDataModule(RowDataModule):
         chat_format: ``none`` -- the prompt text as is, after the BOS token; ``template`` -- the prompt as one user
             message rendered by the tokenizer's chat template with the generation prompt (what an instruct model
             was trained on); the template's own BOS is not doubled (:func:`zoo.encoding.encode_prompt`). Rewards
-            and columns still see the raw ``prompt``.
+            and columns still see the raw ``prompt``. A conversational prompt (TRL's prompt-only format: ``prompt``
+            as a list of ``{"role", "content"}`` messages, or ``messages`` without ``prompt``, its last assistant turn
+            left out) is always rendered by the chat template (the zoo's turn markers without one), and ``prompts``
+            holds its last message's content.
         completion_column: pass each row's reference ``completion`` to the columns under this name (e.g.
             ``reference``, for rewards and offline stages that compare with it); ``None`` keeps it out.
         (other arguments: see :class:`~zoo.datamodules.base.RowDataModule`).
@@ -62,13 +65,19 @@ class PromptDataModule(RowDataModule):
         return ChatFormat(mode="tokenizer").render([{"role": "user", "content": prompt}], self.tokenizer)
 
     def encode(self, row: Row, index: int, split: str) -> dict[str, Any]:
-        prompt_ids = encode_prompt(self.tokenizer, self.prompt_text(row["prompt"]))
+        conversation = prompt_conversation(row, f"{split} row {index}")
+        if conversation is None:
+            prompt, text = row["prompt"], self.prompt_text(row["prompt"])
+        else:  # TRL's conversational prompt: the chat template renders it whatever chat_format says
+            prompt, text = conversation[-1]["content"], ChatFormat().render(conversation, self.tokenizer)
+        prompt_ids = encode_prompt(self.tokenizer, text)
         if len(prompt_ids) > self.max_prompt_length:
             raise DataError(
                 f"{split} row {index}: prompt has {len(prompt_ids)} tokens > datamodule.max_prompt_length="
-                f"{self.max_prompt_length} ({row['prompt'][:40]!r})"
+                f"{self.max_prompt_length} ({prompt[:40]!r})"
             )
-        columns = {k: v for k, v in row.items() if k not in ("prompt", "completion")}
+        consumed = ("prompt", "completion") if "prompt" in row else ("completion", "messages")
+        columns = {k: v for k, v in row.items() if k not in consumed}
         if self.completion_column is not None:
             if "completion" not in row:
                 raise DataError(
@@ -76,7 +85,7 @@ class PromptDataModule(RowDataModule):
                     f"reference 'completion'; this row has {sorted(row)}"
                 )
             columns[self.completion_column] = row["completion"]
-        return {"prompt_ids": prompt_ids, "prompt": row["prompt"], "columns": columns}
+        return {"prompt_ids": prompt_ids, "prompt": prompt, "columns": columns}
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         return {

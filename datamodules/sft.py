@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from zoo.data.chat import conversation_as_text
 from zoo.data.sources import Row
 from zoo.datamodules.base import IGNORE_INDEX, ListDataset, RowDataModule, collate_columns, encode_completion
 from zoo.encoding import encode_prompt, pad_sequences, tokenizer_fingerprint
@@ -17,6 +18,11 @@ from zoo.errors import DataError
 class SFTDataModule(RowDataModule):
     """Supervised fine-tuning rows (``prompt``, ``completion``; optional ``answer``, a per-sample weight, and
     pre-tokenized completions with a per-token loss mask).
+
+    Conversational rows, as TRL's SFT trainer takes them, are rendered by the tokenizer's chat template
+    (:func:`zoo.data.chat.conversation_as_text`; the zoo's turn markers when the tokenizer has none): ``messages``
+    (the last turn, an assistant turn, is the completion, the conversation before it the prompt) or ``prompt`` and
+    ``completion`` as lists of ``{"role", "content"}`` messages. The loss covers the completion and its EOS.
 
     Args:
         weight_column: the row column holding the per-sample loss weight (a finite number ``>= 0``; rows without
@@ -114,6 +120,7 @@ class SFTDataModule(RowDataModule):
         return super().build_dataset(split, rows)
 
     def encode(self, row: Row, index: int, split: str) -> dict[str, Any]:
+        row = conversation_as_text(row, self.tokenizer, ("completion",), f"{split} row {index}")
         prompt_ids = encode_prompt(self.tokenizer, row["prompt"])
         completion_ids = self.completion_tokens(row, index, split)
         mask = self.loss_mask(row, index, split, len(completion_ids))

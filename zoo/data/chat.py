@@ -211,4 +211,132 @@ def encode_conversation(
     return ids, labels
 
 
-__all__ = ["CHAT_MODES", "ROLES", "ChatFormat", "Message", "check_messages", "encode_conversation"]
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return a[:n]
+
+
+def render_prompt_completions(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: Sequence[Message],
+    completions: Sequence[Sequence[Message]],
+    chat_format: ChatFormat | None = None,
+) -> tuple[str, list[str]]:
+    """A conversational prompt and its completions as text: ``(prompt text, [completion text, ...])``.
+
+    As TRL's ``apply_chat_template`` does for prompt-completion and preference rows (``trl.data_utils``): the prompt
+    is rendered with the generation prompt, each completion is the rest of the rendering of prompt + completion, and
+    the prompt is cut to the part every rendering shares (a template whose generation prompt differs from how it
+    writes an assistant turn, e.g. one that adds a reasoning block, then still gives prompt + completion = the full
+    text). The datamodules append EOS to a completion, so the EOS that ends it in the rendering (and whitespace
+    after it) is cut. ``chat_format``: default :class:`ChatFormat` ``auto`` (the tokenizer's chat template, the
+    turn markers when it has none); the text has no leading BOS (see the module docstring).
+    """
+    chat = chat_format or ChatFormat()
+    prompt_text = chat.render(prompt, tokenizer, add_generation_prompt=True)
+    full = [chat.render([*prompt, *completion], tokenizer, add_generation_prompt=False) for completion in completions]
+    for text in full:
+        prompt_text = _common_prefix(prompt_text, text)
+    eos = tokenizer.eos_token or ""
+    texts = []
+    for text in full:
+        completion = text[len(prompt_text) :]
+        stripped = completion.rstrip()
+        if eos and stripped.endswith(eos):
+            completion = stripped[: -len(eos)]
+        texts.append(completion)
+    return prompt_text, texts
+
+
+def prompt_conversation(row: dict[str, Any], where: str) -> list[Message] | None:
+    """The prompt of a row as a conversation, or ``None`` when its prompt is text: a conversational ``prompt``, or
+    ``messages`` without a ``prompt`` (its last assistant turn, the reference completion, left out)."""
+    if isinstance(row.get("prompt"), list):
+        return check_messages(row["prompt"], f"{where}: field 'prompt'")
+    if "prompt" in row or "messages" not in row:
+        return None
+    messages = check_messages(row["messages"], f"{where}: field 'messages'")
+    if messages[-1]["role"] == "assistant":
+        messages = messages[:-1]
+    if not messages:
+        raise DataError(f"{where}: field 'messages' has no prompt before its assistant turn")
+    return messages
+
+
+def conversation_as_text(
+    row: dict[str, Any],
+    tokenizer: PreTrainedTokenizerBase,
+    completion_fields: Sequence[str],
+    where: str,
+    chat_format: ChatFormat | None = None,
+) -> dict[str, Any]:
+    """A row of TRL's conversational formats as the zoo's text row (other rows are returned unchanged).
+
+    Conversational rows: ``messages`` (without ``prompt``; its last turn, an assistant turn, is the completion and
+    everything before it the prompt), ``prompt`` and the ``completion_fields`` as lists of messages
+    (prompt-completion: ``("completion",)``; preference: ``("chosen", "rejected")``), or preference rows whose
+    ``chosen`` and ``rejected`` are whole conversations without ``prompt`` (TRL's implicit prompt: the messages they
+    share, up to the last turn before an assistant turn). The prompt becomes the text of
+    :func:`render_prompt_completions`, each completion field its text; ``messages`` is dropped.
+
+    Raises:
+        DataError: naming ``where`` and the field, for a malformed conversation or a row mixing text and
+            conversations.
+        ConfigError: ``chat_format.mode=tokenizer`` with a tokenizer without a chat template.
+    """
+    fields = ("prompt", *completion_fields)
+    uses_messages = "prompt" not in row and "messages" in row and tuple(completion_fields) == ("completion",)
+    if not uses_messages and not any(isinstance(row.get(f), list) for f in fields):
+        return row
+    out = dict(row)
+    if uses_messages:
+        messages = check_messages(out.pop("messages"), f"{where}: field 'messages'")
+        if messages[-1]["role"] != "assistant" or len(messages) < 2:
+            raise DataError(
+                f"{where}: field 'messages' must end with the assistant turn that is trained, after a prompt"
+            )
+        prompt, completions = messages[:-1], [messages[-1:]]
+    else:
+        for name in fields:
+            if name in row and not isinstance(row[name], list):
+                raise DataError(
+                    f"{where}: field '{name}' is text but {[f for f in fields if isinstance(row.get(f), list)]} "
+                    "are conversations; write all of them as text or all as lists of {role, content} messages"
+                )
+        sides = [check_messages(row[f], f"{where}: field '{f}'") for f in completion_fields]
+        if "prompt" in row:
+            prompt = check_messages(row["prompt"], f"{where}: field 'prompt'")
+        else:  # implicit prompt: the turns every side shares, ending before an assistant turn
+            shared = 0
+            while all(shared < len(s) - 1 for s in sides) and all(s[shared] == sides[0][shared] for s in sides):
+                shared += 1
+            while shared and sides[0][shared]["role"] != "assistant":
+                shared -= 1
+            if not shared:
+                raise DataError(
+                    f"{where}: no 'prompt', and {list(completion_fields)} share no turns before an assistant turn"
+                )
+            prompt = sides[0][:shared]
+            sides = [s[shared:] for s in sides]
+        completions = sides
+    prompt_text, texts = render_prompt_completions(tokenizer, prompt, completions, chat_format)
+    out["prompt"] = prompt_text
+    out.update(zip(completion_fields, texts))
+    return out
+
+
+__all__ = [
+    "CHAT_MODES",
+    "ROLES",
+    "ChatFormat",
+    "Message",
+    "check_messages",
+    "conversation_as_text",
+    "encode_conversation",
+    "prompt_conversation",
+    "render_prompt_completions",
+]
