@@ -112,7 +112,10 @@ def test_text_loss_is_one_llm_call_whose_lines_become_the_output_gradient():
 @pytest.fixture(scope="module")
 def tiny_backend():
     backbone = TinyBackbone(seed=0)
-    return HFLocalBackend(model=backbone.build_model(), tokenizer=backbone.tokenizer, max_tokens=4)
+    # the tiny model's 256-token context is shorter than the backward/projector prompts: keep their recent tokens
+    # (the backend's default, overflow=error, refuses them)
+    model, tokenizer = backbone.build_model(), backbone.tokenizer
+    return HFLocalBackend(model=model, tokenizer=tokenizer, max_tokens=4, overflow="keep_recent")
 
 
 @pytest.fixture
