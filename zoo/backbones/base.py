@@ -87,6 +87,10 @@ class Backbone(ABC):
         lora: LoRA adapters to add to the built model (``r``, ``alpha``, ``dropout``, ``target_modules``; see
             :func:`zoo.lora.inject_lora`): they become its only trainable weights, after the quantizer acted, so
             ``quant=bnb_nf4`` + ``lora`` is QLoRA (``+preset=qlora``). ``None``: no adapters. Exports merge them.
+        gradient_checkpointing: recompute each decoder layer's activations in the backward pass instead of keeping
+            them (transformers' ``gradient_checkpointing_enable``, non-reentrant ``torch.utils.checkpoint``): activation
+            memory of the training forward drops from every layer's to about one layer's, for about one more forward
+            of compute. Forwards without gradients (generation, reference log-probs) keep their KV cache.
 
     The base vocabulary is the tokenizer as built (``extra_tokens`` included): :attr:`base_vocab_size`. Tokens
     added to the tokenizer afterwards (a vocabulary extension, :mod:`zoo.vocab`) are not rows of the built model.
@@ -105,8 +109,10 @@ class Backbone(ABC):
         extra_tokens: Sequence[str] = (),
         dtype: str | None = "float32",
         lora: Mapping[str, Any] | None = None,
+        gradient_checkpointing: bool = False,
     ) -> None:
         self.init_from = None if init_from in (None, "", "none") else str(init_from)
+        self.gradient_checkpointing = bool(gradient_checkpointing)
         self.extra_tokens = tuple(extra_tokens)
         self.dtype = resolve_dtype(dtype)
         self.lora = dict(lora) if lora else None
@@ -187,6 +193,9 @@ class Backbone(ABC):
         if self.lora:
             model = inject_lora(model, self.lora)
         upcast_trainable(model)
+        if self.gradient_checkpointing:
+            # non-reentrant: gradients reach LoRA adapters behind frozen embeddings without enable_input_require_grads
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if model.generation_config is not None:
             model.generation_config.pad_token_id = self.tokenizer.pad_token_id
         return model.train()

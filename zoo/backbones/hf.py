@@ -65,8 +65,15 @@ class HFBackbone(Backbone):
         extra_tokens: Sequence[str] = (),
         dtype: str | None = "float32",
         lora: Mapping[str, Any] | None = None,
+        gradient_checkpointing: bool = False,
     ) -> None:
-        super().__init__(init_from=init_from, extra_tokens=extra_tokens, dtype=dtype, lora=lora)
+        super().__init__(
+            init_from=init_from,
+            extra_tokens=extra_tokens,
+            dtype=dtype,
+            lora=lora,
+            gradient_checkpointing=gradient_checkpointing,
+        )
         if not name_or_path:
             raise ConfigError("backbone=hf needs backbone.name_or_path=<local dir or hub id>")
         self.name_or_path = str(name_or_path)

@@ -34,8 +34,15 @@ class TinyBackbone(Backbone):
         extra_tokens: Sequence[str] = (),
         dtype: str | None = "float32",
         lora: Mapping[str, Any] | None = None,
+        gradient_checkpointing: bool = False,
     ) -> None:
-        super().__init__(init_from=init_from, extra_tokens=extra_tokens, dtype=dtype, lora=lora)
+        super().__init__(
+            init_from=init_from,
+            extra_tokens=extra_tokens,
+            dtype=dtype,
+            lora=lora,
+            gradient_checkpointing=gradient_checkpointing,
+        )
         self.arch = {
             "hidden_size": hidden_size,
             "intermediate_size": intermediate_size,

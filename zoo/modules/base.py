@@ -25,7 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.backbones.base import Backbone
 from zoo.errors import NaNLossError
-from zoo.lora import has_lora, merged_copy
+from zoo.lora import AdapterFreeReference, has_lora, lora_is_identity, merged_copy
 from zoo.protocols import SamplingParams
 from zoo.quant.base import NoQuantizer, Quantizer
 
@@ -226,18 +226,28 @@ class ZooModule(ZooBaseModule):
         self.tokenizer.save_pretrained(directory)
         return directory
 
-    def frozen_reference(self, init_from: str | None = None) -> PreTrainedModel:
+    def frozen_reference(self, init_from: str | None = None) -> torch.nn.Module:
         """A frozen copy of the policy for KL/DPO terms: the policy's current (initial) weights, or the weights at
         ``init_from`` (an export directory or a zoo ``.ckpt``), built with this module's backbone and quantizer.
 
+        A LoRA policy (``backbone.lora``, QLoRA with ``quant=bnb_nf4``) whose adapters are still the identity
+        (``B = 0``) gets no second model: its reference is the policy with the adapters disabled
+        (:class:`zoo.lora.AdapterFreeReference`, peft's ``disable_adapter()``; what TRL does with a peft policy). A
+        load-time quantized policy without LoRA gets a fresh build from the same source (its initial weights; a
+        4-bit state dict does not load into a freshly built model).
+
         Keep it out of the module's children (``object.__setattr__``) so it is never saved nor optimized. Call it
-        from ``configure_model`` after the policy is built.
+        from ``configure_model`` after the policy is built. It is built on the host; callers move it next to the
+        policy (:func:`zoo.backbones.placement.place_auxiliary`).
         """
         if init_from is None:
             if self.model is None:
                 raise RuntimeError("frozen_reference(): build the policy first (call it after configure_model)")
+            if has_lora(self.model) and lora_is_identity(self.model):
+                return AdapterFreeReference(self.model)
             reference = self.backbone.build_model(self.quantizer)
-            reference.load_state_dict(self.model.state_dict())
+            if not self.quantizer.needs_pretrained_load:
+                reference.load_state_dict(self.model.state_dict())
         else:
             reference = self.backbone.with_init_from(init_from).build_model(self.quantizer)
         return reference.requires_grad_(False).eval()

@@ -37,12 +37,13 @@ from typing import Any
 import torch
 
 from zoo.backbones.base import Backbone
+from zoo.backbones.placement import place_auxiliary
 from zoo.encoding import pad_width
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder
 from zoo.generation.prefix import SharedPrefix
 from zoo.generation.sampling import accepts_logits_to_keep
-from zoo.losses import IGNORE_INDEX, masked_token_entropy, masked_token_logprobs
+from zoo.losses import IGNORE_INDEX, masked_token_logprobs_and_entropy
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
 from zoo.modules.generating import GeneratingModule
 from zoo.protocols import GenerationOutput, GenerationResult, Verifier
@@ -172,6 +173,9 @@ class GRPOModule(GeneratingModule):
             ``rows``.
         aux: the auxiliary-loss seam (``module/grpo/aux``): ``None`` = none; an :class:`~zoo.rl.auxiliary.AuxiliaryLoss`
             builds extra items from each rollout step and adds ``aux.weight`` times their loss to every update.
+        log_entropy: log ``train/entropy``, the mean predictive entropy of the completion tokens, computed with the
+            loss's log-probs in sequence blocks (:func:`zoo.losses.masked_token_logprobs_and_entropy`); ``False``
+            skips it (no softmax over the vocabulary beyond the log-probs' ``logsumexp``).
 
     Reward functions receive ``prompts``, ``completions`` (the result's texts), ``completion_ids`` (each rollout's
     generated token ids, as TRL passes them), the dataset columns and ``step``. A reward function with a
@@ -207,6 +211,7 @@ class GRPOModule(GeneratingModule):
         reuse_rollout_logprobs: bool = True,
         rollout: RolloutSeam | None = None,
         aux: AuxiliaryLoss | None = None,
+        log_entropy: bool = True,
     ) -> None:
         generation = {"do_sample": True, "temperature": 1.0, "max_new_tokens": 64, **(generation or {})}
         eval_generation = {
@@ -260,6 +265,7 @@ class GRPOModule(GeneratingModule):
         self.max_refill_rounds = int(max_refill_rounds)
         self.mask_truncated_completions = bool(mask_truncated_completions)
         self.reuse_rollout_logprobs = bool(reuse_rollout_logprobs)
+        self.log_entropy = bool(log_entropy)
         self.rollout_seam = rollout
         self.aux = aux
         if self.dynamic_sampling and rollout is not None:
@@ -452,13 +458,11 @@ class GRPOModule(GeneratingModule):
             ).logits
         logits = logits[:, -keep:]
         targets = labels[:, start - 1 :]
-        # the temperature divides the float32 logits, after the upcast (as the sampler does)
-        logp, mask = masked_token_logprobs(logits, targets, temperature=self.sampling.temperature)
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                entropy = masked_token_entropy(logits.detach(), targets, temperature=self.sampling.temperature)[0].sum()
-        return logp, mask, entropy
+        # the temperature divides the float32 logits, after the upcast (as the sampler does); log-probs and entropy
+        # in one pass over sequence blocks (no [n, V] float32 copies)
+        return masked_token_logprobs_and_entropy(
+            logits, targets, with_entropy=with_entropy, temperature=self.sampling.temperature
+        )
 
     # -- training ---------------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -483,6 +487,8 @@ class GRPOModule(GeneratingModule):
         recomputed, ref = self.reference_logprobs(rows, need_old=self.num_iterations > 1 and old is None)
         old = recomputed if old is None else old
         aux_items = self.aux.prepare(self, rollout) if self.aux is not None else None  # rollout-time policy
+        if self.aux is not None:
+            self.share_aux_normalizer(aux_items)
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
         weight = float(rollout.get("train_weight", 1.0))
@@ -578,7 +584,10 @@ class GRPOModule(GeneratingModule):
             return out
 
         old = logprobs(self.model) if need_old else None
-        return old, (None if self.ref_model is None else logprobs(self.ref_model))
+        if self.ref_model is None:
+            return old, None
+        place_auxiliary(self.ref_model, self.model)  # not a child: the strategy does not move it (no-op once placed)
+        return old, logprobs(self.ref_model)
 
     def policy_gradients(
         self,
@@ -630,7 +639,7 @@ class GRPOModule(GeneratingModule):
             logp, mask, chunk_entropy = self.token_logprobs(
                 self.model,
                 tuple(t[chunk, :width] for t in rows),
-                with_entropy=True,
+                with_entropy=self.log_entropy,
                 start=start,
                 prefix=prefix,
                 index=chunk,
@@ -646,13 +655,15 @@ class GRPOModule(GeneratingModule):
             if is_padding:
                 continue
             total = total + loss.detach()
-            entropy = entropy + chunk_entropy
+            if chunk_entropy is not None:
+                entropy = entropy + chunk_entropy
             for key, value in info.items():
                 metrics.setdefault(key, []).append(value.detach())
         if prefix is not None:
             prefix.backward()  # the prompt's share of the gradient, through its one forward
         out = {k: torch.stack(v).mean() for k, v in metrics.items()}
-        out["entropy"] = entropy / completion_mask.sum().clamp(min=1)
+        if self.log_entropy:
+            out["entropy"] = entropy / completion_mask.sum().clamp(min=1)
         return total, out
 
     @property
@@ -692,6 +703,19 @@ class GRPOModule(GeneratingModule):
         if not self.share_prompt_forward:
             return None
         return SharedPrefix.compute(model, rows[0], rows[1], rows[2], split=start - 1)
+
+    def share_aux_normalizer(self, items: AuxiliaryItems | None) -> None:
+        """Under data parallelism (``W`` ranks) set ``items.normalizer`` to the all-reduced item count divided by ``W``
+        (every rank calls it, also one without items this step), so that DDP's gradient average of the ranks'
+        auxiliary losses is the single-process loss over the union of their items (the policy loss's normalizer is
+        made collective the same way in :meth:`policy_gradients`). One process: nothing to do (the seam divides by
+        ``items.size``)."""
+        if not self._distributed:
+            return
+        local = torch.tensor(float(items.size if items is not None else 0), device=self.device)
+        total = float(self._all_reduce(local, torch.distributed.ReduceOp.SUM))
+        if items is not None:
+            items.normalizer = max(total, 1.0) / self.trainer.world_size
 
     def auxiliary_gradients(self, items: AuxiliaryItems) -> torch.Tensor:
         """Accumulate ``aux.weight`` times the auxiliary loss over micro-batches of its items (the seam divides by

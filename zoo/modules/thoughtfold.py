@@ -57,6 +57,7 @@ class PairItems:
     batch: dict[str, torch.Tensor]
     ref_chosen: torch.Tensor
     ref_rejected: torch.Tensor
+    normalizer: float | None = None  # None: size; under data parallelism set by the module (all-reduced)
 
 
 def _pad(rows: list[list[int]], value: int) -> torch.Tensor:
@@ -289,12 +290,18 @@ class ThoughtFoldLoss(AuxiliaryLoss):
         return PairItems(len(pairs), batch, torch.cat(chosen).detach(), torch.cat(rejected).detach())
 
     def loss(self, module: Any, items: PairItems, rows: slice) -> torch.Tensor:
-        """Masked DPO of the pairs ``rows`` divided by the step's number of pairs (micro-batch invariant)."""
+        """Masked DPO of the pairs ``rows`` divided by the step's number of pairs (micro-batch invariant; under data
+        parallelism the all-reduced number over the ranks, ``items.normalizer``)."""
         chosen, rejected = pair_side_logprobs(
             module.model, {k: v[rows] for k, v in items.batch.items()}, module.tokenizer.pad_token_id
         )
         return masked_dpo_loss(
-            chosen, rejected, items.ref_chosen[rows], items.ref_rejected[rows], self.beta, normalizer=items.size
+            chosen,
+            rejected,
+            items.ref_chosen[rows],
+            items.ref_rejected[rows],
+            self.beta,
+            normalizer=items.size if items.normalizer is None else items.normalizer,
         )
 
 

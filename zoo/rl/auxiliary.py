@@ -26,9 +26,12 @@ from zoo.errors import ConfigError
 
 class AuxiliaryItems(Protocol):
     """What :meth:`AuxiliaryLoss.prepare` returns: anything with ``size`` (the number of items, split into
-    micro-batches by row slices)."""
+    micro-batches by row slices) and ``normalizer``, the divisor of the step's loss: ``None`` = ``size``; under data
+    parallelism the module sets it to the all-reduced item count over the number of ranks
+    (:meth:`zoo.modules.GRPOModule.share_aux_normalizer`)."""
 
     size: int
+    normalizer: float | None
 
 
 class AuxiliaryLoss(ABC):
@@ -52,8 +55,9 @@ class AuxiliaryLoss(ABC):
 
     @abstractmethod
     def loss(self, module: Any, items: AuxiliaryItems, rows: slice) -> torch.Tensor:
-        """The differentiable loss of the items ``rows``, divided by the step's normalizer (not by the slice's
-        size): summed over the slices of ``range(items.size)`` it is the full step's loss."""
+        """The differentiable loss of the items ``rows``, divided by the step's normalizer (``items.normalizer``, else
+        ``items.size``; not by the slice's size): summed over the slices of ``range(items.size)`` it is the full step's
+        loss."""
 
     def metrics(self) -> dict[str, float]:
         """Diagnostics of the last :meth:`prepare` (logged under ``train/``)."""
