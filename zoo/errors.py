@@ -46,3 +46,8 @@ class RunInterrupted(ZooError):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class CollectiveTimeoutError(ZooError, TimeoutError):
+    """A collective (all_reduce, broadcast, barrier, ...) waited longer than the process group's timeout: another rank
+    stopped or took a different path; the message names this rank, the collective and the timeout option."""

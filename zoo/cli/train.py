@@ -48,6 +48,7 @@ from zoo.callbacks.run_guard import describe_checkpoint, last_checkpoint_path
 from zoo.catalogue import check_entries, method_entries, method_stages, option_refusals, stack_problems
 from zoo.checkpoints import read_checkpoint
 from zoo.cli.artifacts import APP
+from zoo.cli.collectives import collective_timeout
 from zoo.cli.prerequisites import prepare
 from zoo.cli.resolvers import register_resolvers
 from zoo.errors import (
@@ -540,6 +541,11 @@ def fit(
         ) from None
     except NaNLossError as err:
         raise NaNLossError(f"{err}. {nan_advice(cfg, module, trainer)}") from None
+    except RuntimeError as err:  # a collective that waited past the process group's timeout: one line, exit 2
+        timed_out = collective_timeout(err, OmegaConf.select(cfg, "trainer.strategy.timeout.minutes", default=None))
+        if timed_out is None:
+            raise
+        raise timed_out from None
     except ValueError as err:
         schedule_end = re.fullmatch(
             r"Tried to step (\d+) times?\. The specified number of total steps is (\d+)", str(err)
