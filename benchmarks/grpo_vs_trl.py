@@ -50,6 +50,10 @@ def timed(fn, bucket: dict, key: str):
     return wrapper
 
 
+#: where both trainers run: ``cpu`` (default) or ``cuda`` (``--device cuda``, benchmarks/gpu_check.sh)
+DEVICE = "cpu"
+
+
 def run_zoo(model_dir: Path, steps: int) -> dict:
     backbone = TinyBackbone(init_from=str(model_dir))
     dm = PromptDataModule(
@@ -73,7 +77,8 @@ def run_zoo(model_dir: Path, steps: int) -> dict:
     module.policy_gradients = timed(module.policy_gradients, split, "policy loss forward + backward")
     module.reference_logprobs = timed(module.reference_logprobs, split, "old log-probs forward")
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator="gpu" if DEVICE == "cuda" else "cpu",
+        devices=1,
         max_steps=steps,
         logger=False,
         enable_checkpointing=False,
@@ -105,7 +110,7 @@ def run_trl(model_dir: Path, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(
             output_dir=out,
-            use_cpu=True,
+            use_cpu=DEVICE == "cpu",
             per_device_train_batch_size=GROUP * PROMPTS_PER_STEP,
             num_generations=GROUP,
             max_completion_length=MAX_NEW,
@@ -211,7 +216,10 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the raw numbers here")
     parser.add_argument("--before", default=None, help="the --json output of an earlier run, reported beside")
     parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both trainers run")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(args.model) if args.model else Path(tmp)
