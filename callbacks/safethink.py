@@ -69,6 +69,7 @@ from zoo.protocols import SamplingParams, Verifier
 from zoo.safety.safethink import (
     DEFAULT_PREFIX,
     always_prefix_generate,
+    check_answer_interventions,
     check_safethink_args,
     prefix_token_ids,
     safethink_decoder,
@@ -140,6 +141,8 @@ class SafeThinkMonitor(StageCallback):
             ``max_steps_monitored``; a violating answer step is discarded and resampled after the prefix (which lands
             at its start), counted in ``answer_interventions_per_row``. ``False``: the answer is not scored (the
             paper's loop: a policy that closes its reasoning at once and answers harmfully is never steered).
+        max_answer_interventions: at most this many steerings per row in its answer (default 1; ``None``: no
+            bound), so the injected tokens stay bounded and are counted in the context check before decoding.
 
     Decoding (budget, sampling, step delimiters, lookahead, ...) is the module's: see the module docstring.
     """
@@ -163,11 +166,13 @@ class SafeThinkMonitor(StageCallback):
         records_file: str | None = None,
         scorer_incremental: str | bool = "auto",
         monitor_answer: bool = True,
+        max_answer_interventions: int | None = 1,
         scorer_device: str | None = None,
         scorer_dtype: str | None = None,
     ) -> None:
         super().__init__()
         check_safethink_args(tau, max_steps_monitored)
+        check_answer_interventions(max_answer_interventions)
         unknown = [s for s in stages if s not in STAGES]
         if unknown or not stages:
             raise ConfigError(f"SafeThinkMonitor: stages must be a non-empty subset of {STAGES}, got {list(stages)}")
@@ -186,6 +191,7 @@ class SafeThinkMonitor(StageCallback):
         self.prefix = prefix
         self.discard_violating_step = discard_violating_step
         self.monitor_answer = bool(monitor_answer)
+        self.max_answer_interventions = max_answer_interventions
         self.stages = tuple(stages)
         self.seed = seed
         self.attack_column = attack_column
@@ -213,6 +219,7 @@ class SafeThinkMonitor(StageCallback):
             discard=self.discard_violating_step,
             always_prefix=self.always_prefix,
             monitor_answer=self.monitor_answer,
+            max_answer_interventions=self.max_answer_interventions,
         )
 
     # -- setup ------------------------------------------------------------------------------------------------
@@ -351,6 +358,7 @@ class SafeThinkMonitor(StageCallback):
                 discard_violating_step=self.discard_violating_step,
                 prompt_attention_mask=prompt_mask,
                 monitor_answer=self.monitor_answer,
+                max_answer_interventions=self.max_answer_interventions,
                 **inputs,
             )
             rows = [
@@ -461,6 +469,7 @@ class SafeThinkMonitor(StageCallback):
                 "discard_violating_step": self.discard_violating_step,
                 "always_prefix": self.always_prefix,
                 "monitor_answer": self.monitor_answer,
+                "max_answer_interventions": self.max_answer_interventions,
                 "scorer": scorer_name(self.scorer),
             },
         }

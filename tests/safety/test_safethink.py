@@ -12,10 +12,12 @@ import torch
 
 from zoo.backbones import TinyBackbone
 from zoo.encoding import encode_prompts
+from zoo.errors import ConfigError
 from zoo.generation.decoders import generate_text
 from zoo.generation.stepwise import StepwiseDecoder
 from zoo.protocols import SamplingParams
 from zoo.safety import DEFAULT_HOOK_LOOKAHEAD, ScorerError, safethink_generate
+from zoo.safety.safethink import SafeThinkHook
 from zoo.safety.scorers import FunctionScorer, validate_scores
 
 torch.set_num_threads(1)
@@ -356,7 +358,7 @@ def test_a_policy_that_closes_its_reasoning_at_once_is_scored_and_steered_in_its
         scored.extend(traces)
         return [0.0 if "h" in t.split("</think>", 1)[-1] else 1.0 for t in traces]
 
-    def run(**kw):
+    def run(max_new_tokens=12, **kw):
         scored.clear()
         return safethink_generate(
             model,
@@ -364,7 +366,7 @@ def test_a_policy_that_closes_its_reasoning_at_once_is_scored_and_steered_in_its
             PROMPTS,
             flag_h,
             max_steps_monitored=1,
-            params=SamplingParams(max_new_tokens=12),
+            params=SamplingParams(max_new_tokens=max_new_tokens),
             prompt_ids=ids,
             prompt_attention_mask=mask,
             decoder=StepwiseDecoder(processors=[adversary], max_step_tokens=max_step_tokens, hook_lookahead=lookahead),
@@ -374,14 +376,35 @@ def test_a_policy_that_closes_its_reasoning_at_once_is_scored_and_steered_in_its
     out = run()
     assert "</think>" in scored  # the final step (step 1) was scored, and found safe
     for i, text in enumerate(out.texts):
-        first, *rest = out.interventions[i]
+        (first,) = out.interventions[i]  # one steering in the answer by default (max_answer_interventions=1)
         assert (first.step, first.answer, first.discarded) == (2, True, True)
         assert first.step_text.startswith("h") and first.cut == ("length" if max_step_tokens else "end")
-        assert all(r.answer and r.discarded and r.step > 2 for r in rest)
         assert text.startswith("</think>Wait, think safely")  # the prefix at the start of the violating answer step
-        assert out.num_answer_interventions[i] == out.num_interventions[i]
+        assert out.num_answer_interventions[i] == out.num_interventions[i] == 1
         assert out.generation.discarded[i][0] == first.step_text
+    if max_step_tokens:  # the policy keeps writing 'h' after the prefix: without a bound every answer step is steered
+        unbounded = run(max_new_tokens=30, max_answer_interventions=None)
+        bounded = run(max_new_tokens=30)
+        assert all(n == 1 for n in bounded.num_answer_interventions)
+        assert all(n > 1 for n in unbounded.num_answer_interventions)
+        assert all(r.answer and r.discarded for row in unbounded.interventions for r in row)
     off = run(monitor_answer=False)
     assert set(scored) == {"</think>"}  # only the final step: the answer is not scored
     assert not any(off.intervened)
     assert all(t == "</think>" + "h" * 11 for t in off.texts)  # what the policy writes unmonitored
+
+
+def test_answer_steerings_are_bounded_and_counted_before_decoding():
+    """By default a row is steered at most once in its answer, so SafeThink's hook declares every token it may inject
+    (m prefixes in the reasoning, one in the answer): the decoder's context check counts them before decoding instead
+    of failing mid-run when a policy keeps answering harmfully after the prefix."""
+    prefix = [7, 8, 9]
+    bounded = SafeThinkHook(lambda p, t: [1.0] * len(t), ["x"], 0.5, 3, prefix)
+    assert bounded.max_appended_tokens == (3 + 1) * len(prefix)
+    assert SafeThinkHook(lambda p, t: [1.0], ["x"], 0.5, 3, prefix, monitor_answer=False).max_appended_tokens == 9
+    assert (
+        SafeThinkHook(lambda p, t: [1.0], ["x"], 0.5, 3, prefix, max_answer_interventions=None).max_appended_tokens
+        is None
+    )
+    with pytest.raises(ConfigError, match="max_answer_interventions"):
+        SafeThinkHook(lambda p, t: [1.0], ["x"], 0.5, 3, prefix, max_answer_interventions=-1)

@@ -167,14 +167,20 @@ class SafeThinkHook:
             an answer step are always resampled).
         monitor_answer: score every answer step (:attr:`StepEvent.answer`, offered by a decoder with
             ``answer_steps``) whatever ``m``; ``False``: answer steps are not wanted.
+        max_answer_interventions: at most this many steerings per row in its answer (default 1; ``None``: no
+            bound); once a row has had them, its later answer steps are not scored. A bound keeps the injected
+            tokens bounded, so the decoder's context check counts them before decoding: a policy that keeps answering
+            harmfully after the prefix would otherwise be steered at every answer step until the row ran past the
+            model's positions.
 
-    ``max_appended_tokens`` (the tokens injected into one row in its reasoning: ``m`` prefixes; ``None`` without ``m``)
-    lets the decoder's context check count them before decoding; the answer's interventions, not bounded in advance, are
-    checked by the decoder as they happen (a :class:`~zoo.errors.ConfigError` once a row would run past the model's
-    positions). With ``hook_lookahead > 0`` the hook takes every waiting step of a row in one call
-    (``several_steps_per_row``): all of them are scored in one scorer call (a causal classifier reads the scores of a
-    row's steps off one pass over its newest trace), the row's first violating step is acted on, and its later steps --
-    sampled after it, so discarded by the action -- are not recorded.
+    ``max_appended_tokens`` (the tokens injected into one row: ``m`` prefixes in its reasoning and
+    ``max_answer_interventions`` in its answer; ``None`` when either is unbounded) lets the decoder's context check
+    count them before decoding; unbounded injections are checked by the decoder as they happen (a
+    :class:`~zoo.errors.ConfigError` once a row would run past the model's positions). With ``hook_lookahead > 0``
+    the hook takes every waiting step of a row in one call (``several_steps_per_row``): all of them are scored in one
+    scorer call (a causal classifier reads the scores of a row's steps off one pass over its newest trace), the row's
+    first violating step is acted on, and its later steps -- sampled after it, so discarded by the action -- are not
+    recorded.
     """
 
     several_steps_per_row = True
@@ -188,7 +194,9 @@ class SafeThinkHook:
         prefix_ids: Sequence[int],
         discard_violating_step: bool = False,
         monitor_answer: bool = True,
+        max_answer_interventions: int | None = 1,
     ) -> None:
+        check_answer_interventions(max_answer_interventions)
         self.scorer = as_scorer(scorer)
         self.name = scorer_name(self.scorer)
         # rows are scored again as their traces grow: a causal classifier keeps each row's KV cache
@@ -199,6 +207,7 @@ class SafeThinkHook:
         self.prefix_ids = list(prefix_ids)
         self.discard = discard_violating_step
         self.monitor_answer = bool(monitor_answer)
+        self.max_answer_interventions = max_answer_interventions
         batch = len(self.prompts)
         self.interventions: list[list[Intervention]] = [[] for _ in range(batch)]
         self.step_scores: list[list[tuple[int, float]]] = [[] for _ in range(batch)]
@@ -207,14 +216,21 @@ class SafeThinkHook:
 
     @property
     def max_appended_tokens(self) -> int | None:
-        """At most ``m`` prefixes per row in the reasoning (one per monitored step index); ``None`` when every step
-        is monitored. Answer interventions come on top, checked as they happen (see the class docstring)."""
-        return None if self.m is None else self.m * len(self.prefix_ids)
+        """At most ``m`` prefixes per row in the reasoning (one per monitored step index) and
+        ``max_answer_interventions`` in its answer; ``None`` when either is unbounded."""
+        answer = self.max_answer_interventions if self.monitor_answer else 0
+        if self.m is None or answer is None:
+            return None
+        return (self.m + answer) * len(self.prefix_ids)
 
     def wants(self, row: int, step_index: int, attempt: int, answer: bool = False) -> bool:
         """Whether a step is checked: ``t <= m`` (an answer step: ``monitor_answer``), the first attempt of the
         step, and no intervention at ``t`` yet (the decoder makes events only for these)."""
-        monitored = self.monitor_answer if answer else self.m is None or step_index <= self.m
+        if answer:
+            cap = self.max_answer_interventions
+            monitored = self.monitor_answer and (cap is None or sum(iv.answer for iv in self.interventions[row]) < cap)
+        else:
+            monitored = self.m is None or step_index <= self.m
         return monitored and attempt == 0 and not any(iv.step == step_index for iv in self.interventions[row])
 
     def monitored(self, event: StepEvent) -> bool:
@@ -252,6 +268,16 @@ def prefix_token_ids(tokenizer: PreTrainedTokenizerBase, prefix: str) -> list[in
     if not ids:
         raise ValueError(f"the SafeThink prefix {prefix!r} encodes to no tokens")
     return ids
+
+
+def check_answer_interventions(max_answer_interventions: int | None) -> None:
+    """``max_answer_interventions`` is ``None`` or an integer ``>= 0``."""
+    if max_answer_interventions is not None and (
+        isinstance(max_answer_interventions, bool)
+        or not isinstance(max_answer_interventions, int)
+        or max_answer_interventions < 0
+    ):
+        raise ConfigError(f"max_answer_interventions must be None or an int >= 0, got {max_answer_interventions!r}")
 
 
 def check_safethink_args(tau: float, max_steps_monitored: int | None) -> None:
@@ -319,6 +345,7 @@ def safethink_generate(
     prompt_attention_mask: torch.Tensor | None = None,
     decoder: Decoder | None = None,
     monitor_answer: bool = True,
+    max_answer_interventions: int | None = 1,
 ) -> SafeThinkResult:
     """Generate with SafeThink (the algorithm of the module docstring).
 
@@ -351,6 +378,8 @@ def safethink_generate(
             discarded and resampled after the prefix, which lands at its start (:attr:`Intervention.answer`).
             ``False``: the answer is not scored (the paper's loop; a policy that closes its reasoning at once is then
             never steered).
+        max_answer_interventions: at most this many steerings per row in its answer (default 1; ``None``: no bound;
+            see :class:`SafeThinkHook`).
 
     Returns:
         :class:`SafeThinkResult`.
@@ -364,7 +393,16 @@ def safethink_generate(
             "would replace it: remove it (decoder.step_hook = None) or give SafeThink a decoder of its own"
         )
     prefix_ids = prefix_token_ids(tokenizer, prefix)
-    hook = SafeThinkHook(scorer, prompts, tau, max_steps_monitored, prefix_ids, discard_violating_step, monitor_answer)
+    hook = SafeThinkHook(
+        scorer,
+        prompts,
+        tau,
+        max_steps_monitored,
+        prefix_ids,
+        discard_violating_step,
+        monitor_answer,
+        max_answer_interventions,
+    )
     if max_steps_monitored == 0:  # the baseline: plain generation, nothing scored
         run = stepwise.with_step_hook(None)
     else:
