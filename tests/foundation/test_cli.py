@@ -11,7 +11,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from zoo.cli.train import build, check_methods, run
+from zoo.cli.train import build, check_config, check_methods, run
 from zoo.errors import CheckpointNotFoundError, ConfigError, NaNLossError
 
 from conftest import REPO_ROOT, SMALL_BASE_POLICY
@@ -167,7 +167,15 @@ def test_at_most_one_module_method(train_cfg):
         check_methods(OmegaConf.create({"methods": {"a": {"paper": "x"}}}))
 
 
-@pytest.mark.parametrize("preset", ["cpu", "gpu", "ddp", "fsdp", "deepspeed"])
+@pytest.mark.parametrize("strategy", ["trainer=deepspeed", "trainer.strategy=deepspeed_stage_3"])
+def test_deepspeed_is_refused_with_one_message_naming_what_works(train_cfg, strategy):
+    """Under DeepSpeed's precision plugin Lightning's clip_gradients is a no-op (the GRPO family would train
+    unclipped): asking for it is one message naming FSDP and DDP."""
+    with pytest.raises(ConfigError, match="DeepSpeed is not supported.*trainer=fsdp.*trainer=ddp"):
+        check_config(train_cfg([strategy]))
+
+
+@pytest.mark.parametrize("preset", ["cpu", "gpu", "ddp", "fsdp"])
 def test_trainer_presets_compose(train_cfg, preset):
     cfg = train_cfg([f"trainer={preset}"])
     assert cfg.trainer._target_ == "lightning.pytorch.Trainer"

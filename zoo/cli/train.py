@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -299,6 +300,18 @@ def check_slurm(cfg: DictConfig) -> None:
         raise ConfigError(f"SLURM_NTASKS_PER_NODE={tasks} but trainer.devices={devices}; they must match")
 
 
+def check_strategy(cfg: DictConfig) -> None:
+    """DeepSpeed is refused: under its precision plugin Lightning's ``clip_gradients`` does nothing, so the GRPO
+    family (which clips in its manual optimization) would train unclipped without a word; FSDP shards instead."""
+    strategy = cfg.get("trainer", {}).get("strategy")
+    named = strategy.get("_target_", "") if isinstance(strategy, Mapping) else strategy
+    if "deepspeed" in str(named or "").lower():
+        raise ConfigError(
+            f"trainer.strategy={named}: DeepSpeed is not supported (under its precision plugin gradient clipping is a "
+            "no-op, so training would silently run unclipped); shard with trainer=fsdp, or replicate with trainer=ddp"
+        )
+
+
 def build(cfg: DictConfig) -> tuple[pl.LightningModule, pl.LightningDataModule, pl.Trainer]:
     """The prerequisites ``cfg`` declares (:func:`zoo.cli.prerequisites.prepare`, each its own run), then the
     objects of :func:`build_objects` (for Python callers; :func:`run` prepares before its job)."""
@@ -429,6 +442,7 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(f"stage={cfg.stage!r}; use one of {STAGES}")
     check_methods(cfg)
     check_slurm(cfg)
+    check_strategy(cfg)
     check_seed(cfg)
     check_optimizer(cfg)
 
