@@ -140,6 +140,18 @@ def test_a_dataset_dict_gives_each_split_its_own_rows(tok, tmp_path):
         JsonlSource(path, path).rows("val")
 
 
+def test_a_folder_of_data_files_reads_its_splits_from_the_file_names(tmp_path):
+    """A dataset repository as the Hub lays it out (data/<split>-00000-of-00001.parquet), read offline."""
+    (tmp_path / "repo" / "data").mkdir(parents=True)
+    for split in ("train", "validation"):
+        rows = [{"question": f"{split} {i}", "response": "x"} for i in range(2)]
+        datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "repo" / "data" / f"{split}-00000-of-00001.parquet"))
+    repo = str(tmp_path / "repo")
+    source = JsonlSource(repo, repo, columns=MAPPING, cache_dir=str(tmp_path / "cache"))
+    assert [r["prompt"] for r in source.rows("train", ("prompt", "completion"))] == ["train 0", "train 1"]
+    assert [r["prompt"] for r in source.rows("val", ("prompt", "completion"))] == ["validation 0", "validation 1"]
+
+
 def test_a_missing_column_names_the_file_the_column_and_the_option(tok, tmp_path):
     path = write(QA, "parquet", tmp_path)
     with pytest.raises(DataError) as unmapped:
