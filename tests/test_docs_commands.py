@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import REPO_ROOT, SMALL_BASE_POLICY, compose_train
 
@@ -205,7 +206,9 @@ def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def write_data_files(command: Command, cwd: Path) -> None:
-    """The small data files a command names (``*.jsonl``, ``*.json``, ``*.txt``) that do not exist in ``cwd``."""
+    """The small data files a command names (``*.jsonl``, ``*.json``, ``*.txt``; ``*.parquet``, ``*.csv`` and
+    ``*_dataset`` -- a ``save_to_disk`` DatasetDict with train/validation/test splits -- of the rows, their columns
+    renamed by the command's ``datamodule.source.columns``) that do not exist in ``cwd``."""
     domains = ("code", "math", "chat")
     rows = [
         {
@@ -220,11 +223,34 @@ def write_data_files(command: Command, cwd: Path) -> None:
         }
         for i in range(48)
     ]
+    mapping: dict[str, str] = {}
+    for argument in command.argv:
+        key, _, value = argument.partition("=")
+        if key == "datamodule.source.columns":
+            mapping.update(yaml.safe_load(value) or {})
+        elif key.startswith("datamodule.source.columns."):
+            mapping[key.rsplit(".", 1)[1]] = value
+    if mapping:
+        rows = [{mapping.get(k, k): v for k, v in r.items()} for r in rows]
     for argument in command.argv:
         value = argument.split("=", 1)[-1]
-        if "/" in value or not re.fullmatch(r"[\w.-]+\.(jsonl|json|txt)", value) or (cwd / value).exists():
+        if (
+            "/" in value
+            or not re.fullmatch(r"[\w.-]+\.(jsonl|json|txt|parquet|csv)|\w+_dataset", value)
+            or (cwd / value).exists()
+        ):
             continue
-        if value.endswith(".jsonl"):
+        if value.endswith(("_dataset", ".parquet", ".csv")):
+            import datasets
+
+            data = datasets.Dataset.from_list(rows)
+            if value.endswith(".parquet"):
+                data.to_parquet(str(cwd / value))
+            elif value.endswith(".csv"):
+                data.to_csv(str(cwd / value), index=False)
+            else:
+                datasets.DatasetDict(train=data, validation=data, test=data).save_to_disk(str(cwd / value))
+        elif value.endswith(".jsonl"):
             (cwd / value).write_text("".join(json.dumps(r) + "\n" for r in rows))
         elif value.endswith(".json"):
             (cwd / value).write_text(json.dumps(dict.fromkeys(domains, 1.0)))
