@@ -190,6 +190,7 @@ def _start(cfg: DictConfig, dotted: str, node: DictConfig) -> Plan:
     # becomes the plan itself where it is marked on an eager function (e.g. zoo.cli.artifacts.train_artifact)
     arguments = OmegaConf.to_container(node, resolve=True)
     arguments["_target_"] = f"{plan.__module__}.{plan.__qualname__}"
+    arguments.pop("_partial_", None)  # the orchestrator calls a plan once, now: a partial node would return no plan
     started = instantiate(arguments, **extra)
     if not inspect.isgenerator(started):
         raise ConfigError(f"{dotted}._target_={node._target_} is marked as a prerequisite but returned no plan")
