@@ -178,13 +178,9 @@ def smoke_config(method: str, train_cfg, cache_dir: Path):
 
 
 def write_checkpoint(cfg, path: Path) -> Path:
-    """The checkpoint of the method's run: ``last.ckpt`` of its fit, or, for a method that does not train (its stage
-    is validate, test or predict), what Lightning's ``Trainer.save_checkpoint`` writes of its module."""
-    if cfg.stage == "fit":
-        run(cfg)
-        last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
-        if last.is_file():
-            return last
+    """What Lightning's ``Trainer.save_checkpoint`` writes of the method's module, built from its config as a run
+    builds it (the checkpoint's hyper-parameters, state dict and callbacks' states are those a fit's ``last.ckpt``
+    holds; the resume tests above cover optimizer state and a fit's own checkpoints)."""
     module, _, trainer = build(cfg)
     module.configure_model()
     trainer.strategy.connect(module)
