@@ -675,3 +675,26 @@ def test_a_hugging_face_backbone_trains_in_train_mode(tmp_path):
     tiny.tokenizer.save_pretrained(tmp_path)
     model = HFBackbone(str(tmp_path)).build_model()
     assert model.training and all(m.training for m in model.modules())
+
+
+def test_an_oserror_of_the_run_itself_is_not_taken_for_the_run_directory(monkeypatch, tmp_path):
+    """``cannot create the run directory`` is said of an OSError raised by Hydra's launch around the task, never of
+    one the run raised itself (read off the error's traceback: no module-level flag)."""
+    from omegaconf import OmegaConf
+
+    import zoo.cli.train as train
+
+    def disk_error(cfg):
+        raise OSError(5, "Input/output error", "/data/shard-3")
+
+    monkeypatch.setattr(train, "sweep_job", disk_error)
+    monkeypatch.setattr(train, "user_message", lambda err: None)  # a bug of the run: its traceback is kept
+    cfg = OmegaConf.create({"paths": {"output_dir": str(tmp_path / "run"), "log_dir": str(tmp_path)}})
+    with pytest.raises(OSError) as inside:
+        train.task_function(cfg)
+    assert train.raised_in_task(inside.value)
+    assert train.launch_message(inside.value) is None  # not "cannot create the run directory"
+    with pytest.raises(OSError) as outside:
+        disk_error(cfg)
+    assert not train.raised_in_task(outside.value)
+    assert "cannot create the run directory /data/shard-3" in train.launch_message(outside.value)

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -818,7 +819,7 @@ def launch_message(err: BaseException) -> str | None:
         return str(err).strip()
     if isinstance(err, OmegaConfBaseException):
         return str(err).strip().splitlines()[0] + _full_key(err)
-    if isinstance(err, OSError) and not _TASK_STARTED:
+    if isinstance(err, OSError) and not raised_in_task(err):
         where = f" {err.filename}" if err.filename else ""
         return (
             f"cannot create the run directory{where}: {err.strerror or err}; set paths.log_dir (or ZOO_LOG_DIR) to "
@@ -849,7 +850,10 @@ def remove_run_dir(path: Path, stop: Path) -> None:
         parent = parent.parent
 
 
-_TASK_STARTED = False
+def raised_in_task(err: BaseException) -> bool:
+    """Whether ``err`` came out of :func:`task_function` (the run itself), not out of Hydra's launch around it (e.g.
+    creating the run directory): the task's frame is on its traceback."""
+    return any(frame.f_code is task_function.__code__ for frame, _ in traceback.walk_tb(err.__traceback__))
 
 
 def task_function(cfg: DictConfig) -> float | None:
@@ -860,8 +864,6 @@ def task_function(cfg: DictConfig) -> float | None:
     input leaves nothing behind, a run that failed while training keeps its logs and checkpoints. An earlier run's
     directory is left as it was.
     """
-    global _TASK_STARTED
-    _TASK_STARTED = True
     output = Path(cfg.paths.output_dir)
     fresh = holds_only(output, HYDRA_FILES)
     try:
@@ -893,8 +895,6 @@ def main() -> None:
     reported here as one message with exit status 2: an unknown group option (with the choices), a misspelled key
     (with the closest existing keys), an unwritable output directory. Anything else keeps its traceback.
     """
-    global _TASK_STARTED
-    _TASK_STARTED = False
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     register_resolvers()
