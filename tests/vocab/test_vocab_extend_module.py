@@ -249,3 +249,25 @@ def test_tokens_added_after_the_tokenizer_is_built_are_not_base_rows():
     backbone.tokenizer.add_tokens(["<late>"])
     assert backbone.base_vocab_size == backbone.num_embedding_rows() == size
     assert backbone.build_model().get_input_embeddings().num_embeddings == size
+
+
+def test_full_tuning_on_a_quantized_base_trains_lora_and_the_new_rows_or_says_what_to_add():
+    """tuning=full with backbone.lora on quant=bnb_nf4 (QLoRA, as +method=nmars_sft +preset=qlora): the adapters and
+    the new rows train, the 4-bit base stays frozen; without adapters the quantized weights cannot train: one message
+    naming +preset=qlora."""
+    from zoo.quant.bnb import BnbQuantizer, is_bnb_quantized
+
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+    module = VocabExtendModule(
+        TinyBackbone(**SMALL_LLAMA, lora=lora), BnbQuantizer("nf4"), vocabulary=MarkovChainTask(**TASK), tuning="full"
+    )
+    module.configure_model()
+    trainable = [n for n, p in module.named_parameters() if p.requires_grad]
+    assert is_bnb_quantized(module.model)
+    assert any("lora_" in n for n in trainable) and any(".new_rows." in n for n in trainable)
+    assert all("lora_" in n or ".new_rows." in n for n in trainable), trainable
+    bare = VocabExtendModule(
+        TinyBackbone(**SMALL_LLAMA), BnbQuantizer("nf4"), vocabulary=MarkovChainTask(**TASK), tuning="full"
+    )
+    with pytest.raises(ConfigError, match=r"tuning=full cannot train the quantized weights of quant=bnb_nf4.*qlora"):
+        bare.configure_model()

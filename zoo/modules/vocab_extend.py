@@ -28,7 +28,7 @@ import torch
 
 from zoo.backbones.base import Backbone
 from zoo.errors import ConfigError
-from zoo.lora import DEFAULT_LORA, inject_lora, merged_copy
+from zoo.lora import DEFAULT_LORA, has_lora, inject_lora, merged_copy
 from zoo.modules.base import OptimizerFactory, SchedulerFactory
 from zoo.modules.causal_lm import CausalLMModule
 from zoo.quant.base import Quantizer
@@ -205,7 +205,17 @@ class VocabExtendModule(CausalLMModule):
         self.vocab_extension = extension
         if self.tuning == "new_rows":
             extension.freeze_base()
+        elif self.tuning == "full" and has_lora(self.model):
+            # backbone.lora (QLoRA, +preset=qlora): the backbone made its adapters the trainable weights of the
+            # (quantized) base, as TRL + peft do; the new rows train with them
+            for p in extension.parameters():
+                p.requires_grad_(True)
         elif self.tuning == "full":
+            if self.quantizer.name != "none":
+                raise ConfigError(
+                    f"module/vocab_extend/tuning=full cannot train the quantized weights of quant={self.quantizer.name}"
+                    "; train LoRA adapters on them with +preset=qlora (or backbone.lora), or use quant=none"
+                )
             self.model.requires_grad_(True)
         else:
             self.model = inject_lora(self.model, self.lora, seed=self.seed)
