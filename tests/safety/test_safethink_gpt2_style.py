@@ -78,15 +78,19 @@ def test_injected_prefix_tokens_count_in_the_context_check():
     prompts = ["JB q1=", "q2=123"]
     plain = safethink_generate(model, tok, prompts, always_unsafe, max_steps_monitored=0, **kwargs)
     assert len(plain.texts) == 2  # without injections (m = 0) it fits
-    with pytest.raises(ConfigError, match="up to 36 tokens injected"):  # m = 2 prefixes of 18 tokens, checked first
+    # m = 2 prefixes of 18 tokens, and one steering of the answer (max_answer_interventions=1), checked first
+    with pytest.raises(ConfigError, match="up to 54 tokens injected"):
         safethink_generate(model, tok, prompts, always_unsafe, max_steps_monitored=2, **kwargs)
+    with pytest.raises(ConfigError, match="up to 36 tokens injected"):  # the reasoning's two alone
+        safethink_generate(model, tok, prompts, always_unsafe, max_steps_monitored=2, monitor_answer=False, **kwargs)
     # with every step monitored the number of injections is not known in advance: refused when they run out
     with pytest.raises(ConfigError, match="exceed the model context \\(40 positions\\)"):
         safethink_generate(model, tok, prompts, always_unsafe, max_steps_monitored=None, **kwargs)
 
 
 def test_lookahead_discards_grow_the_cache_past_the_positions_and_keep_what_no_lookahead_keeps():
-    """Learned positions (48): 7-token prompts + 20 new tokens + one 18-token prefix (m = 1) fit. With
+    """Learned positions (48): 7-token prompts + 20 new tokens + one 18-token prefix (m = 1, the answer not steered)
+    fit. With
     ``hook_lookahead=20`` the violating first step waits until the row's budget runs out, the action discards the 19
     tokens sampled after it and the row decodes them again, so the KV cache holds more columns than the model has
     positions; positions come from the running mask, and greedy decoding keeps exactly what L = 0 keeps."""
@@ -101,6 +105,7 @@ def test_lookahead_discards_grow_the_cache_past_the_positions_and_keep_what_no_l
             prompts,
             always_unsafe,
             max_steps_monitored=1,
+            max_answer_interventions=0,
             params=params,
             decoder=StepwiseDecoder(step_delimiters=EVERY_CHAR, hook_lookahead=lookahead),
         )
