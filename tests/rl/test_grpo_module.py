@@ -248,10 +248,20 @@ def test_grpo_step_on_a_saved_hf_model(train_cfg, tmp_path, base_policy_cache):
     backbone.build_model().save_pretrained(tmp_path / "hf")
     backbone.tokenizer.save_pretrained(tmp_path / "hf")
     cfg = train_cfg(
-        ["+method=grpo", *GRPO_FAST, "backbone=hf", f"backbone.name_or_path={tmp_path / 'hf'}", "trainer.max_steps=1"],
+        [
+            "+method=grpo",
+            *GRPO_FAST,
+            "backbone=hf",
+            f"backbone.name_or_path={tmp_path / 'hf'}",
+            "trainer.max_steps=1",
+            # a pretrained backbone starts from its own weights (no base policy): a length-biased reward varies
+            # across this random model's completions, so the first update moves the weights
+            "module/grpo/rewards=proxy_rm",
+        ],
         cache_dir=base_policy_cache,
     )
     module, datamodule, trainer = build(cfg)
+    assert cfg.backbone.init_from is None  # the saved model's own weights, not a base policy
     before = [p.detach().clone() for p in TinyBackbone(init_from=str(tmp_path / "hf")).build_model().parameters()]
     trainer.fit(module, datamodule)
     after = list(module.model.parameters())
