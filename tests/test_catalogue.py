@@ -11,29 +11,50 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+import zoo.cli.train as train_module
 from zoo.catalogue import (
     KINDS,
+    QLORA_QUANTS,
     README_END,
     README_START,
     by_paper,
     check_entries,
     file_problems,
+    group_options,
     listing,
     load_catalogue,
     main,
     method_entries,
+    method_stages,
     stale_files,
 )
 from zoo.cli.train import check_methods, run
 from zoo.errors import ConfigError
+from zoo.quant.base import layer_stored_bits
 
 from conftest import REPO_ROOT, SMALL_BASE_POLICY
 
 METHODS = sorted(p.stem for p in (REPO_ROOT / "conf" / "method").glob("*.yaml"))
+REFUSABLE = [*group_options("backbone"), "none", *group_options("quant")]
 PAPERS, CATALOGUE = load_catalogue()
 COMBINATIONS = [(m.name, b, q) for m in CATALOGUE.values() for b, q in m.combinations]
+STAGES = method_stages()
+# cheap settings of the post-hoc quantizers for the smoke runs (skipped where the composed quantizer lacks the key)
+QUANT_SMOKE = {
+    "nanoquant": [
+        "quant.rank_multiple=8",
+        "quant.admm.outer_iters=10",
+        "quant.block.ep_epochs=1",
+        "quant.block.fact_epochs=1",
+        "quant.kd_epochs=1",
+        "quant.calibration.num_samples=4",
+        "quant.calibration.seq_len=32",
+    ],
+    "sign": ["quant.calibration.num_samples=4", "quant.calibration.seq_len=32"],
+    "onebit": ["quant.calibration.num_samples=4", "quant.calibration.seq_len=32"],
+}
 # small data sets for every smoke run (fast_dev_run uses one batch, but data sets are built whole)
 SMALL_DATA = [
     "datamodule.source.num_train=256",
@@ -118,6 +139,47 @@ def test_a_bad_entry_gets_one_message_per_problem():
         check_entries({"x": {**good, "family": "causal_lm_v2"}})
 
 
+def test_refused_options_are_validated_and_listed_with_their_reason():
+    good = method_entries()["doremi"]
+    assert CATALOGUE["doremi"].refusal("bnb_nf4") and CATALOGUE["doremi"].refusal("none") is None
+    bad = {**good, "refuses": {"bnb_nf4": "", "none": "declared too", "gpt5": "no such option", "sign": "a\nb"}}
+    with pytest.raises(ConfigError) as err:
+        check_entries({"doremi": good, "broken": bad})
+    lines = [line.strip() for line in str(err.value).splitlines()[1:]]
+    assert sorted(lines) == sorted(
+        [
+            "methods.broken.refuses.bnb_nf4 must be a one-line reason",
+            "methods.broken.refuses.none: none is also declared as tested; keep one of the two",
+            f"methods.broken.refuses.gpt5: not a backbone or quant option of {sorted(set(REFUSABLE))}",
+            "methods.broken.refuses.sign must be a one-line reason",
+        ]
+    ), lines
+    with pytest.raises(ConfigError, match=r"methods.broken.refuses must be a mapping"):
+        check_entries({"broken": {**good, "refuses": ["bnb_nf4"]}})
+
+
+def test_a_refused_option_stops_the_run_naming_why_and_what_works(train_cfg, caplog):
+    """A pair the method refuses is an error before anything is built; an undeclared one is a warning."""
+    with pytest.raises(ConfigError) as err:
+        check_methods(train_cfg(["+method=doremi", "quant=bnb_int8"]))
+    message = str(err.value)
+    assert message.startswith("+method=doremi refuses quant=bnb_int8: " + CATALOGUE["doremi"].refusal("bnb_int8"))
+    assert message.endswith("It runs with quant=none")
+    with caplog.at_level("WARNING", logger="zoo"):
+        check_methods(train_cfg(["+method=doremi", "quant=sign"]))
+    assert "does not declare quant=sign" in caplog.text
+
+
+def test_the_smoke_runs_cover_each_declared_cell_once():
+    """Each backbone with the method's own quantizer, each other quantizer on its own backbone: every ✓ of the
+    matrix is one run, and none runs twice."""
+    for method in CATALOGUE.values():
+        cells = method.combinations
+        assert len(cells) == len(set(cells)) == len(method.backbones) + len(method.quantizers) - 1, method.name
+        assert {b for b, _ in cells} == set(method.backbones) and {q for _, q in cells} == set(method.quantizers)
+        assert cells[0] == (method.backbones[0], method.quantizers[0])
+
+
 def test_a_method_entry_drives_the_generated_pages(tmp_path):
     """Changing an entry makes both generated files stale; --write regenerates them; --check agrees."""
     shutil.copy(REPO_ROOT / "README.md", tmp_path / "README.md")
@@ -195,9 +257,15 @@ def test_index_has_one_row_per_paper_and_the_matrix():
     with_methods = {m.paper for m in CATALOGUE.values()}
     assert len(planned) == sum(1 for p in PAPERS if not p.baseline and p.ref not in with_methods)
     matrix = index[index.index("## Compatibility") :]
+    notes = dict(re.findall(r"^\[\^(\d+)\]: (.+)$", matrix, re.M))
     for method in CATALOGUE.values():
         row = next(line for line in matrix.splitlines() if line.startswith(f"| `{method.name}` |"))
         assert row.count("✓") == len(method.backbones) + len(method.quantizers), row
+        refused = re.findall(r"✗\[\^(\d+)\]", row)
+        assert len(refused) == len(method.refuses), row
+        for number, (option, reason) in zip(refused, method.refuses, strict=True):
+            assert notes[number] == f"`{method.name}` refuses `{option}`: {reason}"
+    assert any(m.refuses for m in CATALOGUE.values()) and len(notes) == sum(len(m.refuses) for m in CATALOGUE.values())
     assert "docs/index.md" in (REPO_ROOT / "README.md").read_text()
 
 
@@ -245,10 +313,30 @@ def combination_overrides(backbone: str, quant: str, saved: dict[str, Path]) -> 
     return overrides
 
 
+def qlora_cell(method: str, quant: str) -> bool:
+    """Whether the cell trains LoRA adapters on a frozen quantized base: a method that trains a language model (kind
+    module, stage fit) under a bitsandbytes quantizer (QLoRA)."""
+    return quant in QLORA_QUANTS and CATALOGUE[method].kind == "module" and STAGES.get(method) in (None, "fit")
+
+
+def cell_overrides(method: str, backbone: str, quant: str, composed: DictConfig) -> list[str]:
+    """What a cell adds to the method's own config: QLoRA's adapters (``+preset=qlora``, with the cell's quantizer)
+    unless the method sets ``backbone.lora`` itself, and the quantizer's cheap settings (:data:`QUANT_SMOKE`)."""
+    extra = list(QUANT_SMOKE.get(quant, ()))
+    if qlora_cell(method, quant) and OmegaConf.select(composed, "backbone.lora") is None:
+        extra.insert(0, "+preset=qlora")
+    return extra
+
+
 @pytest.mark.parametrize(("method", "backbone", "quant"), COMBINATIONS, ids=["-".join(c) for c in COMBINATIONS])
-def test_declared_combination_runs_fast_dev_run(method, backbone, quant, train_cfg, base_policy_cache, saved_backbones):
-    """``methods.<name>.smoke`` may list cheap settings for this run (fewer ADMM steps, ...); these and
-    :data:`SMALL_DATA` are skipped where the composed config has no such key (e.g. NanoQuant's under ``quant=sign``)."""
+def test_declared_combination_runs_fast_dev_run(
+    method, backbone, quant, train_cfg, base_policy_cache, saved_backbones, monkeypatch
+):
+    """One cell of the compatibility matrix: one composition and one ``fast_dev_run`` (one training step and one
+    validation batch, or one evaluation batch), in process. ``methods.<name>.smoke`` may list cheap settings for
+    this run (fewer ADMM steps, ...); these and :data:`SMALL_DATA` are skipped where the composed config has no such
+    key (e.g. NanoQuant's under ``quant=sign``). The quantizer must have acted on the built model, and a QLoRA cell
+    (:func:`qlora_cell`) must train LoRA adapters only, on bitsandbytes layers."""
     overrides = [
         f"+method={method}",
         "debug=fdr",
@@ -258,6 +346,8 @@ def test_declared_combination_runs_fast_dev_run(method, backbone, quant, train_c
     ]
     composed = train_cfg(overrides, cache_dir=base_policy_cache)
     absent = object()
+    overrides += cell_overrides(method, backbone, quant, composed)
+    composed = train_cfg(overrides, cache_dir=base_policy_cache)
     smoke = [
         s
         for s in [*SMALL_DATA, *CATALOGUE[method].smoke]
@@ -268,5 +358,16 @@ def test_declared_combination_runs_fast_dev_run(method, backbone, quant, train_c
     assert cfg.hydra.runtime.choices["quant"] == quant
     if backbone != "none":
         assert cfg.hydra.runtime.choices["backbone"] == backbone
+    built = []  # the objects of the cell's own job (the last build; prerequisites build theirs first)
+    real_build = train_module.build_objects
+    monkeypatch.setattr(train_module, "build_objects", lambda c: built.append(real_build(c)) or built[-1])
     metrics = run(cfg)
     assert metrics, f"{method} on backbone={backbone} quant={quant} logged no metric"
+    module = built[-1][0]
+    if quant != "none":
+        quantized = [m for m in module.modules() if layer_stored_bits(m) is not None]
+        assert quantized, f"quant={quant} left no quantized layer in {method}'s model"
+    if qlora_cell(method, quant):
+        # LoRA adapters, plus the rows a vocabulary extension adds (its method trains them on the frozen base)
+        trainable = [n for n, p in module.named_parameters() if p.requires_grad]
+        assert trainable and all(re.search(r"\blora_|\.new_rows\.", n) for n in trainable), trainable[:5]
