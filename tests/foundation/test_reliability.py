@@ -443,6 +443,18 @@ OTHER_BAD_INPUTS = {
         "has 7 tokens); this would stop the run at its first generation. Lower module.generation.max_new_tokens (or "
         "the module's eval_generation) to at most 249",
     ),
+    # GRPO's rollouts sample from the training prompts with module.generation's budget (evaluation's is within it)
+    "rollout_budget_beyond_the_context": (
+        [
+            "+method=grpo",
+            "backbone.init_from=null",
+            "module.generation.max_new_tokens=250",
+            "+module.eval_generation.max_new_tokens=16",
+            "datamodule.source.num_train=64",
+            "datamodule.source.num_val=16",
+        ],
+        "train: 64 of 64 prompts do not fit the backbone's context of 256 positions with max_new_tokens 250",
+    ),
     # stacks: each message names the two methods and why (was Hydra's "Could not override 'datamodule/weighting'",
     # a complaint about backbone=none, and an SFT run silently skipped for 94 s of validation)
     "stack_of_two_training_modules": (

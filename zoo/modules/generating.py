@@ -103,18 +103,24 @@ class GeneratingModule(ZooModule):
             return []
         return {"fit": ["val"], "validate": ["val"], "test": ["test"]}.get(stage, [])
 
+    def training_generation(self, stage: str) -> list[tuple[str, int]]:
+        """``(split, max_new_tokens)`` of what the module generates from while it trains in ``stage`` (rollouts;
+        default: nothing)."""
+        return []
+
     def check_data(self, datamodule: Any, stage: str) -> None:
         """Before the run (``train.py`` calls it once the datamodule is set up, before the run directory is written):
-        the longest prompt of every split the stage generates from, plus :attr:`eval_sampling`'s ``max_new_tokens``
-        (plus the tokens the decoder declares it injects), must fit the backbone's context; otherwise the decoder's
-        own check (:func:`zoo.generation.sampling.check_context`) would stop the run at its first validation, after
-        the training steps before it. Datamodules without encoded ``prompt_ids`` items are not checked here."""
+        the longest prompt of every split the stage generates from, plus the budget it generates with
+        (:attr:`eval_sampling`'s ``max_new_tokens`` for evaluation, :meth:`training_generation`'s for rollouts) and
+        the tokens the decoder declares it injects, must fit the backbone's context; otherwise the decoder's own check
+        (:func:`zoo.generation.sampling.check_context`) would stop the run at its first generation, after the training
+        steps before it. Datamodules without encoded ``prompt_ids`` items are not checked here."""
         context = self.backbone.context_length() if self.backbone is not None else None
         if context is None or not hasattr(datamodule, "dataset"):
             return
-        budget = self.eval_sampling.max_new_tokens
         injected = getattr(self.decoder, "max_injected_tokens", lambda: 0)()
-        for split in self.generation_splits(datamodule, stage):
+        planned = [(split, self.eval_sampling.max_new_tokens) for split in self.generation_splits(datamodule, stage)]
+        for split, budget in [*planned, *self.training_generation(stage)]:
             lengths = [len(item["prompt_ids"]) for item in datamodule.dataset(split) if "prompt_ids" in item]
             longest = max(lengths, default=0)
             if lengths and longest + budget + injected > context:

@@ -183,6 +183,10 @@ class GRPOModule(GeneratingModule):
     ``reward_processing_classes`` in spirit; e.g. :class:`zoo.rl.nmars.NMarsReward`).
     """
 
+    def training_generation(self, stage: str) -> list[tuple[str, int]]:
+        """Rollouts sample from the training prompts with :attr:`sampling`'s budget (checked before the run)."""
+        return [("train", self.sampling.max_new_tokens)] if stage == "fit" else []
+
     def __init__(
         self,
         backbone: Backbone,
