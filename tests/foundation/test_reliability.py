@@ -507,17 +507,18 @@ def test_documented_stacks_and_a_chosen_stage_pass_the_stack_check(train_cfg):
 
 
 def test_an_undeclared_backbone_or_quantizer_is_warned_once(train_cfg, caplog):
-    """``+method=wet quant=bnb_nf4`` ran without a word although wet declares only quant=none."""
+    """An undeclared pair (``+method=drift_rollouts quant=bnb_nf4``: drift_rollouts declares only quant=none) is warned
+    about once (``+method=wet quant=bnb_nf4``, undeclared when this was found, ran without a word)."""
     from zoo.cli.train import check_methods
 
-    cfg = train_cfg(["+method=wet", "quant=bnb_nf4"])
+    cfg = train_cfg(["+method=drift_rollouts", "quant=bnb_nf4"])
     with caplog.at_level(logging.WARNING, logger="zoo"):
         check_methods(cfg)
         check_methods(cfg)  # run() and its job both check: one warning
     warned = [r.getMessage() for r in caplog.records if "does not declare" in r.getMessage()]
     assert warned == [
-        "method 'wet' does not declare quant=bnb_nf4: methods.wet.quantizers lists ['none'], the pairs that "
-        "tests/test_catalogue.py runs; this combination is untested"
+        "method 'drift_rollouts' does not declare quant=bnb_nf4: methods.drift_rollouts.quantizers lists ['none'], "
+        "the pairs that tests/test_catalogue.py runs; this combination is untested"
     ]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="zoo"):

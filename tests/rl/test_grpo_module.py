@@ -255,8 +255,11 @@ def test_grpo_step_on_a_saved_hf_model(train_cfg, tmp_path, base_policy_cache):
             f"backbone.name_or_path={tmp_path / 'hf'}",
             "trainer.max_steps=1",
             # a pretrained backbone starts from its own weights (no base policy): a length-biased reward varies
-            # across this random model's completions, so the first update moves the weights
+            # across this random model's completions (it ends a row with EOS now and then: in 64 tokens about every
+            # other row), so the first update moves the weights
             "module/grpo/rewards=proxy_rm",
+            "module.generation.max_new_tokens=64",
+            "module.group_size=8",
         ],
         cache_dir=base_policy_cache,
     )
