@@ -323,6 +323,7 @@ class Decoder(ABC):
         generator: torch.Generator | None,
         row_stop: RowStop | None = None,
         no_eos: torch.Tensor | None = None,
+        race_groups: torch.Tensor | None = None,
     ) -> GenerationResult:
         """Sample from a prefilled ``state`` one token per row per step until every row has stopped.
 
@@ -341,6 +342,9 @@ class Decoder(ABC):
             row_stop: an extra per-row stop test (e.g. a sentence end).
             no_eos: ``[B]`` bool, rows that may not sample a stop token (logits set to ``-inf`` after the processors,
                 so the sampling distribution and the returned log-probs are renormalised over the other tokens).
+            race_groups: ``[B]`` group id of each row: once a row of a group finishes, the group's other rows stop
+                in the same step, unfinished (a race of independent samples whose first finisher wins, e.g.
+                shortest-of-N in :class:`~zoo.generation.voting.SelfConsistencyDecoder`).
 
         Returns:
             a :class:`~zoo.protocols.GenerationResult`; ``finished`` is true for rows stopped by EOS, a
@@ -391,6 +395,8 @@ class Decoder(ABC):
                         hit_eos[i] = True
             finished |= hit_eos
             done |= hit_eos
+            if race_groups is not None and bool(hit_eos.any()):
+                done |= torch.isin(race_groups, race_groups[finished])
             if bool(done.all()):
                 break
             still = ~done[live]

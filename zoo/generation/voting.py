@@ -7,7 +7,9 @@
 * :class:`SelfConsistencyDecoder` (``module/decoder=self_consistency``) -- *Self-Consistency Improves Chain of
   Thought Reasoning in Language Models* (Wang et al., arXiv 2203.11171): ``num_samples`` independent samples per
   prompt, majority vote over their extracted answers; the returned completion is the first sample that gave the
-  winning answer.
+  winning answer. With ``select=shortest`` (``module/decoder=shortest_of_n``) it is the compute-matched baseline of
+  DTS-Greedy (arXiv 2511.00640): the samples race in lockstep and the first to finish (the shortest) is returned;
+  the other samples stop in that step, so the work is what a lockstep decode of ``N`` traces spends until one ends.
 
 Answers are extracted by the task's verifier (:meth:`zoo.answers.AnswerVerifier.extract_answer`, configs pass
 ``verifier: ${task}``); traces without an answer (``None`` or empty) do not vote.
@@ -27,6 +29,9 @@ from zoo.answers import EXACT_ANSWER, AnswerVerifier
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill, SampleDecoder
 from zoo.protocols import GenerationResult, SamplingParams
+
+# how SelfConsistencyDecoder picks the returned sample: majority vote, or the first to finish
+SELECT_RULES = ("vote", "shortest")
 
 
 def majority_vote(answers: Iterable[str | None]) -> str | None:
@@ -115,11 +120,20 @@ class SelfConsistencyDecoder(Decoder):
     Every sample has the module's ``max_new_tokens`` budget, the same as each DTS hypothesis, so the comparison is
     at a matched per-trace budget; :attr:`VotedResult.decoded_tokens` reports the total work.
 
+    ``select=shortest`` (``module/decoder=shortest_of_n``): the shortest finished sample instead of the vote. The
+    samples of a prompt race (``race_groups`` of :meth:`~zoo.generation.decoders.Decoder.sample_loop`): when one
+    finishes, the others stop in the same step, unfinished, which changes no sample's tokens up to that step, so the
+    returned trace is the shortest of the ``N`` full samples and the work is ``sum_j min(len_j, len_shortest)``.
+    Samples that finish in that same step vote as DTS-Greedy's do (answers that cannot be parsed do not vote; the
+    first sample with the winning answer is returned); when none finishes within the budget, the first sample is
+    returned, unfinished.
+
     Args:
-        num_samples: samples per prompt (``B`` of the vote).
+        num_samples: samples per prompt (``B`` of the vote, ``N`` of shortest-of-N).
         temperature: sampling temperature of the samples (``None``: the module's sampling settings; ``0`` would
             make all samples identical and is refused).
         verifier: extracts the answer of a sample (``None``: the shared ``</think>ANSWER`` format).
+        select: ``vote`` (self-consistency) or ``shortest`` (the first finished sample; see above).
         processors, hooks: as every :class:`~zoo.generation.decoders.Decoder`.
     """
 
@@ -130,8 +144,11 @@ class SelfConsistencyDecoder(Decoder):
         verifier: AnswerVerifier | None = None,
         processors: Iterable[LogitsProcessor] = (),
         hooks: Iterable[ForwardHook] = (),
+        select: str = "vote",
     ) -> None:
         super().__init__(processors, hooks)
+        if select not in SELECT_RULES:
+            raise ConfigError(f"module.decoder.select must be one of {SELECT_RULES}, got {select!r}")
         if int(num_samples) < 1:
             raise ConfigError(f"module.decoder.num_samples must be >= 1, got {num_samples}")
         if temperature is not None and temperature <= 0:
@@ -141,6 +158,7 @@ class SelfConsistencyDecoder(Decoder):
         self.num_samples = int(num_samples)
         self.temperature = temperature
         self.verifier = check_verifier(verifier, "module.decoder")
+        self.select = select
 
     def decode(
         self,
@@ -158,13 +176,21 @@ class SelfConsistencyDecoder(Decoder):
                 "set module.decoder.temperature or the module's do_sample=true"
             )
         inner = SampleDecoder(processors=self.processors)  # the hooks are already attached by __call__
-        samples = inner.decode(model, tokenizer, prefill.repeat_interleave(n), params, generator)
-        lengths = samples.lengths.tolist()
+        repeated = prefill.repeat_interleave(n)
+        race = torch.arange(batch, device=prefill.device).repeat_interleave(n) if self.select == "shortest" else None
+        samples = inner.sample_loop(
+            repeated.start(model), repeated.prompt_ids, tokenizer, params, generator, race_groups=race
+        )
+        lengths, ended = samples.lengths.tolist(), samples.finished.tolist()
         rows, values, texts, finished, answers, voted = [], [], [], [], [], []
         for i in range(batch):
-            group_answers = [self.verifier.extract_answer(samples.texts[j]) for j in range(i * n, (i + 1) * n)]
+            group = range(i * n, (i + 1) * n)
+            if self.select == "shortest":
+                # the samples that finished (all in the step the race ended), else the first one
+                group = [j for j in group if ended[j]] or [i * n]
+            group_answers = [self.verifier.extract_answer(samples.texts[j]) for j in group]
             winner = majority_vote(group_answers)
-            chosen = i * n + first_index(group_answers, winner)
+            chosen = group[first_index(group_answers, winner)]
             texts.append(samples.texts[chosen])
             rows.append(samples.completion_ids[chosen, : lengths[chosen]].tolist())
             values.append(samples.logprobs[chosen, : lengths[chosen]].tolist())
