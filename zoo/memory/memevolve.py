@@ -17,6 +17,12 @@ Per round (:meth:`MemEvolve.run_round`):
    there); the final winner is the next base. Since the base is in the tournament, every finalist -- so the winner --
    scores at least the base's tournament score under the selection order.
 
+What each round changed and what the change contributed: the record names the winner's changed genotype fields
+(``change``) and, with ``reference_base=True`` (a zoo addition; it never takes part in selection), also runs the base on
+the finals stream (``base_finals``), so the winner and the base are compared on the x new finals tasks, which neither
+was selected on. ``design_modules`` restricts which modules the designer may change: ``[top_k]`` is the "tune top_k
+only" control, the same loop and the same number of candidate evaluations with only ``top_k`` varied.
+
 Selection (:func:`selection_order`): ``lexicographic`` sorts by (accuracy desc, tokens asc) (the released default);
 ``pareto`` sorts by non-dominated rank on (accuracy up, tokens down, time down) and, within a rank, by the released
 tie-break ``0.6 acc + 0.25 token_norm + 0.15 time_norm`` (min-max normalised, lower cost -> 1). Remaining ties go to
@@ -62,6 +68,7 @@ ISOLATIONS = ("process", "inline")
 TIE_BREAK = (0.6, 0.25, 0.15)  # accuracy, token_norm, time_norm (released Pareto tie-break)
 STARTUP_GRACE = 60.0  # seconds a sandboxed child may take to start Python and load the zoo (and torch)
 LOG_KEYS = ("requests", "items", "hits", "duplicates", "facts", "chars")
+DESIGN_MODULES = ("retrieve", "store", "manage", "encode", "top_k")  # what diagnose scores and the designer changes
 
 
 # -- the inner loop -----------------------------------------------------------------------------------------------
@@ -355,12 +362,20 @@ def mutations(genotype: Genotype, module: str) -> list[Genotype]:
 
 
 def rule_based_design(
-    base: Genotype, diagnosis: dict[str, Any], count: int, rng: random.Random, seen: set[str]
+    base: Genotype,
+    diagnosis: dict[str, Any],
+    count: int,
+    rng: random.Random,
+    seen: set[str],
+    modules: tuple[str, ...] | list[str] = DESIGN_MODULES,
 ) -> list[tuple[Genotype, str]]:
     """``count`` new genotypes: mutations of the worst module first (in a seeded random order), then of the next
-    worst, skipping genotypes already evaluated (``seen``, by :meth:`Genotype.describe`)."""
+    worst, skipping genotypes already evaluated (``seen``, by :meth:`Genotype.describe`). Only ``modules`` are
+    changed; when their move sets run out and ``top_k`` is allowed, the nearest untried ``top_k`` values fill the
+    ``count`` (so a ``[top_k]``-only designer keeps the same candidate budget round after round)."""
     out: list[tuple[Genotype, str]] = []
-    for module in diagnosis["order"]:
+    order = [module for module in diagnosis["order"] if module in modules]
+    for module in order:
         options = mutations(base, module)
         rng.shuffle(options)
         for option in options:
@@ -369,6 +384,14 @@ def rule_based_design(
             if option.describe() not in seen:
                 seen.add(option.describe())
                 out.append((option, module))
+    if "top_k" in order:
+        nearest = sorted(range(1, 4 * base.top_k + count + 2), key=lambda k: (abs(k - base.top_k), k))
+        for option in (base.mutate(top_k=k) for k in nearest):
+            if len(out) >= count:
+                break
+            if option.describe() not in seen:
+                seen.add(option.describe())
+                out.append((option, "top_k"))
     return out
 
 
@@ -436,6 +459,9 @@ class MemEvolve:
         designer: optional :class:`LLMDesigner`; llm_candidates: its candidates per round (added to the rules').
         max_steps: step cap per task (``None``: the environment's budget).
         base_in_finals: also send the base to the finals (released: only the top-t go) [option].
+        reference_base: run the base on the finals stream too when it is not a finalist, outside selection, to
+            measure what the round's change contributed on tasks nobody was selected on [zoo addition; logging].
+        design_modules: the modules the rule-based designer may change (``[top_k]``: the tune-top_k-only control).
         extra_candidates: ``round -> [Candidate, ...]`` added to a round (tests inject failing systems here).
     """
 
@@ -459,6 +485,8 @@ class MemEvolve:
     llm_candidates: int = 1
     max_steps: int | None = None
     base_in_finals: bool = False
+    reference_base: bool = True
+    design_modules: tuple[str, ...] | list[str] = DESIGN_MODULES
     extra_candidates: dict[int, list[Candidate]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -471,6 +499,13 @@ class MemEvolve:
                 raise ConfigError(f"module.{name} must be >= 1, got {getattr(self, name)}")
         if int(self.candidates) < 0 or not 0 <= int(self.reused) <= int(self.tasks):
             raise ConfigError(f"need candidates >= 0 and 0 <= reused ({self.reused}) <= tasks ({self.tasks})")
+        modules = [str(m) for m in self.design_modules]
+        if not modules or any(m not in DESIGN_MODULES for m in modules):
+            raise ConfigError(
+                f"module.design_modules={modules}; use a non-empty subset of {list(DESIGN_MODULES)} "
+                "(e.g. [top_k] for the tune-top_k-only control)"
+            )
+        self.design_modules = tuple(modules)
         self.work_dir = Path(self.work_dir)
         if self.work_dir.exists() and any(self.work_dir.iterdir()):
             raise ConfigError(f"MemEvolve work_dir {self.work_dir} is not empty; give a new directory")
@@ -499,7 +534,7 @@ class MemEvolve:
         out = [
             Candidate(f"r{r}c{i}", genotype.mutate(name=f"r{r}c{i}"), origin=f"rule:{module}")
             for i, (genotype, module) in enumerate(
-                rule_based_design(base, diagnosis, self.candidates, self.rng, self.seen)
+                rule_based_design(base, diagnosis, self.candidates, self.rng, self.seen, self.design_modules)
             )
         ]
         if self.designer is not None:
@@ -528,6 +563,9 @@ class MemEvolve:
         finals = [self.evaluate(c, "finals", final_tasks, self.timeout) for c in finalists]
         final_order = selection_order(finals, self.selection, self.pareto_time)
         winner = finalists[final_order[0]] if final_order else base
+        base_finals = next((x for c, x in zip(finalists, finals, strict=True) if c is base), None)
+        if base_finals is None and self.reference_base:
+            base_finals = self.evaluate(base, "finals", final_tasks, self.timeout)
         points = [_objectives(x, self.pareto_time) for x in results if x.get("ok")]
         record = {
             "round": r,
@@ -542,6 +580,8 @@ class MemEvolve:
             "finals": [_summary(x) | {"system": c.describe()} for c, x in zip(finalists, finals, strict=True)],
             "finals_order": [finalists[i].name for i in final_order],
             "winner": winner.to_dict(),
+            "change": _change(base, winner),
+            "base_finals": _summary(base_finals) | {"system": base.describe()} if base_finals is not None else None,
             "tasks": {"tournament": tournament_tasks, "finals": final_tasks, "smoke": smoke},
         }
         with (self.work_dir / "rounds.jsonl").open("a") as handle:
@@ -558,8 +598,25 @@ class MemEvolve:
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The saved part of an evaluation; ``scores`` holds the per-task scores in the order the tasks ran."""
     keys = ("name", "ok", "error", "success", "tokens", "time", "memory", "failed_with_hits", "store_dir")
-    return {k: result.get(k) for k in keys if k in result}
+    out = {k: result.get(k) for k in keys if k in result}
+    if "episodes" in result:
+        out["scores"] = [float(row["score"]) for row in result["episodes"]]
+    return out
+
+
+def _change(base: Candidate, winner: Candidate) -> dict[str, Any]:
+    """What the round's winner changed in the base: the genotype fields that differ (``["code"]`` for generated code,
+    ``[]`` when the base is kept) and the designer's move (``winner.origin``, e.g. ``rule:top_k``)."""
+    if winner is base:
+        return {"origin": "kept", "modules": [], "from": base.describe(), "to": base.describe()}
+    if base.genotype is None or winner.genotype is None:
+        fields_changed = ["code"]
+    else:
+        old, new = base.genotype.to_dict(), winner.genotype.to_dict()
+        fields_changed = [k for k in old if k != "name" and old[k] != new[k]]
+    return {"origin": winner.origin, "modules": fields_changed, "from": base.describe(), "to": winner.describe()}
 
 
 def compare_systems(
@@ -597,6 +654,7 @@ def compare_systems(
 
 
 __all__ = [
+    "DESIGN_MODULES",
     "Candidate",
     "LLMDesigner",
     "MemEvolve",
