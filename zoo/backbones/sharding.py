@@ -1,18 +1,49 @@
-"""FSDP sharding of a Hugging Face backbone: the auto-wrap policy comes from the model's decoder-layer class.
+"""FSDP sharding of a Hugging Face backbone: the policy model is the FSDP root, and the auto-wrap policy comes from
+the model's decoder-layer class.
 
-``conf/trainer/fsdp.yaml`` passes :class:`DecoderLayerWrapPolicy` to Lightning's ``FSDPStrategy(auto_wrap_policy=)``.
-transformers names, on every model class, the blocks that must stay whole on one device (``_no_split_modules``:
-``["LlamaDecoderLayer"]``, ``["Qwen2DecoderLayer"]``, ...; the classes ``accelerate``'s ``device_map`` and TRL's FSDP
-setup wrap). The policy reads that attribute from the model it is wrapping, so a Qwen2, Mistral or Gemma backbone is
-sharded per decoder layer like a Llama one; a hard-wired ``LlamaDecoderLayer`` left every other model unwrapped (one
-root unit, no per-layer sharding).
+**The root.** Lightning's ``FSDPStrategy`` wraps the LightningModule unless ``configure_model`` already wrapped
+something (Lightning's "manual wrapping"). With the LightningModule as the root unit, the module's own code calls the
+policy (rollouts, log-prob and loss forwards) but never the root's forward: the root unit stays in its forward state
+and the first ``manual_backward`` fails (``Expects BACKWARD_PRE or BACKWARD_POST state but got FORWARD``); Lightning's
+FSDP precision plugin also refuses ``gradient_clip_algorithm="norm"`` (``torch.nn.utils.clip_grad_norm_`` on shards
+is wrong; the root's ``clip_grad_norm_`` is right, per torch's FSDP documentation). :func:`shard` makes the policy
+the root inside ``configure_model`` (torch's ``wrap``: a no-op outside the strategy's wrapping context, so one process
+and DDP build the plain model), and :func:`sharded_root` finds it for clipping.
+
+**The wrap policy.** ``conf/trainer/fsdp.yaml`` passes :class:`DecoderLayerWrapPolicy` to Lightning's
+``FSDPStrategy(auto_wrap_policy=)``. transformers names, on every model class, the blocks that must stay whole on one
+device (``_no_split_modules``: ``["LlamaDecoderLayer"]``, ``["Qwen2DecoderLayer"]``, ...; the classes ``accelerate``'s
+``device_map`` and TRL's FSDP setup wrap). The policy reads that attribute from the model it is wrapping, so a Qwen2,
+Mistral or Gemma backbone is sharded per decoder layer like a Llama one; a hard-wired ``LlamaDecoderLayer`` left every
+other model unwrapped (one root unit, no per-layer sharding).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.fsdp.wrap import wrap
+
+# Lightning warns that the strategy's auto-wrap policy "will be ignored" when ``configure_model`` wrapped the model;
+# :func:`shard` wrapped it with that very policy (the strategy's wrapping context passes it to ``wrap``)
+warnings.filterwarnings("ignore", message="A FSDP `auto_wrap_policy` is set, but the model is already wrapped")
+
+
+def shard(model: nn.Module) -> nn.Module:
+    """``model`` as an FSDP root unit when called inside the wrapping context of Lightning's ``FSDPStrategy``
+    (``configure_model``; the strategy's sharding strategy, mixed precision, device and auto-wrap policy, e.g.
+    :class:`DecoderLayerWrapPolicy` per decoder layer); ``model`` itself otherwise (one process, DDP, a test)."""
+    if isinstance(model, FullyShardedDataParallel):
+        return model
+    return wrap(model)
+
+
+def sharded_root(model: nn.Module | None) -> FullyShardedDataParallel | None:
+    """``model`` when it is an FSDP root unit (:func:`shard`), else ``None``."""
+    return model if isinstance(model, FullyShardedDataParallel) else None
 
 
 class DecoderLayerWrapPolicy:

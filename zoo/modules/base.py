@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.parsing import collect_init_args
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.backbones.base import Backbone
+from zoo.backbones.sharding import shard, sharded_root
 from zoo.errors import NaNLossError
 from zoo.lora import AdapterFreeReference, has_lora, lora_is_identity, merged_copy
 from zoo.protocols import SamplingParams
@@ -211,9 +212,32 @@ class ZooModule(ZooBaseModule):
         return self.backbone.tokenizer
 
     def configure_model(self) -> None:
-        """Build the backbone once (idempotent; runs inside the strategy's init context)."""
+        """Build the backbone once (idempotent; runs inside the strategy's init context). Under Lightning's
+        ``FSDPStrategy`` the policy becomes the FSDP root unit (:func:`zoo.backbones.sharding.shard`), not the
+        LightningModule, so the module's own forwards and backward passes are the root's."""
         if self.model is None:
-            self.model = self.backbone.build_model(self.quantizer)
+            self.model = shard(self.backbone.build_model(self.quantizer))
+
+    def clip_gradients(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Lightning's ``clip_gradients``, and under FSDP (the policy a sharded root, :meth:`configure_model`)
+        norm clipping through the root's ``clip_grad_norm_``: the global norm over every rank's shards (torch's FSDP
+        documentation: ``torch.nn.utils.clip_grad_norm_`` on shards is wrong, and Lightning's FSDP precision plugin
+        refuses ``gradient_clip_algorithm="norm"``). Every rank calls it (it all-reduces the norm)."""
+        root = sharded_root(self.model)
+        trainer = self._trainer
+        if gradient_clip_val is None and trainer is not None:
+            gradient_clip_val = trainer.gradient_clip_val
+        if gradient_clip_algorithm is None:
+            gradient_clip_algorithm = (trainer.gradient_clip_algorithm if trainer is not None else None) or "norm"
+        if root is not None and gradient_clip_val and gradient_clip_algorithm == "norm":
+            root.clip_grad_norm_(float(gradient_clip_val))
+            return
+        super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def export_pretrained(self, directory: str | Path) -> Path:
         """Write model and tokenizer with ``save_pretrained`` (safetensors); LoRA adapters (``backbone.lora``) are
