@@ -20,16 +20,20 @@ import torch
 from torch import nn
 
 from zoo.quant.nanoquant.calibration import LinearStats, preconditioner
-from zoo.quant.nanoquant.packing import pack_signs, packed_width, unpack_signs
+from zoo.quant.nanoquant.packing import bit_shifts, pack_signs, packed_width, unpack_signs
 
 
 class _PackedSignLinear(nn.Module, ABC):
-    """Shared storage: ``sign_packed uint8 [d_out, ceil(d_in/8)]``, optional fp ``bias`` (not counted in bpw)."""
+    """Shared storage: ``sign_packed uint8 [d_out, ceil(d_in/8)]``, optional fp ``bias`` (not counted in bpw), and the
+    unpacking's bit shifts as a non-persistent buffer (:func:`~zoo.quant.nanoquant.packing.bit_shifts`), moved with
+    the layer instead of copied from the host at every unpack."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, scale_dtype: torch.dtype) -> None:
         super().__init__()
         self.in_features, self.out_features, self.scale_dtype = int(in_features), int(out_features), scale_dtype
         self.register_buffer("sign_packed", torch.zeros(out_features, packed_width(in_features), dtype=torch.uint8))
+        # the unpacking shifts travel with the layer (``.to``/``.cuda`` move them once); not part of the state dict
+        self.register_buffer("bit_shifts", bit_shifts(), persistent=False)
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._cache: tuple[tuple, torch.Tensor] | None = None
 
@@ -37,7 +41,7 @@ class _PackedSignLinear(nn.Module, ABC):
         """The ``+-1`` matrix ``[d_out, d_in]`` (cached)."""
         key = (self.sign_packed.data_ptr(), self.sign_packed._version, dtype)
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, unpack_signs(self.sign_packed, self.in_features, dtype))
+            self._cache = (key, unpack_signs(self.sign_packed, self.in_features, dtype, self.bit_shifts))
         return self._cache[1]
 
     @abstractmethod
