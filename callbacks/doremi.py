@@ -29,6 +29,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from zoo.backbones.placement import model_device, place_auxiliary, resolve_dtype_option
 from zoo.errors import ConfigError
 from zoo.losses import masked_token_logprobs
 from zoo.mixing.doremi import ABSENT_RULES, DoReMiWeights, domain_excess_sums, domain_loss_weights, excess_from_sums
@@ -50,6 +51,11 @@ class DoReMiReweighting(Callback):
         initial_score: a domain's score before its first tokens (``keep_last``); ``None`` = ``log`` of the proxy's
             vocabulary size, as the official code (``doremi/train.py``: ``perdomain_scores`` start at
             ``log(len(tokenizer))``).
+        reference_device: where the reference model runs: ``None`` (default) = the proxy's device, ``"keep"`` =
+            where it was loaded, or a device (``"cuda:1"``); placed when training starts
+            (:func:`zoo.backbones.placement.place_auxiliary`).
+        reference_dtype: its dtype: ``None`` (default) = the proxy's compute dtype (a bf16 proxy gets a bf16
+            reference, not the float32 of its export), ``"keep"``, or a dtype name.
 
     Needs ``datamodule/sampler=weighted`` (the domains and the domain column come from it) and a module with a
     ``model`` (a causal LM) whose training loss honours the batch's ``loss_weight`` (``CausalLMModule``).
@@ -64,6 +70,8 @@ class DoReMiReweighting(Callback):
         apply: str = "loss",
         absent_domains: str = "keep_last",
         initial_score: float | None = None,
+        reference_device: str | None = None,
+        reference_dtype: str | None = None,
     ) -> None:
         if absent_domains not in ABSENT_RULES:
             raise ConfigError(f"DoReMiReweighting.absent_domains must be one of {ABSENT_RULES}, got {absent_domains!r}")
@@ -78,6 +86,8 @@ class DoReMiReweighting(Callback):
         self.eta, self.smoothing, self.apply = float(eta), float(smoothing), apply
         self.absent_domains = absent_domains
         self.initial_score = initial_score
+        self.reference_device = reference_device
+        self.reference_dtype = resolve_dtype_option(reference_dtype, "DoReMiReweighting.reference_dtype")
         self._sums: torch.Tensor | None = None  # the step's per-domain excess sums and token counts so far
         self._counts: torch.Tensor | None = None
         self.reference: torch.nn.Module | None = None
@@ -124,13 +134,19 @@ class DoReMiReweighting(Callback):
                 )
             self.state.load_state_dict(self._pending_state)
             self._pending_state = None
-        self.reference.to(pl_module.device)
+        place_auxiliary(
+            self.reference, pl_module.model, self.reference_device, self.reference_dtype, "DoReMiReweighting.reference"
+        )
 
     @torch.no_grad()
     def _token_losses(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        logp, mask = masked_token_logprobs(logits, batch["labels"])
-        return -logp, mask
+        """Per-token losses and mask of ``model`` on ``batch``, on the batch's device (a reference placed elsewhere,
+        ``reference_device``, reads a copy of the batch on its own device)."""
+        device = model_device(model)
+        inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "labels")}
+        logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+        logp, mask = masked_token_logprobs(logits, inputs["labels"])
+        return -logp.to(batch["input_ids"].device), mask.to(batch["input_ids"].device)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int):
         sampler = trainer.datamodule.sampler
