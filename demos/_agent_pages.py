@@ -32,6 +32,16 @@ def llm_arm_measured(runs: Sequence[Run], episodes: Sequence[dict[str, Any]], sc
     )
 
 
+def cannot_act(episodes: Sequence[dict[str, Any]]) -> str | None:
+    """Why an LLM-agent arm cannot act (``trajectories.jsonl`` rows of its runs), or ``None`` when it can: an arm none
+    of whose replies parsed as a tool call never touched the environment, so its score (0) measures nothing but the
+    format; such an arm leaves the score tables and the page says why."""
+    steps = [s for e in episodes for s in e.get("steps", [])]
+    if any(s.get("tool") is not None for s in steps):
+        return None
+    return f"none of its {len(steps)} replies ({len(episodes)} episodes) parsed as a tool call"
+
+
 def endpoint_section(paper: str, arm: str, caps: str, note: str = "") -> list[str]:
     """The page section that reruns an episode demo with a served model (``demo/<paper>/arm=<arm>``) and rebuilds its
     page; ``caps`` are the demo's LLM caps for a real model (e.g. ``"demo.llm.max_tokens=1024"``), ``note`` is added

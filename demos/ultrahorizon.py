@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from _agent_pages import endpoint_section, llm_arm_measured
+from _agent_pages import cannot_act, endpoint_section, llm_arm_measured
 
 from zoo.agents.metrics import mean_curve
 from zoo.report import (
@@ -37,7 +37,8 @@ DIFFICULTY_KEY = "env.difficulty"
 ARM_KEY = "demo/ultrahorizon/arm"
 TRAJECTORIES = "trajectories.jsonl"
 LLM_ARM = "llm_tiny"
-LLM_ARMS = ("llm_tiny", "llm_endpoint")
+SFT_ARM = "llm_sft"
+LLM_ARMS = ("llm_tiny", "llm_sft", "llm_endpoint")
 
 
 def episodes(run: Run) -> list[dict[str, Any]]:
@@ -55,7 +56,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     def values(key: str) -> list[str]:
         return list(dict.fromkeys(r.arm.get(key) for r in sweep.runs if r.arm.get(key) is not None)) or [None]
 
-    envs, difficulties, arms = values(ENV_KEY), values(DIFFICULTY_KEY), values(ARM_KEY)
+    envs, difficulties, swept = values(ENV_KEY), values(DIFFICULTY_KEY), values(ARM_KEY)
 
     def runs_of(env: str | None, difficulty: str | None, arm: str | None) -> list[Run]:
         return [
@@ -65,6 +66,14 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             and (difficulty is None or r.arm.get(DIFFICULTY_KEY) == difficulty)
             and (arm is None or r.arm.get(ARM_KEY) == arm)
         ]
+
+    # an LLM arm none of whose replies parsed as a tool call leaves the score tables (its 0 measures the format only)
+    left_out = {
+        arm: why
+        for arm in swept
+        if arm in LLM_ARMS and (why := cannot_act([e for r in runs_of(None, None, arm) for e in episodes(r)]))
+    }
+    arms = [arm for arm in swept if arm not in left_out]
 
     def cell(runs: list[Run], metric: str, digits: int = 3, ci: bool = True) -> str:
         return fmt_stat(stat(r.last(metric) for r in runs), digits, ci=ci)
@@ -91,8 +100,16 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             )
         sections.append("")
 
+    if left_out:
+        sections += [
+            "Left out of the score tables (they cannot act): "
+            + "; ".join(f"{lab(arm)}: {why}" for arm, why in left_out.items())
+            + ". Their runs are in the sections below.",
+            "",
+        ]
+
     detail_rows = []
-    for arm in arms:
+    for arm in swept:
         runs = runs_of(None, None, arm)
         eps = [e for r in runs for e in episodes(r)]
         steps = sum(len(e.get("steps", [])) for e in eps)
@@ -110,7 +127,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             ]
         )
     entropy_rows = []
-    for arm in arms:
+    for arm in swept:
         row = [lab(arm)]
         for difficulty in difficulties:
             curves = [e.get("entropy", []) for r in runs_of(None, difficulty, arm) for e in episodes(r)]
@@ -131,7 +148,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         provenance(sweep, PAPER),
         "",
-        f"Setup: {len(envs)} environments × {len(difficulties)} difficulties × {len(arms)} agents × "
+        f"Setup: {len(envs)} environments × {len(difficulties)} difficulties × {len(swept)} agents × "
         f"{len(seeds)} seeds; each run plays {first.get('datamodule.episodes')} episodes (seeds derived from "
         f"(seed, episode)), required steps {first.get('env.required_steps')} per episode before a commit is "
         f"accepted. Score = the deterministic rubric with the official point weights, in [0, 1], mean per run; "
@@ -167,6 +184,10 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "## The tiny local LM through the LLM agent path",
         "",
         *llm_section(llm_runs, first, lab),
+        "",
+        "## A tiny LM behaviour-cloned from hypothesis elimination (`+method=agent_sft`)",
+        "",
+        *sft_section(envs, difficulties, runs_of, lab),
         "",
         *endpoint_section(
             PAPER, "llm_endpoint", "demo.llm.max_steps=null demo.llm.max_tokens=1024 demo.llm.episodes=4"
@@ -219,6 +240,48 @@ def llm_section(runs: list[Run], first: Run, lab: Any) -> list[str]:
         "greedy decoding. So it cannot reach the required steps before a commit: a score of 0 is expected.",
         "",
         llm_arm_measured(runs, eps, f"score {fmt_stat(stat(r.last('test/score') for r in runs))}"),
+    ]
+
+
+def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any) -> list[str]:
+    """The behaviour-cloned arm: how its model was trained, its harness, and its score per setting next to its teacher
+    under the same CRNR window (he_crnr) and the random floor."""
+    runs = runs_of(None, None, SFT_ARM)
+    if not runs:
+        return ["Not in this sweep."]
+    r0 = runs[0]
+    eps = [e for r in runs for e in episodes(r)]
+    rows = []
+    for env in envs:
+        for difficulty in difficulties:
+            row = [f"{lab(env)} ({difficulty})"]
+            for arm in (SFT_ARM, "he_crnr", "random"):
+                row.append(fmt_stat(stat(r.last("test/score") for r in runs_of(env, difficulty, arm))))
+            sft_eps = [e for r in runs_of(env, difficulty, SFT_ARM) for e in episodes(r)]
+            steps = [s for e in sft_eps for s in e.get("steps", [])]
+            row.append(f"{sum(s.get('tool') is not None for s in steps)} of {len(steps)}")
+            rows.append(row)
+    why = cannot_act(eps)
+    return [
+        f"Agent `{r0.get('agent._target_')}` with backend `{r0.get('backend._target_')}` on a tiny Llama (character "
+        f"tokens, {r0.get('demo.sft.model_steps')} SFT steps) trained by `+method=agent_sft` (artifact cache, one "
+        "model per environment and difficulty) on the episodes of hypothesis elimination played through this arm's own "
+        f"chat: {r0.get('demo.sft.train_episodes')} teacher episodes, CRNR window {r0.get('module.crnr_window')} "
+        "messages, the Python tool listed, the loss on the replies only (`<tool_call>{...}</tool_call>`). Its context "
+        "holds 8192 tokens: the system prompt with its tools (3.9k-6.6k characters) and a window of turns; training "
+        "keeps only the requests the evaluation shows the model unchanged (prompt beside a "
+        f"{r0.get('backend.max_tokens')}-token reply budget), and at evaluation a longer chat loses its oldest turns "
+        "(Alien Genetics Lab's cross results, about 4k characters each, overflow the context after the first). "
+        f"Evaluation: greedy, at most {r0.get('module.max_steps')} steps per episode (2 × the required steps: above "
+        "the teacher's longest episode through the same chat; the environment's own cap, 4 × (8 × on bio), costs too "
+        f"much CPU), {r0.get('datamodule.episodes')} episode per run. Mystery Grid and Sequence Exploration have one "
+        "fixed instance per difficulty (as the official code), so the training worlds are the evaluated worlds: this "
+        "measures whether the model reproduces its teacher from the chat, not generalisation to new worlds.",
+        "",
+        table(["setting", lab(SFT_ARM), lab("he_crnr"), lab("random"), "steps with a parsed tool call"], rows),
+        llm_arm_measured(runs, eps, f"score {fmt_stat(stat(r.last('test/score') for r in runs))}"),
+        "",
+        f"It cannot act: {why}; it is left out of the score tables." if why else "",
     ]
 
 

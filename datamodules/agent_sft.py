@@ -1,0 +1,163 @@
+"""Behaviour-cloning SFT rows of the ``agent_sft`` method: a scripted agent's actions in the LLM agent's own chat.
+
+:class:`AgentDemonstrationSource` plays episodes of a scripted teacher through the LLM tool-calling agent's chat
+(:func:`zoo.agents.cloning.collect_demonstrations`) and yields one row per model request: ``chat`` (system prompt
+first), ``tools``, ``completion`` (the teacher's call as reply text). :class:`AgentSFTDataModule` encodes the prompt
+with :class:`~zoo.agents.backends.hf_local.HFLocalBackend`'s own rendering (:class:`zoo.agents.cloning.ChatRendering`),
+so the tokens trained on are the tokens the model is given at evaluation in the same state; the loss covers the reply
+and its EOS only (:class:`~zoo.datamodules.sft.SFTDataModule`).
+
+Only rows the evaluation would show the model unchanged are trained on: a prompt of at most ``context -
+reply_tokens`` tokens (``reply_tokens``: the evaluation's reply budget, ``backend.max_tokens``, capped at half the
+context as the backend caps it) and a reply of at most ``reply_tokens`` tokens (EOS included). A longer chat is cut
+by the backend at evaluation (oldest turns dropped), a longer reply is cut at the budget and never executed; such
+rows are left out and counted in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from zoo.agents.cloning import ChatRendering, collect_demonstrations
+from zoo.agents.envs.base import Environment
+from zoo.agents.policies.base import Agent
+from zoo.data.sources import GeneratedSource, Row
+from zoo.datamodules.base import ListDataset, encode_completion
+from zoo.datamodules.sft import SFTDataModule
+from zoo.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+META_FIELDS = ("episode", "step", "env", "teacher")
+
+
+class AgentDemonstrationSource(GeneratedSource):
+    """Rows of a scripted teacher's episodes through the LLM agent's chat; ``num_train``/``num_val``/``num_test``
+    count **episodes** (each gives one row per step).
+
+    Args:
+        env: ``env(seed=...) -> Environment`` (a Hydra ``_partial_``, e.g. ``conf/env/ultrahorizon/grid.yaml``).
+        agent: ``agent(seed=...) -> Agent``: the scripted teacher.
+        num_train, num_val, num_test: episodes per split; each split's worlds come from its own derived seed
+            (``derive_seed(seed + split offset, 0, "demonstrations/<split>")``), none shared with an evaluation run.
+        seed: base seed.
+        max_steps, crnr_window, code_tool: the harness options of the evaluation run (step cap, CRNR window in
+            messages, the Python tool), so the demonstrated chats are the chats the evaluated agent sees.
+    """
+
+    def __init__(
+        self,
+        env: Callable[..., Environment],
+        agent: Callable[..., Agent],
+        num_train: int = 16,
+        num_val: int = 1,
+        num_test: int = 0,
+        seed: int = 0,
+        max_steps: int | None = None,
+        crnr_window: int | None = None,
+        code_tool: bool = False,
+    ) -> None:
+        super().__init__(num_train, num_val, num_test, seed)
+        self.env = env
+        self.agent = agent
+        self.harness = {"max_steps": max_steps, "crnr_window": crnr_window, "code_tool": code_tool}
+        #: the teacher's mean score per generated split (through the LLM agent's chat)
+        self.teacher_scores: dict[str, float] = {}
+
+    def generate(self, split: str, size: int) -> list[Row]:
+        if size < 1:
+            return []
+        rows, trajectories = collect_demonstrations(
+            self.env, self.agent, size, self.split_seed(split), role=f"demonstrations/{split}", **self.harness
+        )
+        self.teacher_scores[split] = sum(t.score for t in trajectories) / len(trajectories)
+        log.info(
+            "%s split: %d demonstrations from %d episodes of %s (teacher score %.3f through the LLM agent's chat)",
+            split,
+            len(rows),
+            size,
+            rows[0]["teacher"] if rows else "?",
+            self.teacher_scores[split],
+        )
+        return rows
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "agent_demonstrations", **self.harness, "teacher_scores": dict(self.teacher_scores)}
+
+
+class AgentSFTDataModule(SFTDataModule):
+    """SFT on demonstration rows (``chat``, ``tools``, ``completion``), prompts rendered as the HF local backend
+    renders them; rows the evaluation would not show the model unchanged are left out (see the module docstring).
+
+    Args:
+        reply_tokens: the evaluation's reply budget (``backend.max_tokens``).
+        (other arguments: see :class:`~zoo.datamodules.sft.SFTDataModule`).
+    """
+
+    required_fields = ("chat", "tools", "completion")
+    encoded_fields = ("chat", "tools", "completion")
+
+    def __init__(self, *args: Any, reply_tokens: int = 1024, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if isinstance(reply_tokens, bool) or not isinstance(reply_tokens, int) or reply_tokens < 1:
+            raise ConfigError(f"datamodule.reply_tokens must be a positive whole number, got {reply_tokens!r}")
+        self.reply_tokens = reply_tokens
+        self.rendering = ChatRendering(self.tokenizer)
+        #: rows kept / offered per split
+        self.kept: dict[str, tuple[int, int]] = {}
+
+    def budgets(self) -> tuple[int, int]:
+        """``(prompt, reply)`` token budgets of a row: the backend's reply budget is ``min(max_tokens, context // 2)``
+        and the prompt must fit beside it."""
+        context = self.token_limit
+        reply = min(self.reply_tokens, max(1, context // 2))
+        return context - reply, reply
+
+    def prompt_ids(self, row: Row) -> list[int]:
+        """The token ids the HF local backend gives its model for the row's chat."""
+        return self.rendering.encode(row["chat"], row["tools"])
+
+    def fits(self, row: Row) -> bool:
+        prompt, reply = self.budgets()
+        completion = encode_completion(self.tokenizer, row["completion"])
+        return len(self.prompt_ids(row)) <= prompt and len(completion) <= reply
+
+    def build_dataset(self, split: str, rows: Sequence[Row]) -> ListDataset:
+        kept = [row for row in rows if self.fits(row)]
+        self.kept[split] = (len(kept), len(rows))
+        prompt, reply = self.budgets()
+        log.info(
+            "%s split: %d of %d demonstrations fit the evaluation's context (prompt <= %d tokens, reply <= %d)",
+            split,
+            len(kept),
+            len(rows),
+            prompt,
+            reply,
+        )
+        if rows and not kept:
+            raise DataError(
+                f"{split}: none of the {len(rows)} demonstrations fits a {prompt}-token prompt beside a {reply}-token "
+                "reply; raise backbone.max_position_embeddings, lower datamodule.source.crnr_window or "
+                "datamodule.reply_tokens"
+            )
+        return super().build_dataset(split, kept)
+
+    def encode(self, row: Row, index: int, split: str) -> dict[str, Any]:
+        prompt_ids = self.prompt_ids(row)
+        completion_ids = encode_completion(self.tokenizer, row["completion"])
+        self.check_length(split, index, len(prompt_ids) + len(completion_ids))
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion_ids,
+            "completion_labels": list(completion_ids),
+            "masked_out": None,
+            "prompt": self.rendering.render(row["chat"], row["tools"])[0],
+            "answer": row["completion"],
+            "loss_weight": self.sample_weight(row, index, split),
+            "columns": {k: row.get(k) for k in META_FIELDS},
+        }
+
+
+__all__ = ["AgentDemonstrationSource", "AgentSFTDataModule"]

@@ -1,0 +1,129 @@
+"""agent_sft: a scripted agent's actions, demonstrated in the exact chat the LLM tool-calling agent sends its model.
+
+The demonstrations are the LLM agent's own requests (replayed through LLMToolAgent they are the same messages), their
+prompt tokens are the tokens the HF local backend gives a real model for the same state, the text replies round-trip
+to the teacher's calls, rows the evaluation would cut are left out, and the demo arm builds the model with the
+evaluation's harness."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+from omegaconf import OmegaConf
+
+from zoo.agents import HFLocalBackend, HypothesisEliminationAgent, LLMToolAgent, MysteryGrid, ScriptedBackend
+from zoo.agents.cloning import Demonstrator, collect_demonstrations, reply_text
+from zoo.agents.evaluate import derive_seed, run_episodes
+from zoo.agents.parsing import parse_tool_calls
+from zoo.agents.types import ToolCall
+from zoo.backbones import TinyBackbone
+from zoo.datamodules import AgentDemonstrationSource, AgentSFTDataModule
+
+HARNESS = {"crnr_window": 4, "code_tool": True}
+
+
+def grid(**kwargs):
+    return partial(MysteryGrid, difficulty="easy", required_steps=3, **kwargs)
+
+
+def datamodule(tokenizer, max_length=8192, reply_tokens=256):
+    source = AgentDemonstrationSource(grid(), HypothesisEliminationAgent, num_train=1, num_val=0, **HARNESS)
+    dm = AgentSFTDataModule(tokenizer, source, batch_size=1, max_length=max_length, reply_tokens=reply_tokens)
+    dm.set_context_length(8192)
+    return dm
+
+
+@pytest.fixture(scope="module")
+def demonstrations():
+    return collect_demonstrations(grid(), HypothesisEliminationAgent, 1, seed=0, role="test", **HARNESS)
+
+
+def replay(rows):
+    """The LLM agent of the evaluation (LLMToolAgent, same harness, same worlds) answering with the demonstrated
+    replies; returns the requests it sent and its trajectory."""
+    requests = []
+
+    def policy(messages, tools):
+        requests.append((messages, tools))
+        return rows[len(requests) - 1]["completion"]
+
+    make_agent = lambda seed: LLMToolAgent(ScriptedBackend(policy=policy), seed=seed)
+    (trajectory,) = run_episodes(grid(), make_agent, [0], derive_seed(0, 0, "test"), **HARNESS)
+    return requests, trajectory
+
+
+def test_demonstrations_are_the_requests_the_llm_agent_sends(demonstrations):
+    rows, (taught,) = demonstrations
+    requests, trajectory = replay(rows)
+    assert len(requests) == len(rows) == len(taught.steps) and taught.refreshes >= 1  # a CRNR refresh is inside
+    assert [messages for messages, _ in requests] == [row["chat"] for row in rows]
+    assert [tools for _, tools in requests] == [row["tools"] for row in rows]
+    assert [s.tool for s in trajectory.steps] == [s.tool for s in taught.steps] and trajectory.score == taught.score
+
+
+def test_training_tokens_equal_what_the_backend_gives_the_model(demonstrations):
+    rows, _ = demonstrations
+    requests, _ = replay(rows)
+    backbone = TinyBackbone(max_position_embeddings=8192, seed=0)
+    backend = HFLocalBackend(model=backbone.build_model(), tokenizer=backbone.tokenizer, max_tokens=1)
+    dm = datamodule(backbone.tokenizer)
+    tokenizer = backbone.tokenizer
+    after_refresh = next(i for i, r in enumerate(rows) if "context has been cleared" in str(r["chat"][-1]))
+    for index in (0, 1, after_refresh):
+        messages, tools = requests[index]
+        item = dm.encode(rows[index], index, "train")
+        assert item["prompt_ids"] == backend.encode(messages, tools)
+        # the real backend's request: the prompt it ran the model on has exactly these tokens (nothing dropped)
+        assert backend.complete(messages, tools).usage.prompt_tokens == len(item["prompt_ids"])
+        reply = rows[index]["completion"]
+        assert item["completion_ids"] == tokenizer(reply, add_special_tokens=False)["input_ids"] + [
+            tokenizer.eos_token_id
+        ]
+    batch = dm.collate([dm.encode(rows[0], 0, "train")])
+    labelled = batch["labels"][0][batch["labels"][0] != -100].tolist()
+    assert labelled == dm.encode(rows[0], 0, "train")["completion_ids"]  # the loss covers the reply and EOS only
+
+
+def test_a_reply_text_parses_back_to_the_teachers_call():
+    call = ToolCall("commit_final_result", {"content": '{"A": {"score": "2 if steps % 3 == 0 else -1"}}'})
+    parsed = parse_tool_calls(reply_text(call), known_tools=["commit_final_result"])
+    assert [(c.name, c.arguments) for c in parsed.calls] == [(call.name, call.arguments)] and not parsed.errors
+
+
+def test_the_teacher_acts_through_the_chat_as_it_acts_scripted():
+    """Without CRNR the demonstrator's episode is the scripted agent's own episode, call for call."""
+    scripted = run_episodes(grid(), HypothesisEliminationAgent, [0], 3)[0]
+    taught = run_episodes(grid(), lambda seed: Demonstrator(HypothesisEliminationAgent(seed=seed), seed=seed), [0], 3)
+    steps = [(s.tool, s.arguments) for s in taught[0].steps]
+    assert steps == [(s.tool, s.arguments) for s in scripted.steps] and taught[0].score == scripted.score
+
+
+def test_rows_the_evaluation_would_cut_are_left_out(demonstrations):
+    rows, _ = demonstrations
+    tokenizer = TinyBackbone(seed=0).tokenizer
+    dm = datamodule(tokenizer, reply_tokens=256)
+    lengths = [len(dm.prompt_ids(r)) for r in rows]
+    dm.max_length = sorted(lengths)[len(lengths) // 2] + 256  # the shorter half of the prompts fits beside a reply
+    dataset = dm.build_dataset("train", rows)
+    kept = sum(n <= dm.max_length - 256 for n in lengths)
+    assert 0 < len(dataset) == kept < len(rows) and dm.kept["train"] == (kept, len(rows))
+
+
+def test_the_demo_arm_builds_its_model_with_the_evaluations_harness(train_cfg):
+    cfg = train_cfg(["+demo=ultrahorizon", "demo/ultrahorizon/arm=llm_sft", "env=ultrahorizon/sequence"])
+    assert cfg.agent._target_ == "zoo.agents.LLMToolAgent" and cfg.backend._target_ == "zoo.agents.HFLocalBackend"
+    node = OmegaConf.to_container(cfg.backend.path, resolve=True)
+    assert node["_target_"] == "zoo.cli.artifacts.train_artifact" and "+method=agent_sft" in node["overrides"]
+    assert node["values"]["env"] == OmegaConf.to_container(cfg.env, resolve=True)  # the evaluated environment
+    overrides = dict(o.split("=", 1) for o in node["overrides"] if "=" in o and not o.startswith("+"))
+    assert int(overrides["datamodule.source.crnr_window"]) == cfg.module.crnr_window == cfg.demo.crnr_window
+    assert overrides["datamodule.source.code_tool"] == str(cfg.module.code_tool)
+    assert int(overrides["datamodule.reply_tokens"]) == cfg.backend.max_tokens
+    assert cfg.module.max_steps == cfg.demo.sft.max_steps >= cfg.env.required_steps
+
+
+def test_the_method_composes_with_a_context_for_the_prompt(train_cfg):
+    cfg = train_cfg(["+method=agent_sft"])
+    assert cfg.backbone.max_position_embeddings == 8192 and cfg.datamodule._target_.endswith("AgentSFTDataModule")
+    assert cfg.datamodule.source.env._target_ == "zoo.agents.MysteryGrid" and cfg.methods.agent_sft.paper == "sft"
