@@ -89,3 +89,14 @@ def test_the_reference_is_off_on_request_and_a_bad_module_list_is_refused(tmp_pa
         with pytest.raises(ConfigError, match=r"design_modules=.*non-empty subset of .*top_k"):
             small(tmp_path / "b", design_modules=bad)
     assert set(DESIGN_MODULES) == set(ALL_ORDER["order"])
+
+
+def test_train_py_refuses_a_bad_module_list_with_one_message(zoo_main, tmp_path):
+    from conftest import REPO_ROOT
+
+    args = ["+method=memevolve", "module.design_modules=[topk]", f"paths.log_dir={tmp_path / 'logs'}"]
+    code, _, err = zoo_main([*args, f"hydra.run.dir={tmp_path / 'run'}"], REPO_ROOT)
+    assert code == 2
+    last = err.strip().splitlines()[-1]  # the run ends on the one actionable line
+    assert last.startswith("error: module.design_modules=['topk']; use a non-empty subset of") and "top_k" in last
+    assert err.count("error: ") == 1
