@@ -4,9 +4,9 @@
   policy shards the model's own decoder layers. Before the agreement, rank 0 returned after one step and rank 1's
   next forward waited on an all-gather until the timeout.
 * Training: rollout steps with gradient clipping and a KL reference, the policy the FSDP root
-  (:func:`zoo.backbones.sharding.shard`). Before, Lightning wrapped the LightningModule: the first
-  ``manual_backward`` failed (the root unit was still in its forward state after the policy's forwards), and
-  Lightning's FSDP precision plugin refuses norm-based gradient clipping.
+  (:func:`zoo.backbones.sharding.shard` in ``GRPOModule.configure_model``). Before, Lightning wrapped the
+  LightningModule: the first ``manual_backward`` failed (the root unit was still in its forward state after the
+  policy's forwards), and Lightning's FSDP precision plugin refuses norm-based gradient clipping.
 
 The runs are ``tests/rl/fsdp_worker.py`` (a real Trainer with Lightning's ``FSDPStrategy``, tiny Llama, real
 tokenizer).

@@ -8,7 +8,9 @@ and the first ``manual_backward`` fails (``Expects BACKWARD_PRE or BACKWARD_POST
 FSDP precision plugin also refuses ``gradient_clip_algorithm="norm"`` (``torch.nn.utils.clip_grad_norm_`` on shards
 is wrong; the root's ``clip_grad_norm_`` is right, per torch's FSDP documentation). :func:`shard` makes the policy
 the root inside ``configure_model`` (torch's ``wrap``: a no-op outside the strategy's wrapping context, so one process
-and DDP build the plain model), and :func:`sharded_root` finds it for clipping.
+and DDP keep the plain model), and :func:`sharded_root` finds it for clipping. A module calls it once its policy is
+final (the GRPO family; a module that still changes the model after building it, e.g. resizing its embeddings, is
+wrapped whole by Lightning as before).
 
 **The wrap policy.** ``conf/trainer/fsdp.yaml`` passes :class:`DecoderLayerWrapPolicy` to Lightning's
 ``FSDPStrategy(auto_wrap_policy=)``. transformers names, on every model class, the blocks that must stay whole on one

@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.parsing import collect_init_args
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.backbones.base import Backbone
-from zoo.backbones.sharding import shard, sharded_root
+from zoo.backbones.sharding import sharded_root
 from zoo.errors import NaNLossError
 from zoo.lora import AdapterFreeReference, has_lora, lora_is_identity, merged_copy
 from zoo.protocols import SamplingParams
@@ -212,11 +212,9 @@ class ZooModule(ZooBaseModule):
         return self.backbone.tokenizer
 
     def configure_model(self) -> None:
-        """Build the backbone once (idempotent; runs inside the strategy's init context). Under Lightning's
-        ``FSDPStrategy`` the policy becomes the FSDP root unit (:func:`zoo.backbones.sharding.shard`), not the
-        LightningModule, so the module's own forwards and backward passes are the root's."""
+        """Build the backbone once (idempotent; runs inside the strategy's init context)."""
         if self.model is None:
-            self.model = shard(self.backbone.build_model(self.quantizer))
+            self.model = self.backbone.build_model(self.quantizer)
 
     def clip_gradients(
         self,
@@ -224,10 +222,11 @@ class ZooModule(ZooBaseModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Lightning's ``clip_gradients``, and under FSDP (the policy a sharded root, :meth:`configure_model`)
-        norm clipping through the root's ``clip_grad_norm_``: the global norm over every rank's shards (torch's FSDP
-        documentation: ``torch.nn.utils.clip_grad_norm_`` on shards is wrong, and Lightning's FSDP precision plugin
-        refuses ``gradient_clip_algorithm="norm"``). Every rank calls it (it all-reduces the norm)."""
+        """Lightning's ``clip_gradients``, and when the policy is an FSDP root unit (a module that shards it in
+        ``configure_model`` with :func:`zoo.backbones.sharding.shard`, e.g. the GRPO family) norm clipping through the
+        root's ``clip_grad_norm_``: the global norm over every rank's shards (torch's FSDP documentation:
+        ``torch.nn.utils.clip_grad_norm_`` on shards is wrong, and Lightning's FSDP precision plugin refuses
+        ``gradient_clip_algorithm="norm"``). Every rank calls it (it all-reduces the norm)."""
         root = sharded_root(self.model)
         trainer = self._trainer
         if gradient_clip_val is None and trainer is not None:

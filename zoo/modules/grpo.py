@@ -38,6 +38,7 @@ import torch
 
 from zoo.backbones.base import Backbone
 from zoo.backbones.placement import place_auxiliary
+from zoo.backbones.sharding import shard
 from zoo.encoding import pad_width
 from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder
@@ -288,6 +289,10 @@ class GRPOModule(GeneratingModule):
     # -- model ------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
         super().configure_model()
+        # under Lightning's FSDPStrategy the policy is the FSDP root, not the LightningModule: the module runs its
+        # forwards and backward passes itself, which a root unit wrapping the LightningModule never sees (its first
+        # manual_backward failed); norm clipping then goes through the root (ZooModule.clip_gradients)
+        self.model = shard(self.model)
         if self.policy_loss.needs_reference and self.ref_model is None:
             # not a submodule: never saved, never optimized
             object.__setattr__(self, "ref_model", self.frozen_reference())
