@@ -4,7 +4,11 @@ On an accelerator every tensor-to-Python conversion (``.item()``, ``.tolist()``,
 ``float`` of a tensor, ``nonzero``) waits for the device, so their number per generated token bounds how well decoding
 keeps the GPU busy. The test counts them (patched ``torch.Tensor`` methods; the model's own included) over two short
 greedy decodes of the tiny backbone of 8 and 24 tokens, and pins the count per extra token: the per-token loop may
-not gain a synchronisation without this number (and the docs) being raised on purpose."""
+not gain a synchronisation without this number (and the docs) being raised on purpose.
+
+The semantic watermark decoder runs with ``max_trials=1`` (greedy, one candidate per sentence: every sampled token is
+kept), so its number is per *sampled* token; with rejection sampling each kept token costs that times the candidate
+tokens sampled per kept one (``WatermarkGenerationResult.sampled_tokens``), plus one encoder call per round."""
 
 from __future__ import annotations
 
@@ -17,9 +21,10 @@ from zoo.backbones import TinyBackbone
 from zoo.encoding import encode_prompts
 from zoo.generation import DTSDecoder, GreedyDecoder, SampleDecoder, StepwiseDecoder, UndoDecoder
 from zoo.protocols import SamplingParams
+from zoo.watermark import HashingEncoder, LSHPartitioner, SemanticWatermarkDecoder, WatermarkScheme
 
 #: tensor-to-host conversions per generated token (measured; docs/scale.md keeps the same table)
-HOST_SYNCS_PER_TOKEN = {"sample": 3, "greedy": 3, "stepwise": 3, "dts": 7, "undo": 9}
+HOST_SYNCS_PER_TOKEN = {"sample": 3, "greedy": 3, "stepwise": 3, "dts": 7, "undo": 9, "watermark": 5}
 
 CONVERSIONS = ("item", "tolist", "cpu", "__bool__", "__int__", "__float__", "__index__", "nonzero")
 
@@ -29,7 +34,15 @@ DECODERS = {
     "stepwise": lambda: StepwiseDecoder(warn_no_delimiter=False),
     "dts": lambda: DTSDecoder(),
     "undo": lambda: UndoDecoder(),
+    "watermark": lambda: SemanticWatermarkDecoder(lsh_scheme(), max_trials=1),
 }
+
+
+def lsh_scheme() -> WatermarkScheme:
+    """A semantic watermark scheme without a model: hashing sentence embeddings, 8 LSH regions."""
+    encoder = HashingEncoder(64)
+    directions = torch.randn(32, encoder.dim, generator=torch.Generator().manual_seed(0))
+    return WatermarkScheme(encoder, LSHPartitioner(8, seed=3).fit(directions), key=11, gamma=0.25)
 
 
 @pytest.fixture(scope="module")
