@@ -44,6 +44,7 @@ RUN_EXPORT = "{run_export}"
 SKIPPED = {
     "trainer=gpu": "needs a GPU",
     "trainer=ddp": "needs several devices (DDP is tested in tests/foundation/test_ddp.py)",
+    "trainer=fsdp": "needs several GPUs (FSDP is tested on CPU in tests/rl/test_fsdp_grpo.py)",
     "+launcher=slurm": "needs a SLURM cluster",
     "+launcher=ray": "needs a Ray cluster",
     "backend=openai_compat": "needs an OpenAI-compatible server",
