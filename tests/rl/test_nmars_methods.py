@@ -230,3 +230,56 @@ def test_the_full_chain_through_the_artifact_cache(train_cfg, base_policy_cache)
     assert "val/undo_rate" in metrics
     for kind in ("base_policy", "nmars_data", "nmars_policy"):
         assert any((base_policy_cache / kind).iterdir())
+
+
+def test_a_lora_masked_sft_export_is_a_plain_checkpoint_with_the_trained_outputs(tmp_path):
+    """+method=nmars_sft with backbone.lora (QLoRA, +preset=qlora) trains adapters with tuning=full; its merged export
+    folds them in: no peft layer names in the checkpoint, and the reloaded model computes what the trained one did."""
+    torch.manual_seed(0)
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+    module = VocabExtendModule(
+        TinyBackbone(**SMALL, num_key_value_heads=2, seed=0, lora=lora),
+        new_tokens=[UNDO_TOKEN],
+        output_rows=True,
+        tuning="full",
+        export_merged=True,
+    )
+    module.configure_model()
+    with torch.no_grad():
+        for name, p in module.model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.5 * torch.randn_like(p))  # trained-looking adapters
+    module.model.eval()
+    undo = module.tokenizer.convert_tokens_to_ids(UNDO_TOKEN)
+    ids = torch.tensor([[1, 20, 30, undo, 40]])
+    with torch.no_grad():
+        expected = module.model(input_ids=ids).logits
+    module.export_pretrained(tmp_path)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert not [k for k in keys if "lora_" in k or "base_layer" in k], keys[:5]
+    reloaded = TinyBackbone(init_from=str(tmp_path)).build_model().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, expected, atol=1e-5, rtol=0)
+
+
+def test_a_qlora_grpo_run_starts_from_a_fully_fine_tuned_masked_sft_policy(train_cfg):
+    """+method=nmars_grpo +preset=qlora trains adapters on the quantized masked-SFT policy. That policy's build run
+    (+method=nmars_sft, the undo_policy plan) is a full fine-tune like the base policy: it does not inherit the
+    parent's adapters (whose unmerged peft layers the 4-bit load of its export could not read)."""
+    from omegaconf import OmegaConf
+
+    from zoo.modules.nmars import undo_policy
+
+    cfg = train_cfg(["+method=nmars_grpo", "+preset=qlora"])
+    backbone = OmegaConf.to_container(cfg.backbone, resolve=True)
+    backbone.pop("init_from")  # what the CLI passes a plan at backbone.init_from
+    assert backbone["lora"]
+    request = next(undo_policy(backbone=backbone, task=OmegaConf.to_container(cfg.task, resolve=True), seed=0))
+    assert request.overrides[0] == "+method=nmars_sft"
+    assert request.values["backbone"]["lora"] is None and request.values["backbone"]["init_from"] == "base"
+    assert {k: v for k, v in request.values["backbone"].items() if k not in ("lora", "init_from")} == {
+        k: v for k, v in backbone.items() if k != "lora"
+    }

@@ -263,7 +263,9 @@ def undo_policy(
     CLI through the artifact cache before the job: the ``backbone.init_from`` of later stages (``+method=nmars_grpo``).
 
     The run masked-fine-tunes the base SFT policy of ``task`` (``backbone.init_from: base`` with the ``base_policy``
-    recipe) on rows of ``+method=nmars_data`` (built on the way).
+    recipe) on rows of ``+method=nmars_data`` (built on the way). It is a full fine-tune whatever adapters the parent
+    run trains (``backbone.lora`` is dropped, as for the base policy): a QLoRA ``+method=nmars_grpo`` trains its
+    adapters on the quantized masked-SFT policy.
 
     Args:
         backbone: the backbone node without ``init_from`` (passed by the CLI to a plan at ``backbone.init_from``,
@@ -273,7 +275,10 @@ def undo_policy(
         overrides: further overrides of the ``+method=nmars_sft`` run.
         cache_dir, root_dir: the parent run's ``paths.cache_dir`` / ``paths.root_dir``.
     """
-    values: dict[str, Any] = {"task": _plain(task), "backbone": {**_plain(backbone), "init_from": "base"}, "seed": seed}
+    policy = {**_plain(backbone), "init_from": "base"}
+    if "lora" in policy:  # the masked-SFT policy is a full fine-tune, whatever adapters the parent run trains
+        policy["lora"] = None
+    values: dict[str, Any] = {"task": _plain(task), "backbone": policy, "seed": seed}
     if base_policy is not None:
         values["base_policy"] = _plain(base_policy)
     settings = {

@@ -243,7 +243,7 @@ class VocabExtendModule(CausalLMModule):
         directory.mkdir(parents=True, exist_ok=True)
         self.vocab_extension.remove()
         try:
-            if self.tuning == "lora":
+            if has_lora(self.model):  # tuning=lora, or backbone.lora (QLoRA) with tuning=full
                 model = merged_copy(self.model)
             else:
                 model = copy.deepcopy(self.model) if self.export_merged else self.model
