@@ -597,7 +597,7 @@ def reading(
                     conclusion = "tuning top_k alone, with the same candidate budget, did better here"
                 else:
                     conclusion = (
-                        "the evolved system is not shown to be more than a tuned top_k here, so its gain over the "
+                        "the evolved system is not shown to be more than a tuned top_k here, so any gain over the "
                         "initial base is not evidence of an evolved architecture"
                     )
                 notes.append(
