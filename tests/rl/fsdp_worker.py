@@ -10,9 +10,9 @@ that left early would leave the other's next all-gather waiting until the 60 s t
 the texts.
 
 ``MODE=fit``: ``trainer.fit`` of the same GRPO module for two rollout steps with gradient clipping on and a KL
-reference (``beta > 0``). Each rank writes ``rank{r}.pt``: the gathered full parameters before and after, the global
-gradient norm after each clipping, the devices of the reference model and of the module, and the classes FSDP
-wrapped (the policy first).
+reference (``beta > 0``), then ``trainer.save_checkpoint(OUT_DIR/last.ckpt)``. Each rank writes ``rank{r}.pt``: the
+gathered full parameters before and after, the global gradient norm after each clipping, the devices of the reference
+model and of the module, and the classes FSDP wrapped (the policy first).
 """
 
 from __future__ import annotations
@@ -86,6 +86,13 @@ class CPUFSDPStrategy(FSDPStrategy):
     ``device_id`` there (neither when it wraps the LightningModule nor in ``configure_model``'s wrapping context),
     which torch's FSDP then refuses; FSDP itself runs on CPU with gloo given ``device_id=cpu``. The wrapping is
     Lightning's otherwise."""
+
+    def lightning_module_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full state dict gathered on rank 0, as Lightning's, without ``offload_to_cpu``: "offloading" parameters
+        that are on the CPU already made rank 0 read freed memory while cloning them (a segmentation fault)."""
+        config = FullStateDictConfig(offload_to_cpu=False, rank0_only=True)
+        with FullyShardedDataParallel.state_dict_type(self.model, StateDictType.FULL_STATE_DICT, config):
+            return self.model.state_dict()
 
     def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
@@ -201,6 +208,7 @@ def main(out: Path, mode: str) -> None:
     )
     if mode == "fit":
         trainer.fit(module, data)
+        trainer.save_checkpoint(out / "last.ckpt")  # what the run's checkpoint callback writes (collective)
     else:
         trainer.predict(module, data)
     torch.save(record.record, out / f"rank{trainer.global_rank}.pt")

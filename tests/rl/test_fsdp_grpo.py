@@ -49,7 +49,9 @@ def fsdp_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fsdp_fit(tmp_path_factory):
-    return run_worker(tmp_path_factory.mktemp("fsdp_fit"), "fit")
+    out = tmp_path_factory.mktemp("fsdp_fit")
+    records = run_worker(out, "fit")
+    return records, torch.load(out / "last.ckpt", weights_only=True)
 
 
 @pytest.mark.distributed
@@ -66,7 +68,7 @@ def test_ranks_whose_rows_finish_at_different_steps_decode_in_step(fsdp_run):
 
 @pytest.mark.distributed
 def test_grpo_trains_under_fsdp_with_clipping_and_a_reference_on_the_module_device(fsdp_fit):
-    rank0, rank1 = fsdp_fit
+    (rank0, rank1), checkpoint = fsdp_fit
     # the policy is the FSDP root (its root unit holds the embeddings and the head), each decoder layer a unit
     assert rank0["wrapped"] == ["LlamaForCausalLM", "LlamaDecoderLayer", "LlamaDecoderLayer"]
     assert rank0["steps"] == rank1["steps"] == 2
@@ -80,6 +82,7 @@ def test_grpo_trains_under_fsdp_with_clipping_and_a_reference_on_the_module_devi
     assert len(changed) > len(rank0["initial"]) // 2
     for key, value in rank0["final"].items():
         assert torch.equal(value, rank1["final"][key]), key
+        assert torch.equal(checkpoint["state_dict"][f"model.{key}"], value), key  # the checkpoint gathers the shards
 
 
 def test_wrap_policy_reads_the_decoder_layer_class_of_the_model():
