@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from _agent_pages import endpoint_section, llm_arm_measured
+from _agent_pages import cannot_act, endpoint_section, llm_arm_measured
 
 from zoo.report import (
     Run,
@@ -67,7 +67,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     def values(key: str) -> list[Any]:
         return list(dict.fromkeys(r.arm.get(key) for r in sweep.runs if r.arm.get(key) is not None))
 
-    noises, levels, arms = values(NOISE_KEY) or [None], values(LEVEL_KEY), values(ARM_KEY)
+    noises, levels, swept = values(NOISE_KEY) or [None], values(LEVEL_KEY), values(ARM_KEY)
 
     def runs_of(level: Any, arm: Any, noise: Any = None) -> list[Run]:
         return [
@@ -78,19 +78,35 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             and (noise is None or r.arm.get(NOISE_KEY) == noise)
         ]
 
+    # an LLM arm none of whose replies parsed as a tool call leaves the score tables (its 0 measures the format only)
+    left_out = {
+        arm: why
+        for arm in swept
+        if arm in LLM_ARMS and (why := cannot_act([e for r in runs_of(None, arm) for e in episodes(r)]))
+    }
+    arms = [arm for arm in swept if arm not in left_out]
+
     sections: list[str] = []
     for noise in noises:
         sections += [f"### {noise} distractor seeds per domain" if noise is not None else "### All runs", ""]
         for level in levels:
             sections += level_section(level, arms, lambda lv, arm, n=noise: runs_of(lv, arm, n), lab)
 
+    if left_out:
+        sections += [
+            "Left out of the score tables (they cannot act): "
+            + "; ".join(f"{lab(arm)}: {why}" for arm, why in left_out.items())
+            + ". Their runs are in the sections below.",
+            "",
+        ]
+
     tag_rows = []
     tag_names: list[str] = []
     counts: dict[Any, Counter] = {}
-    for arm in arms:
+    for arm in swept:
         counts[arm] = Counter(t for r in runs_of(None, arm) for e in episodes(r) for t in e.get("tags", []))
         tag_names += [t for t in counts[arm] if t not in tag_names]
-    for arm in arms:
+    for arm in swept:
         total = sum(len(episodes(r)) for r in runs_of(None, arm))
         tag_rows.append([lab(arm), total, *(counts[arm].get(t, 0) for t in tag_names)])
 
@@ -108,7 +124,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         provenance(sweep, PAPER),
         "",
-        f"Setup: {len(noises)} history-noise settings × {len(levels)} levels × {len(arms)} agents × "
+        f"Setup: {len(noises)} history-noise settings × {len(levels)} levels × {len(swept)} agents × "
         f"{len(sweep.seeds)} seeds; each scripted run plays "
         f"{first.get('datamodule.episodes')} episodes (one persona world each; the worlds of a seed are the same for "
         f"every agent and level, so comparisons are paired by seed). History noise: "

@@ -262,19 +262,20 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
             row.append(f"{sum(s.get('tool') is not None for s in steps)} of {len(steps)}")
             rows.append(row)
     why = cannot_act(eps)
+    cap, required = r0.get("module.max_steps"), r0.get("env.required_steps")
     return [
         f"Agent `{r0.get('agent._target_')}` with backend `{r0.get('backend._target_')}` on a tiny Llama (character "
         f"tokens, {r0.get('demo.sft.model_steps')} SFT steps) trained by `+method=agent_sft` (artifact cache, one "
         "model per environment and difficulty) on the episodes of hypothesis elimination played through this arm's own "
-        f"chat: {r0.get('demo.sft.train_episodes')} teacher episodes, CRNR window {r0.get('module.crnr_window')} "
+        f"chat (teacher episodes: {r0.get('demo.sft.train_episodes')}), CRNR window {r0.get('module.crnr_window')} "
         "messages, the Python tool listed, the loss on the replies only (`<tool_call>{...}</tool_call>`). Its context "
         "holds 8192 tokens: the system prompt with its tools (3.9k-6.6k characters) and a window of turns; training "
         "keeps only the requests the evaluation shows the model unchanged (prompt beside a "
         f"{r0.get('backend.max_tokens')}-token reply budget), and at evaluation a longer chat loses its oldest turns "
         "(Alien Genetics Lab's cross results, about 4k characters each, overflow the context after the first). "
-        f"Evaluation: greedy, at most {r0.get('module.max_steps')} steps per episode (2 × the required steps: above "
-        "the teacher's longest episode through the same chat; the environment's own cap, 4 × (8 × on bio), costs too "
-        f"much CPU), {r0.get('datamodule.episodes')} episode per run. Mystery Grid and Sequence Exploration have one "
+        f"Evaluation: greedy, at most {cap} steps per episode ({cap / required:g} × the {required} required steps; "
+        "the environment's own cap, 4 × (8 × on bio), costs too much CPU for this model), "
+        f"{r0.get('datamodule.episodes')} episode per run. Mystery Grid and Sequence Exploration have one "
         "fixed instance per difficulty (as the official code), so the training worlds are the evaluated worlds: this "
         "measures whether the model reproduces its teacher from the chat, not generalisation to new worlds.",
         "",
