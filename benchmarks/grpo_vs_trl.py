@@ -459,11 +459,12 @@ def section(result: dict, problem: Problem, args: argparse.Namespace, before: di
     cfg = problem.cfg
     model = instantiate(cfg.backbone, init_from=str(problem.model_dir)).build_model()
     params = sum(p.numel() for p in model.parameters())
-    task = instantiate(cfg.task).name
+    described = instantiate(cfg.task).describe()
+    task = f"`{described.pop('name')}` ({', '.join(f'{k} {v}' for k, v in described.items())})"
     rewards = ", ".join(f"`{n}` ({type(f).__name__})" for n, f in problem.reward_fns.items())
     ratio = statistics.median(ratios)
     lines = [
-        f"The learning problem of `python train.py {METHOD}` (task `{task}`), started by both trainers from "
+        f"The learning problem of `python train.py {METHOD}` (task {task}), started by both trainers from "
         f"{problem.describe()} ({params / 1e6:.2f}M params, loaded from one `save_pretrained` directory): "
         f"{problem.prompts_per_step} prompts x G={problem.group_size} completions per step, the same prompts in the "
         f"same order, max {problem.max_new_tokens} new tokens, temperature {problem.temperature}, AdamW lr "
