@@ -63,6 +63,8 @@ FORK_POSITION = 1
 MARGIN = 0.02
 # paired differences smaller than this call for at least 5 seeds (docs: >= 3 seeds, >= 5 where the effect is small)
 SMALL_EFFECT = 0.05
+# a base policy is at a plateau when its validation loss changed by less than this fraction over its last epoch
+PLATEAU = 0.05
 
 
 # -- reading the sweep ------------------------------------------------------------------------------------------------
@@ -320,7 +322,7 @@ def forked_reading(rows: dict[str, list[Run]], labels: dict[str, str]) -> list[s
             for runs in rows.values()
             for run in runs
             for r in records(run)
-            if ForkedTask.branch_of(r["completion"]) == "short" and r.get("finished")
+            if ForkedTask.branch_of(r["completion"]) == "short" and r.get("correct")
         ),
         default=0,
     )
@@ -378,6 +380,24 @@ def arm_sentences(
     return lines
 
 
+def multisum_reading(rows: dict[str, list[Run]], labels: dict[str, str]) -> list[str]:
+    """Why DTS-Greedy fares as it does without a planted fork, from the records: how many traces finish in its
+    stopping step (they vote), how soon its tree reaches the cap, and what that costs against shortest-of-N."""
+    found = [branching(r) for r in rows["dts_greedy"]]
+    finished = _mean(b["finished"] for b in found)
+    dts = mean_of(rows, "dts_greedy", "decode/decoded_tokens_per_problem")
+    son = mean_of(rows, "shortest_of_n", "decode/decoded_tokens_per_problem")
+    return [
+        f"- {labels.get('dts_greedy', 'dts_greedy')} stops at the first step in which a trace finishes; here "
+        f"{finished:.1f} traces per problem finish in that step (the completions of one problem have nearly the same "
+        "length, so length does not single one out) and their answers vote. Its tree branches "
+        f"{mean_of(rows, 'dts_greedy', 'decode/branch_events'):.1f} times per problem and reaches "
+        f"{mean_of(rows, 'dts_greedy', 'decode/max_active'):.1f} active hypotheses (the cap), so it decodes "
+        f"{dts:.0f} tokens per problem, {dts / son:.1f}x shortest-of-N's {son:.0f}: on this task the two are not "
+        "compute-matched, and shortest-of-N is the cheaper of them.",
+    ]
+
+
 def premise_sentence(rows: dict[str, list[Run]], sweep: Sweep, setting: str) -> str:
     """The length-accuracy relation the first-finished rule relies on, in sampling's returned completions at the
     highest temperature of its grid (the most diverse lengths)."""
@@ -433,8 +453,10 @@ def claims(reports: dict[str, dict[str, list[Run]]], labels: dict[str, str]) -> 
                 MARGIN,
             ),
             Claim(
-                f"DTS-Greedy beats the compute-matched shortest-of-N ({where})",
-                f"test accuracy, {lab('dts_greedy')} − {lab('shortest_of_n')} (both tuned)",
+                f"DTS-Greedy beats shortest-of-N, the same first-finished rule without branching ({where})",
+                f"test accuracy, {lab('dts_greedy')} − {lab('shortest_of_n')} (both tuned; decoded tokens per "
+                f"problem {mean_of(reports[setting], 'dts_greedy', 'decode/decoded_tokens_per_problem'):.0f} vs "
+                f"{mean_of(reports[setting], 'shortest_of_n', 'decode/decoded_tokens_per_problem'):.0f})",
                 effect(setting, "dts_greedy", "shortest_of_n", "exact_match"),
                 "higher",
                 MARGIN,
@@ -502,7 +524,8 @@ def fair_test(
         f"- **Same tuning effort for every arm.** Each of the five arms has a grid of {len(points(sweep))} settings "
         "(sampling: greedy and three temperatures; self-consistency and shortest-of-N: four temperatures; DTS-Greedy "
         "and DTS-Stable: tau_H x tau_V); each arm keeps the setting with the highest mean validation accuracy over "
-        "seeds (tables above). Greedy is reported as sampling's untuned greedy setting.",
+        "seeds (tables above; ties: the first setting of the grid). Greedy is reported as sampling's untuned greedy "
+        "setting.",
         f"- **Chosen on a split that is not reported.** The choice reads the validation split ({val_n} problems per "
         f"seed, drawn with the seed + 1); the tables report the test split ({test_n} problems, seed + 2). Share of "
         f"test prompts that also occur among the validation prompts: {overlaps}.",
@@ -510,9 +533,11 @@ def fair_test(
     plateau_text = []
     for setting, rows in reports.items():
         loss, change = plateau(r for runs in rows.values() for r in runs)
+        met = "met" if abs(change.mean) < PLATEAU else "not met"
         plateau_text.append(
             f"task={setting}: final validation loss {fmt_stat(loss, ci=False)}, change over the last epoch "
-            f"{100 * change.mean:+.1f}% (mean over the {loss.n} policies)"
+            f"{100 * change.mean:+.1f}% (mean over the {loss.n} policies; a plateau by the loss, a change of less "
+            f"than {100 * PLATEAU:.0f}%: **{met}**)"
         )
     if forked:
         grid = points(sweep)
@@ -578,6 +603,10 @@ def plot(
         tau_v = knob(sweep, "dts_greedy", choices[setting]["dts_greedy"].point)
         ax.plot(range(len(v)), v, marker=".", label="varentropy V")
         ax.plot(range(len(h)), h, marker=".", alpha=0.6, label="entropy H")
+        grid = (sweep.runs[0].get("demo.grid", {}) or {}).get("dts") or {}
+        tau = (grid.get(choices[setting]["dts_greedy"].point) or {}).get("tau_V")
+        if tau is not None:
+            ax.axhline(float(tau), color="k", ls="--", lw=0.8, label=f"tau_V = {tau:g}")
         ax.set_xlabel(f"position in the returned completion (DTS-Greedy, {tau_v})")
         ax.set_title(f"task={setting}: mean H, V at T_ent by position", fontsize=9)
         legend(ax, fontsize=7)
@@ -687,6 +716,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 "Every arm on this task (test accuracy against tuned sampling, paired by seed):",
                 "",
                 *arm_sentences(rows, chosen, sweep, labels),
+                *multisum_reading(rows, labels),
                 premise_sentence(rows, sweep, setting),
                 "",
             ]
@@ -712,5 +742,6 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "whether that needs the branching signal (against shortest-of-N), and at which positions DTS branches. It "
         "cannot show the paper's gains on reasoning benchmarks with billion-parameter models, where correct traces "
         "are not planted to be the shortest.",
+        "",
     ]
     return [write_page(out, PAPER, text, verdict(reports, labels)), png]
