@@ -45,6 +45,16 @@ With ``human`` (unwatermarked reference texts, :func:`zoo.watermark.evaluation.h
   ``fpr`` (:func:`~zoo.watermark.evaluation.empirical_threshold`);
 * ``tpr_at_fpr`` and ``<attack>/tpr_at_fpr`` -- the detection rate at the threshold that flags ``fpr`` of the
   human texts under the run's key;
+* ``human_fpr_at_threshold`` and ``plain_fpr_at_threshold`` -- the human texts, and the model's own unwatermarked
+  texts, flagged at ``threshold_at_fpr``;
+* ``human/<family>/detection_rate``, ``human/<family>/fpr_at_threshold`` and ``human/<family>/occupancy_entropy``
+  -- the same per family of human texts (``human`` given as a list).
+
+``human`` may list several families of negatives (say grammar texts and real sentences); they are pooled. With
+``calibration > 0`` that fraction of each family's texts (a seeded split,
+:func:`~zoo.watermark.evaluation.split_negatives`) only chooses ``threshold_at_fpr``, and ``human_detection_rate``,
+``human_fpr_at_threshold`` and the per-family rates are measured on the other texts: the reported FPR is then out
+of sample. The per-key calibration uses every human text (it chooses nothing).
 
 and the per-key values are written to ``<save_dir>/calibration.json`` (``keys``, ``green_rate``, ``fpr_empirical``,
 ``fpr``: the binomial approximation).
@@ -88,6 +98,7 @@ from zoo.watermark.evaluation import (
     green_probability_per_key,
     human_texts,
     occupancy_entropy,
+    split_negatives,
     tpr_at_fpr,
     transition_counts,
     z_scores_per_key,
@@ -130,8 +141,11 @@ class WatermarkCallback(StageCallback):
         max_rows: prompts watermarked per batch (``None``: all).
         max_batches: batches per epoch (``None``: all).
         human: keyword arguments of :func:`~zoo.watermark.evaluation.human_texts` (``corpus``, ``texts``,
-            ``sentences``, ``seed``): unwatermarked reference texts for calibration and TPR at ``fpr``; ``None``
-            skips those metrics.
+            ``sentences``, ``seed``): unwatermarked reference texts for calibration and TPR at ``fpr``; or a list
+            of such mappings, each with an optional ``name`` (default: its corpus), the families of negatives
+            (same ``sentences`` in each); ``None`` skips those metrics.
+        calibration: fraction of each family's human texts that only chooses ``threshold_at_fpr`` (0: every text
+            chooses it and is reported).
         keys: keys (``0 .. keys - 1``) of the per-key calibration.
         fpr: the false-positive rate of ``tpr_at_fpr``.
         save_dir: where the partition and settings are saved at setup (default ``<default_root_dir>/watermark``).
@@ -152,7 +166,8 @@ class WatermarkCallback(StageCallback):
         attacks: Mapping[str, Attack] | None = None,
         max_rows: int | None = 16,
         max_batches: int | None = 1,
-        human: Mapping[str, Any] | None = None,
+        human: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        calibration: float = 0.0,
         keys: int = 200,
         fpr: float = 0.01,
         save_dir: str | None = None,
@@ -176,8 +191,7 @@ class WatermarkCallback(StageCallback):
         if keys < 1 or not 0.0 <= fpr < 1.0:
             raise ConfigError(f"WatermarkCallback: need keys >= 1 and fpr in [0, 1), got {keys} and {fpr}")
         self.decoder = decoder if isinstance(decoder, SemanticWatermarkDecoder) else SemanticWatermarkDecoder(**decoder)
-        self.human = human_texts(**human) if human else []
-        self.human_sentences = int(human.get("sentences", 20)) if human else 0
+        self.families, self.human, self.human_sentences, self.calibration_texts = _negatives(human, calibration)
         self.keys = int(keys)
         self.fpr = float(fpr)
         self._calibration: dict[str, float] | None = None
@@ -296,9 +310,21 @@ class WatermarkCallback(StageCallback):
                 "human_fpr_empirical_mean": float(measured.mean()),
                 "human_fpr_empirical_sd": float(measured.std()) if len(measured) > 1 else 0.0,
                 "human_fpr_empirical_max": float(measured.max()),
-                "human_detection_rate": sum(r.detected for r in results) / len(results),
-                "threshold_at_fpr": empirical_threshold(self._human_z, self.fpr),
             }
+            chosen, reported = self.calibration_texts
+            threshold = empirical_threshold([self._human_z[i] for i in chosen], self.fpr)
+            self._calibration["human_detection_rate"] = sum(results[i].detected for i in reported) / len(reported)
+            self._calibration["threshold_at_fpr"] = threshold
+            self._calibration["human_fpr_at_threshold"] = empirical_fpr([self._human_z[i] for i in reported], threshold)
+            for name, members in self.families.items():
+                shown = [i for i in reported if i in members]
+                self._calibration[f"human/{name}/detection_rate"] = sum(results[i].detected for i in shown) / len(shown)
+                self._calibration[f"human/{name}/fpr_at_threshold"] = empirical_fpr(
+                    [self._human_z[i] for i in shown], threshold
+                )
+                self._calibration[f"human/{name}/occupancy_entropy"] = occupancy_entropy(
+                    torch.tensor([r for i in sorted(members) for r in regions[i]]), num_regions
+                )
             self.per_key = {
                 "keys": list(range(self.keys)),
                 "green_rate": p.tolist(),
@@ -422,9 +448,12 @@ class WatermarkCallback(StageCallback):
         if self.human:
             metrics.update(self.calibration())
             self._write_calibration(trainer)
+            chosen = [(self._human_z or [])[i] for i in self.calibration_texts[0]]
             for prefix in ("", *(f"{name}/" for name in self.attacks)):
-                tpr, _ = tpr_at_fpr(self._z.get(prefix, []), self._human_z or [], self.fpr)
+                tpr, _ = tpr_at_fpr(self._z.get(prefix, []), chosen, self.fpr)
                 metrics[f"{prefix}tpr_at_fpr"] = tpr
+            if self._z.get("plain_"):
+                metrics["plain_fpr_at_threshold"] = empirical_fpr(self._z["plain_"], metrics["threshold_at_fpr"])
         self.last_metrics = metrics
         log_stage_metrics(trainer, pl_module, metrics, self.log_prefix, stage)
 
@@ -434,6 +463,35 @@ class WatermarkCallback(StageCallback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.last_metrics = {k: float(v) for k, v in state_dict.get("last_metrics", {}).items()}
+
+
+def _negatives(
+    human: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None, calibration: float
+) -> tuple[dict[str, set[int]], list[str], int, tuple[list[int], list[int]]]:
+    """The human texts of one or several families: ``(family -> text indices, texts, sentences per text,
+    (calibration indices, reported indices))``, each family split on its own (:func:`split_negatives`)."""
+    if not human:
+        return {}, [], 0, ([], [])
+    specs = [human] if isinstance(human, Mapping) else list(human)
+    families: dict[str, set[int]] = {}
+    texts: list[str] = []
+    chosen: list[int] = []
+    reported: list[int] = []
+    sentences = {int(spec.get("sentences", 20)) for spec in specs}
+    if len(sentences) != 1:
+        raise ConfigError(f"WatermarkCallback: every family of human texts needs the same sentences, got {sentences}")
+    for spec in specs:
+        options = {k: v for k, v in spec.items() if k != "name"}
+        name = str(spec.get("name") or options.get("corpus", "topics"))
+        if name in families or "/" in name:
+            raise ConfigError(f"WatermarkCallback: human families need distinct names without '/', got {name!r}")
+        family = human_texts(**options)
+        a, b = split_negatives(len(family), calibration, int(options.get("seed", 12345)))
+        chosen += [len(texts) + i for i in a]
+        reported += [len(texts) + i for i in b]
+        families[name] = set(range(len(texts), len(texts) + len(family)))
+        texts += family
+    return families, texts, sentences.pop(), (chosen, reported)
 
 
 def _kept_nll(result: WatermarkGenerationResult) -> float:

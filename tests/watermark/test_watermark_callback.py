@@ -160,3 +160,35 @@ def test_bad_callback_settings_and_modules(tmp_path):
     callback = WatermarkCallback(decoder)
     with pytest.raises(ConfigError, match=r"NoGeneration lacks tokenizer, model, generate\(\)"):
         callback.setup(pl.Trainer(logger=False), NoGeneration(), "test")
+
+
+def test_families_of_negatives_and_a_threshold_chosen_on_texts_that_are_not_reported(tmp_path):
+    families = [
+        {"name": "mixed", "corpus": "topics_mixed", "texts": 20, "sentences": 6, "seed": 1},
+        {"name": "docs", "corpus": "python_docs", "texts": 10, "sentences": 6, "seed": 2},
+    ]
+    module, datamodule, callback, trainer = make(tmp_path, attacks={}, human=families, calibration=0.5)
+    trainer.test(module, datamodule)
+    m = callback.last_metrics
+    z = callback._human_z
+    chosen, reported = callback.calibration_texts
+    # each family split in halves: 10 + 5 texts choose the threshold, the other 15 are reported
+    assert len(chosen) == len(reported) == 15 and not set(chosen) & set(reported)
+    assert len(set(chosen) & callback.families["docs"]) == 5 == len(set(reported) & callback.families["docs"])
+    # 1% of 15 calibration texts: none may be flagged, so the threshold is their largest z
+    assert m["threshold_at_fpr"] == max(z[i] for i in chosen if z[i] is not None)
+    flagged = [z[i] is not None and z[i] > m["threshold_at_fpr"] for i in reported]
+    assert m["human_fpr_at_threshold"] == pytest.approx(sum(flagged) / 15)
+    for name in ("mixed", "docs"):
+        shown = [i for i in reported if i in callback.families[name]]
+        assert m[f"human/{name}/fpr_at_threshold"] == pytest.approx(
+            sum(z[i] is not None and z[i] > m["threshold_at_fpr"] for i in shown) / len(shown)
+        )
+        assert 0.0 < m[f"human/{name}/occupancy_entropy"] <= 1.0
+    assert m["human_detection_rate"] == pytest.approx(sum(z[i] is not None and z[i] > 3.0 for i in reported) / 15)
+    plain = callback._z["plain_"]
+    assert m["plain_fpr_at_threshold"] == sum(x is not None and x > m["threshold_at_fpr"] for x in plain) / len(plain)
+    with pytest.raises(ConfigError, match="same sentences"):
+        make(tmp_path, human=[families[0], {**families[1], "sentences": 5}])
+    with pytest.raises(ConfigError, match="distinct names"):
+        make(tmp_path, human=[families[0], {**families[1], "name": "mixed"}])

@@ -131,6 +131,16 @@ class TopicGrammar:
         topic = topic or rng.choice(self.topic_names)
         return " ".join(self.sentence(rng, topic) for _ in range(num_sentences))
 
+    def mixed_text(self, num_sentences: int, seed: int) -> str:
+        """``num_sentences`` sentences, each on a topic drawn uniformly and independently, joined by spaces.
+
+        A text that aligns with no partition of the embedding space: a one-topic text (:meth:`text`) keeps its
+        sentences in the few regions of its topic, so under a key that makes those regions' transitions green every
+        such text looks watermarked; here consecutive sentences move between topics (5 times in 6), so the region
+        of a sentence says little about the next one's."""
+        rng = random.Random(f"mixed:{seed}")
+        return " ".join(self.sentence(rng, rng.choice(self.topic_names)) for _ in range(num_sentences))
+
     def corpus(self, num_sentences: int, seed: int) -> list[str]:
         """``num_sentences`` sentences, topics drawn uniformly (a domain corpus to fit partitions on)."""
         rng = random.Random(f"corpus:{seed}")

@@ -50,7 +50,7 @@ from zoo.errors import ConfigError
 from zoo.generation.decoders import Decoder, ForwardHook, LogitsProcessor, Prefill
 from zoo.generation.sampling import context_length, decode_completion, decode_completions, stop_token_ids
 from zoo.protocols import GenerationResult, SamplingParams
-from zoo.watermark.fitting import SchemeSpec, as_scheme_spec
+from zoo.watermark.fitting import SchemeSpec, as_scheme_spec, margin_at_rejection
 from zoo.watermark.sampler import (
     INITIAL_REGION,
     RejectionSampler,
@@ -155,6 +155,11 @@ class SemanticWatermarkDecoder(Decoder):
         scheme: a :class:`~zoo.watermark.sampler.WatermarkScheme`, or a :class:`~zoo.watermark.fitting.SchemeSpec`
             / mapping of its fields (encoder, partition file or fit settings, key, gamma), built on first use.
         margin: acceptance margin in the partition's units (SemStamp ``|cos|`` 0.01 in MarkLLM; 0 disables).
+        margin_rejection: instead of ``margin``, the fraction of domain sentences the margin test rejects: the margin
+            is set, when the scheme is built, to :func:`~zoo.watermark.fitting.margin_at_rejection` on the held-out
+            sentences of the scheme's domain corpus (:meth:`~zoo.watermark.fitting.SchemeSpec.heldout_sentences`),
+            so partitions with margins in different units get the same budget. Needs a scheme given by its
+            settings.
         max_trials: ``N_max`` candidates per sentence before the fallback is accepted (SemStamp: 100); 1 =
             unwatermarked sentence-by-sentence sampling (see :meth:`unwatermarked`).
         candidates_per_round: candidates sampled per row in one batch per round.
@@ -179,6 +184,7 @@ class SemanticWatermarkDecoder(Decoder):
         scheme: WatermarkScheme | SchemeSpec | Mapping[str, Any] | None = None,
         *,
         margin: float = 0.0,
+        margin_rejection: float | None = None,
         max_trials: int = 100,
         candidates_per_round: int = 8,
         fallback: str = "last",
@@ -206,7 +212,13 @@ class SemanticWatermarkDecoder(Decoder):
         else:
             self._scheme = None
             self.spec = as_scheme_spec(scheme if scheme is not None else SchemeSpec())
-        self.margin = float(margin)
+        if margin_rejection is not None and (self.spec is None or not 0.0 <= margin_rejection < 1.0):
+            raise ConfigError(
+                f"margin_rejection must be in [0, 1) and needs the scheme's settings (its domain corpus), got "
+                f"{margin_rejection} with {'settings' if self.spec is not None else 'a built scheme'}"
+            )
+        self._margin: float | None = float(margin) if margin_rejection is None else None
+        self.margin_rejection = margin_rejection
         self.max_trials = int(max_trials)
         self.candidates_per_round = int(candidates_per_round)
         self.fallback = fallback
@@ -224,6 +236,19 @@ class SemanticWatermarkDecoder(Decoder):
             assert self.spec is not None
             self._scheme = self.spec.build()
         return self._scheme
+
+    @property
+    def margin(self) -> float:
+        """The acceptance margin (measured on held-out domain sentences on first access with ``margin_rejection``)."""
+        if self._margin is None:
+            assert self.spec is not None
+            assert self.margin_rejection is not None
+            scheme = self.scheme
+            sentences = self.spec.heldout_sentences()
+            self._margin = margin_at_rejection(
+                scheme.partitioner, scheme.encoder.encode(sentences), self.margin_rejection
+            )
+        return self._margin
 
     def sampler(self) -> RejectionSampler:
         """The :class:`~zoo.watermark.sampler.RejectionSampler` of this decoder's settings."""
@@ -460,7 +485,9 @@ class SemanticWatermarkDecoder(Decoder):
     def __repr__(self) -> str:
         scheme = self.spec if self.spec is not None else self._scheme
         return (
-            f"SemanticWatermarkDecoder(scheme={scheme!r}, margin={self.margin}, max_trials={self.max_trials}, "
+            f"SemanticWatermarkDecoder(scheme={scheme!r}, "
+            f"margin={self._margin if self._margin is not None else f'at rejection {self.margin_rejection}'}, "
+            f"max_trials={self.max_trials}, "
             f"candidates_per_round={self.candidates_per_round}, min_sentences={self.min_sentences}, "
             f"processors={len(self.processors)}, hooks={len(self.hooks)})"
         )

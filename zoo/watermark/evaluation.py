@@ -17,17 +17,22 @@ otherwise ``p_k`` spreads over keys and so does the false-positive rate of the f
 * :func:`empirical_threshold` -- the smallest threshold whose measured FPR on negative texts is at most ``fpr``
   (1%: the threshold a deployment calibrated on human text would use);
 * :func:`tpr_at_fpr` -- the detection rate at that threshold;
-* :func:`human_texts` -- unwatermarked texts from the topic grammar or a text/JSONL corpus.
+* :func:`human_texts` -- unwatermarked texts: one-topic or multi-topic grammar texts, real sentences of the Python
+  docs, or a text/JSONL corpus;
+* :func:`split_negatives` -- a seeded split of negative texts into a calibration part (it chooses the threshold)
+  and a reported part (where the FPR at that threshold is measured).
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 
 import torch
 
 from zoo.errors import ConfigError, DataError
+from zoo.text.human import python_docs_texts
 from zoo.text.topics import TopicGrammar
 from zoo.watermark.green import check_gamma, green_regions
 
@@ -136,14 +141,26 @@ def tpr_at_fpr(positive: Sequence[float], negative: Sequence[float], fpr: float 
     return hits / len(positive) if positive else float("nan"), threshold
 
 
+HUMAN_CORPORA = ("topics", "topics_mixed", "python_docs")
+
+
 def human_texts(corpus: str = "topics", texts: int = 200, sentences: int = 20, seed: int = 12345) -> list[str]:
-    """Unwatermarked texts: ``topics`` gives one-topic texts of the grammar (seeds ``seed + i``); a ``.txt`` /
-    ``.jsonl`` corpus is cut into consecutive groups of ``sentences`` sentences."""
+    """Unwatermarked texts of ``sentences`` sentences each.
+
+    ``corpus``: ``topics`` -- one-topic texts of the grammar (:meth:`~zoo.text.topics.TopicGrammar.text`, seeds
+    ``seed + i``; they stay in the few regions of their topic); ``topics_mixed`` -- grammar texts whose every
+    sentence is on a uniformly drawn topic (:meth:`~zoo.text.topics.TopicGrammar.mixed_text`: they align with no
+    partition); ``python_docs`` -- real human sentences, consecutive prose of the Python Language Reference that
+    ships with Python (:func:`zoo.text.human.python_docs_texts`); a ``.txt`` / ``.jsonl`` corpus is cut into
+    consecutive groups of ``sentences`` sentences."""
     if texts < 1 or sentences < 2:
         raise ConfigError(f"human texts need texts >= 1 and sentences >= 2, got {texts} and {sentences}")
-    if corpus == "topics":
+    if corpus in ("topics", "topics_mixed"):
         grammar = TopicGrammar()
-        return [grammar.text(sentences, seed=seed + i) for i in range(texts)]
+        write = grammar.text if corpus == "topics" else grammar.mixed_text
+        return [write(sentences, seed=seed + i) for i in range(texts)]
+    if corpus == "python_docs":
+        return python_docs_texts(texts, sentences, seed)
     from zoo.watermark.fitting import domain_corpus
 
     pool = domain_corpus(corpus, texts * sentences, seed)
@@ -152,13 +169,33 @@ def human_texts(corpus: str = "topics", texts: int = 200, sentences: int = 20, s
     return [" ".join(pool[i * sentences : (i + 1) * sentences]) for i in range(texts)]
 
 
+def split_negatives(count: int, calibration: float, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Indices ``0 .. count - 1`` split at random (seeded) into ``(calibration, reported)``: ``round(calibration *
+    count)`` texts choose the threshold, the others measure its FPR, so the reported FPR is out of sample.
+    ``calibration = 0`` keeps every text in both roles (the threshold is then chosen on the reported texts)."""
+    if not 0.0 <= calibration < 1.0:
+        raise ConfigError(f"the calibration fraction must be in [0, 1), got {calibration}")
+    if calibration == 0.0:
+        return list(range(count)), list(range(count))
+    size = round(calibration * count)
+    if size < 1 or size >= count:
+        raise ConfigError(
+            f"a calibration fraction of {calibration} of {count} negative texts leaves no text on one side"
+        )
+    order = list(range(count))
+    random.Random(f"negatives:{seed}").shuffle(order)
+    return sorted(order[:size]), sorted(order[size:])
+
+
 __all__ = [
+    "HUMAN_CORPORA",
     "empirical_fpr",
     "empirical_threshold",
     "false_positive_rate",
     "green_probability_per_key",
     "human_texts",
     "occupancy_entropy",
+    "split_negatives",
     "tpr_at_fpr",
     "transition_counts",
     "z_scores_per_key",

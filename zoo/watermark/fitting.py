@@ -10,7 +10,10 @@ A partition is trained once from a *domain corpus* and then shared by generation
   :func:`partition_artifact` makes it a trained-once artifact of the cache (:func:`zoo.artifacts.ensure`);
 * :class:`SchemeSpec` -- encoder, partition (fit settings or a saved file), key and gamma: what a
   decoder, a callback or a benchmark is configured with; :meth:`SchemeSpec.build` returns the
-  :class:`~zoo.watermark.sampler.WatermarkScheme`.
+  :class:`~zoo.watermark.sampler.WatermarkScheme`;
+* :func:`margin_at_rejection` -- the acceptance margin that rejects a given fraction of domain sentences: a margin
+  budget in the same units (a rejection rate) for partitions whose margins are in different units (SemStamp's
+  ``|cos|`` to a hyperplane, k-SemStamp's cosine gap, X-Guard's whitened distance to a cell boundary).
 
 Encoders and fitted partitions are kept per process (:func:`shared_encoder`, :func:`fitted_partition`), so a
 callback, its decoder and the unwatermarked baseline load MiniLM and fit a partition once; with a ``cache_dir``
@@ -33,6 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
+
+import torch
 
 from zoo.errors import ConfigError, DataError, ZooError
 from zoo.text.encoders import SentenceEncoder, load_encoder
@@ -143,6 +148,23 @@ def fit_partition(spec: PartitionSpec, encoder: SentenceEncoder) -> Partitioner:
         raise DataError(f"fitting a {spec.kind} partition on corpus {spec.corpus!r}: {err}") from err
 
 
+def margin_at_rejection(partitioner: Partitioner, embeddings: torch.Tensor, rate: float) -> float:
+    """The margin that rejects ``rate`` of the embedded sentences: the ``rate``-quantile of their margins.
+
+    The rejection sampler accepts a candidate when its margin is ``>= margin``, so about ``rate`` of sentences drawn
+    like ``embeddings`` fail the margin test whatever their region. Each method's margin has its own units
+    (SemStamp and k-SemStamp use 0.01 in theirs, MarkLLM ``margin_m``); the same ``rate`` gives every partition the
+    same rejection budget. ``rate = 0`` is margin 0 (no margin test)."""
+    if not 0.0 <= rate < 1.0:
+        raise ConfigError(f"the margin rejection rate must be in [0, 1), got {rate}")
+    if rate == 0.0:
+        return 0.0
+    _, margins = partitioner.assign_with_margin(embeddings)
+    if margins.numel() == 0:
+        raise DataError("no sentences to measure the margin rejection rate on")
+    return max(0.0, float(torch.quantile(margins.double(), rate)))
+
+
 _ENCODERS: dict[str, SentenceEncoder] = {}
 _PARTITIONS: dict[str, Partitioner] = {}
 
@@ -229,6 +251,14 @@ class SchemeSpec:
         object.__setattr__(self, "partition", as_partition_spec(self.partition))
         if self.partition_file is None and self.encoder is None:
             raise ConfigError("fitting a partition needs an encoder spec (encoder: minilm, hashing:<dim> or a dir)")
+
+    def heldout_sentences(self) -> list[str]:
+        """``corpus_size`` sentences of the partition's domain corpus drawn with ``corpus_seed + 1``: held out from
+        the fit sentences for the grammar, or for a file larger than ``corpus_size`` (a smaller file gives its
+        sentences again)."""
+        spec = self.partition
+        assert isinstance(spec, PartitionSpec)
+        return domain_corpus(spec.corpus, spec.corpus_size, spec.corpus_seed + 1, spec.text_field)
 
     def build(self) -> WatermarkScheme:
         """Load (or fit) the partition and the encoder; returns the scheme."""
