@@ -107,7 +107,7 @@ class Problem:
     def describe(self) -> str:
         """``the trained base policy of task multisum`` / ``a fresh random tiny Llama`` / ``the model at DIR``."""
         if self.init == "base":
-            return f"the task's trained base policy (`{self.model_dir.parent.name}`)"
+            return f"the task's trained base policy, `{self.model_dir.parent.name}`"
         if self.init == "random":
             return "a fresh random-init tiny Llama"
         return f"the model at `{self.model_dir}`"
@@ -460,18 +460,19 @@ def section(result: dict, problem: Problem, args: argparse.Namespace, before: di
     model = instantiate(cfg.backbone, init_from=str(problem.model_dir)).build_model()
     params = sum(p.numel() for p in model.parameters())
     described = instantiate(cfg.task).describe()
-    task = f"`{described.pop('name')}` ({', '.join(f'{k} {v}' for k, v in described.items())})"
+    task = f"`{described.pop('name')}`: {', '.join(f'{k} {v}' for k, v in described.items())}"
     rewards = ", ".join(f"`{n}` ({type(f).__name__})" for n, f in problem.reward_fns.items())
     ratio = statistics.median(ratios)
     lines = [
         f"The learning problem of `python train.py {METHOD}` (task {task}), started by both trainers from "
-        f"{problem.describe()} ({params / 1e6:.2f}M params, loaded from one `save_pretrained` directory): "
+        f"{problem.describe()} ({params / 1e6:.2f}M params; each loads it from its `save_pretrained` export): "
         f"{problem.prompts_per_step} prompts x G={problem.group_size} completions per step, the same prompts in the "
         f"same order, max {problem.max_new_tokens} new tokens, temperature {problem.temperature}, AdamW lr "
         f"{problem.lr} (constant), beta {cfg.module.policy_loss.beta}, token-mean loss, reward functions {rewards} "
         f"(the same objects in both trainers). {args.steps} steps per run, {args.repeats} interleaved repeats "
         f"(A B, B A, ...; after one warm-up run each), {args.threads} CPU thread(s), TRL {trl.__version__}, on "
-        f"{platform.machine()} with {os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f} at the end). "
+        f"{platform.machine()} with {os.cpu_count()} cores (1-minute load average {result['load_average']:.1f} when "
+        "the last repeat ended: other jobs shared the cores). "
         f"`{command(args)}`.",
         "",
         "| | optimizer steps/s, median (min-max over repeats) | mean reward per step (step 1 -> last step) | "
@@ -565,6 +566,7 @@ def main() -> None:
         print(f"both arms start from {problem.model_dir}", file=sys.stderr, flush=True)
         result = measure(problem, args.repeats)
         result["when"] = time.strftime("%Y-%m-%d")
+        result["load_average"] = os.getloadavg()[0]
         result["model_dir"] = str(problem.model_dir)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
