@@ -72,7 +72,8 @@ def test_tgd_rewrites_only_parameters_with_gradients_and_keeps_the_value_on_an_u
 
 
 def test_hop_by_hop_backward_routes_each_span_to_its_node_when_lossless():
-    sim = DeepChainSim(depth=4, faulty=(2, 2), noise=0.0, seed=5)
+    # the record ablation: the replace-style output restates every value, so the critic's items name their step
+    sim = DeepChainSim(depth=4, faulty=(2, 2), noise=0.0, seed=5, record=True)
     method = make_optimizer("textgrad", sim)
     example = sim.train_examples([0])[0]
     y = method.forward(example)

@@ -7,8 +7,8 @@
 * :mod:`zoo.textopt.deltas` — additive tagged deltas (the identity highway).
 * :mod:`zoo.textopt.textresnet` — projector, routing, :class:`DensityScheduler`, :class:`TextResNet`
   (arXiv 2602.08306).
-* :mod:`zoo.textopt.deepchain` — :class:`DeepChainSim`, the simulator; :mod:`zoo.textopt.problem` — :class:`QAChain`,
-  the real path (JSONL examples, any backend).
+* :mod:`zoo.textopt.deepchain` — :class:`DeepChainSim`, the simulator (its docstring lists what its rules build
+  in); :mod:`zoo.textopt.problem` — :class:`QAChain`, the real path (JSONL examples, any backend).
 * :mod:`zoo.textopt.run` — :func:`optimize` (plain loop) and the :class:`Tracker` the Lightning module uses.
 
 Public API::

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from zoo.agents.backends.base import Backend, approx_tokens
 
 ROLES = ("forward", "loss", "backward", "projector", "optimizer")
+# the roles whose calls are the token proxy of the paper's cost comparison
+PROXY_ROLES = ("backward", "projector", "optimizer")
 LOSS_SYSTEM = (
     "You evaluate an output. List what is wrong with it, one item per line; reply with nothing when it is correct."
 )
@@ -28,6 +30,10 @@ class CallLog:
     def record(self, role: str, prompt: str, reply: str) -> None:
         self.calls[role] += 1
         self.tokens[role] += approx_tokens(prompt) + approx_tokens(reply)
+
+    def proxy_calls(self) -> int:
+        """Backward + projector + optimizer calls so far (the token proxy)."""
+        return sum(int(self.calls[r]) for r in PROXY_ROLES)
 
     def snapshot(self) -> dict[str, int]:
         """``calls/<role>`` and ``tokens/<role>`` for every role (zeros included)."""

@@ -1,28 +1,38 @@
 """DeepChainSim: a deterministic simulator of deep compound chains for TextResNet vs TextGrad (no neural model).
 
 A chain of ``depth`` components; component ``c_i`` holds an instruction naming one operation from a small vocabulary
-of string operations (reverse, rotations, Caesar shifts, ...) and maps the latest value ``v_{i-1}`` to
+of invertible string operations (reverse, rotations, swaps, Caesar shifts) and maps the latest value ``v_{i-1}`` to
 ``v_i = op_i(v_{i-1})``; ``v_0`` is a random lowercase word. The hidden correct chain ``p*`` gives the targets; 1–3
 components start faulty (a different operation). Everything that would be a model call runs through one
 :class:`~zoo.agents.ScriptedBackend` whose policy plays each role by rule:
 
-* **component**: applies the operation its instruction names (none recognised: the value passes unchanged); with
-  TextResNet's residual note it replies with the new value only (a delta), otherwise with the text it received plus
-  the new value (a replace-style node that carries the record forward);
-* **critic** (plain Python, deterministic): one item per step whose output is not what the correct operation gives
-  on the step's visible input, ``span c3: given 'abcde' expected 'edcba' got 'bcdea'``, plus a ``global:`` item when
-  the final answer is wrong (``global_items``);
-* **TextGrad backward** (one call per node input): keeps the items for the node's instruction (its span, and global
-  items) or passes the upstream ones on (earlier spans, global items); **every call is lossy**: each item is dropped
-  with probability ``noise`` and garbled (its span moved to another component) with probability ``noise``
-  [reconstruction of the notes' "lossy scripted backward"];
-* **projector** (TextResNet): the same per-call loss on the items, then routing by span tag, as JSON;
-* **optimizer**: picks an operation consistent with the ``given → expected`` examples in its feedback (the current one
-  when it fits, else one at random among the consistent ones); with no such example it keeps the instruction.
+* **component**: applies the operation its instruction names (none recognised: the value passes unchanged) and
+  replies with the new value only. TextResNet appends it as a tagged delta, so its final state shows every step;
+  TextGrad's replace-style chain passes it on as the next input, so its final output is the last value alone.
+* **critic** (plain Python, deterministic, it knows ``p*``): judges every step the output shows. A residual state
+  shows every step: one item per step whose value is not what the correct operation gives on the step's visible
+  input, ``span c3: given 'abcdef' expected 'fedcba' got 'bcdefa'``, plus a ``global:`` item when the final answer is
+  wrong (``global_items``). A replace-style output shows only the answer: ``output: expected 'T' got 'O'``.
+* **TextGrad backward** (one call per node input, reading the node's conversation: its instruction, input, output
+  and the feedback on its output): for the instruction, ``span c_i: given <input> expected <target> got <output>``
+  for each feedback item whose target the output misses; for the input, the target pulled back through the node's
+  *own* operation (:func:`pull_back`), which the node cannot know to be faulty. So a target is exact only above
+  the last faulty node: each faulty node sends a wrong target upstream, and every node after a fault is handed an
+  example (its actual, wrong input -> the right output) that its correct operation cannot meet. The optimizer
+  updates every node that received feedback in the same step, so a correct node whose operation differs from
+  another one by a shift that commutes with the upstream error is rewritten to absorb that error, while the
+  faulty node is rewritten too. Deeper chains put more nodes on the path of each target.
+* **projector** (TextResNet): routes the critic's items by span tag, as JSON.
+* **optimizer**: picks the operation that meets most of the ``given -> expected`` examples in its feedback (the
+  current one when it is among the best, else one at random among them); with no such example it keeps the
+  instruction.
 
-Noise and choices draw from ``random.Random`` seeded by (seed, request text): same seed, same prompts, same replies.
-Depth thus only enters through how many lossy calls an item crosses: one projector call in TextResNet, ``L - i + 1``
-backward calls for the item of ``c_i`` in TextGrad. The simulator shows that mechanism; it does not measure LLMs.
+Optional per-call loss ``noise`` (q): each backward and projector call drops every feedback item it reads with
+probability q and garbles it with probability q (a span item is moved to another component, any other item gets a
+wrong expected value) [reconstruction of the notes' "lossy scripted backward"]; with q > 0 the item of ``c_i``
+crosses ``L - i + 1`` such calls in TextGrad and one in TextResNet. Noise and choices draw from ``random.Random``
+seeded by (seed, request text): same seed, same prompts, same replies. The simulator shows mechanisms; it does not
+measure LLMs.
 """
 
 from __future__ import annotations
@@ -68,10 +78,34 @@ OPERATIONS = {
     "shift_3": lambda w: _caesar(w, 3),
     "unshift_1": lambda w: _caesar(w, -1),
 }
+# every operation is a bijection on words of a given length: its inverse
+INVERSES = {
+    "reverse": lambda w: w[::-1],
+    "rotate_left": lambda w: w[-1:] + w[:-1],
+    "rotate_right": lambda w: w[1:] + w[:1],
+    "swap_halves": lambda w: w[len(w) - len(w) // 2 :] + w[: len(w) - len(w) // 2],
+    "swap_pairs": _swap_pairs,
+    "shift_1": lambda w: _caesar(w, -1),
+    "shift_3": lambda w: _caesar(w, -3),
+    "unshift_1": lambda w: _caesar(w, 1),
+}
 _OPERATION = re.compile(r"operation '([a-z_0-9]+)'")
-_SPAN_ITEM = re.compile(r"^span (?P<id>[^:\s]+): given '(?P<given>[a-z]*)' expected '(?P<expected>[a-z]*)'")
 _SPAN_ID = re.compile(r"^span (?P<id>[^:\s]+):")
+_GIVEN = re.compile(r"given '(?P<given>[a-z]*)'")
+_EXPECTED = re.compile(r"expected '(?P<word>[a-z]*)'")
 _FIELD = re.compile(r"^(Component|Target): (.*)$", re.MULTILINE)
+
+
+def expected_of(item: str) -> str | None:
+    """The value a feedback item says is expected (``expected '...'``), if it says one."""
+    match = _EXPECTED.search(item)
+    return match.group("word") if match else None
+
+
+def pull_back(operation: str | None, target: str) -> str:
+    """The input a component must receive for its output to be ``target`` under ``operation``: what a backward call
+    that trusts its own instruction writes for its input (no recognised operation: the value passes unchanged)."""
+    return INVERSES[operation](target) if operation else target
 
 
 def instruction(operation: str) -> str:
@@ -103,6 +137,11 @@ class DeepChainSim:
         word_length: length of the words the chain transforms.
         test_size: held-out inputs for the test accuracy.
         global_items: the critic adds a ``global:`` item when the final answer is wrong.
+        record: TextGrad's replace-style components restate the text they received and append their new value, so its
+            output shows every step as a residual state does, without tags, and its backward routes the critic's
+            span items hop by hop (an ablation: the baseline gets the highway's visibility, not its routing).
+        operations: the vocabulary the chain draws its operations from (default: all of :data:`OPERATIONS`;
+            a smaller one gives the optimizer fewer operations to choose from).
         seed: the instance (correct chain, faults, test words) and the simulator's draws.
     """
 
@@ -114,6 +153,8 @@ class DeepChainSim:
         word_length: int = 6,
         test_size: int = 16,
         global_items: bool = True,
+        record: bool = False,
+        operations: Sequence[str] | None = None,
         seed: int = 0,
     ) -> None:
         if depth < 1:
@@ -124,6 +165,13 @@ class DeepChainSim:
             raise ConfigError(f"DeepChainSim noise={noise}: the drop/garble probability must be in [0, 0.5]")
         if word_length < 2:
             raise ConfigError(f"DeepChainSim word_length={word_length}: use at least 2")
+        names = sorted(OPERATIONS) if operations is None else sorted(set(operations))
+        unknown = [name for name in names if name not in OPERATIONS]
+        if unknown or len(names) < 2:
+            raise ConfigError(
+                f"DeepChainSim operations={list(operations or [])}: give at least two of {sorted(OPERATIONS)}"
+                + (f" (unknown: {unknown})" if unknown else "")
+            )
         self.depth, self.noise, self.word_length, self.global_items, self.seed = (
             depth,
             noise,
@@ -131,8 +179,9 @@ class DeepChainSim:
             global_items,
             seed,
         )
+        self.operations = names
+        self.record = record
         rng = random.Random(f"deepchain/{seed}")
-        names = sorted(OPERATIONS)
         self.component_ids = [f"c{i + 1}" for i in range(depth)]
         self.correct = {cid: rng.choice(names) for cid in self.component_ids}
         count = min(rng.randint(faulty[0], faulty[1]), depth)
@@ -164,10 +213,11 @@ class DeepChainSim:
         return list(self.test)
 
     def values(self, output: str, residual: bool) -> list[str]:
-        """``[v_0, v_1, ...]`` read from an output (residual: the input and the visible deltas)."""
+        """``[v_0, v_1, ...]`` read from a residual state (its input and visible deltas); a replace-style output shows
+        only its last value."""
         if residual:
             return [state_input(output).strip(), *(text.strip() for _, text in visible_deltas(output))]
-        return output.split()
+        return output.split() if self.record else output.split()[-1:]
 
     def answer(self, output: str, residual: bool) -> str:
         values = self.values(output, residual)
@@ -179,6 +229,11 @@ class DeepChainSim:
     def critique(
         self, output: str, example: Example, residual: bool, backend: Backend | None = None, log: CallLog | None = None
     ) -> list[str]:
+        """The critic's items on what ``output`` shows: every step of a residual state, the answer of a replace-style
+        output (module docstring)."""
+        answer = self.answer(output, residual)
+        if not (residual or self.record):
+            return [] if answer == example.target else [f"output: expected '{example.target}' got '{answer}'"]
         values = self.values(output, residual)
         items = []
         for i, cid in enumerate(self.component_ids):
@@ -188,8 +243,8 @@ class DeepChainSim:
             expected = OPERATIONS[self.correct[cid]](values[i])
             if values[i + 1] != expected:
                 items.append(f"span {cid}: given '{values[i]}' expected '{expected}' got '{values[i + 1]}'")
-        if self.global_items and self.answer(output, residual) != example.target:
-            items.append(f"global: the final answer '{self.answer(output, residual)}' is wrong")
+        if self.global_items and answer != example.target:
+            items.append(f"global: the final answer '{answer}' is wrong")
         return items
 
     def faulty(self, instructions: dict[str, str]) -> set[str]:
@@ -204,16 +259,21 @@ class DeepChainSim:
         return random.Random(digest)
 
     def lossy(self, items: Sequence[str], rng: random.Random) -> list[str]:
-        """Each item dropped with probability q, or garbled (span moved to another component) with probability q."""
+        """Each item dropped with probability q, or garbled with probability q: a span item is moved to another
+        component, any other item's expected value is replaced by a wrong one."""
         out = []
         for item in items:
             u = rng.random()
             if u < self.noise:
                 continue
-            match = _SPAN_ID.match(item)
-            if u < 2 * self.noise and match and self.depth > 1:
-                other = rng.choice([c for c in self.component_ids if c != match.group("id")])
-                item = f"span {other}:{item[match.end() :]}"
+            if u < 2 * self.noise:
+                span, expected = _SPAN_ID.match(item), _EXPECTED.search(item)
+                if span and self.depth > 1:
+                    other = rng.choice([c for c in self.component_ids if c != span.group("id")])
+                    item = f"span {other}:{item[span.end() :]}"
+                elif expected and expected.group("word"):
+                    wrong = _caesar(expected.group("word"), rng.randint(1, 25))
+                    item = f"{item[: expected.start('word')]}{wrong}{item[expected.end('word') :]}"
             out.append(item)
         return out
 
@@ -232,37 +292,51 @@ class DeepChainSim:
 
     def _component(self, system: str, state: str) -> str:
         operation = operation_of(system)
-        residual = RESIDUAL_NOTE in system
-        values = self.values(state, residual)
+        values = self.values(state, RESIDUAL_NOTE in system)
         latest = values[-1] if values else ""
         new = OPERATIONS[operation](latest) if operation else latest
-        return new if residual else f"{state} {new}"
+        return f"{state} {new}" if self.record and RESIDUAL_NOTE not in system else new
 
     def _backward(self, user: str, rng: random.Random) -> str:
+        """One TextGrad backward call: feedback on the node's instruction, or on its input (module docstring)."""
         fields = dict(_FIELD.findall(user))
-        position = self.component_ids.index(fields["Component"])
-        kept = []
+        cid = fields["Component"]
+        position = self.component_ids.index(cid)
+        operation = operation_of(_between(user, "INSTRUCTION"))
+        given, got = _between(user, "INPUT").strip(), _between(user, "OUTPUT").strip()
+        out = []
         for item in self.lossy(_items(_between(user, "FEEDBACK")), rng):
-            match = _SPAN_ID.match(item)
-            where = (
-                self.component_ids.index(match.group("id"))
-                if match and match.group("id") in self.component_ids
-                else None
-            )
-            if where is None or (where == position if fields["Target"] == "instruction" else where < position):
-                kept.append(item)
-        return "\n".join(kept)
+            span = _SPAN_ID.match(item)
+            named = span.group("id") if span else None
+            where = self.component_ids.index(named) if named in self.component_ids else None
+            if where is not None:  # an item naming its component (a record): kept by it, passed on by later ones
+                if where == position if fields["Target"] == "instruction" else where < position:
+                    out.append(item)
+                continue
+            target = expected_of(item)
+            if target is None:  # a remark on the whole output: every node passes it on
+                out.append(item)
+                continue
+            if target == got:
+                continue
+            if fields["Target"] == "instruction":
+                out.append(f"span {cid}: given '{given}' expected '{target}' got '{got}'")
+                continue
+            wanted = pull_back(operation, target)
+            if wanted != given:
+                out.append(f"input of {cid}: expected '{wanted}' got '{given}'")
+        return "\n".join(out)
 
     def _optimize(self, user: str, rng: random.Random) -> str:
         current = _between(user, "VARIABLE")
-        pairs = [
-            (m.group("given"), m.group("expected"))
-            for m in map(_SPAN_ITEM.match, _items(_between(user, "FEEDBACK")))
-            if m
-        ]
+        pairs = []
+        for item in _items(_between(user, "FEEDBACK")):
+            given, target = _GIVEN.search(item), expected_of(item)
+            if given and target is not None:
+                pairs.append((given.group("given"), target))
         if not pairs:
             return f"<IMPROVED_VARIABLE>{current}</IMPROVED_VARIABLE>"
-        fits = {name: sum(fn(g) == e for g, e in pairs) for name, fn in sorted(OPERATIONS.items())}
+        fits = {name: sum(OPERATIONS[name](g) == t for g, t in pairs) for name in self.operations}
         best = max(fits.values())
         candidates = [name for name, score in fits.items() if score == best]
         operation = operation_of(current)

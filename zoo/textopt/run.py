@@ -3,8 +3,9 @@
 
 Per step (:meth:`Tracker.step`): minibatch accuracy before the update, the components sent to the optimizer, how many
 of them were faulty at that moment (the simulator knows), the faulty count after the update, cumulative call and
-token counts per role. Summary (:meth:`Tracker.summary`): test accuracy, attribution accuracy (share of optimizer
-calls spent on a faulty component), steps to converge (first step after which no component is faulty), calls.
+token counts per role; once the method's call budget is spent, the remaining steps are skipped. Summary
+(:meth:`Tracker.summary`): test accuracy, attribution accuracy (share of optimizer calls spent on a faulty
+component), steps to converge (first step after which no component is faulty), steps run, calls.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from typing import Any
 
 from zoo.agents.backends.base import Backend
 from zoo.errors import ConfigError
+from zoo.textopt.calls import PROXY_ROLES
 from zoo.textopt.problem import ChainProblem, Example
 from zoo.textopt.textgrad import ChainOptimizer, TextGrad
 from zoo.textopt.textresnet import TextResNet
 
 OPTIMIZERS = {"textgrad": TextGrad, "textresnet": TextResNet}
-TOKEN_PROXY_ROLES = ("backward", "projector", "optimizer")
+TOKEN_PROXY_ROLES = PROXY_ROLES
 
 
 def make_optimizer(
@@ -54,10 +56,18 @@ class Tracker:
         return self.method.problem.faulty(self.method.instructions())
 
     def step(self, examples: Sequence[Example]) -> dict[str, Any]:
+        """One optimization step and its row; once the method's call budget is spent the step is skipped (no call,
+        ``skipped: true``)."""
+        number = len(self.history) + 1
+        if not self.method.within_budget():
+            faulty = self._faulty()
+            row = {"step": number, "skipped": True, "accuracy": None, "updated": [], "updates": 0}
+            row.update(hits=None if faulty is None else 0, faulty=None if faulty is None else len(faulty))
+            self.history.append({**row, "critiques": 0, **self.method.log.snapshot()})
+            return self.history[-1]
         before = self._faulty()
         report = self.method.step(examples)
         after = self._faulty()
-        number = len(self.history) + 1
         row: dict[str, Any] = {
             "step": number,
             "accuracy": report.accuracy,
@@ -87,6 +97,8 @@ class Tracker:
         return {
             "method": self.method.name,
             "steps": len(self.history),
+            "steps_run": sum(not r.get("skipped") for r in self.history),
+            "call_budget": self.method.call_budget,
             "test_accuracy": test_accuracy,
             "updates": updates,
             "attribution_accuracy": sum(hits) / updates if hits and updates else None,

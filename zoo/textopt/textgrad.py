@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zoo.agents.backends.base import Backend
+from zoo.errors import ConfigError
 from zoo.textopt.calls import CallLog, call, llm_critique
 from zoo.textopt.problem import ChainProblem, Example, StepReport
 from zoo.textopt.variable import Variable
@@ -204,6 +205,9 @@ class ChainOptimizer(ABC):
         backend: the model of every call.
         seed: forwarded to every call.
         constraints: TGD constraints.
+        call_budget: backward + projector + optimizer calls the run may spend (``None``: no cap). A step starts only
+            while fewer have been made (:meth:`within_budget`), so the last step may go past it; the steps after it
+            are skipped (:class:`~zoo.textopt.run.Tracker`). Equal budgets compare methods at equal cost.
     """
 
     name = "chain"
@@ -211,8 +215,16 @@ class ChainOptimizer(ABC):
     residual = False
 
     def __init__(
-        self, problem: ChainProblem, backend: Backend, seed: int | None = 0, constraints: Sequence[str] = ()
+        self,
+        problem: ChainProblem,
+        backend: Backend,
+        seed: int | None = 0,
+        constraints: Sequence[str] = (),
+        call_budget: int | None = None,
     ) -> None:
+        if call_budget is not None and call_budget < 1:
+            raise ConfigError(f"call_budget={call_budget}: use null (no cap) or a positive number of calls")
+        self.call_budget = call_budget
         self.problem = problem
         self.backend = backend
         self.seed = seed
@@ -226,6 +238,10 @@ class ChainOptimizer(ABC):
 
     def instructions(self) -> dict[str, str]:
         return {cid: p.value for cid, p in self.parameters.items()}
+
+    def within_budget(self) -> bool:
+        """Whether another step may start: no call budget, or fewer proxy calls made than it allows."""
+        return self.call_budget is None or self.log.proxy_calls() < self.call_budget
 
     @abstractmethod
     def output(self, example: Example) -> str:
@@ -250,9 +266,14 @@ class TextGrad(ChainOptimizer):
     name = "textgrad"
 
     def __init__(
-        self, problem: ChainProblem, backend: Backend, seed: int | None = 0, constraints: Sequence[str] = ()
+        self,
+        problem: ChainProblem,
+        backend: Backend,
+        seed: int | None = 0,
+        constraints: Sequence[str] = (),
+        call_budget: int | None = None,
     ) -> None:
-        super().__init__(problem, backend, seed, constraints)
+        super().__init__(problem, backend, seed, constraints, call_budget)
         self.nodes = [LLMCall(backend, self.parameters[cid], self.log, cid, seed) for cid in self.ids]
 
     def forward(self, example: Example) -> Variable:

@@ -237,6 +237,7 @@ class TextResNet(ChainOptimizer):
         retraction: tell components they may retract an earlier contribution.
         seed: forwarded to every call.
         constraints: TGD constraints.
+        call_budget: cap on backward + projector + optimizer calls (:class:`~zoo.textopt.textgrad.ChainOptimizer`).
     """
 
     name = "textresnet"
@@ -254,12 +255,13 @@ class TextResNet(ChainOptimizer):
         retraction: bool = False,
         seed: int | None = 0,
         constraints: Sequence[str] = (),
+        call_budget: int | None = None,
     ) -> None:
         if projector not in ("llm", "rule"):
             raise ConfigError(f"TextResNet projector={projector!r}; use llm or rule")
         if max_delta_chars is not None and max_delta_chars < 1:
             raise ConfigError(f"TextResNet max_delta_chars={max_delta_chars}: use null or a positive cap")
-        super().__init__(problem, backend, seed, constraints)
+        super().__init__(problem, backend, seed, constraints, call_budget)
         self.projector = (
             LLMProjector(backend, self.log, seed=seed) if projector == "llm" else RuleProjector(rule_pattern)
         )
