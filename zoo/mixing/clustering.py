@@ -12,12 +12,20 @@ Paper: "GEM: Geometric Entropy Mixing" (arXiv 2605.26121); notes ``multimodal_qu
   gradient) ascent with per-point acceptance -> :func:`gem_e_step`
 - M-step ``mu_k = r_k / ||r_k||``, ``kappa_k ~= (R d - R^3)/(1 - R^2)`` (Banerjee) -> :func:`vmf_m_step`
 - the full fit -> :func:`fit_gem`; vanilla vMF-EM with learned mixing weights -> :func:`fit_vmf_em`;
-  baselines -> :func:`kmeans`, :func:`spherical_kmeans`
+  baselines -> :func:`kmeans` (scikit-learn's ``KMeans``), :func:`spherical_kmeans`
 - bucket balance: mass entropy and largest share -> :func:`mass_entropy`, :func:`max_share`; agreement with true
   labels -> :func:`normalized_mutual_info`
 
-Every fit L2-normalises the embeddings first (so scaling them by ``c > 0`` changes nothing), works in float64, and
-is seeded (k-means++ initialisation from a ``torch.Generator``). Plain torch, no Lightning.
+Every fit L2-normalises the embeddings first (so scaling them by ``c > 0`` changes nothing) and is seeded (k-means++
+initialisation). Precision of the vMF fits (:class:`UnitRows`): the ``[N, d]`` embeddings stay in the precision they
+come in (float32 from an encoder: no float64 copy of the matrix); every product with them that enters Eq. 3 -- the
+cosines ``mu_k^T x_i`` of the scores and the resultants ``r_k`` of the M-step -- is computed in float64, block by block
+of rows upcast in cache, because ``kappa`` (hundreds to ``1e5``) multiplies the cosines: float32 cosines (rounding
+``~1e-7``) would move the logits by ``1e-5 .. 1e-2`` and the MM guarantee (Eq. 3 never decreases) would hold only to
+that noise. The ``[N, K]`` E-step stays float64 as well: its acceptance test compares surrogate values whose
+increments near the optimum are far below float32 resolution. Only the k-means++ seeding, a random draw that is no part
+of the objective, uses products in the embeddings' own precision. Plain torch, no Lightning (scikit-learn for
+:func:`kmeans`).
 """
 
 from __future__ import annotations
@@ -66,27 +74,102 @@ class ClusteringResult:
 
 
 # -- input checks and initialisation -----------------------------------------------------------------------------
-def normalize_rows(embeddings: Tensor) -> Tensor:
-    """``[N, d]`` embeddings -> float64 unit rows.
+BLOCK_ROWS = 1024
+"""Rows per block of the blockwise products and of the E-step: a ``[1024, d]`` float64 block stays in cache."""
+
+
+@dataclass
+class UnitRows:
+    """The unit rows ``x_i / ||x_i||`` of ``[N, d]`` embeddings without a float64 copy of the matrix.
+
+    ``rows`` keeps the embeddings as given (float32 or float64; other types are stored as float32) and
+    ``inverse_norms`` ``[N]`` (float64) the ``1 / ||x_i||`` computed in float64. Products with the unit rows are taken
+    block by block (:data:`BLOCK_ROWS` rows upcast to float64 in cache), so they agree with the products of a float64
+    normalised copy to float64 rounding. Build with :func:`unit_rows`.
+    """
+
+    rows: Tensor
+    inverse_norms: Tensor
+
+    def __len__(self) -> int:
+        return self.rows.shape[0]
+
+    @property
+    def shape(self) -> torch.Size:
+        """``(N, d)``."""
+        return self.rows.shape
+
+    def _blocks(self):
+        for start in range(0, len(self), BLOCK_ROWS):
+            stop = min(start + BLOCK_ROWS, len(self))
+            yield start, stop, self.rows[start:stop].to(torch.float64)
+
+    def unit(self, indices: Tensor) -> Tensor:
+        """``[m, d]`` float64 unit rows at ``indices``."""
+        return self.rows[indices].to(torch.float64) * self.inverse_norms[indices].unsqueeze(1)
+
+    def dense(self) -> Tensor:
+        """``[N, d]`` float64 unit rows (a copy of the whole matrix)."""
+        return self.rows.to(torch.float64) * self.inverse_norms.unsqueeze(1)
+
+    def cosines(self, directions: Tensor) -> Tensor:
+        """``[N, K]`` float64 ``x_i^T mu_k / ||x_i||`` for ``[K, d]`` ``directions`` (float64 products)."""
+        directions = directions.to(torch.float64)
+        out = torch.empty(len(self), directions.shape[0], dtype=torch.float64)
+        for start, stop, block in self._blocks():
+            torch.matmul(block, directions.T, out=out[start:stop])
+        return out.mul_(self.inverse_norms.unsqueeze(1))
+
+    def weighted_sums(self, weights: Tensor) -> Tensor:
+        """``[K, d]`` float64 ``sum_i w_ik x_i / ||x_i||`` for ``[N, K]`` ``weights`` (float64 products)."""
+        out = torch.zeros(weights.shape[1], self.shape[1], dtype=torch.float64)
+        for start, stop, block in self._blocks():
+            scaled = weights[start:stop].to(torch.float64) * self.inverse_norms[start:stop].unsqueeze(1)
+            out.addmm_(scaled.T, block)
+        return out
+
+    def draft_cosines(self, direction: Tensor) -> Tensor:
+        """``[N]`` float64 cosines to one ``[d]`` direction from a product in the embeddings' own precision (the
+        k-means++ draw: no part of the objective)."""
+        return (self.rows @ direction.to(self.rows.dtype)).to(torch.float64) * self.inverse_norms
+
+
+def unit_rows(embeddings: Tensor) -> UnitRows:
+    """Check ``[N, d]`` embeddings and wrap them as :class:`UnitRows` (one pass over the matrix).
 
     Raises:
         DataError: a non-finite value or a zero-norm row (naming the first rows), or not a 2-D tensor.
     """
-    x = torch.as_tensor(embeddings)
+    x = torch.as_tensor(embeddings).detach()
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] < 2:
         raise DataError(f"embeddings must be a [N, d] tensor with N >= 1 and d >= 2, got shape {tuple(x.shape)}")
-    x = x.detach().to(torch.float64)
-    bad = (~torch.isfinite(x)).any(dim=1).nonzero().flatten()
-    if len(bad):
-        raise DataError(f"embeddings: {len(bad)} rows hold NaN or inf (first rows {bad[:5].tolist()})")
-    norms = x.norm(dim=1)
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.to(torch.float32)
+    norms = torch.cat([x[i : i + BLOCK_ROWS].to(torch.float64).norm(dim=1) for i in range(0, len(x), BLOCK_ROWS)])
+    suspect = (~torch.isfinite(norms)).nonzero().flatten()
+    if len(suspect):  # NaN or inf in the row, or (float64 input beyond 1e154) a sum of squares that overflows
+        bad = suspect[(~torch.isfinite(x[suspect])).any(dim=1)]
+        if len(bad):
+            raise DataError(f"embeddings: {len(bad)} rows hold NaN or inf (first rows {bad[:5].tolist()})")
+        big = x[suspect].to(torch.float64)
+        scale = big.abs().amax(dim=1, keepdim=True)
+        norms[suspect] = (big / scale).norm(dim=1) * scale.squeeze(1)
     zero = (norms <= 1e-12).nonzero().flatten()
     if len(zero):
         raise DataError(
             f"embeddings: {len(zero)} rows have zero norm (first rows {zero[:5].tolist()}): a zero vector has no "
             "direction on the sphere; drop these rows (empty documents?) or embed them with another encoder"
         )
-    return x / norms.unsqueeze(1)
+    return UnitRows(x, 1.0 / norms)
+
+
+def normalize_rows(embeddings: Tensor) -> Tensor:
+    """``[N, d]`` embeddings -> float64 unit rows (checked as in :func:`unit_rows`).
+
+    Raises:
+        DataError: a non-finite value or a zero-norm row (naming the first rows), or not a 2-D tensor.
+    """
+    return unit_rows(embeddings).dense()
 
 
 def check_num_clusters(num_points: int, num_clusters: int) -> None:
@@ -97,29 +180,24 @@ def check_num_clusters(num_points: int, num_clusters: int) -> None:
         raise ConfigError(f"num_clusters={num_clusters} > the {num_points} points to cluster; use fewer clusters")
 
 
-def kmeans_plus_plus(x: Tensor, num_clusters: int, generator: torch.Generator, cosine: bool = False) -> Tensor:
-    """k-means++ seeding (Arthur & Vassilvitskii 2007): ``[K]`` indices of ``x`` drawn with probability ``D(x)^2``
-    (``D`` = Euclidean distance, or ``1 - cos`` when ``cosine``) to the nearest centre chosen so far."""
-    n = x.shape[0]
+def kmeans_plus_plus(x: UnitRows, num_clusters: int, generator: torch.Generator) -> Tensor:
+    """k-means++ seeding on the sphere (Arthur & Vassilvitskii 2007): ``[K]`` indices of ``x`` drawn with
+    probability proportional to ``D(x)^2 = ||x - c||^2 / 2 = 1 - cos(x, c)`` for the nearest centre ``c`` chosen so
+    far (a chosen point is never drawn again)."""
+    n = len(x)
     first = int(torch.randint(n, (1,), generator=generator))
     chosen = [first]
-    closest = _distance(x, x[first : first + 1], cosine).squeeze(1)
+    closest = 1 - x.draft_cosines(x.unit(torch.tensor([first]))[0])
     for _ in range(1, num_clusters):
         weights = closest.clamp_min(0)
+        weights[chosen] = 0
         if float(weights.sum()) <= 0:  # every point sits on a centre: pick any point not chosen yet
-            rest = torch.ones(n, dtype=torch.bool)
-            rest[chosen] = False
-            weights = rest.to(x.dtype)
+            weights = torch.ones(n, dtype=torch.float64)
+            weights[chosen] = 0
         index = int(torch.multinomial(weights, 1, generator=generator))
         chosen.append(index)
-        closest = torch.minimum(closest, _distance(x, x[index : index + 1], cosine).squeeze(1))
+        closest = torch.minimum(closest, 1 - x.draft_cosines(x.unit(torch.tensor([index]))[0]))
     return torch.tensor(chosen)
-
-
-def _distance(x: Tensor, centres: Tensor, cosine: bool) -> Tensor:
-    if cosine:
-        return 1 - x @ centres.T
-    return torch.cdist(x, centres).pow(2)
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -149,22 +227,40 @@ def kmeans(
     normalize: bool = True,
     num_init: int = 1,
 ) -> ClusteringResult:
-    """Lloyd's Euclidean k-means with k-means++ seeding (the paper's "K-means" bucketing).
+    """Euclidean k-means (the paper's "K-means" bucketing): scikit-learn's ``KMeans`` (Lloyd, k-means++ seeding).
 
     Args:
         embeddings: ``[N, d]``.
         num_clusters: ``K <= N``.
-        num_iters: Lloyd iterations (stops early when the assignment no longer changes).
-        seed: seed of the k-means++ draw.
+        num_iters: at most this many Lloyd iterations (``max_iter``; ``tol=0``: it stops early only when the
+            assignment no longer changes).
+        seed: ``random_state`` of the k-means++ draws.
         normalize: L2-normalise the rows first (as for every bucketing here; ``False`` = raw Euclidean k-means).
-        num_init: restarts (seeds ``seed .. seed + num_init - 1``); the one with the best final objective is kept.
+        num_init: restarts (``n_init``); the one with the smallest inertia is kept.
 
     Returns:
-        :class:`ClusteringResult` with one-hot responsibilities and centroid ``means`` (not unit norm).
+        :class:`ClusteringResult` with one-hot responsibilities, centroid ``means`` (not unit norm) and ``objective``
+        holding one value, minus the final mean squared distance (scikit-learn does not report the iterations).
+
+    Raises:
+        ConfigError: scikit-learn missing, ``K > N``, ``num_init < 1``. DataError: zero-norm or non-finite rows.
     """
-    x = normalize_rows(embeddings) if normalize else torch.as_tensor(embeddings, dtype=torch.float64)
+    try:
+        from sklearn.cluster import KMeans
+    except ImportError as err:  # pragma: no cover - installed with the mixing extra
+        raise ConfigError("the kmeans bucketing needs scikit-learn: pip install 'paperzoo[mixing]'") from err
+    if normalize:
+        x = normalize_rows(embeddings)
+    else:
+        x = torch.as_tensor(embeddings).detach().to(torch.float64)
     check_num_clusters(x.shape[0], num_clusters)
-    return _best_of(num_init, seed, lambda s: _lloyd(x, num_clusters, num_iters, s))
+    if num_init < 1:
+        raise ConfigError(f"num_init must be >= 1, got {num_init}")
+    fit = KMeans(num_clusters, init="k-means++", n_init=num_init, max_iter=num_iters, tol=0.0, random_state=seed)
+    fit.fit(x.numpy())
+    labels = torch.from_numpy(fit.labels_).long()
+    means = torch.from_numpy(fit.cluster_centers_).to(torch.float64)
+    return ClusteringResult(_one_hot(labels, num_clusters), means, [-float(fit.inertia_) / x.shape[0]])
 
 
 def _best_of(num_init: int, seed: int, fit: Callable[[int], ClusteringResult]) -> ClusteringResult:
@@ -173,38 +269,22 @@ def _best_of(num_init: int, seed: int, fit: Callable[[int], ClusteringResult]) -
     return max((fit(seed + i) for i in range(num_init)), key=lambda r: r.objective[-1])
 
 
-def _lloyd(x: Tensor, num_clusters: int, num_iters: int, seed: int) -> ClusteringResult:
-    centres = x[kmeans_plus_plus(x, num_clusters, _generator(seed))].clone()
-    labels, objective = None, []
-    for _ in range(num_iters):
-        distances = _distance(x, centres, cosine=False)
-        cost, new_labels = distances.min(dim=1)
-        objective.append(-float(cost.mean()))
-        if labels is not None and torch.equal(new_labels, labels):
-            break
-        labels = new_labels
-        sums = torch.zeros_like(centres).index_add_(0, labels, x)
-        counts = torch.bincount(labels, minlength=num_clusters).to(x.dtype)
-        centres = torch.where(counts.unsqueeze(1) > 0, sums / counts.clamp_min(1).unsqueeze(1), centres)
-        centres = _refill_empty(centres, x, labels, cost.clone())
-    labels = _distance(x, centres, cosine=False).argmin(dim=1)
-    return ClusteringResult(_one_hot(labels, num_clusters), centres, objective)
-
-
 def spherical_kmeans(
     embeddings: Tensor, num_clusters: int, num_iters: int = 50, seed: int = 0, num_init: int = 1
 ) -> ClusteringResult:
     """Spherical k-means (Dhillon & Modha 2001): assign by cosine, centre = normalised sum of the members.
 
-    Same arguments as :func:`kmeans`; ``means`` are unit norm; ``objective`` is the mean cosine to the centre.
+    Same arguments as :func:`kmeans` (restarts use seeds ``seed .. seed + num_init - 1``; the one with the best final
+    objective is kept); ``means`` are unit norm; ``objective`` is the mean cosine to the centre after each iteration.
     """
-    x = normalize_rows(embeddings)
-    check_num_clusters(x.shape[0], num_clusters)
-    return _best_of(num_init, seed, lambda s: _spherical_lloyd(x, num_clusters, num_iters, s))
+    rows = unit_rows(embeddings)
+    check_num_clusters(len(rows), num_clusters)
+    x = rows.dense()
+    return _best_of(num_init, seed, lambda s: _spherical_lloyd(rows, x, num_clusters, num_iters, s))
 
 
-def _spherical_lloyd(x: Tensor, num_clusters: int, num_iters: int, seed: int) -> ClusteringResult:
-    centres = x[kmeans_plus_plus(x, num_clusters, _generator(seed), cosine=True)].clone()
+def _spherical_lloyd(rows: UnitRows, x: Tensor, num_clusters: int, num_iters: int, seed: int) -> ClusteringResult:
+    centres = x[kmeans_plus_plus(rows, num_clusters, _generator(seed))].clone()
     labels, objective = None, []
     for _ in range(num_iters):
         similarity = x @ centres.T
@@ -222,28 +302,87 @@ def _spherical_lloyd(x: Tensor, num_clusters: int, num_iters: int, seed: int) ->
 
 
 # -- vMF mixtures: vMF-EM and GEM ----------------------------------------------------------------------------------
-def vmf_scores(x: Tensor, means: Tensor, kappa: Tensor, log_weights: Tensor) -> Tensor:
+def vmf_scores(x: UnitRows | Tensor, means: Tensor, kappa: Tensor, log_weights: Tensor) -> Tensor:
     """``s_ik = log a_k + log C_d(kappa_k) + kappa_k mu_k^T x_i``.
 
-    Shapes: ``x [N, d]``, ``means [K, d]``, ``kappa [K]``, ``log_weights [K]`` -> ``[N, K]``.
+    Shapes: ``x [N, d]`` unit rows (a tensor, or :class:`UnitRows` for the blockwise float64 products), ``means
+    [K, d]``, ``kappa [K]``, ``log_weights [K]`` -> ``[N, K]``.
     """
-    return log_weights + vmf_log_normalizer(x.shape[1], kappa) + kappa * (x @ means.T)
-
-
-def _entropy_rows(gamma: Tensor) -> Tensor:
-    return -(gamma * torch.log(gamma.clamp_min(1e-300))).sum(dim=1)
+    cosines = x.cosines(means) if isinstance(x, UnitRows) else x @ means.T
+    return log_weights + vmf_log_normalizer(x.shape[1], kappa) + kappa * cosines
 
 
 def gem_objective(scores: Tensor, gamma: Tensor, lam: float) -> float:
-    """Eq. 3 averaged over the points: ``mean_i [sum_k g_ik s_ik + H(g_i)] - (lam/2) ||pi - u||^2``."""
-    k = gamma.shape[1]
+    """Eq. 3 averaged over the points: ``mean_i [sum_k g_ik s_ik + H(g_i)] - (lam/2) ||pi - u||^2`` (``0 log 0``
+    is 0)."""
+    n, k = gamma.shape
     balance = 0.5 * lam * float(((gamma.mean(dim=0) - 1.0 / k) ** 2).sum())
-    return float(((gamma * scores).sum(dim=1) + _entropy_rows(gamma)).mean()) - balance
+    fit = torch.vdot(gamma.reshape(-1), scores.reshape(-1)) - torch.xlogy(gamma, gamma).sum()
+    return float(fit) / n - balance
 
 
-def _surrogate(gamma: Tensor, linear: Tensor, anchor: Tensor, lam: float) -> Tensor:
-    """Per-point MM surrogate ``sum_k g_k a_k + H(g) - (lam/2) ||g - g^t||^2`` (``[N]``)."""
-    return (gamma * linear).sum(dim=1) + _entropy_rows(gamma) - 0.5 * lam * ((gamma - anchor) ** 2).sum(dim=1)
+def _surrogate(gamma: Tensor, log_gamma: Tensor, linear: Tensor, anchor: Tensor, lam: float) -> Tensor:
+    """Per-point MM surrogate ``sum_k g_k a_k + H(g) - (lam/2) ||g - g^t||^2``, ``H`` from ``log g``.
+
+    Layout ``[K, B]`` (a column per point) -> ``[B]``."""
+    return (gamma * (linear - log_gamma)).sum(dim=0) - 0.5 * lam * (gamma - anchor).pow(2).sum(dim=0)
+
+
+def _mirror_step(
+    log_current: Tensor, target: Tensor, eta: Tensor, linear: Tensor, anchor: Tensor, lam: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``log g <- (1 - eta) log g + eta * target - logsumexp(...)`` on ``[K, B]`` columns: the proposal, its log and
+    its surrogate.
+
+    ``log g`` is floored at ``log 1e-300`` (probabilities below ``1e-300`` count as ``1e-300``, the floor the entropy
+    and the step's ``log g`` always had), which also keeps ``exp`` off its slow underflow path."""
+    log_proposal = torch.log_softmax(torch.lerp(log_current, target, eta), dim=0).clamp_min_(_LOG_FLOOR)
+    proposal = log_proposal.exp()
+    return proposal, log_proposal, _surrogate(proposal, log_proposal, linear, anchor, lam)
+
+
+def _no_decrease(new_value: Tensor, value: Tensor) -> Tensor:
+    # rounding slack: at the optimum a step changes the value by float noise only
+    return new_value >= value - 1e-12 * (1 + value.abs())
+
+
+_MAX_HALVINGS = 30
+"""Step-size halvings a point may try per mirror step before it keeps its value."""
+_LOG_FLOOR = math.log(1e-300)
+
+
+def _mirror_ascent(linear: Tensor, anchor: Tensor, lam: float, num_mirror_steps: int) -> Tensor:
+    """The mirror ascent of :func:`gem_e_step` on a block of points laid out ``[K, B]``, a column per point (each
+    point is its own problem; the softmax over the K entries of a column runs vectorised across the points)."""
+    current, log_current = anchor, torch.log(anchor)  # anchor >= ~1e-300: a finite log
+    value = _surrogate(current, log_current, linear, anchor, lam)
+    # first step size: 1 (the exact E-step when lam = 0), smaller as the prox term's curvature lam grows
+    eta = torch.full((1, anchor.shape[1]), min(1.0, 4.0 / (1.0 + lam)), dtype=anchor.dtype)
+    anchored = linear + lam * anchor
+    for _ in range(num_mirror_steps):
+        target = torch.add(anchored, current, alpha=-lam)  # a_i - lam (g - g^t_i)
+        proposal, log_proposal, new_value = _mirror_step(log_current, target, eta, linear, anchor, lam)
+        accept = _no_decrease(new_value, value)
+        if bool(accept.all()):
+            current, log_current, value = proposal, log_proposal, new_value
+            continue
+        refused = (~accept).nonzero().flatten()
+        for _retry in range(_MAX_HALVINGS - 1):  # batched acceptance: only the refused points are retried
+            if not len(refused):
+                break
+            eta[:, refused] /= 2
+            pending = (log_current, target, eta, linear, anchor)
+            step, log_step, step_value = _mirror_step(*(t[:, refused] for t in pending), lam)
+            ok = _no_decrease(step_value, value[refused])
+            kept = refused[ok]
+            proposal[:, kept], log_proposal[:, kept], new_value[kept] = step[:, ok], log_step[:, ok], step_value[ok]
+            accept[kept] = True
+            refused = refused[~ok]
+        eta[:, refused] /= 2  # refused at every step size: the point keeps its value and the smaller step
+        current = torch.where(accept, proposal, current)
+        log_current = torch.where(accept, log_proposal, log_current)
+        value = torch.where(accept, new_value, value)
+    return current
 
 
 def gem_e_step(scores: Tensor, gamma: Tensor, lam: float, num_mirror_steps: int = 5) -> Tensor:
@@ -255,6 +394,12 @@ def gem_e_step(scores: Tensor, gamma: Tensor, lam: float, num_mirror_steps: int 
     decrease; otherwise that point's step is halved (up to 30 times; a point whose step is still refused keeps its
     value), so the surrogate, hence Eq. 3, never decreases beyond float rounding (the minoriser is tight at ``g^t``).
     With ``lam = 0`` the first full step (``eta = 1``) is the exact E-step ``softmax(s_i)``.
+
+    Cost: the points are independent once ``pi^t`` is known, so they run in blocks of :data:`BLOCK_ROWS` points that
+    stay in cache, laid out a column per point (the softmax over K then runs vectorised across the points); each step
+    carries ``log g`` (one ``log_softmax`` and one ``exp`` per step, the entropy read off ``log g``), and only the
+    points whose step was refused are retried. All in float64 (the acceptance test compares surrogate values whose
+    increments near the optimum are far below float32 resolution).
 
     Args:
         scores: ``[N, K]`` vMF log scores :func:`vmf_scores`.
@@ -269,30 +414,20 @@ def gem_e_step(scores: Tensor, gamma: Tensor, lam: float, num_mirror_steps: int 
     anchor = gamma.clamp_min(1e-300)
     anchor = anchor / anchor.sum(dim=1, keepdim=True)
     linear = scores - lam * (anchor.mean(dim=0) - 1.0 / k)
-    current = anchor
-    value = _surrogate(current, linear, anchor, lam)
-    # first step size: 1 (the exact E-step when lam = 0), smaller as the prox term's curvature lam grows
-    eta = torch.full((current.shape[0], 1), min(1.0, 4.0 / (1.0 + lam)), dtype=current.dtype)
-    for _ in range(num_mirror_steps):
-        target = linear - lam * (current - anchor)
-        for _halving in range(30):
-            logits = (1 - eta) * torch.log(current.clamp_min(1e-300)) + eta * target
-            proposal = torch.softmax(logits, dim=1)
-            new_value = _surrogate(proposal, linear, anchor, lam)
-            # rounding slack: at the optimum a step changes the value by float noise only
-            accept = new_value >= value - 1e-12 * (1 + value.abs())
-            if bool(accept.all()):
-                break
-            eta = torch.where(accept.unsqueeze(1), eta, eta / 2)
-        current = torch.where(accept.unsqueeze(1), proposal, current)
-        value = torch.where(accept, new_value, value)
-    return current
+    out = torch.empty_like(anchor)
+    for start in range(0, anchor.shape[0], BLOCK_ROWS):
+        block = slice(start, start + BLOCK_ROWS)
+        columns = _mirror_ascent(linear[block].T.contiguous(), anchor[block].T.contiguous(), lam, num_mirror_steps)
+        out[block] = columns.T
+    return out
 
 
-def vmf_m_step(x: Tensor, gamma: Tensor, kappa_mode: str | float, max_kappa: float = 1e5) -> tuple[Tensor, Tensor]:
+def vmf_m_step(x: UnitRows, gamma: Tensor, kappa_mode: str | float, max_kappa: float = 1e5) -> tuple[Tensor, Tensor]:
     """Closed-form M-step: ``mu_k = r_k / ||r_k||`` with ``r_k = sum_i g_ik x_i``, and the concentrations.
 
     Args:
+        x: the unit rows (:func:`unit_rows`; ``r_k`` in float64).
+        gamma: ``[N, K]`` responsibilities.
         kappa_mode: ``banerjee`` (one kappa per cluster, Banerjee's approximation of its mean resultant length),
             ``shared`` (one kappa for all clusters from the pooled resultant length; ``log C_d`` then cancels in the
             responsibilities) or a number (kappa fixed: the mode in which the MM objective is provably monotone).
@@ -300,13 +435,13 @@ def vmf_m_step(x: Tensor, gamma: Tensor, kappa_mode: str | float, max_kappa: flo
     Returns:
         ``(means [K, d], kappa [K])``.
     """
-    resultant = gamma.T @ x
+    resultant = x.weighted_sums(gamma)
     lengths = resultant.norm(dim=1)
     mass = gamma.sum(dim=0)
     means = resultant / lengths.clamp_min(1e-300).unsqueeze(1)
     empty = lengths <= 1e-12
     if bool(empty.any()):  # a cluster with no mass keeps a random direction of the data
-        means[empty] = x[torch.arange(int(empty.sum())) % x.shape[0]]
+        means[empty] = x.unit(torch.arange(int(empty.sum())) % len(x))
     k, dim = gamma.shape[1], x.shape[1]
     if isinstance(kappa_mode, str):
         if kappa_mode == "banerjee":
@@ -316,7 +451,7 @@ def vmf_m_step(x: Tensor, gamma: Tensor, kappa_mode: str | float, max_kappa: flo
         else:
             raise ConfigError(f"kappa must be one of {KAPPA_MODES} or a positive number, got {kappa_mode!r}")
     else:
-        kappa = torch.full((k,), float(kappa_mode), dtype=x.dtype)
+        kappa = torch.full((k,), float(kappa_mode), dtype=torch.float64)
     return means, kappa
 
 
@@ -345,22 +480,20 @@ def _fit_vmf_mixture(
     tol: float,
     init_kappa: float,
 ) -> ClusteringResult:
-    x = normalize_rows(embeddings)
-    n = x.shape[0]
-    check_num_clusters(n, num_clusters)
+    x = unit_rows(embeddings)
+    check_num_clusters(len(x), num_clusters)
     if not math.isfinite(lam) or lam < 0:
         raise ConfigError(f"lam must be a finite number >= 0, got {lam!r}")
     kappa_mode = _check_kappa(kappa)
-    means = x[kmeans_plus_plus(x, num_clusters, _generator(seed), cosine=True)].clone()
+    means = x.unit(kmeans_plus_plus(x, num_clusters, _generator(seed)))
     kappa_now = torch.full(
-        (num_clusters,), float(kappa_mode) if isinstance(kappa_mode, float) else init_kappa, dtype=x.dtype
+        (num_clusters,), float(kappa_mode) if isinstance(kappa_mode, float) else init_kappa, dtype=torch.float64
     )
-    log_weights = torch.full((num_clusters,), -math.log(num_clusters), dtype=x.dtype)
+    log_weights = torch.full((num_clusters,), -math.log(num_clusters), dtype=torch.float64)
     scores = vmf_scores(x, means, kappa_now, log_weights)
     gamma = torch.softmax(scores, dim=1)
     objective: list[float] = []
     for _ in range(num_iters):
-        scores = vmf_scores(x, means, kappa_now, log_weights)
         if learn_weights:  # classical EM: exact E-step, mixing weights re-estimated
             gamma = torch.softmax(scores, dim=1)
         else:
@@ -368,7 +501,9 @@ def _fit_vmf_mixture(
         means, kappa_now = vmf_m_step(x, gamma, kappa_mode)
         if learn_weights:
             log_weights = torch.log(gamma.mean(dim=0).clamp_min(1e-300))
-        objective.append(gem_objective(vmf_scores(x, means, kappa_now, log_weights), gamma, lam))
+        # the scores of the new parameters: Eq. 3 of this iteration, and the next E-step's input
+        scores = vmf_scores(x, means, kappa_now, log_weights)
+        objective.append(gem_objective(scores, gamma, lam))
         if len(objective) > 1 and abs(objective[-1] - objective[-2]) <= tol * max(1.0, abs(objective[-2])):
             break
     return ClusteringResult(gamma, means, objective, kappa_now, log_weights.exp())
