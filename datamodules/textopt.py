@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch.utils.data import DataLoader
 
 from zoo.data.samplers import TrainSampler
@@ -16,9 +18,12 @@ class TextOptDataModule(EpisodeDataModule):
     Args:
         steps: optimization steps (one epoch).
         batch_size: examples per step.
+        tokenizer: unused (``train.py`` passes the composed backbone's; the model's calls tokenize their own text).
     """
 
-    def __init__(self, steps: int = 10, batch_size: int = 4, sampler: TrainSampler | None = None) -> None:
+    def __init__(
+        self, steps: int = 10, batch_size: int = 4, sampler: TrainSampler | None = None, tokenizer: Any = None
+    ) -> None:
         if steps < 1 or batch_size < 1:
             raise ConfigError(f"datamodule.steps ({steps}) and datamodule.batch_size ({batch_size}) must be >= 1")
         super().__init__(episodes=steps * batch_size, batch_size=batch_size, sampler=sampler)

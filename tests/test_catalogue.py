@@ -55,6 +55,9 @@ QUANT_SMOKE = {
     "sign": ["quant.calibration.num_samples=4", "quant.calibration.seq_len=32"],
     "onebit": ["quant.calibration.num_samples=4", "quant.calibration.seq_len=32"],
 }
+# the local backend's settings for a tiny backbone as an agent's or text optimiser's LLM: the tiny model's context
+# (256 tokens) is shorter than the task prompts, so the most recent tokens are kept; a few tokens a reply
+LLM_CELL = ["backend=hf_local", "backend.overflow=keep_recent", "backend.max_tokens=4"]
 # small data sets for every smoke run (fast_dev_run uses one batch, but data sets are built whole)
 SMALL_DATA = [
     "datamodule.source.num_train=256",
@@ -321,8 +324,12 @@ def qlora_cell(method: str, quant: str) -> bool:
 
 def cell_overrides(method: str, backbone: str, quant: str, composed: DictConfig) -> list[str]:
     """What a cell adds to the method's own config: QLoRA's adapters (``+preset=qlora``, with the cell's quantizer)
-    unless the method sets ``backbone.lora`` itself, and the quantizer's cheap settings (:data:`QUANT_SMOKE`)."""
+    unless the method sets ``backbone.lora`` itself, the quantizer's cheap settings (:data:`QUANT_SMOKE`), and, for a
+    method without a language model of its own (its first backbone ``none``), the backbone as its LLM in process
+    (:data:`LLM_CELL`; ``agent=llm`` where the method runs an agent)."""
     extra = list(QUANT_SMOKE.get(quant, ()))
+    if backbone != "none" and CATALOGUE[method].backbones[0] == "none":
+        extra += (["agent=llm"] if OmegaConf.select(composed, "agent") is not None else []) + LLM_CELL
     if qlora_cell(method, quant) and OmegaConf.select(composed, "backbone.lora") is None:
         extra.insert(0, "+preset=qlora")
     return extra
@@ -368,6 +375,8 @@ def test_declared_combination_runs_fast_dev_run(
         quantized = [m for m in module.modules() if layer_stored_bits(m) is not None]
         assert quantized, f"quant={quant} left no quantized layer in {method}'s model"
     if qlora_cell(method, quant):
-        # LoRA adapters, plus the rows a vocabulary extension adds (its method trains them on the frozen base)
-        trainable = [n for n, p in module.named_parameters() if p.requires_grad]
+        # the language model's trainable weights: LoRA adapters, plus the rows a vocabulary extension adds (its
+        # method trains them on the frozen base); a module's own parts beside it (Cuttlefish's connector) may train
+        language_model = module.model if getattr(module, "model", None) is not None else module
+        trainable = [n for n, p in language_model.named_parameters() if p.requires_grad]
         assert trainable and all(re.search(r"\blora_|\.new_rows\.", n) for n in trainable), trainable[:5]

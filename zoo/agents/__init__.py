@@ -11,7 +11,14 @@ Public API::
     # -> {"score": ..., "scores": [...], "tool_calls": ..., "score_ci95": ..., ...}
 """
 
-from zoo.agents.backends import Backend, HFLocalBackend, OpenAICompatBackend, ReplayCache, ScriptedBackend
+from zoo.agents.backends import (
+    Backend,
+    HFLocalBackend,
+    OpenAICompatBackend,
+    ReplayCache,
+    ScriptedBackend,
+    backbone_llm,
+)
 from zoo.agents.context import Context, NoteBook
 from zoo.agents.envs import (
     ENVIRONMENTS,
@@ -83,6 +90,7 @@ __all__ = [
     "Trajectory",
     "Usage",
     "agent_tool",
+    "backbone_llm",
     "derive_seed",
     "evaluate",
     "parse_native_tool_calls",

@@ -6,11 +6,13 @@ and aggregate with torchmetrics: ``test/score`` (mean in [0, 1]), ``test/score_c
 half-width), ``test/tool_calls``, ``test/failed_steps``, ``test/tokens``, ``test/committed``, ``test/failed`` (share
 of episodes a model error ended; they score 0 and the run goes on). ``predict_step``
 returns the generation-protocol dict (``texts`` = the commits, ``meta`` = per-episode numbers), so
-``stage=predict`` writes ``predictions.jsonl``. Used with ``backbone: none`` (no model, no tokenizer).
+``stage=predict`` writes ``predictions.jsonl``. Used with ``backbone: none`` (no model, no tokenizer), or with a
+composed backbone as the model of the LLM agent (``agent=llm backbone=tiny``; :func:`zoo.agents.backbone_llm`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -20,13 +22,30 @@ import lightning.pytorch as pl
 import torch
 from torchmetrics import CatMetric, MeanMetric
 
+from zoo.agents.backends.hf_local import backbone_llm
 from zoo.agents.envs.base import Environment
 from zoo.agents.evaluate import run_episodes
 from zoo.agents.policies.base import Agent
 from zoo.agents.runner import Trajectory
+from zoo.errors import ConfigError
 from zoo.stats import mean_ci95
 
 SUMMARY = ("score", "tool_calls", "failed_steps", "tokens", "committed", "failed")
+
+
+def agent_with_backbone(agent: Callable[..., Agent], backbone: Any, quantizer: Any = None) -> Callable[..., Agent]:
+    """The agent factory with the run's backbone as its model (:func:`zoo.agents.backbone_llm`): only an agent that
+    takes a model backend (``agent=llm``) can use one; a scripted agent with a backbone is an error naming both ways
+    out."""
+    keywords = getattr(agent, "keywords", None)
+    if not isinstance(agent, functools.partial) or keywords is None or "backend" not in keywords:
+        func = getattr(agent, "func", agent)
+        name = getattr(func, "name", getattr(func, "__name__", type(agent).__name__))
+        raise ConfigError(
+            f"the run composes a backbone ({type(backbone).__name__}) but agent={name} uses no model; the backbone "
+            "is the model of the LLM agent (agent=llm): add agent=llm, or run the scripted agent with backbone=none"
+        )
+    return functools.partial(agent, backend=backbone_llm(keywords["backend"], backbone, quantizer))
 
 
 class EpisodeModule(pl.LightningModule):
@@ -41,6 +60,8 @@ class EpisodeModule(pl.LightningModule):
         code_tool: give the agent the sandboxed Python tool.
         entropy_window: steps per window of the action-entropy curve.
         trajectory_dir: where ``trajectories.jsonl`` goes (``None``: not written).
+        backbone, quantizer: the run's composed backbone and quantizer (``train.py`` passes them when
+            ``backbone`` is not ``none``): the model of the LLM agent, in process (:func:`agent_with_backbone`).
     """
 
     def __init__(
@@ -53,8 +74,12 @@ class EpisodeModule(pl.LightningModule):
         code_tool: bool = False,
         entropy_window: int = 10,
         trajectory_dir: str | None = None,
+        backbone: Any = None,
+        quantizer: Any = None,
     ) -> None:
         super().__init__()
+        if backbone is not None:
+            agent = agent_with_backbone(agent, backbone, quantizer)
         env(seed=seed), agent(seed=seed)  # surface configuration errors when the run is built, not mid-test
         self.make_env = env
         self.make_agent = agent

@@ -32,6 +32,8 @@ from typing import Any
 import lightning.pytorch as pl
 from omegaconf import DictConfig, OmegaConf
 
+from zoo.agents.backends.base import Backend
+from zoo.agents.backends.hf_local import backbone_llm
 from zoo.agents.memory_interface import NoMemory
 from zoo.errors import ConfigError
 from zoo.memory.memevolve import Candidate, LLMDesigner, MemEvolve, compare_systems
@@ -71,6 +73,12 @@ class MemEvolveModule(pl.LightningModule):
         eval_tasks: tasks per system in the final comparison (each on the same stream).
         seed: task seeds and the designer's RNG.
         designer: optional :class:`LLMDesigner` (its code runs sandboxed); ``None``: rule-based only.
+        backend: the settings of the designer's model (``${backend}``) when a backbone is composed and
+            ``designer`` is unset (the designer added then uses them; ``backend=hf_local`` tunes the in-process
+            model); unused otherwise.
+        backbone, quantizer: the run's composed backbone and quantizer (``train.py`` passes them when ``backbone``
+            is not ``none``): the designer's model, in process (:func:`zoo.agents.backbone_llm`); without a
+            ``designer`` node one is added (its defaults, ``backend``'s model settings).
         evolve: the remaining :class:`MemEvolve` options (rounds, candidates, tasks, finalists, reused, ...).
     """
 
@@ -84,9 +92,22 @@ class MemEvolveModule(pl.LightningModule):
         eval_tasks: int = 30,
         seed: int = 42,
         designer: LLMDesigner | None = None,
+        backend: Backend | None = None,
+        backbone: Any = None,
+        quantizer: Any = None,
         **evolve: Any,
     ) -> None:
         super().__init__()
+        if backbone is not None:
+            designer = designer or LLMDesigner(backend)
+            designer.backend = backbone_llm(designer.backend, backbone, quantizer)
+        elif designer is not None:
+            designer.backend = backbone_llm(designer.backend, None)
+            if designer.backend is None:
+                raise ConfigError(
+                    "module.designer (the LLM designer) needs a model: compose a backbone (backbone=tiny, or "
+                    "backbone=hf backbone.name_or_path=<dir>) or name a backend (backend=openai_compat ...)"
+                )
         base_genotype = genotype_of(base)
         if base_genotype is None:
             raise ConfigError("module.base must be a memory system (encode != none): evolution needs a genotype")

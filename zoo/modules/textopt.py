@@ -19,6 +19,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from zoo.agents.backends.base import Backend
+from zoo.agents.backends.hf_local import backbone_llm
 from zoo.textopt.problem import ChainProblem
 from zoo.textopt.run import Tracker, evaluate, make_optimizer
 
@@ -35,6 +36,8 @@ class TextOptModule(pl.LightningModule):
         options: keyword arguments of the optimizer (TextResNet: ``budget``, ``decay``, ``projector``, ...).
         seed: forwarded to every model call.
         output_dir: where the history and the summary go (``None``: not written).
+        backbone, quantizer: the run's composed backbone and quantizer (``train.py`` passes them when ``backbone``
+            is not ``none``): the model of every call, in process (:func:`zoo.agents.backbone_llm`).
     """
 
     def __init__(
@@ -45,10 +48,13 @@ class TextOptModule(pl.LightningModule):
         options: dict[str, Any] | None = None,
         seed: int = 0,
         output_dir: str | None = None,
+        backbone: Any = None,
+        quantizer: Any = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.problem = problem
+        backend = backbone_llm(backend, backbone, quantizer)
         self.method = make_optimizer(optimizer, problem, backend, seed, **(options or {}))
         self.tracker = Tracker(self.method)
         self.output_dir = Path(output_dir) if output_dir is not None else None

@@ -9,6 +9,14 @@ the rest loses its **oldest turns** (never the system prompt, which carries the 
 first time this happens a warning is logged. When the system prompt and the last message alone do not fit, the
 request fails with a :class:`~zoo.agents.errors.BackendError` naming the sizes (the harness records the episode as
 failed). ``finish_reason`` is ``length`` when the reply used its whole budget without an end of sequence.
+
+**The run's backbone as the LLM, in process.** A run that composes a backbone (``backbone=tiny``, or ``backbone=hf
+backbone.name_or_path=<dir>``) gives it to the model role of an agent or text-optimisation method
+(:func:`backbone_llm`: the ``agent=llm`` agent, TextResNet/TextGrad's calls, MemEvolve's designer): the role's backend
+is left unset (selected automatically) or is ``backend=hf_local`` without ``backend.path`` (to tune its settings, e.g.
+``backend.overflow=keep_recent``), and the model is built once from the backbone and the run's quantizer
+(:meth:`~zoo.backbones.base.Backbone.build_model`, frozen, eval mode) on first use. One model per run: a backbone with
+a backend that names another model (``backend.path``, ``openai_compat``, ``scripted``) is an error.
 """
 
 from __future__ import annotations
@@ -39,7 +47,8 @@ class HFLocalBackend(Backend):
     Args:
         path: a directory written by ``save_pretrained`` (model + tokenizer). Loaded on first use.
         model, tokenizer: an already built model and tokenizer instead of ``path`` (see :meth:`from_module`).
-        device: where the model runs when loaded from ``path``.
+            With neither, the backend waits for the run's backbone (:meth:`bind_backbone`, :func:`backbone_llm`).
+        device: where the model runs when loaded from ``path`` or built from a backbone.
         top_p: nucleus sampling when ``temperature > 0``.
         overflow: what to do when the system prompt and the last message alone exceed the context: ``error``
             (default) or ``keep_recent`` (keep the most recent tokens, cutting the system prompt; for models whose
@@ -62,8 +71,10 @@ class HFLocalBackend(Backend):
         if overflow not in ("error", "keep_recent"):
             raise ConfigError(f"backend.overflow={overflow!r}; use error or keep_recent")
         self.overflow = overflow
-        if path is None and (model is None or tokenizer is None):
-            raise CheckpointNotFoundError("HFLocalBackend needs path=<save_pretrained dir> or both model and tokenizer")
+        if (model is None) != (tokenizer is None):
+            raise ConfigError("HFLocalBackend takes a model and its tokenizer together")
+        if path is not None and model is not None:
+            raise ConfigError("HFLocalBackend takes path=<save_pretrained dir> or a built model, not both")
         if path is not None and not Path(path).expanduser().is_dir():
             raise CheckpointNotFoundError(
                 f"backend.path={path}: no such directory (a local save_pretrained directory is required; nothing "
@@ -74,7 +85,27 @@ class HFLocalBackend(Backend):
         self.top_p = top_p
         self._model = model
         self._tokenizer = tokenizer
+        self._backbone: Any = None
+        self._quantizer: Any = None
         self._warned_truncation = False
+
+    @property
+    def bound(self) -> bool:
+        """Whether the backend names its model (``path``, a built model, or a bound backbone)."""
+        return self.path is not None or self._model is not None or self._backbone is not None
+
+    def bind_backbone(self, backbone: Any, quantizer: Any = None) -> HFLocalBackend:
+        """Use the run's backbone as the model (built with ``quantizer`` on first use); the backend must name no
+        other model (binding the same backbone again is a no-op)."""
+        if self._backbone is backbone:
+            return self
+        if self.bound:
+            raise ConfigError(
+                f"backend=hf_local already names its model ({self.identity()['model']}); the run's backbone "
+                f"({type(backbone).__name__}) is a second one: drop backend.path, or run with backbone=none"
+            )
+        self._backbone, self._quantizer = backbone, quantizer
+        return self
 
     @classmethod
     def from_module(cls, module: Any, **kwargs: Any) -> HFLocalBackend:
@@ -84,12 +115,28 @@ class HFLocalBackend(Backend):
         return cls(model=module.model, tokenizer=module.tokenizer, **kwargs)
 
     def identity(self) -> dict[str, Any]:
+        if self._backbone is not None:
+            backbone = self._backbone
+            source = backbone.init_from or backbone.source_pretrained() or f"{type(backbone).__name__} (fresh)"
+            return {"kind": "hf_local", "model": str(source)}
         name = self.path or getattr(getattr(self._model, "config", None), "_name_or_path", "") or "in-memory"
         return {"kind": "hf_local", "model": name}
 
     def _load(self) -> None:
         if self._model is not None:
             return
+        if self._backbone is not None:
+            model = self._backbone.build_model(self._quantizer)
+            model.requires_grad_(False).eval()
+            if getattr(self._quantizer, "name", "none") == "none":
+                model.to(self.device)
+            self._model, self._tokenizer = model, self._backbone.tokenizer
+            return
+        if self.path is None:
+            raise ConfigError(
+                "backend=hf_local has no model: set backend.path=<save_pretrained dir>, or compose a backbone "
+                "(backbone=tiny, or backbone=hf backbone.name_or_path=<dir>), which is then the LLM in process"
+            )
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:
@@ -138,7 +185,8 @@ class HFLocalBackend(Backend):
                 raise BackendError(
                     f"the system prompt and the last message take {len(ids)} tokens, more than the "
                     f"{limit - max_new} the model's context ({limit}) leaves beside a {max_new}-token reply; lower "
-                    "backend.max_tokens or use a model with a longer context"
+                    "backend.max_tokens, use a model with a longer context, or keep the most recent tokens "
+                    "(backend=hf_local backend.overflow=keep_recent, which cuts the system prompt)"
                 )
             del messages[first]
             while len(messages) - first > 1 and messages[first]["role"] == "tool":  # its call was just dropped
@@ -175,3 +223,28 @@ class HFLocalBackend(Backend):
         if not templated and self._tokenizer.bos_token_id is not None:
             ids = [self._tokenizer.bos_token_id, *ids]
         return ids
+
+
+def backbone_llm(backend: Backend | None, backbone: Any, quantizer: Any = None) -> Backend | None:
+    """The model of a method's LLM role (the ``agent=llm`` agent, a text optimiser's calls, MemEvolve's designer)
+    in a run whose composed backbone is ``backbone`` (``None``: ``backbone=none``).
+
+    Without a backbone the role keeps ``backend`` (an ``hf_local`` backend without ``path`` then has no model: an
+    error naming both ways to give it one). With one, the backbone is the LLM, in process: an unset backend becomes
+    an :class:`HFLocalBackend` with its defaults (selected automatically), ``backend=hf_local`` without ``path`` is
+    bound to it (its settings apply); a backend that names another model is an error (one model per run).
+    """
+    if backbone is None:
+        if isinstance(backend, HFLocalBackend) and not backend.bound:
+            backend._load()  # raises: no path and no backbone
+        return backend
+    if backend is None:
+        backend = HFLocalBackend()
+    if not isinstance(backend, HFLocalBackend):
+        kind = backend.identity().get("kind", type(backend).__name__)
+        raise ConfigError(
+            f"the run composes a backbone ({type(backbone).__name__}), which is the LLM in process, and "
+            f"backend={kind} names another model; use one: backbone=none with the backend, or the backbone without "
+            "a backend (backend=none, or backend=hf_local without backend.path to tune its settings)"
+        )
+    return backend.bind_backbone(backbone, quantizer)

@@ -53,7 +53,8 @@ class LLMToolAgent(Agent):
         if backend is None:
             raise ConfigError(
                 "agent=llm needs a model backend, e.g. backend=openai_compat backend.base_url=http://localhost:8000/v1 "
-                "backend.model=<name>, or backend=hf_local backend.path=<save_pretrained dir>"
+                "backend.model=<name>, backend=hf_local backend.path=<save_pretrained dir>, or a backbone as the model "
+                "in process (backbone=tiny, or backbone=hf backbone.name_or_path=<dir>)"
             )
         self.backend = backend
         self.temperature = temperature
