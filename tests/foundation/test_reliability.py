@@ -507,17 +507,20 @@ def test_documented_stacks_and_a_chosen_stage_pass_the_stack_check(train_cfg):
 
 
 def test_an_undeclared_backbone_or_quantizer_is_warned_once(train_cfg, caplog):
-    """An undeclared pair (``+method=drift_rollouts quant=bnb_nf4``: drift_rollouts declares only quant=none) is warned
-    about once (``+method=wet quant=bnb_nf4``, undeclared when this was found, ran without a word)."""
+    """An undeclared pair (``+method=sft quant=sign``: sft trains, and a post-training quantizer acts on its export)
+    is warned about once (``+method=wet quant=bnb_nf4``, undeclared when this was found, ran without a word)."""
+    from zoo.catalogue import method_entries
     from zoo.cli.train import check_methods
 
-    cfg = train_cfg(["+method=drift_rollouts", "quant=bnb_nf4"])
+    declared = method_entries()["sft"]["quantizers"]
+    assert "sign" not in declared and "sign" not in (method_entries()["sft"].get("refuses") or {})
+    cfg = train_cfg(["+method=sft", "quant=sign"])
     with caplog.at_level(logging.WARNING, logger="zoo"):
         check_methods(cfg)
         check_methods(cfg)  # run() and its job both check: one warning
     warned = [r.getMessage() for r in caplog.records if "does not declare" in r.getMessage()]
     assert warned == [
-        "method 'drift_rollouts' does not declare quant=bnb_nf4: methods.drift_rollouts.quantizers lists ['none'], "
+        f"method 'sft' does not declare quant=sign: methods.sft.quantizers lists {declared}, "
         "the pairs that tests/test_catalogue.py runs; this combination is untested"
     ]
     caplog.clear()
