@@ -17,15 +17,20 @@ Paper: "GEM: Geometric Entropy Mixing" (arXiv 2605.26121); notes ``multimodal_qu
   labels -> :func:`normalized_mutual_info`
 
 Every fit L2-normalises the embeddings first (so scaling them by ``c > 0`` changes nothing) and is seeded (k-means++
-initialisation). Precision of the vMF fits (:class:`UnitRows`): the ``[N, d]`` embeddings stay in the precision they
-come in (float32 from an encoder: no float64 copy of the matrix); every product with them that enters Eq. 3 -- the
-cosines ``mu_k^T x_i`` of the scores and the resultants ``r_k`` of the M-step -- is computed in float64, block by block
-of rows upcast in cache, because ``kappa`` (hundreds to ``1e5``) multiplies the cosines: float32 cosines (rounding
-``~1e-7``) would move the logits by ``1e-5 .. 1e-2`` and the MM guarantee (Eq. 3 never decreases) would hold only to
-that noise. The ``[N, K]`` E-step stays float64 as well: its acceptance test compares surrogate values whose
-increments near the optimum are far below float32 resolution. Only the k-means++ seeding, a random draw that is no part
-of the objective, uses products in the embeddings' own precision. Plain torch, no Lightning (scikit-learn for
-:func:`kmeans`).
+initialisation). Precision of the vMF fits (:class:`UnitRows`):
+
+- float32 where the objective allows: the ``[N, d]`` embeddings stay in the precision they come in (float32 from an
+  encoder; no copy of the matrix), and the products with them -- the cosines ``mu_k^T x_i`` of the scores, the
+  per-block resultants ``r_k`` of the M-step -- are taken in that precision. A float32 cosine is off by ``~1e-7``, the
+  order by which the float32 rounding of the embeddings already moves it, so Eq. 3 is known no better than that;
+  ``kappa`` multiplies both alike. Float64 embeddings get float64 products (then the fit matches a float64 reference
+  to rounding).
+- float64 where it does not: the norms ``||x_i||`` and the sums over the N points (the resultants add per-block
+  products in float64; ``kappa`` depends on ``1 - R^2`` and would amplify a float32 sum over 1e5 points); the scores,
+  responsibilities and the whole ``[N, K]`` E-step, whose acceptance test compares surrogate values whose increments
+  near the optimum are far below float32 resolution; the objective.
+
+Plain torch, no Lightning (scikit-learn for :func:`kmeans`).
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ class ClusteringResult:
 
 # -- input checks and initialisation -----------------------------------------------------------------------------
 BLOCK_ROWS = 1024
-"""Rows per block of the blockwise products and of the E-step: a ``[1024, d]`` float64 block stays in cache."""
+"""Rows per block of the sums over the points and of the E-step (a block of ``[K, 1024]`` float64 stays in cache)."""
 
 
 @dataclass
@@ -83,9 +88,9 @@ class UnitRows:
     """The unit rows ``x_i / ||x_i||`` of ``[N, d]`` embeddings without a float64 copy of the matrix.
 
     ``rows`` keeps the embeddings as given (float32 or float64; other types are stored as float32) and
-    ``inverse_norms`` ``[N]`` (float64) the ``1 / ||x_i||`` computed in float64. Products with the unit rows are taken
-    block by block (:data:`BLOCK_ROWS` rows upcast to float64 in cache), so they agree with the products of a float64
-    normalised copy to float64 rounding. Build with :func:`unit_rows`.
+    ``inverse_norms`` ``[N]`` (float64) the ``1 / ||x_i||`` computed in float64. Products with the rows are taken in
+    the rows' own precision and scaled by ``1 / ||x_i||`` in float64; sums over the N points add per-block products
+    (:data:`BLOCK_ROWS` rows) in float64, so no rounding accumulates over N. Build with :func:`unit_rows`.
     """
 
     rows: Tensor
@@ -99,11 +104,6 @@ class UnitRows:
         """``(N, d)``."""
         return self.rows.shape
 
-    def _blocks(self):
-        for start in range(0, len(self), BLOCK_ROWS):
-            stop = min(start + BLOCK_ROWS, len(self))
-            yield start, stop, self.rows[start:stop].to(torch.float64)
-
     def unit(self, indices: Tensor) -> Tensor:
         """``[m, d]`` float64 unit rows at ``indices``."""
         return self.rows[indices].to(torch.float64) * self.inverse_norms[indices].unsqueeze(1)
@@ -113,25 +113,20 @@ class UnitRows:
         return self.rows.to(torch.float64) * self.inverse_norms.unsqueeze(1)
 
     def cosines(self, directions: Tensor) -> Tensor:
-        """``[N, K]`` float64 ``x_i^T mu_k / ||x_i||`` for ``[K, d]`` ``directions`` (float64 products)."""
-        directions = directions.to(torch.float64)
-        out = torch.empty(len(self), directions.shape[0], dtype=torch.float64)
-        for start, stop, block in self._blocks():
-            torch.matmul(block, directions.T, out=out[start:stop])
-        return out.mul_(self.inverse_norms.unsqueeze(1))
+        """``[N, K]`` float64 ``x_i^T mu_k / ||x_i||`` for ``[K, d]`` ``directions`` (a sum over d in the rows'
+        precision)."""
+        products = self.rows @ directions.to(self.rows.dtype).T
+        return products.to(torch.float64).mul_(self.inverse_norms.unsqueeze(1))
 
     def weighted_sums(self, weights: Tensor) -> Tensor:
-        """``[K, d]`` float64 ``sum_i w_ik x_i / ||x_i||`` for ``[N, K]`` ``weights`` (float64 products)."""
+        """``[K, d]`` float64 ``sum_i w_ik x_i / ||x_i||`` for ``[N, K]`` ``weights`` (block products in the rows'
+        precision, added in float64)."""
         out = torch.zeros(weights.shape[1], self.shape[1], dtype=torch.float64)
-        for start, stop, block in self._blocks():
-            scaled = weights[start:stop].to(torch.float64) * self.inverse_norms[start:stop].unsqueeze(1)
-            out.addmm_(scaled.T, block)
+        for start in range(0, len(self), BLOCK_ROWS):
+            block = slice(start, start + BLOCK_ROWS)
+            scaled = (weights[block] * self.inverse_norms[block].unsqueeze(1)).to(self.rows.dtype)
+            out += (scaled.T @ self.rows[block]).to(torch.float64)
         return out
-
-    def draft_cosines(self, direction: Tensor) -> Tensor:
-        """``[N]`` float64 cosines to one ``[d]`` direction from a product in the embeddings' own precision (the
-        k-means++ draw: no part of the objective)."""
-        return (self.rows @ direction.to(self.rows.dtype)).to(torch.float64) * self.inverse_norms
 
 
 def unit_rows(embeddings: Tensor) -> UnitRows:
@@ -187,7 +182,7 @@ def kmeans_plus_plus(x: UnitRows, num_clusters: int, generator: torch.Generator)
     n = len(x)
     first = int(torch.randint(n, (1,), generator=generator))
     chosen = [first]
-    closest = 1 - x.draft_cosines(x.unit(torch.tensor([first]))[0])
+    closest = 1 - x.cosines(x.unit(torch.tensor([first])))[:, 0]
     for _ in range(1, num_clusters):
         weights = closest.clamp_min(0)
         weights[chosen] = 0
@@ -196,7 +191,7 @@ def kmeans_plus_plus(x: UnitRows, num_clusters: int, generator: torch.Generator)
             weights[chosen] = 0
         index = int(torch.multinomial(weights, 1, generator=generator))
         chosen.append(index)
-        closest = torch.minimum(closest, 1 - x.draft_cosines(x.unit(torch.tensor([index]))[0]))
+        closest = torch.minimum(closest, 1 - x.cosines(x.unit(torch.tensor([index])))[:, 0])
     return torch.tensor(chosen)
 
 
@@ -305,8 +300,8 @@ def _spherical_lloyd(rows: UnitRows, x: Tensor, num_clusters: int, num_iters: in
 def vmf_scores(x: UnitRows | Tensor, means: Tensor, kappa: Tensor, log_weights: Tensor) -> Tensor:
     """``s_ik = log a_k + log C_d(kappa_k) + kappa_k mu_k^T x_i``.
 
-    Shapes: ``x [N, d]`` unit rows (a tensor, or :class:`UnitRows` for the blockwise float64 products), ``means
-    [K, d]``, ``kappa [K]``, ``log_weights [K]`` -> ``[N, K]``.
+    Shapes: ``x [N, d]`` unit rows (a tensor, or :class:`UnitRows`), ``means [K, d]``, ``kappa [K]``,
+    ``log_weights [K]`` -> ``[N, K]``.
     """
     cosines = x.cosines(means) if isinstance(x, UnitRows) else x @ means.T
     return log_weights + vmf_log_normalizer(x.shape[1], kappa) + kappa * cosines
@@ -426,7 +421,7 @@ def vmf_m_step(x: UnitRows, gamma: Tensor, kappa_mode: str | float, max_kappa: f
     """Closed-form M-step: ``mu_k = r_k / ||r_k||`` with ``r_k = sum_i g_ik x_i``, and the concentrations.
 
     Args:
-        x: the unit rows (:func:`unit_rows`; ``r_k`` in float64).
+        x: the unit rows (:func:`unit_rows`).
         gamma: ``[N, K]`` responsibilities.
         kappa_mode: ``banerjee`` (one kappa per cluster, Banerjee's approximation of its mean resultant length),
             ``shared`` (one kappa for all clusters from the pooled resultant length; ``log C_d`` then cancels in the
