@@ -223,9 +223,14 @@ def _differentiable_4bit_forward(layer: torch.nn.Module, args: tuple[Any, ...]) 
     gradients enabled -- re-packed by an evaluation forward before the zoo prepared it -- is converted back to the
     training layout (``_convert_weight_packed_for_cpu_inverse``, what bitsandbytes does before a state dict or a move to
     CUDA) and kept there."""
-    if not torch.is_grad_enabled():
-        return
-    weight = layer.weight
+    if torch.is_grad_enabled():
+        _leave_cpu_inference_layout(layer)
+
+
+def _leave_cpu_inference_layout(layer: torch.nn.Module) -> None:
+    """Convert a ``Linear4bit`` in bitsandbytes' CPU inference layout back to the training layout
+    (``_convert_weight_packed_for_cpu_inverse``) and keep it there; any other layer is left as it is."""
+    weight = getattr(layer, "weight", None)
     state = getattr(weight, "quant_state", None)
     if state is not None and getattr(state, "packing_format_for_cpu", False):
         from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
@@ -265,3 +270,27 @@ def is_bnb_quantized(model: torch.nn.Module) -> bool:
     import bitsandbytes as bnb
 
     return any(isinstance(m, bnb.nn.Linear4bit | bnb.nn.Linear8bitLt) for m in model.modules())
+
+
+def dequantize_bnb_layers(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with every bitsandbytes layer replaced by an ``nn.Linear`` of its dequantized weight, in the dtype of
+    the model's embeddings; ``model`` itself when it holds none.
+
+    A model loads quantized without ``quant=bnb_*`` when its directory says so: a QLoRA export (``+preset=qlora``
+    merges the adapters into the 4-bit weights and writes the ``quantization_config``) loads as that 4-bit model. A
+    post-hoc quantizer (NanoQuant, sign, OneBit) starts from full-precision ``nn.Linear`` weights: it receives the
+    weights the 4-bit model computes with. Uses transformers' ``PreTrainedModel.dequantize`` (which also drops the
+    ``quantization_config``, so a later ``save_pretrained`` does not claim a 4-bit model); a layer re-packed into
+    bitsandbytes' CPU inference layout by an evaluation forward is converted back first (as in
+    :func:`_differentiable_4bit_forward`).
+    """
+    if "bitsandbytes" not in sys.modules or not is_bnb_quantized(model):  # never imported: no layer of it exists
+        return model
+    if getattr(model, "hf_quantizer", None) is None:
+        raise ConfigError(
+            "the model holds bitsandbytes layers that transformers did not load (no hf_quantizer): load it with "
+            "from_pretrained from its directory to dequantize it before a post-hoc quantizer"
+        )
+    for layer in model.modules():
+        _leave_cpu_inference_layout(layer)
+    return model.dequantize(dtype=model.get_input_embeddings().weight.dtype)

@@ -32,6 +32,7 @@ from torch import nn
 from zoo.errors import ConfigError
 from zoo.quant.base import Quantizer
 from zoo.quant.baselines import quantize_onebit, quantize_sign
+from zoo.quant.bnb import dequantize_bnb_layers
 from zoo.quant.nanoquant import (
     FORWARD_MODES,
     NanoQuantReport,
@@ -95,6 +96,13 @@ class _CalibratedQuantizer(Quantizer):
         describe = getattr(self.calibration, "describe", None)
         record = describe() if callable(describe) else {"callable": self.calibration}
         return {k: (v if isinstance(v, str | int | float | type(None)) else repr(v)) for k, v in record.items()}
+
+    @staticmethod
+    def full_precision(model: nn.Module) -> nn.Module:
+        """The model whose linears the quantizer replaces: a model that loaded quantized by bitsandbytes (a QLoRA
+        export carries its ``quantization_config``) is dequantized first (:func:`zoo.quant.bnb.dequantize_bnb_layers`),
+        so the binary layers approximate the weights that model computes with."""
+        return dequantize_bnb_layers(model)
 
     def calibration_set(self, model: nn.Module | None = None) -> CalibrationSet:
         """The calibration batches: ``calib_input_ids``/``calib_mask`` when given, else ``calibration(model)``."""
@@ -234,6 +242,7 @@ class NanoQuantQuantizer(_CalibratedQuantizer):
 
     def apply(self, model: nn.Module) -> nn.Module:
         """Quantize ``model`` in place with :func:`zoo.quant.nanoquant.quantize_model` and return it."""
+        model = self.full_precision(model)
         self.check_budget(model)
         calib = self.calibration_set(model)
         ids = calib.input_ids.to(_device_of(model))
@@ -312,6 +321,7 @@ class _BaselineQuantizer(_CalibratedQuantizer):
         self.bits_per_weight: float | None = None
 
     def apply(self, model: nn.Module) -> nn.Module:
+        model = self.full_precision(model)
         stats = None
         if self.use_stats:
             calib = self.calibration_set(model)
