@@ -3,12 +3,14 @@
 For agents run inside :class:`zoo.modules.EpisodeModule` (``stage=test`` or ``predict``): after every batch, each
 trajectory of the batch goes to ``provider.take_in_memory`` (MemEvolve's inner loop: tasks run in order and the
 memory learns from each before the next; use ``datamodule.batch_size=1``). The provider is the one given, or, by
-default, the ``memory`` the agent factory was built with (``agent.memory=${memory}``), so the agent reads the same
+default, the ``memory`` the agent factory was built with (``agent.memory=${memory}``; the scripted memory agent
+or ``agent=llm``, whose factory a run with a backbone wraps once more), so the agent reads the same
 store the callback writes. The ingestion outcome of every episode is appended to ``<output>/memory_ingest.jsonl``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -32,8 +34,9 @@ class MemoryIngestCallback(pl.Callback):
     def provider(self, pl_module: pl.LightningModule) -> MemoryProvider:
         if self.memory is not None:
             return self.memory
-        factory = getattr(pl_module, "make_agent", None)
-        memory = getattr(factory, "keywords", {}).get("memory") if factory is not None else None
+        factory, memory = getattr(pl_module, "make_agent", None), None
+        while memory is None and isinstance(factory, functools.partial):  # the backbone's partial wraps Hydra's
+            memory, factory = factory.keywords.get("memory"), factory.func
         if not isinstance(memory, MemoryProvider):
             raise ConfigError(
                 "MemoryIngestCallback found no memory provider: give callbacks.memory_ingest.memory, or an agent "

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from zoo.agents.backends.base import Backend
+from zoo.agents.memory_interface import MemoryProvider, MemoryRequest, MemoryResponse, MemoryStatus
 from zoo.agents.policies.base import Action, Agent, EpisodeInfo, call_message
 from zoo.errors import ConfigError
 
@@ -27,6 +28,17 @@ TRUNCATED = (
     "again, shorter"
 )
 
+# the released code's delimiters, with ASCII rules for its em dashes (a character tokenizer knows no em dash)
+MEMORY_HEADER = "----Memory System Guidance----"
+MEMORY_FOOTER = "----End Memory----"
+
+
+def memory_guidance(response: MemoryResponse) -> str:
+    """The items' text, one per line, between :data:`MEMORY_HEADER` and :data:`MEMORY_FOOTER` (empty when the
+    provider returned nothing)."""
+    contents = [str(item.content) for item in response.memories if str(item.content).strip()]
+    return f"{MEMORY_HEADER}\n" + "\n".join(contents) + f"\n{MEMORY_FOOTER}" if contents else ""
+
 
 class LLMToolAgent(Agent):
     """A chat model calling tools.
@@ -36,6 +48,9 @@ class LLMToolAgent(Agent):
         seed: forwarded with every request.
         temperature, max_tokens: per-request overrides of the backend's defaults.
         next_step_prompt: the instruction that opens the conversation and answers a reply without a tool call.
+        memory: an EvolveLab memory provider whose guidance the model reads (``None``: no memory).
+        in_queries: ``IN`` requests per episode, one before each step after the first (``None``: every step, as
+            the released code; ``0``: ``BEGIN`` only).
     """
 
     name: ClassVar[str] = "llm"
@@ -48,8 +63,12 @@ class LLMToolAgent(Agent):
         temperature: float | None = None,
         max_tokens: int | None = None,
         next_step_prompt: str = NEXT_STEP_PROMPT,
+        memory: MemoryProvider | None = None,
+        in_queries: int | None = None,
     ) -> None:
         super().__init__(seed)
+        if in_queries is not None and in_queries < 0:
+            raise ConfigError(f"agent.in_queries must be >= 0 or null (every step), got {in_queries}")
         if backend is None:
             raise ConfigError(
                 "agent=llm needs a model backend, e.g. backend=openai_compat backend.base_url=http://localhost:8000/v1 "
@@ -60,14 +79,52 @@ class LLMToolAgent(Agent):
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.next_step_prompt = next_step_prompt
+        self.memory = memory
+        self.in_queries = in_queries
+        if memory is not None:
+            memory.initialize()
+        #: the episode's BEGIN guidance (in the system prompt) and the memory requests made so far
+        self.guidance = ""
+        self.memory_requests = 0
+        self.steps = 0
+        self.in_left = in_queries
 
     def begin(self, info: EpisodeInfo) -> None:
         super().begin(info)
         self.backend.reset_episode()
         self.context.add({"role": "user", "content": self.next_step_prompt})
+        self.memory_requests = 0
+        self.steps = 0
+        self.in_left = self.in_queries
+        self.guidance = self.ask(MemoryStatus.BEGIN, "")
+
+    def ask(self, status: MemoryStatus, context: str) -> str:
+        """The provider's guidance for the task (the environment's task query, else its prompt) and ``context``."""
+        if self.memory is None:
+            return ""
+        assert self.info is not None
+        query = str(self.info.library.get("query") or self.info.prompt)
+        self.memory_requests += 1
+        return memory_guidance(self.memory.provide_memory(MemoryRequest(query, context, status)))
+
+    def step_guidance(self) -> str:
+        """The ``IN`` guidance before a step after the first (within :attr:`in_queries`)."""
+        if self.memory is None or self.in_left == 0:
+            return ""
+        if self.in_left is not None:
+            self.in_left -= 1
+        messages = self.context.messages
+        return self.ask(MemoryStatus.IN, str(messages[-1].get("content") or "") if messages else "")
 
     def decide(self) -> Action:
-        messages = [{"role": "system", "content": self.info.prompt}, *self.context.messages]
+        assert self.info is not None
+        system = f"{self.info.prompt}\n\n{self.guidance}" if self.guidance else self.info.prompt
+        messages = [{"role": "system", "content": system}, *self.context.messages]
+        if self.steps > 0:
+            step_guidance = self.step_guidance()
+            if step_guidance:  # this step's request only, never the kept context
+                messages.append({"role": "user", "content": step_guidance})
+        self.steps += 1
         reply = self.backend.complete(
             messages, self.info.tools, seed=self.seed, temperature=self.temperature, max_tokens=self.max_tokens
         )
