@@ -3,9 +3,6 @@ teacher unused at inference, K->P block upsampling, lambda=0, and the Hydra fast
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -316,45 +313,32 @@ SMALL_RUN = [
 ]
 
 
-def _train(tmp_path: Path, overrides: list[str]) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "ZOO_CACHE_DIR": str(tmp_path / "cache"),
-        "ZOO_LOG_DIR": str(tmp_path / "logs"),
-        "OMP_NUM_THREADS": "1",
-    }
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *overrides],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
-def test_method_valr_fast_dev_run(tmp_path) -> None:
+def test_method_valr_fast_dev_run(tmp_path, zoo_main, monkeypatch) -> None:
     extra = [
         "module.teacher.num_images=32",
         "+module.teacher.batch_size=16",
         "module.teacher.steps=3",
         "module.teacher.dim=16",
     ]
-    result = _train(tmp_path, ["+method=valr", *SMALL_RUN, *extra])
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "fit done" in result.stdout
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ZOO_LOG_DIR", str(tmp_path / "logs"))
+    code, stdout, stderr = zoo_main(["+method=valr", *SMALL_RUN, *extra], tmp_path)
+    assert code == 0, stderr[-3000:]
+    assert "fit done" in stdout
 
 
 @pytest.mark.slow
-def test_method_valr_cot_fast_dev_run_on_hf_vlm(tmp_path) -> None:
+def test_method_valr_cot_fast_dev_run_on_hf_vlm(tmp_path, zoo_main, monkeypatch) -> None:
     backbone = TinyVLMBackbone(**SMALL)
     backbone.build_model().save_pretrained(tmp_path / "vlm")
     backbone.save_processor(tmp_path / "vlm")
     overrides = [o for o in SMALL_RUN if not o.startswith("backbone.")]
-    result = _train(
-        tmp_path, ["+method=valr_cot", "backbone=hf_vlm", f"backbone.name_or_path={tmp_path / 'vlm'}", *overrides]
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ZOO_LOG_DIR", str(tmp_path / "logs"))
+    code, _, stderr = zoo_main(
+        ["+method=valr_cot", "backbone=hf_vlm", f"backbone.name_or_path={tmp_path / 'vlm'}", *overrides], tmp_path
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert code == 0, stderr[-3000:]
 
 
 # -- latent feedback, per-step targets, paper defaults ---------------------------------------------------------------

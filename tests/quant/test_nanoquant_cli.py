@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from zoo.errors import ConfigError
 
-from conftest import REPO_ROOT, compose_train
+from conftest import compose_train
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -154,25 +151,13 @@ def test_bad_bit_target_names_layer_and_minimum(train_cfg):
         run(cfg)
 
 
-def test_cli_bad_bit_target_prints_one_line_and_exits_2(tmp_path):
-    """Through ``train.py``: the error names the layer and the minimum, without a traceback."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "train.py"),
-            *SMALL,
-            "+method=nanoquant",
-            "quant.bits=0.2",
-            f"paths.log_dir={tmp_path}",
-            f"hydra.run.dir={tmp_path}/run",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
+def test_cli_bad_bit_target_prints_one_line_and_exits_2(tmp_path, zoo_main):
+    """Through ``train.py``'s entry point: the error names the layer and the minimum, without a traceback."""
+    code, _, stderr = zoo_main(
+        [*SMALL, "+method=nanoquant", "quant.bits=0.2", f"paths.log_dir={tmp_path}", f"hydra.run.dir={tmp_path}/run"],
+        tmp_path,
     )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "layer 'model.layers.0.self_attn.q_proj'" in proc.stderr
-    assert "minimum achievable" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert code == 2, stderr[-2000:]
+    assert "layer 'model.layers.0.self_attn.q_proj'" in stderr
+    assert "minimum achievable" in stderr
+    assert "Traceback" not in stderr
