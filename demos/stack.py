@@ -1,0 +1,394 @@
+"""Page builder of the stack demo: ``docs/results/stack.md`` + ``stack.png``.
+
+Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=stack`` (``conf/demo/stack.yaml``: stage-1 training mode × stage-2
+compression × decoder × seed); page: ``python -m zoo.report demo stack``. Stage 1 is a GR3 run (arXiv 2603.10535)
+with QLoRA or in full precision, built per seed through the artifact cache; every swept run loads its export,
+compresses it with NanoQuant (arXiv 2602.06694) or not, and decodes the test split with DTS-Greedy (arXiv 2511.00640)
+or plain sampling. Read from the sweep: each run's metrics (``test/exact_match``, ``DecodeStats``'
+``test/decode/*``, ``QuantizationReport``'s ``quant/*``), ``run_info.json`` (wall time, the stage-1 artifact it used
+with its build metrics and build time) and the resolved configs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from zoo.report import Run, Sweep, paired_contrast, provenance, pyplot, save_figure, table, write_page
+from zoo.stats import fmt_stat, paired, stat
+from zoo.verdict import Claim, verdict_section
+
+PAPER = "stack"
+TRAINS = ("qlora", "full")
+QUANTS = ("none", "nanoquant")
+DECODERS = ("dts", "sample")
+# (metric, column) of the arm table: the module's accuracy, DecodeStats' per-problem means, the measured storage
+COLUMNS = (
+    ("test/exact_match", "accuracy"),
+    ("test/decode/repetition_rate", "repetition rate"),
+    ("test/decode/tokens_per_problem", "tokens / problem (returned)"),
+    ("test/decode/decoded_tokens_per_problem", "tokens / problem (decoded)"),
+    ("quant/bits_per_weight", "bits / weight (decoder linears)"),
+)
+ACCURACY = "test/exact_match"
+# the equivalence band of the "keeps its accuracy" claims (accuracy points)
+MARGIN = 0.05
+STAGE1 = "demo_policy"
+# short names of the arm values in sentences and the verdict (the tables use demo.labels)
+SHORT = {
+    "qlora": "QLoRA",
+    "full": "full fine-tune",
+    "nanoquant": "NanoQuant",
+    "none": "as exported",
+    "dts": "DTS-Greedy",
+    "sample": "sampling",
+}
+
+
+# -- reading the sweep ------------------------------------------------------------------------------------------------
+def key(run: Run) -> tuple[str, str, str]:
+    """(training mode, compression, decoder) of a run, from its resolved config and group choices."""
+    return (
+        str(run.get("demo.train")),
+        str(run.group_choice("demo/stack/quant")),
+        str(run.group_choice("demo/stack/decoder")),
+    )
+
+
+def cells(sweep: Sweep) -> dict[tuple[str, str, str], list[Run]]:
+    """The runs of every (training, compression, decoder) cell, one per seed."""
+    found: dict[tuple[str, str, str], list[Run]] = {}
+    for run in sweep.runs:
+        found.setdefault(key(run), []).append(run)
+    return found
+
+
+def by_seed(runs: Iterable[Run], fn: Callable[[Run], float]) -> dict[int | None, float]:
+    """``{seed: fn(run)}``: the unit of the paired comparisons (the arms of a seed share the base policy, the RL seed
+    and the test problems)."""
+    return {r.seed: fn(r) for r in runs}
+
+
+def metric(name: str) -> Callable[[Run], float]:
+    return lambda r: r.last(name)
+
+
+def stage1(run: Run) -> dict[str, Any]:
+    """The stage-1 artifact the run decoded (its ``run_info.json`` entry: path, build metrics)."""
+    for used in run.info.get("artifacts", []):
+        if used.get("kind") == STAGE1:
+            return used
+    return {}
+
+
+def stage1_values(runs: Iterable[Run], name: str) -> list[float]:
+    """One build metric per distinct stage-1 artifact of ``runs``."""
+    seen: dict[str, float] = {}
+    for run in runs:
+        used = stage1(run)
+        value = (used.get("metrics") or {}).get(name)
+        if used and value is not None:
+            seen[str(used.get("path"))] = float(value)
+    return list(seen.values())
+
+
+def wall(run: Run) -> float:
+    return float(run.info.get("wall_seconds", math.nan))
+
+
+# -- labels -----------------------------------------------------------------------------------------------------------
+def describe(cell: tuple[str, str, str]) -> str:
+    """``QLoRA → NanoQuant → DTS-Greedy``: the arm's stages in short names."""
+    return " → ".join(SHORT.get(part, part) for part in cell)
+
+
+def effect(
+    table_: dict[tuple[str, str, str], list[Run]], a: tuple[str, str, str], b: tuple[str, str, str], name: str
+) -> Any:
+    """Paired (by seed) difference ``a − b`` of a metric, with its interval."""
+    fn = metric(name)
+    return paired(by_seed(table_.get(a, []), fn), by_seed(table_.get(b, []), fn))
+
+
+# -- the verdict ------------------------------------------------------------------------------------------------------
+def verdict(runs: dict[tuple[str, str, str], list[Run]], labels: dict[str, str]) -> list[str]:
+    q_nq_dts, q_fp_dts = ("qlora", "nanoquant", "dts"), ("qlora", "none", "dts")
+    claims = [
+        Claim(
+            f"DTS on the NanoQuant-compressed QLoRA model keeps its accuracy within ±{MARGIN:g} of the uncompressed "
+            "QLoRA model",
+            f"test accuracy, {describe(q_nq_dts)} − {describe(q_fp_dts)}, paired by seed",
+            effect(runs, q_nq_dts, q_fp_dts, ACCURACY),
+            "within",
+            margin=MARGIN,
+        ),
+        Claim(
+            f"the whole stack keeps its accuracy within ±{MARGIN:g} of full precision",
+            f"test accuracy, {describe(q_nq_dts)} − {describe(('full', 'none', 'dts'))}, paired by seed",
+            effect(runs, q_nq_dts, ("full", "none", "dts"), ACCURACY),
+            "within",
+            margin=MARGIN,
+        ),
+        Claim(
+            "DTS still beats sampling after compression (QLoRA model)",
+            "test accuracy, DTS-Greedy − sampling on the NanoQuant-compressed QLoRA model, paired by seed",
+            effect(runs, q_nq_dts, ("qlora", "nanoquant", "sample"), ACCURACY),
+            "higher",
+        ),
+        Claim(
+            "DTS still beats sampling after compression (full-precision fine-tune)",
+            "test accuracy, DTS-Greedy − sampling on the NanoQuant-compressed full fine-tune, paired by seed",
+            effect(runs, ("full", "nanoquant", "dts"), ("full", "nanoquant", "sample"), ACCURACY),
+            "higher",
+        ),
+        Claim(
+            f"QLoRA training matches the full fine-tune through the stack (within ±{MARGIN:g})",
+            "test accuracy after NanoQuant + DTS, QLoRA − full fine-tune, paired by seed",
+            effect(runs, q_nq_dts, ("full", "nanoquant", "dts"), ACCURACY),
+            "within",
+            margin=MARGIN,
+        ),
+    ]
+    return verdict_section(
+        claims,
+        "billion-parameter models and real reasoning benchmarks: a 2-layer policy on a task with a planted fork; "
+        "QLoRA's memory saving (the model here fits in memory either way) and NanoQuant's speed or memory at run "
+        "time (the CPU forward unpacks the binary factors); a decoder tuned on each compressed model (the decoders "
+        "keep the settings the DTS demo chose on the uncompressed base policy).",
+    )
+
+
+# -- tables and sentences ---------------------------------------------------------------------------------------------
+def arm_table(runs: dict[tuple[str, str, str], list[Run]], labels: dict[str, str]) -> str:
+    rows = []
+    for train in TRAINS:
+        for quant in QUANTS:
+            for decoder in DECODERS:
+                found = runs.get((train, quant, decoder), [])
+                if not found:
+                    continue
+                values = [fmt_stat(stat(r.last(m) for r in found), ci=(m == ACCURACY)) for m, _ in COLUMNS]
+                seconds = fmt_stat(stat(wall(r) for r in found), digits=0, ci=False)
+                rows.append(
+                    [labels.get(train, train), labels.get(quant, quant), labels.get(decoder, decoder), *values, seconds]
+                )
+    return table(["stage 1", "stage 2", "decoder", *(c for _, c in COLUMNS), "run time (s)"], rows)
+
+
+def stage1_table(runs: dict[tuple[str, str, str], list[Run]], labels: dict[str, str]) -> str:
+    rows = []
+    for train in TRAINS:
+        found = [r for c, rs in runs.items() if c[0] == train for r in rs]
+        if not found:
+            continue
+        rows.append(
+            [
+                labels.get(train, train),
+                fmt_stat(stat(stage1_values(found, "val/exact_match")), ci=False),
+                fmt_stat(stat(stage1_values(found, "val/completion_length")), digits=1, ci=False),
+                fmt_stat(stat(stage1_values(found, "train/accuracy")), ci=False),
+                fmt_stat(stat(_build_seconds(found)), digits=0, ci=False),
+            ]
+        )
+    header = [
+        "stage 1",
+        "validation accuracy (greedy)",
+        "validation completion length",
+        "last rollout accuracy",
+        "build time (s)",
+    ]
+    return table(header, rows)
+
+
+def _build_seconds(runs: Iterable[Run]) -> list[float]:
+    """Build time of each distinct stage-1 artifact of ``runs`` (its ``artifact.json``)."""
+    seen: dict[str, float] = {}
+    for run in runs:
+        path = Path(str(stage1(run).get("path", ""))) / "artifact.json"
+        if path.is_file():
+            seen[str(path)] = float(json.loads(path.read_text()).get("build_seconds", math.nan))
+    return list(seen.values())
+
+
+def nanoquant_table(runs: dict[tuple[str, str, str], list[Run]], labels: dict[str, str]) -> str:
+    rows = []
+    for train in TRAINS:
+        found = [r for c, rs in runs.items() if c[:2] == (train, "nanoquant") for r in rs]
+        if not found:
+            continue
+        cols = ["quant/bits_per_weight", "quant/block_error_ratio", "quant/kl_before_distill", "quant/kl_after_distill"]
+        cells_ = [fmt_stat(stat(r.last(m) for r in found), ci=False) for m in cols]
+        rows.append([labels.get(train, train), *cells_])
+    header = [
+        "stage 1",
+        "measured bits / weight",
+        "block error / ADMM-only",
+        "KL to the uncompressed model before KD",
+        "after KD",
+    ]
+    return table(header, rows)
+
+
+def contrasts(runs: dict[tuple[str, str, str], list[Run]]) -> list[str]:
+    """Every stage's cost and the decoder's gain, each a sentence from the numbers, paired by seed."""
+
+    def sentence(a: tuple[str, str, str], b: tuple[str, str, str], name: str, what: str, where: str) -> str:
+        fn = metric(name)
+        differs = [i for i in range(3) if a[i] != b[i]]
+        name_a = " ".join(SHORT.get(a[i], a[i]) for i in differs)
+        name_b = " ".join(SHORT.get(b[i], b[i]) for i in differs)
+        return "- " + paired_contrast(
+            name_a, by_seed(runs.get(a, []), fn), name_b, by_seed(runs.get(b, []), fn), f"{what} ({where})"
+        )
+
+    def at(*parts: str) -> str:
+        return " → ".join(SHORT.get(p, p) for p in parts)
+
+    lines = ["What compression costs (NanoQuant − as exported):", ""]
+    lines += [
+        sentence((t, "nanoquant", d), (t, "none", d), ACCURACY, "accuracy", at(t, d)) for t in TRAINS for d in DECODERS
+    ]
+    lines += ["", "What the decoder adds (DTS-Greedy − sampling):", ""]
+    for name, what in ((ACCURACY, "accuracy"), ("test/decode/repetition_rate", "repetition rate")):
+        lines += [sentence((t, q, "dts"), (t, q, "sample"), name, what, at(t, q)) for t in TRAINS for q in QUANTS]
+    lines += ["", "What QLoRA costs against the full fine-tune (QLoRA − full fine-tune):", ""]
+    lines += [
+        sentence(("qlora", q, d), ("full", q, d), ACCURACY, "accuracy", at(q, d)) for q in QUANTS for d in DECODERS
+    ]
+    return [*lines, ""]
+
+
+def setup_text(sweep: Sweep, labels: dict[str, str]) -> list[str]:
+    first = sweep.runs[0]
+    backbone = first.get("backbone", {}) or {}
+    recipe = first.get("base_policy", {}) or {}
+    demo = first.get("demo", {}) or {}
+    rl, nq = demo.get("rl", {}) or {}, demo.get("nq", {}) or {}
+    task = first.get("task", {}) or {}
+    lora = _stage1_lora(sweep)
+    return [
+        "**Setup (toy scale).** "
+        f"A {backbone.get('num_hidden_layers')}-layer Llama (hidden {backbone.get('hidden_size')}, intermediate "
+        f"{backbone.get('intermediate_size')}, character vocabulary) is first trained as the base SFT policy of "
+        f"task=forked ({recipe.get('num_train')} rows x {recipe.get('max_epochs')} epochs; one policy for every seed "
+        "and arm). The task plants one fork right after `<think>`: a short correct line (training share "
+        f"{task.get('p_short')}), a loop of {task.get('loop_lines')} repeated lines that cannot end within the budget "
+        f"({task.get('p_loop')}) and a medium wrong continuation ({task.get('p_wrong')}).",
+        "",
+        f"- **Stage 1 (prerequisite, per seed):** GR3 (GRPO with r / (1 + alpha len / mean len), alpha calibrated "
+        f"online) with the binary exact-match reward, {rl.get('steps')} rollout steps from the base policy, exported "
+        f"merged. {labels.get('qlora', 'qlora')}: `+preset=qlora` (frozen NF4 base with double quantization, LoRA "
+        f"{lora} on every projection, lr 1e-3; the export merges the adapters into the 4-bit weights and loads as "
+        f"that 4-bit model). {labels.get('full', 'full')}: every weight trained in fp32 at GRPO's lr 2e-4.",
+        f"- **Stage 2 (swept):** the export as it is, or NanoQuant at a {nq.get('bits')} bpw target (rank multiple "
+        f"{nq.get('rank_multiple')}, ADMM {nq.get('admm_iters')} iterations, block reconstruction "
+        f"{nq.get('block_epochs')} + {nq.get('block_epochs')} epochs, scales-only KD {nq.get('kd_epochs')} epochs, "
+        f"{nq.get('calibration_samples')} training rows of the task as calibration). The 4-bit QLoRA export is "
+        "dequantized first, so NanoQuant approximates the weights the 4-bit model computes with.",
+        f"- **Decoders:** DTS-Greedy (tau_H {demo.get('dts', {}).get('tau_H')}, tau_V "
+        f"{demo.get('dts', {}).get('tau_V')}) and sampling (T {demo.get('sample_temperature')}), the settings the "
+        f"DTS demo chose on this task's validation split; {first.get('module.generation.max_new_tokens')} new "
+        f"tokens per trace; {first.get('datamodule.source.num_test')} test problems per seed, {len(sweep.seeds)} "
+        "seeds.",
+        "",
+    ]
+
+
+def _stage1_lora(sweep: Sweep) -> str:
+    """LoRA rank and alpha of the QLoRA stage-1 build (its resolved config in the artifact directory)."""
+    import yaml
+
+    for run in sweep.runs:
+        used = stage1(run)
+        path = Path(str(used.get("path", ""))) / "resolved_config.yaml"
+        if used and run.get("demo.train") == "qlora" and path.is_file():
+            lora = ((yaml.safe_load(path.read_text()) or {}).get("backbone") or {}).get("lora") or {}
+            return f"r {lora.get('r')}, alpha {lora.get('alpha')}"
+    return "(build config not found)"
+
+
+def fair_test(sweep: Sweep) -> list[str]:
+    return [
+        "**Fair test.** Every arm of a seed decodes the same test problems (the split is drawn from the seed); "
+        "both stage-1 modes start from the same base policy with the same RL seed, prompts and number of rollout "
+        "steps, and differ only in what trains (LoRA adapters on a frozen 4-bit base vs every fp32 weight) and the "
+        "learning rate each recipe uses; NanoQuant calibrates on training rows, never on test problems; both "
+        "decoders run with a fixed setting chosen on another model (no tuning on these test problems). Comparisons "
+        f"are paired by seed (n = {len(sweep.seeds)}): the 95% interval of the mean per-seed difference decides "
+        "each verdict; an interval that contains 0 is reported as not shown. Bits per weight are measured by "
+        "`QuantizationReport` from the stored tensors of every linear inside the decoder layers (embeddings, norms "
+        "and the tied output head stay fp32 in every arm and are not counted).",
+        "",
+    ]
+
+
+def plot(runs: dict[tuple[str, str, str], list[Run]], labels: dict[str, str], path: Path) -> Path:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    groups = [(t, q) for t in TRAINS for q in QUANTS]
+    width = 0.38
+    for ax, (name, title) in zip(
+        axes, ((ACCURACY, "test accuracy"), ("test/decode/decoded_tokens_per_problem", "tokens decoded / problem"))
+    ):
+        for j, decoder in enumerate(DECODERS):
+            means, errs = [], []
+            for t, q in groups:
+                s = stat(r.last(name) for r in runs.get((t, q, decoder), []))
+                means.append(s.mean)
+                errs.append(0.0 if math.isnan(s.lo) else s.mean - s.lo)
+            xs = [i + (j - 0.5) * width for i in range(len(groups))]
+            ax.bar(xs, means, width, yerr=errs, capsize=3, label=labels.get(decoder, decoder))
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels([f"{labels.get(t, t)}\n{labels.get(q, q)}" for t, q in groups], fontsize=7)
+        ax.set_title(f"{title} (mean over seeds, 95% CI)")
+        ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def build(sweep: Sweep, out: Path) -> list[Path]:
+    labels = sweep.runs[0].get("demo.labels", {}) or {}
+    backbone = sweep.runs[0].get("backbone", {}) or {}
+    runs = cells(sweep)
+    png = plot(runs, labels, out / f"{PAPER}.png")
+    text = [
+        "# Stack demo: GR3 with QLoRA → NanoQuant at ~1 bit per weight → DTS decoding",
+        "",
+        provenance(sweep, PAPER),
+        "",
+        *setup_text(sweep, labels),
+        *fair_test(sweep),
+        "## Every arm",
+        "",
+        "Test split; mean ± sd over seeds (accuracy with the 95% CI of the mean); run time = the stage-2 run (load, "
+        "compress, decode) on the shared machine.",
+        "",
+        arm_table(runs, labels),
+        "",
+        f"![accuracy and decoding work by arm]({png.name})",
+        "",
+        "## What each stage costs",
+        "",
+        *contrasts(runs),
+        "Stage 1 (the GR3 runs the arms decode; build metrics of the artifacts, one per seed):",
+        "",
+        stage1_table(runs, labels),
+        "",
+        "Stage 2, NanoQuant (from its report in each compressed run; block error / ADMM-only below 1: block "
+        "reconstruction fitted the calibration data better than the ADMM initialisation):",
+        "",
+        nanoquant_table(runs, labels),
+        "",
+        "## What this toy can and cannot show",
+        "",
+        "- It shows that the three methods compose through configs alone (a QLoRA export feeds NanoQuant, whose "
+        "binary layers feed DTS's tree decoding), and measures at this scale what each stage costs in accuracy, "
+        "decoding work and stored bits.",
+        f"- It cannot show the papers' numbers: the policy has {backbone.get('num_hidden_layers')} layers of width "
+        f"{backbone.get('hidden_size')}, so NanoQuant's 1-bpw budget leaves each layer a small rank, and the planted "
+        "fork is built so that the short continuation is the correct one, which is what DTS-Greedy returns.",
+        "",
+    ]
+    return [write_page(out, PAPER, text, verdict(runs, labels)), png]
