@@ -2,11 +2,11 @@
 
 Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=stack`` (``conf/demo/stack.yaml``: stage-1 training mode × stage-2
 compression × decoder × seed); page: ``python -m zoo.report demo stack``. Stage 1 is a GR3 run (arXiv 2603.10535)
-with QLoRA or in full precision, built per seed through the artifact cache; every swept run loads its export,
-compresses it with NanoQuant (arXiv 2602.06694) or not, and decodes the test split with DTS-Greedy (arXiv 2511.00640)
-or plain sampling. Read from the sweep: each run's metrics (``test/exact_match``, ``DecodeStats``'
-``test/decode/*``, ``QuantizationReport``'s ``quant/*``), ``run_info.json`` (wall time, the stage-1 artifact it used
-with its build metrics and build time) and the resolved configs.
+with QLoRA or in full precision, built per seed through the artifact cache, or nothing (the base SFT policy it starts
+from); every swept run loads that model, compresses it with NanoQuant (arXiv 2602.06694) or not, and decodes the test
+split with DTS-Greedy (arXiv 2511.00640) or plain sampling. Read from the sweep: each run's metrics
+(``test/exact_match``, ``DecodeStats``' ``test/decode/*``, ``QuantizationReport``'s ``quant/*``), ``run_info.json``
+(wall time, the artifacts it used with their build metrics) and the resolved configs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from zoo.stats import fmt_stat, paired, stat
 from zoo.verdict import Claim, verdict_section
 
 PAPER = "stack"
-TRAINS = ("qlora", "full")
+TRAINS = ("base", "qlora", "full")
+# the stage-1 modes that train (a GR3 run each)
+TRAINED = ("qlora", "full")
 QUANTS = ("none", "nanoquant")
 DECODERS = ("dts", "sample")
 # (metric, column) of the arm table: the module's accuracy, DecodeStats' per-problem means, the measured storage
@@ -31,14 +33,17 @@ COLUMNS = (
     ("test/decode/repetition_rate", "repetition rate"),
     ("test/decode/tokens_per_problem", "tokens / problem (returned)"),
     ("test/decode/decoded_tokens_per_problem", "tokens / problem (decoded)"),
+    ("test/decode/branch_events", "branch events"),
     ("quant/bits_per_weight", "bits / weight (decoder linears)"),
 )
 ACCURACY = "test/exact_match"
 # the equivalence band of the "keeps its accuracy" claims (accuracy points)
 MARGIN = 0.05
 STAGE1 = "demo_policy"
+BASE = "base_policy"
 # short names of the arm values in sentences and the verdict (the tables use demo.labels)
 SHORT = {
+    "base": "base policy",
     "qlora": "QLoRA",
     "full": "full fine-tune",
     "nanoquant": "NanoQuant",
@@ -76,12 +81,31 @@ def metric(name: str) -> Callable[[Run], float]:
     return lambda r: r.last(name)
 
 
-def stage1(run: Run) -> dict[str, Any]:
-    """The stage-1 artifact the run decoded (its ``run_info.json`` entry: path, build metrics)."""
+def artifact(run: Run, kind: str = STAGE1) -> dict[str, Any]:
+    """The artifact of ``kind`` the run used (its ``run_info.json`` entry: path, build metrics, ``built_now``);
+    ``{}`` when it used none."""
     for used in run.info.get("artifacts", []):
-        if used.get("kind") == STAGE1:
+        if used.get("kind") == kind:
             return used
     return {}
+
+
+def build_seconds(used: dict[str, Any]) -> float:
+    """How long an artifact's build took (its ``artifact.json``; ``nan`` when absent)."""
+    path = Path(str(used.get("path", ""))) / "artifact.json"
+    return float(json.loads(path.read_text()).get("build_seconds", math.nan)) if used and path.is_file() else math.nan
+
+
+def own_seconds(run: Run) -> float:
+    """The run's own wall time: without the prerequisites it built before its job. Its prerequisites form one chain
+    (the stage-1 policy built on the base policy), so the outermost build it started holds the others."""
+    built = [build_seconds(u) for u in run.info.get("artifacts", []) if u.get("built_now")]
+    return wall(run) - max((b for b in built if not math.isnan(b)), default=0.0)
+
+
+def stage1(run: Run) -> dict[str, Any]:
+    """The stage-1 artifact the run decoded (``{}`` for the base arm)."""
+    return artifact(run, STAGE1)
 
 
 def stage1_values(runs: Iterable[Run], name: str) -> list[float]:
@@ -114,40 +138,46 @@ def effect(
 
 
 # -- the verdict ------------------------------------------------------------------------------------------------------
-def verdict(runs: dict[tuple[str, str, str], list[Run]], labels: dict[str, str]) -> list[str]:
-    q_nq_dts, q_fp_dts = ("qlora", "nanoquant", "dts"), ("qlora", "none", "dts")
+def verdict(runs: dict[tuple[str, str, str], list[Run]]) -> list[str]:
+    stack, stack_fp = ("qlora", "nanoquant", "dts"), ("qlora", "none", "dts")
     claims = [
         Claim(
             f"DTS on the NanoQuant-compressed QLoRA model keeps its accuracy within ±{MARGIN:g} of the uncompressed "
             "QLoRA model",
-            f"test accuracy, {describe(q_nq_dts)} − {describe(q_fp_dts)}, paired by seed",
-            effect(runs, q_nq_dts, q_fp_dts, ACCURACY),
+            f"test accuracy, {describe(stack)} − {describe(stack_fp)}, paired by seed",
+            effect(runs, stack, stack_fp, ACCURACY),
             "within",
             margin=MARGIN,
         ),
         Claim(
             f"the whole stack keeps its accuracy within ±{MARGIN:g} of full precision",
-            f"test accuracy, {describe(q_nq_dts)} − {describe(('full', 'none', 'dts'))}, paired by seed",
-            effect(runs, q_nq_dts, ("full", "none", "dts"), ACCURACY),
+            f"test accuracy, {describe(stack)} − {describe(('full', 'none', 'dts'))}, paired by seed",
+            effect(runs, stack, ("full", "none", "dts"), ACCURACY),
             "within",
             margin=MARGIN,
         ),
         Claim(
-            "DTS still beats sampling after compression (QLoRA model)",
-            "test accuracy, DTS-Greedy − sampling on the NanoQuant-compressed QLoRA model, paired by seed",
-            effect(runs, q_nq_dts, ("qlora", "nanoquant", "sample"), ACCURACY),
+            "DTS beats sampling on the base policy (the DTS demo's claim, uncompressed)",
+            "test accuracy, DTS-Greedy − sampling on the base policy as trained, paired by seed",
+            effect(runs, ("base", "none", "dts"), ("base", "none", "sample"), ACCURACY),
             "higher",
         ),
         Claim(
-            "DTS still beats sampling after compression (full-precision fine-tune)",
-            "test accuracy, DTS-Greedy − sampling on the NanoQuant-compressed full fine-tune, paired by seed",
-            effect(runs, ("full", "nanoquant", "dts"), ("full", "nanoquant", "sample"), ACCURACY),
+            "DTS still beats sampling after compression (base policy at 1 bpw)",
+            "test accuracy, DTS-Greedy − sampling on the NanoQuant-compressed base policy, paired by seed",
+            effect(runs, ("base", "nanoquant", "dts"), ("base", "nanoquant", "sample"), ACCURACY),
+            "higher",
+        ),
+        Claim(
+            "DTS still beats sampling after compression (QLoRA model)",
+            "test accuracy, DTS-Greedy − sampling on the NanoQuant-compressed QLoRA model, paired by seed",
+            effect(runs, stack, ("qlora", "nanoquant", "sample"), ACCURACY),
             "higher",
         ),
         Claim(
             f"QLoRA training matches the full fine-tune through the stack (within ±{MARGIN:g})",
-            "test accuracy after NanoQuant + DTS, QLoRA − full fine-tune, paired by seed",
-            effect(runs, q_nq_dts, ("full", "nanoquant", "dts"), ACCURACY),
+            "test accuracy after NanoQuant + DTS-Greedy, QLoRA − full fine-tune, paired by seed",
+            effect(runs, stack, ("full", "nanoquant", "dts"), ACCURACY),
             "within",
             margin=MARGIN,
         ),
@@ -157,7 +187,7 @@ def verdict(runs: dict[tuple[str, str, str], list[Run]], labels: dict[str, str])
         "billion-parameter models and real reasoning benchmarks: a 2-layer policy on a task with a planted fork; "
         "QLoRA's memory saving (the model here fits in memory either way) and NanoQuant's speed or memory at run "
         "time (the CPU forward unpacks the binary factors); a decoder tuned on each compressed model (the decoders "
-        "keep the settings the DTS demo chose on the uncompressed base policy).",
+        "keep the settings the DTS demo chose on its uncompressed base policy).",
     )
 
 
@@ -170,17 +200,22 @@ def arm_table(runs: dict[tuple[str, str, str], list[Run]], labels: dict[str, str
                 found = runs.get((train, quant, decoder), [])
                 if not found:
                     continue
-                values = [fmt_stat(stat(r.last(m) for r in found), ci=(m == ACCURACY)) for m, _ in COLUMNS]
-                seconds = fmt_stat(stat(wall(r) for r in found), digits=0, ci=False)
+                values = [_cell(found, m) for m, _ in COLUMNS]
+                seconds = fmt_stat(stat(own_seconds(r) for r in found), digits=0, ci=False)
                 rows.append(
                     [labels.get(train, train), labels.get(quant, quant), labels.get(decoder, decoder), *values, seconds]
                 )
     return table(["stage 1", "stage 2", "decoder", *(c for _, c in COLUMNS), "run time (s)"], rows)
 
 
+def _cell(runs: list[Run], name: str) -> str:
+    """Mean ± sd of a metric over the runs (the 95% CI too for accuracy; n/a where no run logged it)."""
+    return fmt_stat(stat(r.last(name) for r in runs), ci=(name == ACCURACY))
+
+
 def stage1_table(runs: dict[tuple[str, str, str], list[Run]], labels: dict[str, str]) -> str:
     rows = []
-    for train in TRAINS:
+    for train in TRAINED:
         found = [r for c, rs in runs.items() if c[0] == train for r in rs]
         if not found:
             continue
@@ -204,13 +239,30 @@ def stage1_table(runs: dict[tuple[str, str, str], list[Run]], labels: dict[str, 
 
 
 def _build_seconds(runs: Iterable[Run]) -> list[float]:
-    """Build time of each distinct stage-1 artifact of ``runs`` (its ``artifact.json``)."""
+    """Build time of each distinct stage-1 artifact of ``runs``, without the base policy's build when it was built
+    inside it (the first stage-1 build of a sweep whose base arm had not run yet)."""
     seen: dict[str, float] = {}
     for run in runs:
-        path = Path(str(stage1(run).get("path", ""))) / "artifact.json"
-        if path.is_file():
-            seen[str(path)] = float(json.loads(path.read_text()).get("build_seconds", math.nan))
+        used, base = stage1(run), artifact(run, BASE)
+        if used:
+            nested = build_seconds(base) if used.get("built_now") and base.get("built_now") else 0.0
+            seen[str(used.get("path"))] = build_seconds(used) - nested
     return list(seen.values())
+
+
+def base_sentence(runs: dict[tuple[str, str, str], list[Run]]) -> str:
+    """The base policy every arm starts from: its build time and validation loss (one policy for the sweep)."""
+    found = [artifact(r, BASE) for rs in runs.values() for r in rs]
+    found = [u for u in found if u]
+    if not found:
+        return "The base policy's build record is not in the runs."
+    used = found[0]
+    loss = (used.get("metrics") or {}).get("val/loss", math.nan)
+    paths = {str(u.get("path")) for u in found}
+    return (
+        f"The base SFT policy ({len(paths)} for the whole sweep): built in {build_seconds(used):.0f} s, validation "
+        f"loss {loss:.3f}; every GR3 run starts from it and the base arm decodes it."
+    )
 
 
 def nanoquant_table(runs: dict[tuple[str, str, str], list[Run]], labels: dict[str, str]) -> str:
@@ -254,6 +306,13 @@ def contrasts(runs: dict[tuple[str, str, str], list[Run]]) -> list[str]:
     lines += ["", "What the decoder adds (DTS-Greedy − sampling):", ""]
     for name, what in ((ACCURACY, "accuracy"), ("test/decode/repetition_rate", "repetition rate")):
         lines += [sentence((t, q, "dts"), (t, q, "sample"), name, what, at(t, q)) for t in TRAINS for q in QUANTS]
+    lines += ["", "What GR3 adds to the base policy (GR3 − base policy):", ""]
+    lines += [
+        sentence((t, q, d), ("base", q, d), ACCURACY, "accuracy", at(q, d))
+        for t in TRAINED
+        for q in QUANTS
+        for d in DECODERS
+    ]
     lines += ["", "What QLoRA costs against the full fine-tune (QLoRA − full fine-tune):", ""]
     lines += [
         sentence(("qlora", q, d), ("full", q, d), ACCURACY, "accuracy", at(q, d)) for q in QUANTS for d in DECODERS
@@ -282,7 +341,8 @@ def setup_text(sweep: Sweep, labels: dict[str, str]) -> list[str]:
         f"online) with the binary exact-match reward, {rl.get('steps')} rollout steps from the base policy, exported "
         f"merged. {labels.get('qlora', 'qlora')}: `+preset=qlora` (frozen NF4 base with double quantization, LoRA "
         f"{lora} on every projection, lr 1e-3; the export merges the adapters into the 4-bit weights and loads as "
-        f"that 4-bit model). {labels.get('full', 'full')}: every weight trained in fp32 at GRPO's lr 2e-4.",
+        f"that 4-bit model). {labels.get('full', 'full')}: every weight trained in fp32 at GRPO's lr 2e-4. "
+        f"{labels.get('base', 'base')}: no stage 1, the base policy both runs start from (the reference).",
         f"- **Stage 2 (swept):** the export as it is, or NanoQuant at a {nq.get('bits')} bpw target (rank multiple "
         f"{nq.get('rank_multiple')}, ADMM {nq.get('admm_iters')} iterations, block reconstruction "
         f"{nq.get('block_epochs')} + {nq.get('block_epochs')} epochs, scales-only KD {nq.get('kd_epochs')} epochs, "
@@ -312,22 +372,22 @@ def _stage1_lora(sweep: Sweep) -> str:
 
 def fair_test(sweep: Sweep) -> list[str]:
     return [
-        "**Fair test.** Every arm of a seed decodes the same test problems (the split is drawn from the seed); "
-        "both stage-1 modes start from the same base policy with the same RL seed, prompts and number of rollout "
-        "steps, and differ only in what trains (LoRA adapters on a frozen 4-bit base vs every fp32 weight) and the "
-        "learning rate each recipe uses; NanoQuant calibrates on training rows, never on test problems; both "
-        "decoders run with a fixed setting chosen on another model (no tuning on these test problems). Comparisons "
-        f"are paired by seed (n = {len(sweep.seeds)}): the 95% interval of the mean per-seed difference decides "
-        "each verdict; an interval that contains 0 is reported as not shown. Bits per weight are measured by "
-        "`QuantizationReport` from the stored tensors of every linear inside the decoder layers (embeddings, norms "
-        "and the tied output head stay fp32 in every arm and are not counted).",
+        "**Fair test.** Every arm of a seed decodes the same test problems (the split is drawn from the seed); one "
+        "base policy serves every seed and arm; both GR3 modes start from it with the same RL seed, prompts and "
+        "number of rollout steps, and differ only in what trains (LoRA adapters on a frozen 4-bit base vs every "
+        "fp32 weight) and the learning rate each recipe uses; NanoQuant calibrates on training rows, never on test "
+        "problems; both decoders run with a fixed setting chosen on another model (no tuning on these test "
+        f"problems). Comparisons are paired by seed (n = {len(sweep.seeds)}): the 95% interval of the mean "
+        "per-seed difference decides each verdict; an interval that contains 0 is reported as not shown. Bits per "
+        "weight are measured by `QuantizationReport` from the stored tensors of every linear inside the decoder "
+        "layers (embeddings, norms and the tied output head stay fp32 in every arm and are not counted).",
         "",
     ]
 
 
 def plot(runs: dict[tuple[str, str, str], list[Run]], labels: dict[str, str], path: Path) -> Path:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4))
     groups = [(t, q) for t in TRAINS for q in QUANTS]
     width = 0.38
     for ax, (name, title) in zip(
@@ -362,8 +422,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         *fair_test(sweep),
         "## Every arm",
         "",
-        "Test split; mean ± sd over seeds (accuracy with the 95% CI of the mean); run time = the stage-2 run (load, "
-        "compress, decode) on the shared machine.",
+        "Test split; mean ± sd over seeds (accuracy with the 95% CI of the mean); branch events: DTS's branches per "
+        "problem (n/a for sampling); run time = the stage-2 run (load, compress, decode; prerequisite builds left "
+        "out) on the shared machine.",
         "",
         arm_table(runs, labels),
         "",
@@ -375,6 +436,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "Stage 1 (the GR3 runs the arms decode; build metrics of the artifacts, one per seed):",
         "",
         stage1_table(runs, labels),
+        "",
+        base_sentence(runs),
         "",
         "Stage 2, NanoQuant (from its report in each compressed run; block error / ADMM-only below 1: block "
         "reconstruction fitted the calibration data better than the ADMM initialisation):",
@@ -391,4 +454,4 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "fork is built so that the short continuation is the correct one, which is what DTS-Greedy returns.",
         "",
     ]
-    return [write_page(out, PAPER, text, verdict(runs, labels)), png]
+    return [write_page(out, PAPER, text, verdict(runs)), png]
