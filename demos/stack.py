@@ -320,6 +320,46 @@ def contrasts(runs: dict[tuple[str, str, str], list[Run]]) -> list[str]:
     return [*lines, ""]
 
 
+def reading(runs: dict[tuple[str, str, str], list[Run]]) -> list[str]:
+    """What the numbers say across the stages, sentence by sentence from the means over seeds (the paired intervals
+    are in the sections above and the Verdict)."""
+
+    def m(cell: tuple[str, str, str], name: str = ACCURACY) -> float:
+        return stat(r.last(name) for r in runs.get(cell, [])).mean
+
+    def pair(train: str, name: str) -> str:
+        return f"{m((train, 'none', 'dts'), name):.2f} → {m((train, 'nanoquant', 'dts'), name):.2f}"
+
+    def resolved(train: str) -> bool:
+        d = effect(runs, (train, "none", "dts"), (train, "none", "sample"), ACCURACY)
+        return d.n >= 2 and (d.lo > 0 or d.hi < 0)
+
+    after = [SHORT[t] for t in TRAINED if resolved(t)]
+    gain = (
+        f"DTS-Greedy − sampling is resolved on the uncompressed {' and '.join(after)} model(s)"
+        if after
+        else "on both uncompressed GR3 models DTS-Greedy − sampling is not shown (its interval contains 0)"
+    )
+    events, decoded = "test/decode/branch_events", "test/decode/decoded_tokens_per_problem"
+    return [
+        "## Reading",
+        "",
+        f"- GR3 against the base policy: sampling accuracy {m(('base', 'none', 'sample')):.3f} on the base policy, "
+        f"{m(('qlora', 'none', 'sample')):.3f} after GR3 with QLoRA, {m(('full', 'none', 'sample')):.3f} after the "
+        f"full fine-tune; DTS-Greedy {m(('base', 'none', 'dts')):.3f} on the base policy, "
+        f"{m(('qlora', 'none', 'dts')):.3f} / {m(('full', 'none', 'dts')):.3f} on the GR3 models; {gain}.",
+        f"- What compression does to DTS's search: branch events per problem as exported → compressed "
+        f"{pair('base', events)} (base policy), {pair('qlora', events)} (QLoRA), {pair('full', events)} (full "
+        f"fine-tune); tokens decoded per problem {pair('base', decoded)}, {pair('qlora', decoded)}, "
+        f"{pair('full', decoded)}.",
+        f"- Accuracy as exported → compressed, DTS-Greedy: {pair('base', ACCURACY)} (base policy), "
+        f"{pair('qlora', ACCURACY)} (QLoRA), {pair('full', ACCURACY)} (full fine-tune); sampling on the compressed "
+        f"models: {m(('base', 'nanoquant', 'sample')):.3f}, {m(('qlora', 'nanoquant', 'sample')):.3f}, "
+        f"{m(('full', 'nanoquant', 'sample')):.3f}.",
+        "",
+    ]
+
+
 def setup_text(sweep: Sweep, labels: dict[str, str]) -> list[str]:
     first = sweep.runs[0]
     backbone = first.get("backbone", {}) or {}
@@ -402,7 +442,7 @@ def plot(runs: dict[tuple[str, str, str], list[Run]], labels: dict[str, str], pa
             xs = [i + (j - 0.5) * width for i in range(len(groups))]
             ax.bar(xs, means, width, yerr=errs, capsize=3, label=labels.get(decoder, decoder))
         ax.set_xticks(range(len(groups)))
-        ax.set_xticklabels([f"{labels.get(t, t)}\n{labels.get(q, q)}" for t, q in groups], fontsize=7)
+        ax.set_xticklabels([f"{SHORT.get(t, t)}\n{SHORT.get(q, q)}" for t, q in groups], fontsize=8)
         ax.set_title(f"{title} (mean over seeds, 95% CI)")
         ax.legend(fontsize=8)
     return save_figure(fig, path)
@@ -444,6 +484,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         nanoquant_table(runs, labels),
         "",
+        *reading(runs),
         "## What this toy can and cannot show",
         "",
         "- It shows that the three methods compose through configs alone (a QLoRA export feeds NanoQuant, whose "
