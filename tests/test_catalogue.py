@@ -45,12 +45,15 @@ STAGES = method_stages()
 QUANT_SMOKE = {
     "nanoquant": [
         "quant.rank_multiple=8",
-        "quant.admm.outer_iters=10",
+        "quant.admm.outer_iters=2",
+        "quant.admm.inner_iters=1",
         "quant.block.ep_epochs=1",
         "quant.block.fact_epochs=1",
+        "quant.block.fact_batch_size=2",
         "quant.kd_epochs=1",
-        "quant.calibration.num_samples=4",
-        "quant.calibration.seq_len=32",
+        "quant.kd_batch_size=2",
+        "quant.calibration.num_samples=2",
+        "quant.calibration.seq_len=16",
     ],
     "sign": ["quant.calibration.num_samples=4", "quant.calibration.seq_len=32"],
     "onebit": ["quant.calibration.num_samples=4", "quant.calibration.seq_len=32"],
@@ -58,6 +61,14 @@ QUANT_SMOKE = {
 # the local backend's settings for a tiny backbone as an agent's or text optimiser's LLM: the tiny model's context
 # (256 tokens) is shorter than the task prompts, so the most recent tokens are kept; a few tokens a reply
 LLM_CELL = ["backend=hf_local", "backend.overflow=keep_recent", "backend.max_tokens=4"]
+# the smallest shapes of one step for every smoke run: a cell checks that the composition runs, not what it learns.
+# Few prompts a batch, two completions a group, a few new tokens (decoding is most of a cell's time); skipped where
+# the composed config has no such key, and a method's own ``smoke`` settings come after these and win
+SMOKE_SHAPE = [
+    "module.generation.max_new_tokens=8",
+    "module.group_size=2",
+    "datamodule.batch_size=4",
+]
 # small data sets for every smoke run (fast_dev_run uses one batch, but data sets are built whole)
 SMALL_DATA = [
     "datamodule.source.num_train=256",
@@ -341,9 +352,10 @@ def test_declared_combination_runs_fast_dev_run(
 ):
     """One cell of the compatibility matrix: one composition and one ``fast_dev_run`` (one training step and one
     validation batch, or one evaluation batch), in process. ``methods.<name>.smoke`` may list cheap settings for
-    this run (fewer ADMM steps, ...); these and :data:`SMALL_DATA` are skipped where the composed config has no such
-    key (e.g. NanoQuant's under ``quant=sign``). The quantizer must have acted on the built model, and a QLoRA cell
-    (:func:`qlora_cell`) must train LoRA adapters only, on bitsandbytes layers."""
+    this run (fewer ADMM steps, ...); these, :data:`SMALL_DATA` and :data:`SMOKE_SHAPE` are skipped where the
+    method's composed config has no such key (e.g. NanoQuant's under ``quant=sign``). The quantizer must have acted
+    on the built model, and a QLoRA cell (:func:`qlora_cell`) must train LoRA adapters only, on bitsandbytes
+    layers."""
     overrides = [
         f"+method={method}",
         "debug=fdr",
@@ -354,10 +366,9 @@ def test_declared_combination_runs_fast_dev_run(
     composed = train_cfg(overrides, cache_dir=base_policy_cache)
     absent = object()
     overrides += cell_overrides(method, backbone, quant, composed)
-    composed = train_cfg(overrides, cache_dir=base_policy_cache)
     smoke = [
         s
-        for s in [*SMALL_DATA, *CATALOGUE[method].smoke]
+        for s in [*SMALL_DATA, *SMOKE_SHAPE, *CATALOGUE[method].smoke]
         if OmegaConf.select(composed, s.split("=", 1)[0], default=absent, throw_on_resolution_failure=False)
         is not absent
     ]
