@@ -4,7 +4,7 @@ puts ``demos/`` on the import path)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from zoo.report import Run
@@ -40,6 +40,14 @@ def cannot_act(episodes: Sequence[dict[str, Any]]) -> str | None:
     if any(s.get("tool") is not None for s in steps):
         return None
     return f"none of its {len(steps)} replies ({len(episodes)} episodes) parsed as a tool call"
+
+
+def left_out_paragraph(left_out: dict[str, str], label: Callable[[str], str]) -> list[str]:
+    """The page's sentence naming the arms left out of the score tables (arm -> :func:`cannot_act`'s reason)."""
+    if not left_out:
+        return []
+    reasons = "; ".join(f"{label(arm)}: {why}" for arm, why in left_out.items())
+    return [f"Left out of the score tables (they cannot act): {reasons}. Their runs are in the sections below.", ""]
 
 
 def endpoint_section(paper: str, arm: str, caps: str, note: str = "") -> list[str]:

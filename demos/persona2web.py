@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from _agent_pages import cannot_act, endpoint_section, llm_arm_measured
+from _agent_pages import cannot_act, endpoint_section, left_out_paragraph, llm_arm_measured
 
 from zoo.report import (
     Run,
@@ -92,13 +92,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         for level in levels:
             sections += level_section(level, arms, lambda lv, arm, n=noise: runs_of(lv, arm, n), lab)
 
-    if left_out:
-        sections += [
-            "Left out of the score tables (they cannot act): "
-            + "; ".join(f"{lab(arm)}: {why}" for arm, why in left_out.items())
-            + ". Their runs are in the sections below.",
-            "",
-        ]
+    sections += left_out_paragraph(left_out, lab)
 
     tag_rows = []
     tag_names: list[str] = []

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from _agent_pages import cannot_act, endpoint_section, llm_arm_measured
+from _agent_pages import cannot_act, endpoint_section, left_out_paragraph, llm_arm_measured
 
 from zoo.agents.metrics import mean_curve
 from zoo.report import (
@@ -100,13 +100,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             )
         sections.append("")
 
-    if left_out:
-        sections += [
-            "Left out of the score tables (they cannot act): "
-            + "; ".join(f"{lab(arm)}: {why}" for arm, why in left_out.items())
-            + ". Their runs are in the sections below.",
-            "",
-        ]
+    sections += left_out_paragraph(left_out, lab)
 
     detail_rows = []
     for arm in swept:
