@@ -646,7 +646,7 @@ def test_what_a_run_builds_or_quantizes_is_said_loudly(train_cfg, tmp_path, capl
 def test_help_shows_the_quick_settings_of_the_run(zoo_main, tmp_path):
     code, out, _ = zoo_main(["+method=nanoquant", "--help"], tmp_path)
     assert code == 0
-    assert "== Quick settings ==" in out and "+method=nanoquant: quant.admm.outer_iters=10" in out
+    assert "== Quick settings ==" in out and "+method=nanoquant: quant.admm.outer_iters=2" in out
     assert "quantizes and evaluates a randomly initialised model: add backbone.init_from=base" in out
     code, out, _ = zoo_main(["+method=grpo", "--help"], tmp_path)
     assert code == 0
