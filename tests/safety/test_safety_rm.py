@@ -163,10 +163,18 @@ def test_missing_exports_name_the_path(tmp_path):
 
 
 def _compose(overrides):
+    """The config a run's task function gets: no ``hydra`` node, Hydra's singleton holding this run's (not an earlier
+    test's) runtime choices, which the checks of the methods' refused options read."""
     from hydra import compose, initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
 
     with initialize_config_module("zoo.conf", version_base="1.3"):
-        return compose("train", overrides=overrides, return_hydra_config=False)
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
 
 
 def test_method_configs_compose_and_instantiate():
