@@ -7,36 +7,15 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from zoo.answers import AnswerVerifier
-from zoo.backbones import TinyBackbone
-from zoo.encoding import encode_prompts
+# the same tiny model, prompts and first-character verifier as the other anchor decoders' tests
+from test_anchor_decoders import PROMPTS, FirstCharacter, tiny  # noqa: F401
+
 from zoo.errors import ConfigError
 from zoo.generation import SampleDecoder, SelfConsistencyDecoder
 from zoo.protocols import SamplingParams
 
-torch.set_num_threads(1)
-PROMPTS = ["1+1=", "22+3=", "rev ab=", "9+9="]
 
-
-class FirstCharacter(AnswerVerifier):
-    """A verifier whose answer is the first character of a completion (so random completions have answers)."""
-
-    def extract_answer(self, completion: str) -> str | None:
-        return completion[:1] or None
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    backbone = TinyBackbone(seed=2)
-    model, tok = backbone.build_model().eval(), backbone.tokenizer
-    with torch.no_grad():  # EOS about as likely as a frequent character: samples of different lengths
-        head = model.get_output_embeddings().weight
-        head[tok.eos_token_id] = head[tok.convert_tokens_to_ids("=")] * 0.9
-    ids, mask = encode_prompts(tok, PROMPTS)
-    return model, tok, ids, mask
-
-
-def test_shortest_of_n_returns_the_first_finished_sample_and_stops_the_race(tiny):
+def test_shortest_of_n_returns_the_first_finished_sample_and_stops_the_race(tiny):  # noqa: F811 (the fixture)
     """The samples are the full samples cut where the first of the prompt's samples finished (same generator), the
     returned one is the shortest finished sample, and the work is sum_j min(len_j, shortest)."""
     model, tok, ids, mask = tiny
