@@ -22,6 +22,7 @@ from conftest import REPO_ROOT
         Addition(3),
         MultiSum(redundant_prob=0.5),
         MultiSum(redundant_prob=0.5, min_operands=4, max_operands=6, partials="pairs"),
+        MultiSum(redundant_prob=0.5, min_operands=4, max_operands=6, min_value=2, max_value=4, partials="products"),
         Reverse(),
     ],
 )
@@ -150,6 +151,49 @@ def test_multisum_pairs_redundant_config():
     assert {len(ex.prompt[:-1].split("+")) for ex in examples} == {4, 6}
     # no operand 0: no pair sum repeats an operand of the prompt
     assert {int(x) for ex in examples for x in ex.prompt[:-1].split("+")} == set(range(1, task.max_value + 1))
+
+
+def test_multisum_products_lines_labels_answer_and_distinct_pairs():
+    task = MultiSum(min_operands=4, max_operands=6, min_value=2, max_value=4, redundant_prob=0.5, partials="products")
+    assert task.examples(2, seed=0)[1].prompt == "2*4+3*4+4*4="
+    assert task.examples(2, seed=0)[1].completion == "<think>2*4=8\n3*4=12\ncheck 12\n4*4=16</think>36"
+    pair_counts, redundant, lines = set(), 0, 0
+    for ex in task.examples(300, seed=2):
+        pairs = [tuple(map(int, term.split("*"))) for term in ex.prompt[:-1].split("+")]
+        assert all(2 <= x <= 4 for pair in pairs for x in pair)
+        assert len(set(pairs)) == len(pairs)  # distinct pairs: no essential line repeats another
+        pair_counts.add(len(pairs))
+        steps = split_steps(ex.completion)
+        assert len(steps) == len(ex.meta["step_redundant"]) == ex.meta["num_steps"]
+        essential = [s for s, r in zip(steps, ex.meta["step_redundant"]) if not r]
+        assert essential == [f"{a}*{b}={a * b}" for a, b in pairs]
+        for i, (step, is_redundant) in enumerate(zip(steps, ex.meta["step_redundant"])):
+            assert step.startswith("check ") == is_redundant
+            if is_redundant:
+                assert step == "check " + steps[i - 1].split("=")[1]
+        assert ex.answer == str(sum(a * b for a, b in pairs))
+        assert ex.completion.endswith(f"</think>{ex.answer}")
+        redundant += ex.meta["num_redundant"]
+        lines += len(essential)
+    assert pair_counts == {2, 3}
+    assert 0.4 < redundant / lines < 0.6
+    with pytest.raises(ConfigError, match="partials=products combines the operands in disjoint pairs"):
+        MultiSum(min_operands=4, max_operands=5, partials="products")
+
+
+def test_multisum_products_redundant_config():
+    conf = REPO_ROOT / "conf" / "task"
+    cfg = OmegaConf.merge(
+        OmegaConf.load(conf / "multisum.yaml"), OmegaConf.load(conf / "multisum_products_redundant.yaml")
+    )
+    cfg.pop("defaults")
+    task = instantiate(cfg)
+    assert isinstance(task, MultiSum) and task.partials == "products" and task.redundant_prob == 0.5
+    # no operand 1: no product line repeats an operand of the prompt
+    operands = {
+        int(x) for ex in task.examples(100, seed=0) for term in ex.prompt[:-1].split("+") for x in term.split("*")
+    }
+    assert operands == {2, 3, 4}
 
 
 def test_multisum_min_value_bounds_the_operands():

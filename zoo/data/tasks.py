@@ -109,13 +109,18 @@ class Addition(Task):
 class MultiSum(Task):
     """Sum of several operands, optionally with redundant (re-verification) steps.
 
-    Two layouts of the partial sums (``partials``):
+    Three layouts of the partial results (``partials``):
 
     - ``"chain"``: a running sum, one line per operand after the first; the last line states the answer.
       ``"3+5+2="`` -> ``<think>3+5=8\n8+2=10</think>10``.
     - ``"pairs"``: the operands are summed in disjoint consecutive pairs, one line per pair, and the answer (the sum
       of the pair sums) has no line of its own: ``"3+5+2+4="`` -> ``<think>3+5=8\n2+4=6</think>14``. Every pair line
       carries information no other line has, so dropping any of them loses something the answer needs.
+    - ``"products"``: a sum of products of disjoint consecutive pairs, one line per product, and the answer (the sum
+      of the products) has no line of its own: ``"3*2+1*3="`` -> ``<think>3*2=6\n1*3=3</think>9``. A product is not a
+      linear function of the operands, so an answer cannot be read off the prompt's operands without the lines
+      (with ``"pairs"`` it can: the answer is the sum of the prompt's operands). The pairs of a row are distinct, so
+      no essential line repeats another.
 
     A redundant step repeats the partial sum of the line before it (``check 8``) and carries ``redundant=True`` in
     the ``step_redundant`` meta list (ground truth for the length/redundancy methods).
@@ -125,13 +130,16 @@ class MultiSum(Task):
             the count is drawn as a number of pairs).
         max_value: operands are drawn from ``[min_value, max_value]``.
         redundant_prob: probability of inserting a redundant step after each real step.
-        partials: ``"chain"`` (running sum, the default) or ``"pairs"`` (disjoint pair sums).
+        partials: ``"chain"`` (running sum, the default), ``"pairs"`` (disjoint pair sums) or ``"products"``
+            (disjoint pair products).
         min_value: the smallest operand (``"pairs"``: 1 keeps every pair sum from repeating an operand of the
             prompt, as ``3+0=3`` does).
     """
 
     name = "multisum"
-    PARTIALS = ("chain", "pairs")
+    PARTIALS = ("chain", "pairs", "products")
+    #: the operator of a pair line of each pair layout
+    PAIR_OPERATORS = {"pairs": "+", "products": "*"}
 
     def __init__(
         self,
@@ -150,11 +158,11 @@ class MultiSum(Task):
             raise ConfigError(f"need 0 <= task.min_value <= task.max_value, got {min_value}, {max_value}")
         if partials not in self.PARTIALS:
             raise ConfigError(f"task.partials must be one of {list(self.PARTIALS)}, got {partials!r}")
-        if partials == "pairs" and (min_operands % 2 or max_operands % 2 or min_operands < 4):
+        if partials in self.PAIR_OPERATORS and (min_operands % 2 or max_operands % 2 or min_operands < 4):
             raise ConfigError(
-                "task.partials=pairs sums the operands in disjoint pairs: task.min_operands and task.max_operands "
-                f"must be even and at least 4 (2 pairs; with one pair its line states the answer), got "
-                f"{min_operands}, {max_operands}"
+                f"task.partials={partials} combines the operands in disjoint pairs: task.min_operands and "
+                f"task.max_operands must be even and at least 4 (2 pairs; with one pair its line states the answer), "
+                f"got {min_operands}, {max_operands}"
             )
         self.min_operands = min_operands
         self.max_operands = max_operands
@@ -164,7 +172,7 @@ class MultiSum(Task):
         self.partials = partials
 
     def sample(self, rng: random.Random) -> Example:
-        if self.partials == "pairs":
+        if self.partials in self.PAIR_OPERATORS:
             return self._sample_pairs(rng)
         ops = [
             rng.randint(self.min_value, self.max_value)
@@ -183,14 +191,21 @@ class MultiSum(Task):
 
     def _sample_pairs(self, rng: random.Random) -> Example:
         num_pairs = rng.randint(self.min_operands // 2, self.max_operands // 2)
+        op = self.PAIR_OPERATORS[self.partials]
         ops = [rng.randint(self.min_value, self.max_value) for _ in range(2 * num_pairs)]
+        while op == "*" and len(set(zip(ops[0::2], ops[1::2]))) < num_pairs and self.min_value < self.max_value:
+            # products: distinct pairs, so that no essential line repeats another (each one is needed once)
+            ops = [rng.randint(self.min_value, self.max_value) for _ in range(2 * num_pairs)]
         steps: list[str] = []
         redundant: list[bool] = []
+        values: list[int] = []
         for a, b in zip(ops[0::2], ops[1::2]):
-            steps.append(f"{a}+{b}={a + b}")
+            values.append(a * b if op == "*" else a + b)
+            steps.append(f"{a}{op}{b}={values[-1]}")
             redundant.append(False)
-            self._maybe_check(rng, a + b, steps, redundant)
-        return self._example(ops, steps, redundant, str(sum(ops)))
+            self._maybe_check(rng, values[-1], steps, redundant)
+        prompt = "+".join(f"{a}{op}{b}" for a, b in zip(ops[0::2], ops[1::2])) + "="
+        return self._example(ops, steps, redundant, str(sum(values)), prompt)
 
     def _maybe_check(self, rng: random.Random, value: int, steps: list[str], redundant: list[bool]) -> None:
         """Append a redundant ``check <value>`` step with probability ``redundant_prob``."""
@@ -199,9 +214,13 @@ class MultiSum(Task):
             redundant.append(True)
 
     @staticmethod
-    def _example(ops: list[int], steps: list[str], redundant: list[bool], answer: str) -> Example:
+    def _example(
+        ops: list[int], steps: list[str], redundant: list[bool], answer: str, prompt: str | None = None
+    ) -> Example:
+        """The row; ``prompt`` defaults to the operands' sum ``"3+5+2="``."""
         meta = {"num_steps": len(steps), "step_redundant": redundant, "num_redundant": sum(redundant)}
-        return Example("+".join(map(str, ops)) + "=", format_reasoning(steps, answer), answer, meta)
+        prompt = "+".join(map(str, ops)) + "=" if prompt is None else prompt
+        return Example(prompt, format_reasoning(steps, answer), answer, meta)
 
 
 class Reverse(Task):
