@@ -316,9 +316,9 @@ def test_an_interrupted_sweep_resumes_with_the_printed_command_skipping_finished
         "-m",
         "seed=0,1,2",
         *SMALL,
-        "datamodule.source.num_train=2048",
+        "datamodule.source.num_train=1024",
         "datamodule.batch_size=16",
-        "trainer.max_steps=60",
+        "trainer.max_steps=30",
         "callbacks.progress.log_every_n_steps=5",
         f"hydra.sweep.dir={sweep}",
     ]
@@ -334,7 +334,7 @@ def test_an_interrupted_sweep_resumes_with_the_printed_command_skipping_finished
     )
     job_log = sweep / "1" / "train.log"
     deadline = time.monotonic() + 600
-    while "step 25/" not in (job_log.read_text() if job_log.is_file() else ""):
+    while "step 10/" not in (job_log.read_text() if job_log.is_file() else ""):
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.2)
@@ -361,10 +361,10 @@ def test_an_interrupted_sweep_resumes_with_the_printed_command_skipping_finished
     launches = {job: json.loads((sweep / job / "run_info.json").read_text())["launch"] for job in "012"}
     assert launches == {"0": 1, "1": 2, "2": 1}
     for job in "012":
-        assert read_checkpoint(sweep / job / "checkpoints" / "last.ckpt")["global_step"] == 60
+        assert read_checkpoint(sweep / job / "checkpoints" / "last.ckpt")["global_step"] == 30
         with (sweep / job / "csv" / "metrics.csv").open(newline="") as handle:
             steps = [int(r["step"]) for r in csv.DictReader(handle) if r.get("train/loss")]
-        assert steps == list(range(60)), job
+        assert steps == list(range(30)), job
 
     again = subprocess.run(
         [sys.executable, str(repo / "train.py"), *args],
