@@ -1,24 +1,30 @@
 """Page builder of the N-MARS demo (ICML 2026 poster 61349): ``docs/results/nmars.md`` + ``nmars.png``.
 
-Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=nmars`` (``conf/demo/nmars.yaml``: arm x seed); page:
-``python -m zoo.report demo nmars``. Read from the sweep: the last validation of every run as logged by
+Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=nmars`` (``conf/demo/nmars.yaml``: arm x lr grid point x seed);
+page: ``python -m zoo.report demo nmars``. Read from the sweep: the last validation of every run as logged by
 ``callbacks.undo_metrics`` (:class:`zoo.callbacks.UndoMetrics`: ``val/T<t>/exact_match``, ``val/T<t>/undo_rate``,
 ``val/T<t>/failed_correction_rate``, ``val/deviation_logprob``) and the module (``val/exact_match``, greedy), the
-data-stage runs each run used (``run_info.json`` artifacts of kind ``nmars_data``: ``offline/*``), and the resolved
-configs.
+training curves (``train/loss``, ``train/reward``), the prerequisites each run used (``run_info.json`` artifacts:
+the base policy's validation curve, the data stage's ``offline/*`` metrics and rows), and the resolved configs.
+
+Each trained arm's grid point is chosen per seed on the *other* seeds' held-out prompts (leave one seed out: the
+point with the highest mean resolved exact match at the evaluation temperature there), so no reported number took
+part in choosing its own setting.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import math
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from zoo.report import (
     Run,
     Sweep,
     artifact_values,
-    contrast,
     legend,
     provenance,
     pyplot,
@@ -26,19 +32,29 @@ from zoo.report import (
     table,
     write_page,
 )
-from zoo.stats import (
-    fmt_stat,
-    stat,
-)
+from zoo.stats import Stat, fmt_stat, paired, stat
+from zoo.verdict import Claim, verdict_section
 
 PAPER = "nmars"
-ARMS = ("sft_ref", "sft_plain", "msft", "msft_grpo")
+ARM_KEY = "demo/nmars/arm"
+TUNE_KEY = "demo.tune"
+ARMS = ("sft_ref", "sft_plain", "msft", "msft_grpo", "ref_grpo")
+UNTRAINED = ("sft_ref",)  # evaluated as built: no setting to choose
+GRPO_ARMS = ("msft_grpo", "ref_grpo")
+GREEDY = "val/exact_match"
 DEVIATION = "val/deviation_logprob"
+# a training curve is at a plateau when the mean of its last third differs from the mean of its middle third by less
+# than this fraction
+PLATEAU = 0.05
+# effects below this (exact match, rates) call for 5 seeds
+SMALL_EFFECT = 0.05
 
 
-def temperatures(run: Run) -> list[float]:
-    """The sampling temperatures UndoMetrics evaluated at (from the run's config)."""
-    return [float(t) for t in run.get("callbacks.undo_metrics.temperatures", []) or []]
+# -- reading the runs -------------------------------------------------------------------------------------------------
+def temperature(run: Run) -> float:
+    """The evaluation temperature: the (last) temperature UndoMetrics sampled at."""
+    temps = [float(t) for t in run.get("callbacks.undo_metrics.temperatures", []) or []]
+    return temps[-1] if temps else math.nan
 
 
 def metric(t: float, name: str) -> str:
@@ -46,62 +62,230 @@ def metric(t: float, name: str) -> str:
     return f"val/T{t:g}/{name}"
 
 
-def paired(a: list[Run], b: list[Run], name: str) -> str:
-    """Per-seed differences ``a - b`` of a metric (runs of one seed share the base policy and the rows), as a
-    sentence: the differences, how many are positive, and their mean with its 95% interval."""
-    by_seed = {r.get("seed"): r.last(name) for r in b}
-    diffs = [r.last(name) - by_seed[r.get("seed")] for r in a if r.get("seed") in by_seed]
-    diffs = [d for d in diffs if not math.isnan(d)]
-    if not diffs:
-        return "no paired seeds"
-    s = stat(diffs)
-    shown = s.n >= 2 and (s.lo > 0 or s.hi < 0)
-    return (
-        f"per-seed differences {', '.join(f'{d:+.3f}' for d in diffs)} (positive in {sum(d > 0 for d in diffs)} of "
-        f"{len(diffs)} seeds; mean {fmt_stat(s)}{'' if shown else ', interval contains 0: not shown'})"
-    )
+def arm_of(run: Run) -> str:
+    return run.arm.get(ARM_KEY) or run.group_choice(ARM_KEY) or run.name
 
 
+def point_of(run: Run) -> str:
+    return str(run.arm.get(TUNE_KEY) or run.get(TUNE_KEY) or "-")
+
+
+def successful_corrections(run: Run, t: float) -> float:
+    """Fraction of generations at temperature ``t`` that used ``<UNDO>`` and whose resolved output is right:
+    ``undo_rate * (1 - failed_correction_rate)`` (0 when no generation used ``<UNDO>``)."""
+    rate = run.last(metric(t, "undo_rate"))
+    if math.isnan(rate):
+        return math.nan
+    if rate == 0.0:
+        return 0.0
+    failed = run.last(metric(t, "failed_correction_rate"))
+    return math.nan if math.isnan(failed) else rate * (1.0 - failed)
+
+
+def value(run: Run, name: str, t: float) -> float:
+    """A reported quantity of a run: a logged metric name, or ``successful_corrections``."""
+    return successful_corrections(run, t) if name == "successful_corrections" else run.last(name)
+
+
+# -- choosing each arm's grid point (leave one seed out) ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Choice:
+    """The grid point of one arm for one reported seed, chosen on the other seeds' held-out prompts.
+
+    Attributes:
+        point: the chosen point (ties and "no other seed": the first point of the grid).
+        scores: ``{point: mean selection metric over the other seeds}`` (empty with a single seed).
+    """
+
+    arm: str
+    seed: int | None
+    point: str
+    scores: dict[str, float]
+
+
+def grid(runs: Iterable[Run]) -> dict[str, dict[int | None, Run]]:
+    """``{point: {seed: run}}`` of one arm, points in launch order."""
+    cells: dict[str, dict[int | None, Run]] = {}
+    for run in sorted(runs, key=lambda r: (r.number, str(r.path))):
+        cells.setdefault(point_of(run), {})[run.seed] = run
+    return cells
+
+
+def choose(cells: dict[str, dict[int | None, Run]], seed: int | None, name: str, order: list[str]) -> str:
+    """The point with the highest mean of ``name`` over the seeds other than ``seed`` (ties: first in ``order``)."""
+    scores = choice_scores(cells, seed, name)
+    ranked = [p for p in order if p in scores and not math.isnan(scores[p])]
+    return max(ranked, key=lambda p: (scores[p], -ranked.index(p))) if ranked else order[0]
+
+
+def choice_scores(cells: dict[str, dict[int | None, Run]], seed: int | None, name: str) -> dict[str, float]:
+    scores = {}
+    for point, by_seed in cells.items():
+        s = stat(r.last(name) for k, r in by_seed.items() if k != seed)
+        if s.n:
+            scores[point] = s.mean
+    return scores
+
+
+def select(sweep: Sweep, selection_metric: str) -> tuple[dict[str, dict[int | None, Run]], list[Choice]]:
+    """Each arm's reported run per seed (its point chosen on the other seeds) and the choices made."""
+    by_arm: dict[str, list[Run]] = {}
+    for run in sweep.runs:
+        by_arm.setdefault(arm_of(run), []).append(run)
+    reported: dict[str, dict[int | None, Run]] = {}
+    choices: list[Choice] = []
+    for arm, runs in by_arm.items():
+        cells = grid(runs)
+        order = grid_order(sweep, list(cells))
+        seeds = sorted({r.seed for r in runs}, key=lambda s: -1 if s is None else s)
+        reported[arm] = {}
+        for seed in seeds:
+            point = order[0] if arm in UNTRAINED else choose(cells, seed, selection_metric, order)
+            run = cells.get(point, {}).get(seed)
+            if run is None:  # that point of this seed did not run: the first point that did
+                point = next(p for p in order if seed in cells.get(p, {}))
+                run = cells[point][seed]
+            reported[arm][seed] = run
+            if arm not in UNTRAINED:
+                choices.append(Choice(arm, seed, point, choice_scores(cells, seed, selection_metric)))
+    return reported, choices
+
+
+def grid_order(sweep: Sweep, points: list[str]) -> list[str]:
+    """The grid points in the order of the config's ``demo.lrs.sft`` (the first is the tie-break), then the rest."""
+    declared = list((sweep.runs[0].get("demo.lrs.sft", {}) or {}).keys()) if sweep.runs else []
+    return [p for p in declared if p in points] + [p for p in points if p not in declared]
+
+
+def lr_of(sweep: Sweep, arm: str, point: str) -> float:
+    family = "grpo" if arm in GRPO_ARMS else "sft"
+    return float((sweep.runs[0].get(f"demo.lrs.{family}", {}) or {}).get(point, math.nan))
+
+
+# -- prerequisites the runs used ---------------------------------------------------------------------------------------
+def artifact_path(run: Run, kind: str, name: str | None = None) -> Path | None:
+    for used in run.info.get("artifacts", []):
+        if used.get("kind") == kind and (name is None or used.get("name") == name):
+            return Path(used.get("path", ""))
+    return None
+
+
+def base_val_curve(run: Run) -> list[float]:
+    """The base policy's validation loss at each of its validations (its SFT run's CSV log)."""
+    path = artifact_path(run, "base_policy")
+    log = path / "csv" / "metrics.csv" if path else None
+    if log is None or not log.is_file():
+        return []
+    with log.open(encoding="utf-8") as f:
+        return [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
+
+
+def held_out_prompts(run: Run) -> set[str]:
+    """The prompts of the data stage's ``val`` rows the run was evaluated on."""
+    path = artifact_path(run, "nmars_data", "val")
+    rows = path / "export" / "undo_val.jsonl" if path else None
+    if rows is None or not rows.is_file():
+        return set()
+    with rows.open(encoding="utf-8") as f:
+        return {json.loads(line)["prompt"] for line in f if line.strip()}
+
+
+def prompt_overlap(reported: dict[int | None, Run]) -> float:
+    """Share of each seed's held-out prompts that also occur among the other seeds' (the choice's) prompts."""
+    prompts = {seed: held_out_prompts(run) for seed, run in reported.items()}
+    shares = []
+    for seed, own in prompts.items():
+        others = set().union(*(p for k, p in prompts.items() if k != seed))
+        if own and others:
+            shares.append(len(own & others) / len(own))
+    return stat(shares).mean
+
+
+def curve_change(run: Run, name: str) -> float:
+    """Relative change of a training curve: mean of its last third against the mean of its middle third."""
+    ys = [y for _, y in run.series(name) if not math.isnan(y)]
+    third = len(ys) // 3
+    if third < 1:
+        return math.nan
+    middle, last = ys[third : 2 * third], ys[len(ys) - third :]
+    ref = sum(middle) / len(middle)
+    return (sum(last) / len(last) - ref) / abs(ref) if ref else math.nan
+
+
+# -- the verdict -------------------------------------------------------------------------------------------------------
+def by_seed(rows: dict[str, dict[int | None, Run]], arm: str, name: str, t: float) -> dict[int | None, float]:
+    return {seed: value(run, name, t) for seed, run in rows.get(arm, {}).items()}
+
+
+def effect(rows: dict[str, dict[int | None, Run]], a: str, b: str, name: str, t: float) -> Stat:
+    """Per-seed differences ``a - b`` (runs of one seed share the base policy, the rows and the prompts)."""
+    return paired(by_seed(rows, a, name, t), by_seed(rows, b, name, t))
+
+
+def claims(rows: dict[str, dict[int | None, Run]], labels: dict[str, str], t: float) -> list[Claim]:
+    def lab(arm: str) -> str:
+        return labels.get(arm, arm)
+
+    sc, em = "successful_corrections", metric(t, "exact_match")
+    corrections = f"share of generations at T = {t:g} that emit <UNDO> and end right"
+    return [
+        Claim(
+            "Undo mechanism: masked SFT teaches the model to take back its own errors",
+            f"{corrections}, {lab('msft')} − {lab('sft_ref')}, paired by seed",
+            effect(rows, "msft", "sft_ref", sc, t),
+            "higher",
+        ),
+        Claim(
+            "Undo mechanism after GRPO: the policy corrects itself",
+            f"{corrections}, {lab('msft_grpo')} − {lab('ref_grpo')}, paired by seed",
+            effect(rows, "msft_grpo", "ref_grpo", sc, t),
+            "higher",
+        ),
+        Claim(
+            "Accuracy: masked SFT on self-deviation rows improves on SFT on references",
+            f"resolved exact match at T = {t:g}, {lab('msft')} − {lab('sft_ref')}, paired by seed",
+            effect(rows, "msft", "sft_ref", em, t),
+            "higher",
+        ),
+        Claim(
+            "Accuracy: masking the error tokens beats training on them",
+            f"resolved exact match at T = {t:g}, {lab('msft')} − {lab('sft_plain')}, paired by seed",
+            effect(rows, "msft", "sft_plain", em, t),
+            "higher",
+        ),
+        Claim(
+            "Safety gap: masked SFT leaves error tokens less likely than plain SFT",
+            f"mean log-prob of held-out error tokens, {lab('msft')} − {lab('sft_plain')}, paired by seed (nats)",
+            effect(rows, "msft", "sft_plain", DEVIATION, t),
+            "lower",
+        ),
+        Claim(
+            "Accuracy: masked SFT + GRPO beats the same GRPO from SFT on references",
+            f"resolved exact match at T = {t:g}, {lab('msft_grpo')} − {lab('ref_grpo')}, paired by seed",
+            effect(rows, "msft_grpo", "ref_grpo", em, t),
+            "higher",
+        ),
+    ]
+
+
+CANNOT_TEST = (
+    "the paper's models (1B-8B) and benchmarks (GSM8K, MATH, MBPP) and its numbers; errors that are hard to detect "
+    "(a reversal error is visible in the prompt); more than one round of self-deviation data; the paper's exact "
+    "reward and data recipe (no arXiv release: both are reconstructed from the abstract and the authors' "
+    "work-in-progress code)."
+)
+
+
+# -- the page ----------------------------------------------------------------------------------------------------------
 def build(sweep: Sweep, out: Path) -> list[Path]:
-    arms = sweep.arms()
     first = sweep.runs[0]
     labels: dict[str, str] = first.get("demo.labels", {}) or {}
-    temps = temperatures(first)
-    order = [a for a in ARMS if a in arms] + [a for a in arms if a not in ARMS]
-
-    def last(arm: str, name: str) -> list[float]:
-        return [r.last(name) for r in arms.get(arm, [])]
-
-    def cell(arm: str, name: str, ci: bool = True) -> str:
-        s = stat(last(arm, name))
-        return "n/a" if s.n == 0 else fmt_stat(s, ci=ci)
-
-    em_rows = [
-        [labels.get(a, a), cell(a, "val/exact_match"), *(cell(a, metric(t, "exact_match")) for t in temps)]
-        for a in order
-    ]
-    undo_rows = [
-        [
-            labels.get(a, a),
-            *(cell(a, metric(t, "undo_rate"), ci=False) for t in temps),
-            *(cell(a, metric(t, "failed_correction_rate"), ci=False) for t in temps),
-            cell(a, DEVIATION),
-        ]
-        for a in order
-    ]
-    wall = [
-        [labels.get(a, a), f"{stat(float(r.info.get('wall_seconds', 'nan')) for r in arms[a]).mean:.0f}"] for a in order
-    ]
-    deviating = artifact_values(sweep.runs, "nmars_data", "offline/nonzero_num_undos", "train")
-    undos = artifact_values(sweep.runs, "nmars_data", "offline/mean_num_undos", "train")
-    rows = artifact_values(sweep.runs, "nmars_data", "offline/rows", "train")
-    seeds = len(sweep.seeds) or 1
-    demo = first.get("demo", {}) or {}
-    data = demo.get("data", {}) or {}
-    base = demo.get("base", {}) or {}
-    png = plot(order, arms, labels, temps, out / f"{PAPER}.png")
-    name = {a: labels.get(a, a) for a in ARMS}
-    hottest = max(temps) if temps else None
+    t = temperature(first)
+    em = metric(t, "exact_match")
+    rows, choices = select(sweep, em)
+    order = [a for a in ARMS if a in rows] + [a for a in rows if a not in ARMS]
+    all_claims = claims(rows, labels, t)
+    png = plot(order, rows, labels, t, out / f"{PAPER}.png")
     text = [
         "# N-MARS demo: an <UNDO> token learned from the policy's own deviations",
         "",
@@ -112,16 +296,123 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         provenance(sweep, PAPER),
         "",
-        f"Setup: task `{first.get('task._target_', '?').rsplit('.', 1)[-1]}` (lengths "
-        f"{first.get('task.min_length')}-{first.get('task.max_length')}), tiny Llama "
-        f"({first.get('backbone.hidden_size')} hidden, {first.get('backbone.num_hidden_layers')} layers). "
-        f"SFT on references = the cached base SFT policy of each seed ({base.get('num_train')} examples x "
-        f"{base.get('max_epochs')} epochs). Its samples at temperature "
-        f"1.2 on {data.get('num_train')} training prompts, aligned with the references (difflib, autojunk off) and "
-        "augmented with one `<UNDO>` per deviating token plus the correction, are the training rows of the SFT arms "
-        f"({demo.get('sft_epochs')} epochs); masked SFT + GRPO continues the masked-SFT recipe for "
-        f"{demo.get('grpo_steps')} GRPO steps with the N-MARS reward (module/grpo/rewards=nmars). Every arm is "
-        f"evaluated once, at its end, on the same {data.get('num_val')} held-out prompts, with undo-aware decoding "
+        *mechanism_summary(all_claims, rows, t),
+        *setup_text(sweep, rows, t),
+        *fair_test(sweep, rows, choices, all_claims, t),
+        "## Grid points chosen (leave one seed out)",
+        "",
+        "Each trained arm ran every point of its grid; for each seed the page reports the point with the highest "
+        f"mean resolved exact match at T = {t:g} on the *other* seeds' held-out prompts (ties and a single seed: the "
+        "first point). Mean over the other seeds per point; the chosen point in bold.",
+        "",
+        selection_table(sweep, choices, labels),
+        "",
+        "## Resolved exact match on held-out prompts",
+        "",
+        table(
+            ["arm", "greedy", f"T = {t:g}"],
+            [[labels.get(a, a), cell(rows, a, GREEDY, t), cell(rows, a, em, t)] for a in order],
+        ),
+        "",
+        "## Use of `<UNDO>` and the safety gap",
+        "",
+        "Undo rate: fraction of generations with at least one `<UNDO>`. Failed correction: among generations with an "
+        "`<UNDO>`, the fraction whose resolved output is still wrong. Successful corrections: fraction of all "
+        "generations that used `<UNDO>` and ended right. Deviation log-prob: mean log-probability of the held-out "
+        "rows' error tokens given their prefix (the tokens masked SFT never trains; n/a for the GRPO arms, whose "
+        "evaluation batches are prompts only).",
+        "",
+        table(
+            [
+                "arm",
+                f"undo rate T = {t:g}",
+                f"failed correction T = {t:g}",
+                "successful corrections",
+                "deviation log-prob",
+            ],
+            [
+                [
+                    labels.get(a, a),
+                    cell(rows, a, metric(t, "undo_rate"), t, ci=False),
+                    cell(rows, a, metric(t, "failed_correction_rate"), t, ci=False),
+                    cell(rows, a, "successful_corrections", t),
+                    cell(rows, a, DEVIATION, t),
+                ]
+                for a in order
+            ],
+        ),
+        "",
+        *reading(rows, labels, t),
+        "Mean wall time per run (seconds, this machine, shared and loaded; includes building the prerequisites the "
+        "first run of a seed needed):",
+        "",
+        table(
+            ["arm", "seconds"],
+            [
+                [labels.get(a, a), f"{stat(float(r.info.get('wall_seconds', 'nan')) for r in runs).mean:.0f}"]
+                for a, runs in sweep_arms(sweep, order).items()
+            ],
+        ),
+        "",
+        f"![exact match and undo use]({png.name})",
+        "",
+    ]
+    return [write_page(out, PAPER, text, verdict_section(all_claims, CANNOT_TEST)), png]
+
+
+def sweep_arms(sweep: Sweep, order: list[str]) -> dict[str, list[Run]]:
+    runs: dict[str, list[Run]] = {a: [] for a in order}
+    for run in sweep.runs:
+        runs.setdefault(arm_of(run), []).append(run)
+    return runs
+
+
+def cell(rows: dict[str, dict[int | None, Run]], arm: str, name: str, t: float, ci: bool = True) -> str:
+    s = stat(value(r, name, t) for r in rows.get(arm, {}).values())
+    return "n/a" if s.n == 0 else fmt_stat(s, ci=ci)
+
+
+def mechanism_summary(all_claims: list[Claim], rows: dict[str, dict[int | None, Run]], t: float) -> list[str]:
+    """Whether the undo mechanism was shown, apart from accuracy, in two sentences from the verdict."""
+    mechanism = [c for c in all_claims if c.claim.startswith("Undo mechanism")]
+    accuracy = [c for c in all_claims if c.claim.startswith("Accuracy")]
+    shown = [c for c in mechanism if c.verdict == "shown"]
+    undo = {a: stat(r.last(metric(t, "undo_rate")) for r in rows.get(a, {}).values()).mean for a in rows}
+    return [
+        f"**Undo mechanism: {'shown' if shown else 'not shown'}** ({len(shown)} of {len(mechanism)} mechanism claims "
+        f"shown; mean undo rate at T = {t:g}: "
+        + ", ".join(f"{a} {v:.3f}" for a, v in undo.items() if not math.isnan(v))
+        + "). **Accuracy, separately:** "
+        + "; ".join(f"{c.claim.removeprefix('Accuracy: ')}: {c.verdict} ({c.effect_text()})" for c in accuracy)
+        + ".",
+        "",
+    ]
+
+
+def setup_text(sweep: Sweep, rows: dict[str, dict[int | None, Run]], t: float) -> list[str]:
+    first = sweep.runs[0]
+    demo = first.get("demo", {}) or {}
+    data = demo.get("data", {}) or {}
+    base = demo.get("base", {}) or {}
+    n_rows = artifact_values(sweep.runs, "nmars_data", "offline/rows", "train")
+    deviating = artifact_values(sweep.runs, "nmars_data", "offline/nonzero_num_undos", "train")
+    undos = artifact_values(sweep.runs, "nmars_data", "offline/mean_num_undos", "train")
+    seeds = len(sweep.seeds) or 1
+    return [
+        "## Setup",
+        "",
+        f"Task `{str(first.get('task._target_', '?')).rsplit('.', 1)[-1]}` (lengths "
+        f"{first.get('task.min_length')}-{first.get('task.max_length')} over `{first.get('task.alphabet')}`), tiny "
+        f"Llama ({first.get('backbone.hidden_size')} hidden, {first.get('backbone.num_hidden_layers')} layers, tied "
+        f"embeddings: {first.get('backbone.tie_word_embeddings')}). SFT on references = the cached base SFT policy "
+        f"of each seed ({base.get('num_train')} examples x {base.get('max_epochs')} epochs). Its samples at "
+        f"temperature 1.2 on {data.get('num_train')} training prompts, aligned with the references (difflib, autojunk "
+        "off) and augmented with one `<UNDO>` per deviating token plus the correction, are the training rows of the "
+        f"SFT arms ({demo.get('sft_epochs')} epochs). Both GRPO arms run {demo.get('grpo_steps')} GRPO steps with "
+        "undo-aware rollouts and the N-MARS reward (module/grpo/rewards=nmars): masked SFT + GRPO from the "
+        "masked-SFT policy (the nmars_sft recipe at its own lr), SFT on references + GRPO (the control) from the base "
+        "policy with the `<UNDO>` row added and never trained. Every arm is evaluated once, at its end, on the same "
+        f"{data.get('num_val')} held-out prompts, greedy and sampled at T = {t:g}, with undo-aware decoding "
         f"(physical sequence kept in context, output = resolved sequence, at most "
         f"{first.get('module.decoder.max_undos')} UNDOs), max {first.get('module.generation.max_new_tokens')} new "
         f"tokens; {seeds} seed{'s' if seeds != 1 else ''}. Cells: mean ± sd over seeds [95% confidence interval, "
@@ -129,98 +420,147 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         "Training rows (the data stage on the training prompts, one run per seed): "
         + (
-            f"{fmt_stat(stat(rows), 0, ci=False)} rows, a fraction {fmt_stat(stat(deviating), ci=False)} of the "
+            f"{fmt_stat(stat(n_rows), 0, ci=False)} rows, a fraction {fmt_stat(stat(deviating), ci=False)} of the "
             f"samples deviate from the reference, {fmt_stat(stat(undos), 2, ci=False)} `<UNDO>` per row."
-            if rows
+            if n_rows
             else "no data-stage metrics recorded."
         ),
         "",
-        "## Resolved exact match on held-out prompts",
+    ]
+
+
+def fair_test(
+    sweep: Sweep,
+    rows: dict[str, dict[int | None, Run]],
+    choices: list[Choice],
+    all_claims: list[Claim],
+    t: float,
+) -> list[str]:
+    """How the design meets each point of a fair test, from the numbers."""
+    em = metric(t, "exact_match")
+    base = rows.get("sft_ref", {})
+    error = stat(1.0 - r.last(em) for r in base.values())
+    greedy_error = stat(1.0 - r.last(GREEDY) for r in base.values())
+    deviating = artifact_values(sweep.runs, "nmars_data", "offline/nonzero_num_undos", "train")
+    undos = artifact_values(sweep.runs, "nmars_data", "offline/mean_num_undos", "train")
+    first = sweep.runs[0]
+    sft_grid = first.get("demo.lrs.sft", {}) or {}
+    grpo_grid = first.get("demo.lrs.grpo", {}) or {}
+    trained = sorted({c.arm for c in choices})
+    sizes = sorted({len(grid(r for r in sweep.runs if arm_of(r) == a)) for a in trained})
+    overlap = prompt_overlap(base)
+    base_curves = {tuple(c) for c in (base_val_curve(r) for r in base.values()) if len(c) >= 2}
+    base_change = stat((c[-1] - c[-2]) / c[-2] for c in base_curves)
+    plateau_parts = [
+        f"base policies: validation loss {fmt_stat(stat(c[-1] for c in base_curves), ci=False)}, change over the "
+        f"last epoch {percent(base_change.mean)} (**{'met' if abs(base_change.mean) < PLATEAU else 'not met'}**;"
+        " by design: a base at its plateau makes almost no errors to undo)"
+    ]
+    for arm in [a for a in ARMS if a in rows and a not in UNTRAINED]:
+        name = "train/reward" if arm in GRPO_ARMS else "train/loss"
+        change = stat(curve_change(r, name) for r in rows[arm].values())
+        met = "met" if not math.isnan(change.mean) and abs(change.mean) < PLATEAU else "not met"
+        plateau_parts.append(f"{arm}: {name} last third vs middle third {percent(change.mean)} (**{met}**)")
+    small = [c for c in all_claims if abs(c.estimate) < SMALL_EFFECT]
+    seeds = len(sweep.seeds)
+    note = (
+        f"{len(small)} of the {len(all_claims)} verdict effects are below {SMALL_EFFECT} in absolute value"
+        + (" and would call for 5 seeds" if small and seeds < 5 else "")
+        if small
+        else f"every verdict effect is at least {SMALL_EFFECT} in absolute value"
+    )
+    return [
+        "## Fair test",
         "",
-        table(["arm", "greedy", *(f"T = {t:g}" for t in temps)], em_rows),
+        "- **The baseline's failure can occur.** The SFT-on-references policy errs at the evaluation temperature: "
+        f"resolved error rate at T = {t:g} {fmt_stat(error)} (greedy {fmt_stat(greedy_error, ci=False)}); its samples "
+        f"at the data temperature deviate from the reference in {fmt_stat(stat(deviating), ci=False)} of the "
+        f"training prompts ({fmt_stat(stat(undos), 2, ci=False)} `<UNDO>` per row). There are errors to take back.",
+        "- **The method's signal carries information the baseline lacks.** Masked SFT sees the policy's own errors "
+        "followed by `<UNDO>` and the correction; SFT on references never sees an error. The GRPO control gets the "
+        "same rollouts, reward (which pays for corrections) and steps, but no demonstration of `<UNDO>`, so masked "
+        "SFT + GRPO minus the control is what the demonstrations add.",
+        f"- **Same tuning effort for every arm.** Each trained arm has a grid of {'/'.join(map(str, sizes))} "
+        f"learning rates (SFT arms: {', '.join(f'{k} {v:g}' for k, v in sft_grid.items())}; GRPO arms: "
+        f"{', '.join(f'{k} {v:g}' for k, v in grpo_grid.items())}); SFT on references trains nothing. The masked-SFT "
+        "stage under masked SFT + GRPO keeps the recipe's lr, as the control's starting policy keeps the base.",
+        "- **Chosen on a split that is not reported.** Leave one seed out: a seed's reported run is the point that "
+        "scored best on the other seeds' held-out prompts (drawn with other seeds; other base policies and rows). "
+        f"Share of a seed's held-out prompts that also occur among the other seeds' prompts: "
+        f"{'n/a' if math.isnan(overlap) else f'{overlap:.3f}'} (short strings over 6 letters repeat).",
+        "- **Models trained to a plateau.** " + "; ".join(plateau_parts) + ".",
+        f"- **Seeds.** {seeds} seed{'s' if seeds != 1 else ''} (base policy, rows, prompts and sampling noise vary "
+        f"together); {note}.",
         "",
-        "## Use of `<UNDO>` and the safety gap",
-        "",
-        "Undo rate: fraction of generations with at least one `<UNDO>`. Failed correction: among generations with an "
-        "`<UNDO>`, the fraction whose resolved output is still wrong. Deviation log-prob: mean log-probability of the "
-        "held-out rows' error tokens given their prefix (the tokens masked SFT never trains; n/a for the GRPO arm, "
-        "whose evaluation batches are prompts only).",
-        "",
-        table(
-            [
-                "arm",
-                *(f"undo rate T = {t:g}" for t in temps),
-                *(f"failed correction T = {t:g}" for t in temps),
-                "deviation log-prob",
-            ],
-            undo_rows,
-        ),
-        "",
+    ]
+
+
+def percent(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100 * x:+.1f}%"
+
+
+def selection_table(sweep: Sweep, choices: list[Choice], labels: dict[str, str]) -> str:
+    points = grid_order(sweep, sorted({point_of(r) for r in sweep.runs if arm_of(r) not in UNTRAINED}))
+    body = []
+    for c in choices:
+        row = [labels.get(c.arm, c.arm), str(c.seed)]
+        for p in points:
+            score = c.scores.get(p, math.nan)
+            text = "n/a" if math.isnan(score) else f"{score:.3f}"
+            row.append(f"**{text}**" if p == c.point else text)
+        row.append(f"{c.point} ({lr_of(sweep, c.arm, c.point):g})")
+        body.append(row)
+    return table(["arm", "reported seed", *(f"{p} (other seeds)" for p in points), "chosen (lr)"], body)
+
+
+def reading(rows: dict[str, dict[int | None, Run]], labels: dict[str, str], t: float) -> list[str]:
+    def lab(arm: str) -> str:
+        return labels.get(arm, arm)
+
+    def diff(a: str, b: str, name: str) -> str:
+        s = effect(rows, a, b, name, t)
+        per = by_seed(rows, a, name, t)
+        ref = by_seed(rows, b, name, t)
+        values = ", ".join(f"{per[k] - ref[k]:+.3f}" for k in per if k in ref)
+        return f"per seed {values}; mean {fmt_stat(s)}" if s.n else "no paired seeds"
+
+    return [
         "## Reading",
         "",
-        "- Safety gap: "
-        + contrast(
-            name["sft_plain"],
-            last("sft_plain", DEVIATION),
-            name["msft"],
-            last("msft", DEVIATION),
-            "the mean log-prob of held-out deviation tokens",
-        )
-        + " (the paper's claim: higher under plain SFT).",
-        f"- Safety gap paired by seed ({name['sft_plain']} minus {name['msft']}): "
-        + paired(arms.get("sft_plain", []), arms.get("msft", []), DEVIATION)
-        + ".",
-        f"- Deviation log-prob paired by seed ({name['msft']} minus {name['sft_ref']}, i.e. what masked SFT did to "
-        "the never-trained error tokens): " + paired(arms.get("msft", []), arms.get("sft_ref", []), DEVIATION) + ".",
-    ]
-    if hottest is not None:
-        em = metric(hottest, "exact_match")
-        text += [
-            f"- Exact match at T = {hottest:g}: "
-            + contrast(name["msft"], last("msft", em), name["sft_ref"], last("sft_ref", em), "resolved exact match")
-            + ".",
-            f"- Exact match at T = {hottest:g}: "
-            + contrast(name["msft"], last("msft", em), name["sft_plain"], last("sft_plain", em), "resolved exact match")
-            + ".",
-            f"- Exact match at T = {hottest:g}: "
-            + contrast(name["msft_grpo"], last("msft_grpo", em), name["msft"], last("msft", em), "resolved exact match")
-            + ".",
-        ]
-    text += [
-        "",
-        "What this can and cannot show: a 0.9M-parameter model on a task whose errors are cheap to detect, a few "
-        "minutes of training per arm, one round of self-deviation data. It tests the mechanism (the model learns to "
-        "emit `<UNDO>` after its own errors and the resolved output improves, or does not) and the direction of the "
-        "safety gap; it does not reproduce the paper's numbers or settings (1B-8B models, GSM8K/MATH/MBPP).",
-        "",
-        "Mean wall time per run (seconds, this machine, shared and loaded; includes building the prerequisites the "
-        "first run of a seed needed):",
-        "",
-        table(["arm", "seconds"], wall),
-        "",
-        f"![exact match and undo rate]({png.name})",
+        f"- Deviation log-prob, {lab('msft')} − {lab('sft_ref')} (what masked SFT did to the error tokens it never "
+        f"trains): {diff('msft', 'sft_ref', DEVIATION)}.",
+        f"- Deviation log-prob, {lab('sft_plain')} − {lab('sft_ref')} (the same rows with the error tokens trained): "
+        f"{diff('sft_plain', 'sft_ref', DEVIATION)}.",
+        f"- Resolved exact match at T = {t:g}, {lab('ref_grpo')} − {lab('sft_ref')} (what GRPO alone does): "
+        f"{diff('ref_grpo', 'sft_ref', metric(t, 'exact_match'))}.",
+        f"- Resolved exact match at T = {t:g}, {lab('msft_grpo')} − {lab('msft')} (what GRPO adds after masked "
+        f"SFT): {diff('msft_grpo', 'msft', metric(t, 'exact_match'))}.",
         "",
     ]
-    return [write_page(out, PAPER, text), png]
 
 
-def plot(order: list[str], arms: dict[str, list[Run]], labels: dict[str, str], temps: list[float], path: Path) -> Path:
-    """Bars: resolved exact match (greedy and each temperature) and undo rate per arm, mean ± sd over seeds."""
+def plot(
+    order: list[str], rows: dict[str, dict[int | None, Run]], labels: dict[str, str], t: float, path: Path
+) -> Path:
+    """Bars per arm, mean ± sd over seeds: resolved exact match (greedy, T), undo rate and successful corrections."""
     plt = pyplot()
-    fig, (ax_em, ax_undo) = plt.subplots(1, 2, figsize=(11, 4))
-    settings: list[tuple[str, Any]] = [("greedy", "val/exact_match")] + [
-        (f"T = {t:g}", metric(t, "exact_match")) for t in temps
-    ]
-    width = 0.8 / max(1, len(settings))
-    for j, (label, name) in enumerate(settings):
-        means, sds = zip(*(_mean_sd(arms[a], name) for a in order)) if order else ((), ())
-        ax_em.bar([i + j * width for i in range(len(order))], means, width, yerr=sds, label=label, capsize=2)
-    width = 0.8 / max(1, len(temps))
-    for j, t in enumerate(temps):
-        means, sds = zip(*(_mean_sd(arms[a], metric(t, "undo_rate")) for a in order)) if order else ((), ())
-        ax_undo.bar([i + j * width for i in range(len(order))], means, width, yerr=sds, label=f"T = {t:g}", capsize=2)
-    for ax, title in ((ax_em, "resolved exact match"), (ax_undo, "undo rate")):
-        ax.set_xticks([i + 0.4 - 0.4 / max(1, len(settings)) for i in range(len(order))])
+    fig, (ax_em, ax_undo) = plt.subplots(1, 2, figsize=(12, 4))
+    panels = (
+        (ax_em, [("greedy", GREEDY), (f"T = {t:g}", metric(t, "exact_match"))], "resolved exact match"),
+        (
+            ax_undo,
+            [(f"undo rate T = {t:g}", metric(t, "undo_rate")), ("successful corrections", "successful_corrections")],
+            "use of <UNDO>",
+        ),
+    )
+    for ax, series, title in panels:
+        width = 0.8 / len(series)
+        for j, (label, name) in enumerate(series):
+            stats = [stat(value(r, name, t) for r in rows.get(a, {}).values()) for a in order]
+            means = [0.0 if s.n == 0 or math.isnan(s.mean) else s.mean for s in stats]
+            sds = [0.0 if s.n < 2 or math.isnan(s.sd) else s.sd for s in stats]
+            ax.bar([i + j * width for i in range(len(order))], means, width, yerr=sds, label=label, capsize=2)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(order))])
         ax.set_xticklabels([labels.get(a, a) for a in order], rotation=15, ha="right", fontsize=8)
         ax.set_title(title)
         ax.set_ylim(bottom=0)
@@ -230,8 +570,4 @@ def plot(order: list[str], arms: dict[str, list[Run]], labels: dict[str, str], t
     return save_figure(fig, path)
 
 
-def _mean_sd(runs: list[Run], name: str) -> tuple[float, float]:
-    s = stat(r.last(name) for r in runs)
-    mean = 0.0 if s.n == 0 or math.isnan(s.mean) else s.mean
-    sd = 0.0 if s.n < 2 or math.isnan(s.sd) else s.sd
-    return mean, sd
+__all__ = ["Choice", "build", "choose", "claims", "select", "successful_corrections"]
