@@ -1,14 +1,15 @@
-"""Page sections shared by the agent demos' builders (UltraHorizon, Persona2Web): the measured sentence of an LLM
-arm and the section that reruns a demo with a served model. Builders import it as ``_agent_pages`` (the page loader
-puts ``demos/`` on the import path)."""
+"""Page sections shared by the agent demos' builders (UltraHorizon, Persona2Web): the measured sentences of an LLM
+arm (its steps, its replies, its run time) and the section that reruns a demo with a served model. Builders import it
+as ``_agent_pages`` (the page loader puts ``demos/`` on the import path)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from zoo.report import Run
-from zoo.stats import stat
+from zoo.stats import Stat, stat
 
 
 def llm_arm_measured(runs: Sequence[Run], episodes: Sequence[dict[str, Any]], score: str) -> str:
@@ -67,3 +68,32 @@ def endpoint_section(paper: str, arm: str, caps: str, note: str = "") -> list[st
         f"python -m zoo.report demo {paper}",
         "```",
     ]
+
+
+def replies_measured(episodes: Sequence[dict[str, Any]], budget: int | None, shown: int = 48) -> str:
+    """What an LLM-agent arm's replies were (``trajectories.jsonl`` rows in ``episodes``): how many parsed as a tool
+    call, completion tokens per reply against the reply ``budget``, and the most frequent reply start (its first
+    ``shown`` characters, written as a code span)."""
+    steps = [s for e in episodes for s in e.get("steps", [])]
+    if not steps:
+        return "No replies were recorded."
+    parsed = sum(s.get("tool") is not None for s in steps)
+    tokens = [int(s.get("completion_tokens", 0)) for s in steps]
+    full = sum(t >= budget for t in tokens) if budget else 0
+    starts = Counter(" ".join(str(s.get("text") or "").split())[:shown] for s in steps)
+    start, count = starts.most_common(1)[0]
+    start = start.replace("`", "'").replace("|", "/")
+    return (
+        f"Replies: {len(steps)}, of which {parsed} ({100 * parsed / len(steps):.1f}%) parsed as a tool call; "
+        f"completion tokens per reply {sum(tokens) / len(tokens):.0f} on average (largest {max(tokens)}"
+        + (f"; {full} replies used the whole budget of {budget} tokens" if budget else "")
+        + f"); the most frequent reply starts with `{start or '(empty)'}` ({count} of {len(steps)} replies, "
+        "whitespace collapsed)."
+    )
+
+
+def run_seconds(runs: Sequence[Run]) -> tuple[Stat, int]:
+    """Wall seconds of the runs that built no artifact (model loading and the episodes; a run that trained its model
+    through the artifact cache first is left out) and the number of runs left out."""
+    plain = [r for r in runs if not any(a.get("built_now") for a in r.info.get("artifacts") or [])]
+    return stat(r.info.get("wall_seconds") for r in plain), len(runs) - len(plain)

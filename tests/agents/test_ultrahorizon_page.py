@@ -1,0 +1,93 @@
+"""The UltraHorizon demo's CRNR arms and results page: CRNR off, at the released window and at a small window compose
+as separate arms; the page's verdict pairs arms by seed and names each arm's window from its runs; how long the
+contexts grew and what an LLM arm replied are read from the trajectories (demos/ultrahorizon.py,
+demos/_agent_pages.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import yaml
+from hydra.utils import instantiate
+
+from zoo.agents import CRNR, run_episode
+from zoo.report import Run
+
+from conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "demos"))
+
+import ultrahorizon as page
+from _agent_pages import replies_measured, run_seconds
+
+
+def test_crnr_arms_compose_off_released_and_small(train_cfg):
+    windows = {
+        arm: train_cfg(["+demo=ultrahorizon", f"demo/ultrahorizon/arm={arm}"]).module.crnr_window
+        for arm in ("he_no_crnr", "hypothesis_elimination", "he_crnr")
+    }
+    assert windows == {"he_no_crnr": None, "hypothesis_elimination": 200, "he_crnr": 16}
+
+
+def episode(cfg, window):
+    env = instantiate(cfg.env, _convert_="all")(seed=0)
+    agent = instantiate(cfg.agent, _convert_="all")(seed=0)
+    return asdict(run_episode(env, CRNR(agent, window) if window else agent, max_steps=cfg.module.max_steps))
+
+
+def test_longest_context_is_what_the_window_allows(train_cfg):
+    cfg = train_cfg(["+demo=ultrahorizon", "demo/ultrahorizon/arm=he_no_crnr", "env.required_steps=12"])
+    free, windowed = episode(cfg, None), episode(cfg, 6)
+    longest = page.longest_context([free, windowed])
+    assert longest[0] == max(s["context_messages"] for s in free["steps"]) > 6  # two messages per call, never cut
+    assert longest[1] <= 6 + 1 and windowed["refreshes"] > 0  # cut back to one message past the window
+
+
+def write_run(root: Path, arm: str, seed: int, score: float, window: int | None) -> Run:
+    path = root / f"{arm}-{seed}"
+    (path / "csv").mkdir(parents=True)
+    (path / "csv" / "metrics.csv").write_text(f"step,test/score\n0,{score}\n")
+    (path / "resolved_config.yaml").write_text(yaml.safe_dump({"module": {"crnr_window": window}}))
+    run = Run(path=path, overrides=[f"seed={seed}"], seed=seed)
+    run.arm = {page.ENV_KEY: "ultrahorizon/grid", page.DIFFICULTY_KEY: "hard", page.ARM_KEY: arm}
+    return run
+
+
+def test_verdict_pairs_the_crnr_arms_with_crnr_off_by_seed(tmp_path):
+    # CRNR off scores 0.9 + seed / 100; the small window loses exactly 0.5 on every seed; the released window ties
+    windows = {"he_no_crnr": None, "hypothesis_elimination": 200, "he_crnr": 16}
+    shift = {"he_no_crnr": 0.0, "hypothesis_elimination": 0.0, "he_crnr": -0.5}
+    runs = [write_run(tmp_path, a, s, 0.9 + s / 100 + shift[a], w) for a, w in windows.items() for s in range(3)]
+
+    def runs_of(env, difficulty, arm):
+        return [r for r in runs if arm is None or r.arm[page.ARM_KEY] == arm]
+
+    claims = page.claims(["ultrahorizon/grid"], ["hard"], list(windows), list(windows), runs_of, str)
+    by_window = {c.claim.split("(window ")[1].split(" ")[0]: c for c in claims}
+    assert set(by_window) == {"200", "16"}
+    assert (by_window["200"].estimate, by_window["200"].interval) == (0.0, (0.0, 0.0))  # a tie, seed by seed
+    assert by_window["200"].verdict == "not shown (within noise)"
+    assert abs(by_window["16"].estimate + 0.5) < 1e-9 and by_window["16"].verdict == "contradicted"
+
+
+def test_replies_measured_counts_parsed_replies_and_whole_budgets():
+    garbage = {"tool": None, "text": "a\n b `c|", "completion_tokens": 8}
+    call = {"tool": "move", "text": '<tool_call>{"name": "move"}</tool_call>', "completion_tokens": 5}
+    text = replies_measured([{"steps": [garbage, garbage]}, {"steps": [call]}], budget=8)
+    assert "Replies: 3, of which 1 (33.3%) parsed as a tool call" in text
+    assert "2 replies used the whole budget of 8 tokens" in text and "largest 8" in text
+    assert "starts with `a b 'c/` (2 of 3 replies" in text  # whitespace collapsed, code span kept intact
+
+
+def test_run_seconds_leaves_out_runs_that_trained_their_model(tmp_path):
+    runs = []
+    for name, seconds, built in (("a", 100.0, False), ("b", 300.0, False), ("c", 900.0, True)):
+        (tmp_path / name).mkdir()
+        info = {"wall_seconds": seconds, "artifacts": [{"kind": "demo_policy", "built_now": built}]}
+        (tmp_path / name / "run_info.json").write_text(json.dumps(info))
+        runs.append(Run(path=tmp_path / name, overrides=[]))
+    seconds, left = run_seconds(runs)
+    assert (seconds.mean, seconds.n, left) == (200.0, 2, 1)
