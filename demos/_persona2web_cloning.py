@@ -132,6 +132,15 @@ def tiny_lm_context(sweep_dir: Path) -> int | None:
     return None
 
 
+def swept(sweep: Any, key: str, env_key: str) -> list[str]:
+    """The values the sweep declares for ``key`` (``hydra.sweeper.params``, so runs still to come count), else the
+    values its runs' ``env.<env_key>`` took."""
+    params = ((sweep.multirun.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    if key in params:
+        return [v.strip() for v in str(params[key]).split(",")]
+    return sorted({str(r.get(f"env.{env_key}")) for r in sweep.runs if r.get(f"env.{env_key}") is not None})
+
+
 def measure(sweep_dir: Path, episodes: int = 5, step_tokens: int | None = None) -> dict[str, Any]:
     """Measure and write ``<sweep_dir>/cloning_cost.json``; ``step_tokens`` caps the timed step's length (tests)."""
     import torch
@@ -141,8 +150,8 @@ def measure(sweep_dir: Path, episodes: int = 5, step_tokens: int | None = None) 
 
     torch.set_num_threads(1)
     sweep = Sweep.load(sweep_dir)
-    levels = sorted({int(r.get("env.level")) for r in sweep.runs if r.get("env.level") is not None})
-    distractors = max(int(r.get("env.distractors", 0)) for r in sweep.runs)
+    levels = sorted(int(v) for v in swept(sweep, "env.level", "level"))
+    distractors = max(int(v) for v in swept(sweep, "env.distractors", "distractors"))
     started = time.time()
     found, backbone, reply, sft_steps = prompt_lengths(levels, distractors, episodes)
     lengths = sorted(n for entry in found.values() for n in entry["lengths"])
