@@ -1,0 +1,150 @@
+"""The GEM page (demos/gem.py) on a sweep whose outcomes the test chooses: it opens with the generated Verdict (GEM's
+balance and mixing claims, DoReMi and RegMix against uniform bucket weights, RegMix's held-out rank correlation), says
+whether the RegMix arm worked from that correlation, has a generated Fair-test section (plateau read from the final
+LMs' held-out curves) and the cross-check table naming the official code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sweep_files import write_metrics, write_run, write_sweep
+
+from zoo.report import Sweep
+from zoo.report.pages import load_page_builder
+from zoo.verdict import read_verdict
+
+from conftest import REPO_ROOT
+
+BUCKETINGS = ("kmeans", "gem")
+MIXERS = ("doremi", "regmix")
+SEEDS = (0, 1, 2)
+K = 13
+LABELS = {"kmeans": "k-means", "gem": "GEM (lambda 5000)", "doremi": "DoReMi", "regmix": "RegMix"}
+
+
+def final_loss(bucketing: str, mixer: str, seed: int) -> float:
+    """DoReMi 0.05 below uniform on every bucketing; RegMix 0.4 above; no bucketing effect."""
+    uniform = 0.40 + 0.01 * seed
+    return uniform + {"doremi": -0.05, "regmix": 0.40}[mixer]
+
+
+@pytest.fixture
+def make_sweep(tmp_path):
+    def make(rhos: tuple[float, ...] = (0.05, -0.3, 0.2), last_change: float = 0.001) -> Sweep:
+        root = write_sweep(
+            tmp_path / "sweep", {"seed": "0,1,2", "bucketing": "kmeans,gem", "demo/gem/mixer": "doremi,regmix"}
+        )
+        number = 0
+        for seed in SEEDS:
+            for bucketing in BUCKETINGS:
+                entropy = {"kmeans": 0.95, "gem": 0.99}[bucketing] + 0.002 * seed
+                buckets = tmp_path / "cache" / "buckets" / f"{bucketing}{seed}"
+                reference = tmp_path / "cache" / "doremi_reference" / f"{bucketing}{seed}"
+                mixture = tmp_path / "cache" / "regmix_mixture" / f"{bucketing}{seed}"
+                mixture.mkdir(parents=True, exist_ok=True)
+                (mixture / "regmix.json").write_text(json.dumps({"spearman": [rhos[seed]] * 10}))
+                uniform = 0.40 + 0.01 * seed
+                for mixer in MIXERS:
+                    loss = final_loss(bucketing, mixer, seed)
+                    artifacts = [
+                        {
+                            "kind": "buckets",
+                            "path": str(buckets),
+                            "metrics": {"bucketing/mass_entropy_ratio": entropy, "bucketing/max_share": 0.1},
+                        }
+                    ]
+                    if mixer == "doremi":
+                        artifacts.append(
+                            {
+                                "kind": "doremi_reference",
+                                "path": str(reference),
+                                "metrics": {"val/loss": uniform},
+                            }
+                        )
+                    else:
+                        artifacts.append(
+                            {"kind": "regmix_mixture", "path": str(mixture), "metrics": {"regmix/spearman": rhos[seed]}}
+                        )
+                    weights = [0.99] + [0.01 / (K - 1)] * (K - 1) if mixer == "regmix" else [1 / K] * K
+                    run = write_run(
+                        root,
+                        f"{bucketing}/{mixer}/seed{seed}",
+                        {"seed": seed, "bucketing": bucketing, "demo/gem/mixer": mixer},
+                        {
+                            "seed": seed,
+                            "bucketing": bucketing,
+                            "num_buckets": K,
+                            "regmix_proxies": 42,
+                            "regmix_proxy_steps": 30,
+                            "trainer": {"max_steps": 500, "val_check_interval": 100},
+                            "datamodule": {"batch_size": 32},
+                            "demo": {"labels": LABELS},
+                        },
+                        number,
+                        info={"artifacts": artifacts},
+                    )
+                    write_metrics(
+                        run,
+                        [
+                            {"step": 399, "val/loss": loss / (1 + last_change)},
+                            {
+                                "step": 499,
+                                "val/loss": loss,
+                                **{f"train/sampler/weight/b{i:02d}": w for i, w in enumerate(weights)},
+                            },
+                        ],
+                    )
+                    number += 1
+        return Sweep.load(root)
+
+    return make
+
+
+def build(sweep: Sweep, out) -> str:
+    return load_page_builder("gem", REPO_ROOT / "demos").build(sweep, out)[0].read_text()
+
+
+def test_page_opens_with_the_verdict_and_flags_a_regmix_arm_that_does_not_rank(make_sweep, tmp_path):
+    text = build(make_sweep(), tmp_path / "out")
+    lines = text.splitlines()
+    assert lines[0].startswith("# ") and lines[2] == "## Verdict"
+    verdict = read_verdict(tmp_path / "out" / "gem.md")
+    # shown: GEM more balanced, DoReMi below uniform; contradicted: RegMix above uniform; the rest within noise
+    assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (2, 4, 1)
+    assert "| GEM's buckets are more balanced than k-means buckets (uniform prior, mass penalty) |" in text
+    assert "| -0.050 [-0.050, -0.050] | **shown** |" in text  # DoReMi - uniform, paired by seed
+    assert "| +0.400 [+0.400, +0.400] | **contradicted** |" in text  # RegMix - uniform
+    assert text.count("**the arm did not work**") == 2  # both bucketings: rho's interval contains 0
+    assert "puts 0.990 ± 0.000 on its largest bucket" in text
+
+
+def test_a_regmix_regressor_that_ranks_held_out_proxies_counts_as_working(make_sweep, tmp_path):
+    text = build(make_sweep(rhos=(0.6, 0.7, 0.8)), tmp_path / "out")
+    assert "**the arm did not work**" not in text
+    assert text.count("the arm worked as RegMix intends") == 2
+    assert "| RegMix's regressor ranks held-out proxy mixtures (GEM (lambda 5000) buckets): the arm works |" in text
+    assert "| +0.700 [+0.452, +0.948] | **shown** |" in text
+
+
+def test_fair_test_reads_the_plateau_and_the_selection_split(make_sweep, tmp_path):
+    fair = build(make_sweep(), tmp_path / "out")
+    fair = fair[fair.index("## Fair test") : fair.index("## Buckets")]
+    assert "over the last 100 steps +0.1% (mean over 12 LMs" in fair and "**met**" in fair
+    assert "42 RegMix proxies of 30 steps (3.0× the linear regressor's K + 1 = 14 unknowns)" in fair
+    assert "**not met** for the RegMix arm" in fair
+    still_falling = build(make_sweep(last_change=-0.05), tmp_path / "out2")
+    assert "-5.0%" in still_falling and "a change below 2%: **not met**" in still_falling
+
+
+def test_cross_check_table_names_the_official_code(make_sweep, tmp_path):
+    text = build(make_sweep(), tmp_path / "out")
+    table = text[text.index("## Cross-check against the official code") :]
+    assert "sangmichaelxie/doremi `doremi/trainer.py`" in table and "sail-sg/regmix" in table
+    for test in (
+        "test_official_crosscheck.py::test_regmix_top_k_average_is_the_notebooks",
+        "test_official_crosscheck.py::test_doremi_update_is_the_official_step",
+    ):
+        assert test in table
+        name = test.split("::")[1]
+        assert f"def {name}(" in (REPO_ROOT / "tests" / "mixing" / test.split("::")[0]).read_text()
