@@ -1,9 +1,6 @@
 """The Hydra app: composition, stages, errors a researcher can act on, multirun, launcher/trainer presets."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +11,7 @@ from omegaconf import OmegaConf
 from zoo.cli.train import build, check_config, check_methods, run
 from zoo.errors import CheckpointNotFoundError, ConfigError, NaNLossError
 
-from conftest import REPO_ROOT, SMALL_BASE_POLICY
+from conftest import SMALL_BASE_POLICY
 
 TINY_RUN = [
     "datamodule.source.num_train=256",
@@ -24,18 +21,6 @@ TINY_RUN = [
     "trainer.max_epochs=1",
     "module.generation.max_new_tokens=16",
 ]
-
-
-def cli(*args: str, cwd=REPO_ROOT, env_extra=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
 
 
 def test_default_config_composes_and_instantiates(train_cfg):
@@ -195,65 +180,75 @@ def test_launcher_presets_compose(train_cfg, launcher):
         assert cfg.hydra.launcher.tasks_per_node == cfg.trainer.devices
 
 
-def test_unknown_method_lists_the_choices():
-    proc = cli("+method=does_not_exist")
-    assert proc.returncode != 0
-    assert "Could not find 'method/does_not_exist'" in proc.stderr
-    assert "Available options in 'method'" in proc.stderr and "sft" in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_unknown_method_lists_the_choices(zoo_main, tmp_path):
+    code, _, err = zoo_main(["+method=does_not_exist"], tmp_path)
+    assert code != 0
+    assert "Could not find 'method/does_not_exist'" in err
+    assert "Available options in 'method'" in err and "sft" in err
+    assert "Traceback" not in err
 
 
-def test_unknown_group_option_lists_the_choices():
-    proc = cli("backbone=nope")
-    assert proc.returncode != 0
-    assert "Available options in 'backbone'" in proc.stderr and "tiny" in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_unknown_group_option_lists_the_choices(zoo_main, tmp_path):
+    code, _, err = zoo_main(["backbone=nope"], tmp_path)
+    assert code != 0
+    assert "Available options in 'backbone'" in err and "tiny" in err
+    assert "Traceback" not in err
 
 
-def test_bad_data_and_missing_values_print_one_message(tmp_path):
+def test_bad_data_and_missing_values_print_one_message(zoo_main, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1="}\n')
-    proc = cli(
-        "datamodule=sft_jsonl",
-        f"datamodule.source.train_path={bad}",
-        f"datamodule.source.val_path={bad}",
-        f"paths.log_dir={tmp_path}",
+    code, _, err = zoo_main(
+        [
+            "datamodule=sft_jsonl",
+            f"datamodule.source.train_path={bad}",
+            f"datamodule.source.val_path={bad}",
+            f"paths.log_dir={tmp_path}",
+        ],
+        tmp_path,
     )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert f"error: {bad}:1: missing field 'completion'" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    proc = cli("datamodule=sft_jsonl", f"paths.log_dir={tmp_path}")
-    assert proc.returncode == 2
-    assert "Missing mandatory value" in proc.stderr and "train_path" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert code == 2, err[-2000:]
+    assert f"error: {bad}:1: missing field 'completion'" in err
+    assert "Traceback" not in err
+    code, _, err = zoo_main(["datamodule=sft_jsonl", f"paths.log_dir={tmp_path}"], tmp_path)
+    assert code == 2
+    assert "Missing mandatory value" in err and "train_path" in err
+    assert "Traceback" not in err
 
 
-def test_multirun_with_the_basic_launcher(tmp_path):
+def test_multirun_with_the_basic_launcher(zoo_main, tmp_path, monkeypatch):
     """No paths on the command line: the sweep directory resolves from the defaults (paths.log_dir from
     $ZOO_LOG_DIR, else <cwd>/logs, both through ${hydra:runtime.cwd}) before the first job starts."""
-    proc = cli(
-        "-m",
-        "seed=0,1",
-        "debug=fdr",
-        "trainer.accelerator=cpu",
-        "datamodule.source.num_train=64",
-        "datamodule.source.num_val=8",
-        cwd=tmp_path,
-        env_extra={"ZOO_LOG_DIR": str(tmp_path / "logs")},
+    monkeypatch.setenv("ZOO_LOG_DIR", str(tmp_path / "logs"))
+    code, _, err = zoo_main(
+        [
+            "-m",
+            "seed=0,1",
+            "debug=fdr",
+            "trainer.accelerator=cpu",
+            "datamodule.source.num_train=64",
+            "datamodule.source.num_val=8",
+            "datamodule.batch_size=8",
+            "module.generate_on_eval=false",
+        ],
+        tmp_path,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert code == 0, err[-3000:]
     runs = sorted(tmp_path.glob("logs/train/multiruns/*/*/run_info.json"))
     assert [p.parent.name for p in runs] == ["0", "1"]
 
 
-def test_a_watermark_sentence_floor_above_the_ceiling_is_one_message(tmp_path):
-    proc = cli(
-        "+method=xguard",
-        "callbacks.watermark.decoder.scheme.encoder=hashing:64",
-        "callbacks.watermark.decoder.max_sentences=2",
-        "callbacks.watermark.decoder.min_sentences=3",
-        f"paths.log_dir={tmp_path}",
+def test_a_watermark_sentence_floor_above_the_ceiling_is_one_message(zoo_main, tmp_path):
+    code, _, err = zoo_main(
+        [
+            "+method=xguard",
+            "callbacks.watermark.decoder.scheme.encoder=hashing:64",
+            "callbacks.watermark.decoder.max_sentences=2",
+            "callbacks.watermark.decoder.min_sentences=3",
+            f"paths.log_dir={tmp_path}",
+        ],
+        tmp_path,
     )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "min_sentences must be >= 0 and <= max_sentences (2), got 3" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert code == 2, err[-2000:]
+    assert "min_sentences must be >= 0 and <= max_sentences (2), got 3" in err
+    assert "Traceback" not in err
