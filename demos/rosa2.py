@@ -220,15 +220,20 @@ def fair_test(sweep: Sweep, labels: dict[str, str], found: list[Claim]) -> list[
     lines = ["## Fair test", ""]
     parts_words, parts_rosa = [], []
     for hint in hints(sweep):
-        both = stat(solved_share(r, "both") for r in runs_of(sweep, "words", hint)).mean
-        ambiguous = stat(solved_share(r, "ambiguous") for r in runs_of(sweep, "rosa", hint)).mean
-        parts_words.append(f"h = {hint}: {both:.3f}")
-        parts_rosa.append(f"h = {hint}: {ambiguous:.3f}")
+        share = {
+            (arm, kind): stat(solved_share(r, kind) for r in runs_of(sweep, arm, hint)).mean
+            for arm in ("words", "rosa")
+            for kind in KINDS
+        }
+        parts_words.append(f"h = {hint}: {share['words', 'both']:.3f} vs {share['words', 'ambiguous']:.3f}")
+        parts_rosa.append(f"h = {hint}: {share['rosa', 'ambiguous']:.3f} vs {share['rosa', 'clear']:.3f}")
     lines.append(
-        "- **The baselines' failures can occur.** A capability gap (sub, mul: under-trained) cannot be fixed in words: "
-        f"{lab('words', 'words')} solves this share of *both* conversations ({'; '.join(parts_words)}). A wrong "
-        "reading is slow to fix by weight steps (they only push down judged answers under the wrong reading): "
-        f"{lab('rosa', 'rosa')} solves this share of *ambiguous* conversations ({'; '.join(parts_rosa)})."
+        "- **The baselines' failures can occur.** Words cannot train an operation: "
+        f"{lab('words', 'words')} solves fewer *both* conversations (read wrong and under-trained) than *ambiguous* "
+        f"ones (read wrong, well trained) ({'; '.join(parts_words)}). Weight steps fix a wrong reading slowly "
+        "(they only push down judged answers under it): "
+        f"{lab('rosa', 'rosa')} solves fewer *ambiguous* conversations than *clear* ones "
+        f"({'; '.join(parts_rosa)})."
     )
     steps = "; ".join(
         f"h = {hint}: {lab('rosa2', 'rosa2')} "

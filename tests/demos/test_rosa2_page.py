@@ -105,8 +105,8 @@ def test_page_opens_with_the_verdict_of_each_claim_per_hint_probability(make_swe
 def test_fair_test_reads_the_failures_the_shared_step_and_the_plateau(make_sweep, tmp_path):
     text = build(make_sweep(), tmp_path / "out")
     fair = text[text.index("## Fair test") : text.index("## Hint probability")]
-    assert "words only solves this share of *both* conversations (h = 0.0: 0.000; h = 1.0: 0.000)" in fair
-    assert "weights only (ROSA) solves this share of *ambiguous* conversations (h = 0.0: 0.000" in fair
+    assert "(read wrong, well trained) (h = 0.0: 0.000 vs 1.000; h = 1.0: 0.000 vs 1.000)" in fair
+    assert "(ROSA) solves fewer *ambiguous* conversations than *clear* ones (h = 0.0: 0.000 vs 1.000" in fair
     assert "take the same ROSA step (beta 0.1, lr 0.2," in fair
     assert "change over its last epoch +0.3%" in fair and "**met**" in fair
     assert "2 of the 6 verdict effects are below 0.1" in fair and "would call for 5 seeds" in fair
