@@ -331,13 +331,19 @@ def reading(sweep: Sweep, labels: dict[str, str]) -> list[str]:
         ours, theirs = per_seed(runs_of(sweep, "rosa2", hint), fn), per_seed(runs_of(sweep, other, hint), fn)
         return stat(ours[k] - theirs[k] for k in ours if k in theirs)
 
-    def verdict(d: Any) -> str:
+    def verdict(d: Any, margin: float = 0.0) -> str:
+        """The sentence of a paired difference, with the margin the Verdict uses."""
         if d.n < 2 or math.isnan(d.lo):
             return "not measurable (fewer than two seeds)"
-        if d.lo > 0:
+        if d.lo > margin:
             return "higher (shown)"
-        if d.hi < 0:
+        if d.hi < -margin:
             return "lower (shown)"
+        if d.lo > 0 or d.hi < 0:
+            return (
+                f"{'higher' if d.lo > 0 else 'lower'}, but the interval reaches inside the {margin} margin the "
+                "Verdict uses (not shown)"
+            )
         return "not shown (the interval contains 0)"
 
     lines = []
@@ -348,9 +354,9 @@ def reading(sweep: Sweep, labels: dict[str, str]) -> list[str]:
         lines.append(
             f"- h = {hint}: accuracy within {k_max} turns {acc['rosa2']:.3f} with ROSA2 against "
             f"{acc['rosa']:.3f} (ROSA), {acc['words']:.3f} (words only), {acc['static']:.3f} (static); against ROSA "
-            f"{verdict(paired(hint, 'rosa', lambda r: r.last(accuracy)))}, against words only "
-            f"{verdict(paired(hint, 'words', lambda r: r.last(accuracy)))}. ‖Δθ‖ {shift['rosa2']:.3f} with ROSA2 "
-            f"against {shift['rosa']:.3f} with ROSA: "
+            f"{verdict(paired(hint, 'rosa', lambda r: r.last(accuracy)), MARGIN)}, against words only "
+            f"{verdict(paired(hint, 'words', lambda r: r.last(accuracy)), MARGIN)}. "
+            f"‖Δθ‖ {shift['rosa2']:.3f} with ROSA2 against {shift['rosa']:.3f} with ROSA: "
             f"{verdict(paired(hint, 'rosa', lambda r: r.last('test/parameter_shift')))}. Ambiguous-only "
             f"conversations solved: {ambiguous['rosa2']:.3f} with ROSA2, {ambiguous['words']:.3f} with words only."
         )
@@ -450,9 +456,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "## What this toy can and cannot show",
         "",
         "- It shows the mechanism on a world built to hold both error kinds: a wrong reading is cheap to fix in words "
-        "and slow to fix by weight steps (which only push down judged answers under the wrong reading), a capability "
-        "gap is not fixable in words at all. Whether ROSA2's routing helps depends on the decomposition being right; "
-        "without hints (h = 0) the rule can only use whether the answer is the operation as read.",
+        "and slow to fix by weight steps (which only push down judged answers under the wrong reading), and words "
+        "cannot train an under-trained operation. Whether ROSA2's routing helps depends on the decomposition being "
+        "right; without hints (h = 0) the rule can only use whether the answer is the operation as read.",
         "- It does not reproduce the paper's benchmarks (MATH, MMLU, SuperGPQA, HumanEval) nor its numbers; the step "
         "size, β and the decomposition rule are reconstructions, and the words stream is a rule rather than an LLM.",
         "- ‖Δθ‖ counts only the conversations' own steps; an arm that never steps (static, words only) has 0.",

@@ -99,6 +99,8 @@ def test_page_opens_with_the_verdict_of_each_claim_per_hint_probability(make_swe
     assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (4, 2, 0)
     assert "| words + weights beat words only (h = 0.0) |" in text
     assert "| +0.380 [+0.330, +0.430] | **shown** |" in text and "| +0.080 [+0.030, +0.130] | **not shown" in text
+    # the reading agrees with the verdict: an interval above 0 but reaching inside the margin is not "shown"
+    assert "against words only higher, but the interval reaches inside the 0.05 margin the Verdict uses" in text
     assert "| -0.400 [-0.400, -0.400] | **shown** |" in text
 
 
