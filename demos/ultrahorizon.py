@@ -27,6 +27,7 @@ from zoo.report import (
     Sweep,
     contrast,
     legend,
+    paired_contrast,
     provenance,
     pyplot,
     save_figure,
@@ -53,6 +54,9 @@ SCRIPTED = ("random", "early_commit", "hypothesis_elimination")
 NO_CRNR = "he_no_crnr"
 CRNR_ARMS = ("hypothesis_elimination", "he_crnr")
 SCORE = "test/score"
+#: an effect below this (in score) is small: such claims would call for more seeds
+SMALL_EFFECT = 0.05
+ARM_ORDER = ("random", "early_commit", "hypothesis_elimination", NO_CRNR, "he_crnr", LLM_ARM, SFT_ARM, "llm_endpoint")
 
 
 def episodes(run: Run) -> list[dict[str, Any]]:
@@ -71,6 +75,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         return list(dict.fromkeys(r.arm.get(key) for r in sweep.runs if r.arm.get(key) is not None)) or [None]
 
     envs, difficulties, swept = values(ENV_KEY), values(DIFFICULTY_KEY), values(ARM_KEY)
+    # the launches of one sweep folder number their runs from 0 each: arms in the demo's order, others after them
+    swept.sort(key=lambda arm: ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER))
 
     def runs_of(env: str | None, difficulty: str | None, arm: str | None) -> list[Run]:
         return [
@@ -271,7 +277,7 @@ def claims(
     out: list[Claim] = []
     comparisons = [
         ("hypothesis_elimination", "early_commit", "systematic exploration beats premature commitment"),
-        ("early_commit", "random", "premature commitment still beats random exploration"),
+        ("early_commit", "random", "even premature commitment beats random exploration"),
     ]
     comparisons += [(arm, NO_CRNR, None) for arm in CRNR_ARMS]
     for env in envs:
@@ -281,12 +287,15 @@ def claims(
                 if a not in arms or b not in arms:
                     continue
                 runs_a, runs_b = runs_of(env, difficulty, a), runs_of(env, difficulty, b)
+                name_a = lab(a)
                 if claim is None:
                     claim = f"CRNR (window {crnr_window(runs_a)} messages) helps against no context management"
+                    if "CRNR" not in name_a:
+                        name_a = f"{name_a} (CRNR window {crnr_window(runs_a)})"
                 out.append(
                     Claim(
                         f"{claim} ({where})",
-                        f"score, {lab(a)} − {lab(b)}, paired by seed",
+                        f"score, {name_a} − {lab(b)}, paired by seed",
                         paired(scores_by_seed(runs_a), scores_by_seed(runs_b)),
                         "higher",
                     )
@@ -360,9 +369,11 @@ def fair_test(
             "none. CRNR's notes are its only signal: the refreshes per episode and what the notes keep are in "
             "*Context management* below."
         )
+    he_runs = runs_of(None, None, "hypothesis_elimination") or [first]
     lines.append(
         "- **Same tuning effort for every arm.** No arm is tuned: the scripted agents have no fitted setting (their "
-        f"note interval, {first.get('agent.note_every', 'n/a')} experiments, is the same for every arm that writes "
+        f"note interval, {he_runs[0].get('agent.note_every', 'n/a')} experiments, is the same for every arm that "
+        "writes "
         "notes), and every scripted arm gets the same harness, step cap, episodes and seeds. The CRNR windows are "
         "the released 200 messages and a small window fixed before the runs. The LLM arms share one harness and "
         "their caps are stated in their sections."
@@ -394,12 +405,16 @@ def fair_test(
             "behaviour-cloned LM ran in this sweep."
         )
     seeds = {arm: len({r.seed for r in runs_of(None, None, arm)}) for arm in swept}
-    small = [c for c in all_claims if abs(c.estimate) < 0.05]
+    small = [c for c in all_claims if abs(c.estimate) < SMALL_EFFECT]
+    ties = sum(c.interval == (0.0, 0.0) for c in small)
+    fewest = min(seeds.values(), default=0)
+    scripted = min((n for arm, n in seeds.items() if arm not in LLM_ARMS), default=0)
     lines.append(
         "- **Seeds.** "
         + ", ".join(f"{lab(arm)} {n}" for arm, n in seeds.items())
-        + f" seeds (≥ 3 for every arm, ≥ 5 for the scripted ones); {len(small)} of the {len(all_claims)} verdict "
-        "effects are below 0.05 in absolute value, most of them exact ties (identical scores seed by seed)."
+        + f": at least 3 for every arm **{'met' if fewest >= 3 else 'not met'}**, at least 5 for the scripted arms "
+        f"**{'met' if scripted >= 5 else 'not met'}**. {len(small)} of the {len(all_claims)} verdict effects are "
+        f"below {SMALL_EFFECT} in absolute value, {ties} of them exact ties (the same score on every seed)."
     )
     lines.append("")
     return lines
@@ -514,19 +529,24 @@ def same_across_difficulties(env: str | None, difficulties: list[Any], arms: lis
 
 
 def env_contrasts(env: str | None, difficulties: list[Any], arms: list[str], runs_of: Any, lab: Any) -> list[str]:
-    """Hypothesis elimination against random and early commit, and CRNR against no refresh, per difficulty."""
+    """Hypothesis elimination against random and early commit, early commit against random, and each CRNR window
+    against CRNR off, per difficulty, paired by seed (the arms of a seed play the same worlds)."""
     pairs = [
         ("hypothesis_elimination", "random"),
         ("hypothesis_elimination", "early_commit"),
-        ("he_crnr", "hypothesis_elimination"),
+        ("early_commit", "random"),
+        *((arm, NO_CRNR) for arm in CRNR_ARMS),
     ]
     lines = []
     for difficulty in difficulties:
         for a, b in pairs:
             if a in arms and b in arms:
-                scores_a = [r.last("test/score") for r in runs_of(env, difficulty, a)]
-                scores_b = [r.last("test/score") for r in runs_of(env, difficulty, b)]
-                lines.append(f"{difficulty}: " + contrast(lab(a), scores_a, lab(b), scores_b, "Score") + ".")
+                runs_a, runs_b = runs_of(env, difficulty, a), runs_of(env, difficulty, b)
+                name_a = lab(a)
+                if b == NO_CRNR and "CRNR" not in name_a:
+                    name_a = f"{name_a} (CRNR window {crnr_window(runs_a)})"
+                text = paired_contrast(name_a, scores_by_seed(runs_a), lab(b), scores_by_seed(runs_b), "Score")
+                lines.append(f"{difficulty}: {text}.")
     return lines
 
 
@@ -603,11 +623,12 @@ def timing(runs: list[Run]) -> str:
     seconds, left = run_seconds(runs)
     if not seconds.n:
         return ""
+    steps = stat(sum(len(e.get("steps", [])) for e in episodes(r)) for r in runs)
     return (
         f"Wall time per run (one episode; model loading included, on the shared CPU of the provenance line): "
         f"{seconds.mean:.0f} s on average ({seconds.n} runs"
         + (f"; {left} runs that first trained their model are left out" if left else "")
-        + ")."
+        + f"), for {steps.mean:.0f} steps per episode: about {seconds.mean / max(steps.mean, 1):.0f} s per step."
     )
 
 
