@@ -20,7 +20,12 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from zoo.encoding import encode_prompt
 from zoo.report import (
     Run,
     Sweep,
@@ -32,6 +37,7 @@ from zoo.report import (
     table,
     write_page,
 )
+from zoo.rl.nmars_attribution import GROUPS, MASKED_SFT_GROUPS, PATHS, Row, deviation_attribution, row_targets
 from zoo.stats import Stat, fmt_stat, paired, stat
 from zoo.verdict import Claim, verdict_section
 
@@ -212,6 +218,163 @@ def curve_change(run: Run, name: str) -> float:
     return (sum(last) / len(last) - ref) / abs(ref) if ref else math.nan
 
 
+# -- why the never-trained error tokens move --------------------------------------------------------------------------
+GROUP_NAMES = {
+    "clean": "rows without a deviation",
+    "before": "targets before the first error",
+    "undo": "`<UNDO>` targets",
+    "after": "corrections and later targets",
+    "error": "the error tokens (plain SFT only)",
+    "masked_sft": "masked SFT (sum of the first four)",
+}
+PATH_NAMES = {
+    "body": "body",
+    "out_out": "output rows",
+    "tied": "tied rows",
+    "in_in": "input rows",
+}
+
+
+def undo_rows(path: Path, tokenizer: Any) -> tuple[list[Row], int]:
+    """The data stage's rows at ``path`` as :class:`~zoo.rl.nmars_attribution.Row` (prompt encoded as the SFT
+    datamodule encodes it) and the id of ``<UNDO>`` in them."""
+    with path.open(encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    undo_id = int(records[0]["undo_id"])
+    rows = [
+        row_targets(encode_prompt(tokenizer, r["prompt"]), r["completion_ids"], r["loss_mask"], undo_id)
+        for r in records
+    ]
+    return rows, undo_id
+
+
+def starting_policy(export: Path, undo_id: int) -> tuple[Any, bool]:
+    """The SFT-on-references policy with the ``<UNDO>`` row at the vocabulary mean (as ``+method=nmars_sft`` adds it,
+    ``mode: free``) and whether its token rows are tied."""
+    model = AutoModelForCausalLM.from_pretrained(export).float()
+    rows = model.get_input_embeddings().num_embeddings
+    if undo_id >= rows:
+        model.resize_token_embeddings(undo_id + 1, mean_resizing=False)
+        with torch.no_grad():
+            weight = model.get_input_embeddings().weight
+            weight[rows:] = weight[:rows].mean(0)
+            head = model.get_output_embeddings().weight
+            if head is not weight:
+                head[rows:] = head[:rows].mean(0)
+    return model, model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def error_repeats(run: Run) -> tuple[float, float, float]:
+    """Of the held-out rows' first error tokens (at reference position ``t``): the share equal to the next reference
+    token ``y_{t+1}``, the share found anywhere in ``y_{t+1:}`` -- a token the row trains as a target right after
+    the correction -- and that share for a wrong token drawn uniformly from the references' other tokens (chance;
+    ``nan`` without the rows)."""
+    base, val = artifact_path(run, "base_policy"), artifact_path(run, "nmars_data", "val")
+    rows_path = val / "export" / "undo_val.jsonl" if val else None
+    if base is None or rows_path is None or not rows_path.is_file():
+        return math.nan, math.nan, math.nan
+    tokenizer = AutoTokenizer.from_pretrained(base / "export")
+    with rows_path.open(encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    references = [list(tokenizer(r["reference"], add_special_tokens=False)["input_ids"]) for r in records]
+    alphabet = {token for reference in references for token in reference}
+    nxt, later, chance = [], [], []
+    for record, reference in zip(records, references):
+        if all(record["loss_mask"]):
+            continue
+        t = record["loss_mask"].index(False)
+        error = record["completion_ids"][t]
+        rest = reference[t + 1 :]
+        nxt.append(float(bool(rest) and rest[0] == error))
+        later.append(float(error in rest))
+        wrong = sorted(alphabet - set(reference[t : t + 1]))
+        if wrong:
+            chance.append(sum(w in rest for w in wrong) / len(wrong))
+    return stat(nxt).mean, stat(later).mean, stat(chance).mean
+
+
+def attribution(run: Run) -> dict[str, dict[str, float]] | None:
+    """:func:`~zoo.rl.nmars_attribution.deviation_attribution` at the run's SFT-on-references policy on the run's
+    training rows, against its held-out rows' error tokens (``None`` when the prerequisites are not on this machine)."""
+    base = artifact_path(run, "base_policy")
+    train = artifact_path(run, "nmars_data", "train")
+    val = artifact_path(run, "nmars_data", "val")
+    paths = [
+        base / "export" if base else None,
+        *(d / "export" / f"undo_{n}.jsonl" if d else None for d, n in ((train, "train"), (val, "val"))),
+    ]
+    if any(p is None or not p.exists() for p in paths):
+        return None
+    tokenizer = AutoTokenizer.from_pretrained(paths[0])
+    train_rows, undo_id = undo_rows(paths[1], tokenizer)
+    val_rows, _ = undo_rows(paths[2], tokenizer)
+    model, tied = starting_policy(paths[0], undo_id)
+    torch.manual_seed(0)
+    return deviation_attribution(model, train_rows, val_rows, tied=tied)
+
+
+def attribution_section(rows: dict[str, dict[int | None, Run]], labels: dict[str, str], t: float) -> list[str]:
+    """The measured answer to "why does masked SFT raise the error tokens it never trains": per seed, the first-order
+    attribution at its starting policy, next to the change each SFT arm produced."""
+    results = [a for a in (attribution(r) for r in rows.get("sft_ref", {}).values()) if a is not None]
+    lines = ["## Why the never-trained error tokens move (measured)", ""]
+    if not results:
+        return [*lines, "The prerequisites (base policies, rows) are not on this machine: no attribution.", ""]
+
+    def mean(group: str, key: str) -> float:
+        return stat(r[group][key] for r in results).mean
+
+    def num(x: float) -> str:
+        return f"{x:+.3g}"
+
+    body = [
+        [GROUP_NAMES[g], f"{mean(g, 'share'):.3f}", *(num(mean(g, k)) for k in (*PATHS, "sgd", "adam"))]
+        for g in (*GROUPS, "masked_sft")
+    ]
+    observed = effect(rows, "msft", "sft_ref", DEVIATION, t)
+    plain = effect(rows, "sft_plain", "sft_ref", DEVIATION, t)
+    push = {g: mean(g, "adam") for g in MASKED_SFT_GROUPS}
+    top = max(push, key=lambda g: push[g])
+    paths = {k: mean("masked_sft", k) for k in PATHS}
+    main = max(paths, key=lambda k: paths[k])
+    predicted = mean("masked_sft", "adam")
+    repeats = [error_repeats(r) for r in rows.get("sft_ref", {}).values()]
+    next_share, later_share, chance_share = (stat(r[i] for r in repeats).mean for i in range(3))
+    agree = (predicted > 0) == (observed.mean > 0)
+    lines += [
+        f"D = mean log-prob of the held-out rows' error tokens given their prefix (`{DEVIATION}`). At each seed's "
+        "SFT-on-references policy (the start of both SFT arms, `<UNDO>` row at the vocabulary mean), the change of D "
+        "per unit step of one step on the masked-SFT objective, split by the trained targets that cause it (rows) "
+        "and the parameters it goes through (columns, adding up to the SGD total exactly: body = every weight but the "
+        "token rows; output rows = token rows moved as targets and read as outputs, the path by which a token "
+        "trained as a target elsewhere becomes likelier here; tied rows = with tied embeddings, rows moved through "
+        "one side and read through the other, the shared-parameter path; input rows); Adam: Adam's first "
+        f"step, whose direction the runs follow at first (`zoo/rl/nmars_attribution.py`). Means over {len(results)} "
+        "seed(s); share: fraction of the masked-SFT targets.",
+        "",
+        table(
+            ["trained targets", "share", *(PATH_NAMES[k] for k in PATHS), "SGD total", "Adam first step"],
+            body,
+        ),
+        "",
+        f"- Measured change of D over the whole run: {labels.get('msft', 'msft')} − {labels.get('sft_ref', 'sft_ref')} "
+        f"{fmt_stat(observed)}; {labels.get('sft_plain', 'sft_plain')} − {labels.get('sft_ref', 'sft_ref')} "
+        f"{fmt_stat(plain)}. The first-order prediction for masked SFT (Adam) is {num(predicted)}: "
+        f"{'the same direction as' if agree else 'the opposite direction to'} the measured change.",
+        f"- Largest push on the error tokens among the masked-SFT targets (Adam): {GROUP_NAMES[top]} "
+        f"({num(push[top])} of {num(predicted)}). Largest SGD path of masked SFT: {PATH_NAMES[main]} "
+        f"({num(paths[main])}; body {num(paths['body'])}, output rows {num(paths['out_out'])}, tied rows "
+        f"{num(paths['tied'])}, input rows {num(paths['in_in'])}); the tied rows carry "
+        f"{paths['tied'] / mean('masked_sft', 'sgd'):.0%} of the SGD total.",
+        f"- Error tokens as targets later in their own rows: of the held-out rows' first error tokens, "
+        f"{next_share:.3f} equal the next reference token and {later_share:.3f} occur later in the reference (a "
+        f"wrong letter drawn at random: {chance_share:.3f}); where it does, the row trains that very token as a "
+        "target after `<UNDO>` and the correction.",
+        "",
+    ]
+    return lines
+
+
 # -- the verdict -------------------------------------------------------------------------------------------------------
 def by_seed(rows: dict[str, dict[int | None, Run]], arm: str, name: str, t: float) -> dict[int | None, float]:
     return {seed: value(run, name, t) for seed, run in rows.get(arm, {}).items()}
@@ -343,6 +506,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         ),
         "",
         *reading(rows, labels, t),
+        *attribution_section(rows, labels, t),
         "Mean wall time per run (seconds, this machine, shared and loaded; includes building the prerequisites the "
         "first run of a seed needed):",
         "",
