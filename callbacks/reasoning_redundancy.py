@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback
 
 from zoo.answers import STEP_DELIMITER
 from zoo.errors import ConfigError
-from zoo.rl.thoughtfold import parse_reasoning, redundancy_stats, split_steps
+from zoo.rl.thoughtfold import reasoning_stats
 
 
 class ReasoningRedundancy(Callback):
@@ -55,20 +55,22 @@ class ReasoningRedundancy(Callback):
         repeat = len(texts) // prompts if prompts and len(texts) % prompts == 0 else 0
         if not repeat:
             return {}
-        tokens, steps = [], []
-        for i, text in enumerate(texts):
-            parsed = parse_reasoning(text)
-            if isinstance(parsed, str):
-                tokens.append(0.0)
-                continue
-            tokens.append(float(len(pl_module.tokenizer(parsed.body, add_special_tokens=False)["input_ids"])))
-            ref = parse_reasoning(columns[self.reference_column][i // repeat])
-            ref_body = ref.body if not isinstance(ref, str) else ""
-            ref_steps = split_steps(ref_body, self.delimiter)
-            steps.append(
-                redundancy_stats(parsed.body, ref_steps, columns[self.redundant_column][i // repeat], self.delimiter)
+
+        def count_tokens(body: str) -> int:
+            return len(pl_module.tokenizer(body, add_special_tokens=False)["input_ids"])
+
+        rows = [
+            reasoning_stats(
+                text,
+                columns[self.reference_column][i // repeat],
+                columns[self.redundant_column][i // repeat],
+                count_tokens,
+                self.delimiter,
             )
-        out = {"think_tokens": sum(tokens) / len(tokens)}
+            for i, text in enumerate(texts)
+        ]
+        steps = [r for r in rows if "think_steps" in r]
+        out = {"think_tokens": sum(r["think_tokens"] for r in rows) / len(rows)}
         for key in ("think_steps", "redundant_rate", "essential_retention"):
             if steps:
                 out[key] = sum(s[key] for s in steps) / len(steps)

@@ -11,7 +11,7 @@ import torch
 
 from zoo.backbones import TinyBackbone
 from zoo.backbones.tokenizer import build_char_tokenizer
-from zoo.callbacks import PreferencePairRecords, ReasoningRedundancy
+from zoo.callbacks import LineRemovalProbe, PreferencePairRecords, ReasoningRedundancy
 from zoo.cli.train import run
 from zoo.data.tasks import MultiSum
 from zoo.errors import ConfigError
@@ -32,6 +32,7 @@ from zoo.rl.thoughtfold import (
     fold_steps,
     join_steps,
     leave_one_out_importance,
+    line_removals,
     parse_reasoning,
     passes,
     redundancy_stats,
@@ -495,6 +496,69 @@ def test_aux_loss_is_micro_batch_invariant():
     split = policy_and_aux_gradient(make_aux(1.0), micro_batch_size=2)
     for a, b in zip(full, split):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_line_removals_drop_each_line_once_and_say_which_kind():
+    assert line_removals([False, True, False]) == [
+        ("full", [0, 1, 2]),
+        ("essential", [1, 2]),
+        ("redundant", [0, 2]),
+        ("essential", [0, 1]),
+    ]
+    assert line_removals([]) == [("full", [])]
+
+
+def needs_every_product_line(completion, answer):
+    """Test double for the verifier of a policy that reads its answer off the lines: correct when the values of the
+    written product lines sum to the reference answer, whatever answer was sampled after them."""
+    body = completion.split("<think>")[1].split("</think>")[0]
+    values = [int(s.split("=")[1]) for s in split_steps(body) if "*" in s]
+    return sum(values) == int(answer)
+
+
+class ProbeTrainer:
+    """What the probe reads from the trainer: the validation batches and the loggers."""
+
+    def __init__(self, batches):
+        self.datamodule = type("DataModule", (), {"val_dataloader": lambda _: batches})()
+        self.loggers = []
+        self.global_step = 0
+
+
+def test_line_removal_probe_counts_passes_per_kind_through_thoughtfold_validation():
+    examples = MultiSum(4, 6, min_value=2, max_value=4, redundant_prob=0.5, partials="products").examples(6, seed=3)
+    assert any(e.meta["num_redundant"] for e in examples)
+    prompts = [encode(e.prompt) for e in examples]
+    width, pad = max(map(len, prompts)), TOKENIZER.pad_token_id
+    batch = {
+        "prompt_ids": torch.tensor([[pad] * (width - len(p)) + p for p in prompts]),
+        "prompt_attention_mask": torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts]),
+        "prompts": [e.prompt for e in examples],
+        "columns": {
+            "reference": [e.completion for e in examples],
+            "step_redundant": [e.meta["step_redundant"] for e in examples],
+            "answer": [e.answer for e in examples],
+        },
+    }
+    aux = ThoughtFoldLoss(folder=ThoughtFolder(min_cot_length=0, delimiter="\n"), repeat=2)
+    module = tiny_module(aux)
+    # a policy that ends its answer at once (its end token's logit raised), so that every sampled answer is valid
+    bias = torch.zeros(module.model.config.vocab_size)
+    bias[TOKENIZER.eos_token_id] = 50.0
+    module.model.lm_head.register_forward_hook(lambda _, __, logits: logits + bias)
+    module.verifier = needs_every_product_line
+    probe = LineRemovalProbe(max_rows=5)
+    trainer = ProbeTrainer([batch])
+    probe.record(trainer, module, "start")
+    out = probe.results["start"]
+    assert out["rows"] == 5
+    assert out["pass_full"] == 1.0 and out["pass_drop_redundant"] == 1.0
+    assert out["pass_drop_essential"] == 0.0 and out["rows_any_essential_drop_passes"] == 0.0
+    module.verifier = always_correct  # a policy that answers right without any line: every removal passes
+    probe.record(trainer, module, "end")
+    assert probe.results["end"]["pass_drop_essential"] == probe.results["end"]["rows_any_essential_drop_passes"] == 1
+    with pytest.raises(ConfigError, match="module/grpo/aux=thoughtfold"):
+        probe.probe(trainer, tiny_module(None))
 
 
 def test_thoughtfold_config_errors():

@@ -632,6 +632,38 @@ class ThoughtFolder:
 
 
 # -- ground truth -----------------------------------------------------------------------------------------------
+def reasoning_stats(
+    text: str,
+    reference: str,
+    reference_redundant: Sequence[bool],
+    count_tokens: Callable[[str], int],
+    delimiter: str = "\n",
+) -> dict[str, float]:
+    """``think_tokens`` of a generated completion (``count_tokens`` of its reasoning body; 0 without a reasoning
+    block) and, when it has one, :func:`redundancy_stats` against the labelled reference completion."""
+    parsed = parse_reasoning(text)
+    if isinstance(parsed, str):
+        return {"think_tokens": 0.0}
+    ref = parse_reasoning(reference)
+    ref_steps = split_steps(ref.body if not isinstance(ref, str) else "", delimiter)
+    return {
+        "think_tokens": float(count_tokens(parsed.body)),
+        **redundancy_stats(parsed.body, ref_steps, reference_redundant, delimiter),
+    }
+
+
+def line_removals(redundant: Sequence[bool]) -> list[tuple[str, list[int]]]:
+    """The candidates of the line-removal probe of a labelled reasoning of ``len(redundant)`` steps: ``("full",
+    every step)``, then ``("essential", every step but j)`` for each essential step j and ``("redundant", every step
+    but j)`` for each redundant step j (kept step indices, in order). Validated like ThoughtFold's prunings, they
+    measure whether verification can tell a dropped essential line from a dropped redundant one."""
+    steps = range(len(redundant))
+    return [("full", list(steps))] + [
+        ("redundant" if is_redundant else "essential", [i for i in steps if i != j])
+        for j, is_redundant in enumerate(redundant)
+    ]
+
+
 def redundancy_stats(
     body: str, reference_steps: Sequence[str], reference_redundant: Sequence[bool], delimiter: str = "\n"
 ) -> dict[str, float]:
@@ -669,8 +701,10 @@ __all__ = [
     "join_steps",
     "keep_range",
     "leave_one_out_importance",
+    "line_removals",
     "parse_reasoning",
     "passes",
+    "reasoning_stats",
     "redundancy_stats",
     "require_eager_attention",
     "run_searches",
