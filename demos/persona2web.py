@@ -452,7 +452,7 @@ def cloning_section(cloning: dict[str, Any] | None) -> list[str]:
             rows,
         ),
         "",
-        f"- The system prompt with its tools alone is {all_lengths[0]} tokens"
+        f"- The shortest prompt (an episode's first: system prompt, tools, query) is {all_lengths[0]} tokens"
         + (f", {all_lengths[0] / tiny:.0f}× the tiny LM's context of {tiny}" if tiny else "")
         + f"; `agent_sft`'s backbone ({cloning['agent_sft_arch']['num_hidden_layers']} "
         f"layers, width {cloning['agent_sft_arch']['hidden_size']}, context {sft}) holds {fit} of "
