@@ -208,7 +208,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         "",
         "## A tiny LM behaviour-cloned from hypothesis elimination (`+method=agent_sft`)",
         "",
-        *sft_section(envs, difficulties, runs_of, lab),
+        *sft_section(envs, difficulties, runs_of, lab, first),
         "",
         *endpoint_section(
             PAPER, "llm_endpoint", "demo.llm.max_steps=null demo.llm.max_tokens=1024 demo.llm.episodes=4"
@@ -481,34 +481,33 @@ def crnr_section(envs: list[Any], difficulties: list[Any], swept: list[str], run
         runs = runs_of(None, None, arm)
         eps = [e for r in runs for e in episodes(r)]
         window = crnr_window(runs)
-        longest = max(longest_context([e for r in runs_of(None, None, NO_CRNR) for e in episodes(r)]), default=0)
+        free = [e for r in runs_of(None, None, NO_CRNR) for e in episodes(r)]
+        longest = max(longest_context(free), default=0)
+        steps = [len(e.get("steps", [])) for e in free]
         if not any(e.get("refreshes") for e in eps):
             lines.append(
                 f"- Window {window}: no episode reached it (the longest context without CRNR held {longest} "
-                f"messages): CRNR never fired, so {lab(arm)} played exactly as with CRNR off. At the released window "
-                "these environments' episodes (about 50-90 tool calls, two messages each) are too short for the toy "
-                "to say anything about CRNR."
+                f"messages, for {min(steps, default=0)}-{max(steps, default=0)} steps per episode: a call and its "
+                f"result are two messages): CRNR never fired, so {lab(arm)} played exactly as with CRNR off. These "
+                "environments' episodes are too short to reach the released window, so at that window the toy "
+                "cannot say anything about CRNR."
             )
         else:
-            drop = [
-                f"{lab(env)} ({difficulty})"
+            changes = {
+                f"{lab(env)} ({difficulty})": paired(
+                    scores_by_seed(runs_of(env, difficulty, arm)), scores_by_seed(runs_of(env, difficulty, NO_CRNR))
+                )
                 for env in envs
                 for difficulty in difficulties
-                if (
-                    d := paired(
-                        scores_by_seed(runs_of(env, difficulty, arm)),
-                        scores_by_seed(runs_of(env, difficulty, NO_CRNR)),
-                    )
-                ).n
-                > 1
-                and d.hi < 0
-            ]
+            }
+            fell = [where for where, d in changes.items() if d.n > 1 and d.hi < 0]
+            rose = [where for where, d in changes.items() if d.n > 1 and d.lo > 0]
             lines.append(
                 f"- Window {window}: refreshes fired in {sum(bool(e.get('refreshes')) for e in eps)} of {len(eps)} "
-                f"episodes; the score fell in {len(drop)} settings ({', '.join(drop) or 'none'}) and rose in none "
-                "that the seeds resolve, as it must here: a refresh drops the scripted agent's working memory and it "
-                "restores the state its last note held, so what it learned after that note is lost; it gains "
-                "nothing, because without CRNR it never forgets."
+                f"episodes; the score fell in {len(fell)} settings ({', '.join(fell) or 'none'}) and rose in "
+                f"{len(rose)} ({', '.join(rose) or 'none'}), as far as the seeds resolve. A refresh drops the "
+                "scripted agent's working memory and it restores the state its last note held, so what it learned "
+                "after that note is lost; without CRNR it never forgets, so here CRNR has a cost and nothing to gain."
             )
     lines.append(
         "- What the toy can and cannot show: it measures CRNR's cost (the information lost at a refresh) for an "
@@ -568,12 +567,18 @@ def llm_section(runs: list[Run], first: Run, lab: Any) -> list[str]:
     ]
 
 
-def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any) -> list[str]:
+def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any, first: Run) -> list[str]:
     """The behaviour-cloned arm: how its model was trained, its harness, and its score per setting next to its teacher
     under the same CRNR window (he_crnr) and the random floor."""
     runs = runs_of(None, None, SFT_ARM)
     if not runs:
-        return ["Not in this sweep."]
+        return [
+            f"Not in this sweep. Its harness: at most {first.get('demo.sft.max_steps')} steps per episode (required "
+            f"steps {first.get('env.required_steps')}), {first.get('demo.sft.max_tokens')} new tokens per reply; the "
+            "harness has no early stop for a model that cannot act, so such an episode generates the whole reply "
+            "budget at every step up to the cap. Run it with the second launch at the top of "
+            "`conf/demo/ultrahorizon.yaml` (`demo/ultrahorizon/arm=llm_sft`)."
+        ]
     r0 = runs[0]
     eps = [e for r in runs for e in episodes(r)]
     rows = []
