@@ -99,6 +99,12 @@ def rollout_shares(rows: list[dict]) -> dict[str, float]:
     }
 
 
+def trajectories_per_prompt(rows: list[dict]) -> str:
+    """The number of trajectories per prompt of a rollout file (``"n/a"`` without one)."""
+    groups = {str(row["prompt_id"]) for row in rows}
+    return f"{len(rows) / len(groups):g}" if groups else "n/a"
+
+
 def points(run: Run, metric: str) -> list[tuple[float, float, float]]:
     """``(training seconds, tokens generated, metric)`` at every validation of a run; an offline run's collection
     (seconds and tokens of its reference rollouts) is added, since it needs them; pi_ref (no training) is one point at
@@ -321,10 +327,11 @@ def fair_test(demo: Demo) -> list[str]:
         )
     if demo.has("grpo", "reference"):
         gain = paired(demo.by_seed("grpo", demo.sampled), demo.by_seed("reference", demo.sampled))
+        interval = f" [{gain.lo:+.3f}, {gain.hi:+.3f}]" if gain.n > 1 else " (no interval: one seed)"
         lines.append(
             f'- **The online baseline is a real competitor.** "Matches online RL" means something only if online RL '
-            f"improves: {lab('grpo')} − {lab('reference')} on sampled multi@{k} is {gain.mean:+.3f} "
-            f"[{gain.lo:+.3f}, {gain.hi:+.3f}] (paired by seed)."
+            f"improves: {lab('grpo')} − {lab('reference')} on sampled multi@{k} is {gain.mean:+.3f}{interval} "
+            "(paired by seed)."
         )
     if shares:
         mixed = stat(s["mixed_groups"] for s in shares)
@@ -375,12 +382,13 @@ def fair_test(demo: Demo) -> list[str]:
     seeds = len(demo.sweep.seeds)
     unresolved = any(c.verdict == NOT_SHOWN for c in claims(demo))
     lines.append(
-        f"- **Seeds.** {seeds} seed{'s' if seeds != 1 else ''} per arm and grid point"
+        f"- **Seeds.** {seeds} seed{'s' if seeds != 1 else ''} per arm and grid point: >= 3 "
+        + ("met" if seeds >= 3 else "not met")
         + (
-            f" (>= 3 met; the effects left within noise are small next to their intervals, where >= 5 seeds are "
-            f"asked for: {'met' if seeds >= 5 else 'not met'})."
+            "; some effects are left within noise, where >= 5 seeds are asked for: "
+            + ("met." if seeds >= 5 else "not met.")
             if unresolved
-            else " (>= 3 met)."
+            else "."
         )
     )
     lines.append("")
@@ -423,19 +431,19 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                     ]
                 )
 
-    offline = next((r for a in OFFLINE for r in demo.chosen.get(a, {}).values()), None)
+    offline = next((r for a in ("drift", *OFFLINE) for r in demo.chosen.get(a, {}).values()), None)
     online = next(iter(demo.chosen.get("grpo", {}).values()), None)
     setup = [
         f"Setup: retry-with-feedback addition (`task=addition`, up to {k} turns, feedback "
         f'"{first.get("multiturn.incorrect_message")}"), the tiny Llama. Reference policy pi_ref, one for every arm '
         f"and seed (artifact cache): SFT on {first.get('demo.reference.episodes')} episodes of a synthetic policy that "
         "is right with probability 0.4 at each turn and otherwise proposes a wrong candidate it has not proposed "
-        f"before, every assistant turn trained, {first.get('demo.reference.epochs')} epochs.",
+        f"before, every assistant turn trained, {first.get('demo.reference.epochs')} epoch(s).",
     ]
     if offline is not None:
         setup.append(
-            f"Offline arms: {offline.get('datamodule.source.collect.n_traj')} trajectories for each of "
-            f"{offline.get('datamodule.source.collect.num_prompts')} training prompts sampled once from pi_ref "
+            f"Offline arms: {trajectories_per_prompt(rollout_rows(offline))} trajectories for each of "
+            f"{offline.get('demo.rollout_prompts')} training prompts sampled once from pi_ref "
             "(temperature 1; one file per seed, shared by the offline arms), then "
             f"{offline.get('trainer.max_epochs')} epoch(s) of SFT (batch {offline.get('datamodule.batch_size')}, "
             "constant lr after warm-up) validated after each epoch: plain SFT on every assistant turn of the whole "
