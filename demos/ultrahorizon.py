@@ -54,6 +54,8 @@ SCRIPTED = ("random", "early_commit", "hypothesis_elimination")
 NO_CRNR = "he_no_crnr"
 CRNR_ARMS = ("hypothesis_elimination", "he_crnr")
 SCORE = "test/score"
+ENV_ORDER = ("ultrahorizon/grid", "ultrahorizon/sequence", "ultrahorizon/bio")
+DIFFICULTY_ORDER = ("easy", "medium", "hard")
 #: an effect below this (in score) is small: such claims would call for more seeds
 SMALL_EFFECT = 0.05
 ARM_ORDER = ("random", "early_commit", "hypothesis_elimination", NO_CRNR, "he_crnr", LLM_ARM, SFT_ARM, "llm_endpoint")
@@ -75,8 +77,9 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         return list(dict.fromkeys(r.arm.get(key) for r in sweep.runs if r.arm.get(key) is not None)) or [None]
 
     envs, difficulties, swept = values(ENV_KEY), values(DIFFICULTY_KEY), values(ARM_KEY)
-    # the launches of one sweep folder number their runs from 0 each: arms in the demo's order, others after them
-    swept.sort(key=lambda arm: ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER))
+    # the launches of one sweep folder number their runs from 0 each: the demo's order, others after it
+    for found, order in ((swept, ARM_ORDER), (envs, ENV_ORDER), (difficulties, DIFFICULTY_ORDER)):
+        found.sort(key=lambda value, order=order: order.index(value) if value in order else len(order))
 
     def runs_of(env: str | None, difficulty: str | None, arm: str | None) -> list[Run]:
         return [
@@ -370,21 +373,27 @@ def fair_test(
             "*Context management* below."
         )
     he_runs = runs_of(None, None, "hypothesis_elimination") or [first]
+    windows = sorted({w for arm in CRNR_ARMS if isinstance(w := crnr_window(runs_of(None, None, arm)), int)})
     lines.append(
         "- **Same tuning effort for every arm.** No arm is tuned: the scripted agents have no fitted setting (their "
         f"note interval, {he_runs[0].get('agent.note_every', 'n/a')} experiments, is the same for every arm that "
         "writes "
-        "notes), and every scripted arm gets the same harness, step cap, episodes and seeds. The CRNR windows are "
-        "the released 200 messages and a small window fixed before the runs. The LLM arms share one harness and "
-        "their caps are stated in their sections."
-    )
-    lines.append(
-        "- **Thresholds and hyper-parameters chosen on a split that is not reported.** Nothing is chosen from the "
-        "reported episodes. The behaviour-cloned LM is trained on teacher episodes whose seeds are derived apart from "
-        "the evaluation's; Mystery Grid and Sequence Exploration have one fixed instance per difficulty (as the "
-        "official code), so on them the training worlds are the evaluated worlds (stated in its section)."
+        "notes), and every scripted arm gets the same harness, step cap, episodes and seeds. The CRNR windows "
+        f"({', '.join(map(str, windows)) or 'none'} messages) are the released window and a small one fixed before "
+        "the runs. The LLM arms share one harness and their caps are stated in their sections."
     )
     sft = runs_of(None, None, SFT_ARM)
+    lines.append(
+        "- **Thresholds and hyper-parameters chosen on a split that is not reported.** Nothing is chosen from the "
+        "reported episodes."
+        + (
+            " The behaviour-cloned LM is trained on teacher episodes whose seeds are derived apart from the "
+            "evaluation's; Mystery Grid and Sequence Exploration have one fixed instance per difficulty (as the "
+            "official code), so on them the training worlds are the evaluated worlds (stated in its section)."
+            if sft
+            else ""
+        )
+    )
     models = {
         a.get("key"): a.get("metrics") or {}
         for r in sft
