@@ -170,6 +170,7 @@ def test_the_page_opens_with_a_verdict_on_both_halves_of_the_claim(tmp_path):
     assert "| DRIFT improves more than plain offline SFT |" in head
     # the greedy ceiling: pi_ref's greedy episodes solve everything at turn 1
     assert "already solve 1.000 ± 0.000 of the validation problems at turn 1" in head
+    assert "leaving 0.000 to gain" in head
     # the cost to the common target (the lower of the two mean finals: GRPO's 0.900): DRIFT's 1000 collection tokens
     # vs GRPO's 20000 (its 4th validation, 0.89 + 0.01 s - 0.2 + 0.2 >= 0.90 only for seeds 1, 2)
     assert "DRIFT reaches the performance of online RL at a lower cost (tokens generated)" in head
