@@ -70,6 +70,7 @@ def run_episodes(
     crnr_window: int | None = None,
     code_tool: bool = False,
     entropy_window: int = 10,
+    max_unusable_replies: int | None = None,
 ) -> list[Trajectory]:
     """Episodes ``episodes`` of a run: ``make_env(seed=...)`` and ``make_agent(seed=...)`` build fresh instances."""
     out = []
@@ -87,6 +88,7 @@ def run_episodes(
                 episode=episode,
                 seed=seed,
                 entropy_window=entropy_window,
+                max_unusable_replies=max_unusable_replies,
             )
         )
     return out

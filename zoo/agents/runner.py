@@ -8,6 +8,9 @@ commit or at ``max_steps`` (default: the environment's ``required_steps x 4``, `
 A model error during an episode (any :class:`~zoo.agents.errors.BackendError`, such as a context-length 400 from a
 server) ends that episode only: it is recorded with its ``error`` and the steps made so far, scores 0, and the run
 goes on. A missing replay recording or an unreachable endpoint is the run's configuration and stops the run.
+``max_unusable_replies=N`` (off by default: the released UltraHorizon harness has no such stop) ends an episode
+after N consecutive replies that are not executable tool calls (malformed, no call, or cut at the reply budget): it
+is recorded as failed with that reason, so a model that cannot act costs N steps, not the whole step cap.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from zoo.agents.tools import ToolRegistry
 from zoo.agents.types import ToolResult, Usage
 
 log = logging.getLogger(__name__)
+
+#: the error tag of an episode that ``max_unusable_replies`` ended
+UNUSABLE_TAG = "unusable_replies"
 
 
 @dataclass
@@ -62,12 +68,14 @@ class Trajectory:
     refreshes: int = 0
     entropy: list[float] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
-    #: why the episode stopped early on a model error (``None``: it ran to its commit or step cap)
+    #: why the episode stopped early: a model error or ``max_unusable_replies`` unusable replies in a row
+    #: (``None``: it ran to its commit or step cap)
     error: str | None = None
 
     @property
     def failed(self) -> bool:
-        """Whether a model error ended the episode (it scores 0 and is counted in ``failed_episodes``)."""
+        """Whether the episode stopped early (a model error, or too many unusable replies in a row): it scores 0
+        and is counted in ``failed_episodes``."""
         return self.error is not None
 
     @property
@@ -112,8 +120,13 @@ def run_episode(
     episode: int = 0,
     seed: int = 0,
     entropy_window: int = 10,
+    max_unusable_replies: int | None = None,
 ) -> Trajectory:
-    """Run one episode and return its trajectory (the environment and agent are used up)."""
+    """Run one episode and return its trajectory (the environment and agent are used up).
+
+    ``max_unusable_replies``: end the episode, recorded as failed, after this many consecutive steps without an
+    executable tool call (``None``: never; the official harness runs to the step cap).
+    """
     notes = NoteBook()
     registry = build_registry(env, notes, code_tool)
     limit = int(max_steps or env.max_agent_steps)
@@ -130,6 +143,7 @@ def run_episode(
     agent.begin(info)
     trajectory = Trajectory(env.name, agent.name, episode, seed, env.difficulty, env.required_steps)
     observation: ToolResult | None = None
+    unusable = 0  # consecutive replies without an executable tool call
     for index in range(limit):
         try:
             action = agent.act(observation)
@@ -160,10 +174,17 @@ def run_episode(
         trajectory.steps.append(record)
         if env.committed:
             break
+        unusable = unusable + 1 if action.call is None else 0
+        if max_unusable_replies is not None and unusable >= int(max_unusable_replies):
+            trajectory.error = f"{unusable} consecutive replies without an executable tool call (last: {record.error})"
+            log.warning("episode %s stopped at step %s: %s", episode, index, trajectory.error)
+            break
     trajectory.committed = env.committed
     trajectory.commit = env.commit_content
     trajectory.report = env.report.to_dict() if env.report is not None else None
     trajectory.refreshes = agent.context.refreshes
     trajectory.entropy = windowed_entropy(trajectory.steps, entropy_window)
     trajectory.tags = error_tags(trajectory)
+    if max_unusable_replies is not None and unusable >= int(max_unusable_replies):
+        trajectory.tags.append(UNUSABLE_TAG)
     return trajectory

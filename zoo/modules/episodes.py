@@ -59,6 +59,8 @@ class EpisodeModule(pl.LightningModule):
         crnr_window: wrap the agent in CRNR with this context window (``None``: no refresh).
         code_tool: give the agent the sandboxed Python tool.
         entropy_window: steps per window of the action-entropy curve.
+        max_unusable_replies: end an episode (recorded as failed) after this many consecutive replies that are not
+            executable tool calls (``None``: off, as in the official harness).
         trajectory_dir: where ``trajectories.jsonl`` goes (``None``: not written).
         backbone, quantizer: the run's composed backbone and quantizer (``train.py`` passes them when
             ``backbone`` is not ``none``): the model of the LLM agent, in process (:func:`agent_with_backbone`).
@@ -73,11 +75,16 @@ class EpisodeModule(pl.LightningModule):
         crnr_window: int | None = None,
         code_tool: bool = False,
         entropy_window: int = 10,
+        max_unusable_replies: int | None = None,
         trajectory_dir: str | None = None,
         backbone: Any = None,
         quantizer: Any = None,
     ) -> None:
         super().__init__()
+        if max_unusable_replies is not None and int(max_unusable_replies) < 1:
+            raise ConfigError(
+                f"module.max_unusable_replies={max_unusable_replies}: give a number of replies >= 1, or null (off)"
+            )
         if backbone is not None:
             agent = agent_with_backbone(agent, backbone, quantizer)
         env(seed=seed), agent(seed=seed)  # surface configuration errors when the run is built, not mid-test
@@ -89,6 +96,7 @@ class EpisodeModule(pl.LightningModule):
             "crnr_window": crnr_window,
             "code_tool": code_tool,
             "entropy_window": entropy_window,
+            "max_unusable_replies": max_unusable_replies,
         }
         self.trajectory_dir = trajectory_dir
         self.means = torch.nn.ModuleDict({name: MeanMetric() for name in SUMMARY})
