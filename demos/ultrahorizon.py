@@ -8,6 +8,7 @@ run's ``trajectories.jsonl`` (per-episode windowed action entropy, error tags, s
 
 from __future__ import annotations
 
+import csv
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from _agent_pages import (
 )
 
 from zoo.agents.metrics import mean_curve
+from zoo.agents.runner import UNUSABLE_TAG
 from zoo.report import (
     Run,
     Sweep,
@@ -306,6 +308,7 @@ def claims(
     sft = runs_of(None, None, SFT_ARM)
     if sft:
         share = [parsed_share(episodes(r)) for r in sft]
+        acts = cannot_act([e for r in sft for e in episodes(r)]) is None
         out.append(
             Claim(
                 f"{lab(SFT_ARM)} acts: its replies parse as tool calls",
@@ -314,6 +317,8 @@ def claims(
                 "higher",
             )
         )
+        if not acts:  # its 0 measures the reply format only: no score claim (the page says why)
+            return out
         out.append(
             Claim(
                 f"{lab(SFT_ARM)} explores better than random",
@@ -405,8 +410,8 @@ def fair_test(
         lines.append(
             "- **Models trained to a plateau.** The scripted agents are not trained (met by construction). The "
             f"behaviour-cloned LMs ({len(models)} models, {first.get('demo.sft.model_steps')} SFT steps each) have "
-            f"one validation, at the end: validation loss {fmt_stat(losses, ci=False)} per token (character), so a "
-            "plateau is **not met** (not measured; see its section)."
+            f"one validation, at the end: validation loss {fmt_stat(losses, ci=False)} per token (character). "
+            + sft_training(sft)
         )
     else:
         lines.append(
@@ -568,12 +573,80 @@ def llm_section(runs: list[Run], first: Run, lab: Any) -> list[str]:
         f"`+method=sft` on 2-digit addition for {first.get('demo.llm.model_steps')} steps (artifact cache): no chat "
         f"or tool-call training. CPU budget: at most {r0.get('module.max_steps')} steps per episode, "
         f"{r0.get('backend.max_tokens')} new tokens per reply, {r0.get('datamodule.episodes')} episode per run, "
-        "greedy decoding. So it cannot reach the required steps before a commit: a score of 0 is expected.",
+        f"greedy decoding; {unusable_stop(r0)}. So it cannot reach the required steps before a commit: a score of 0 "
+        "is expected.",
         "",
         llm_arm_measured(runs, eps, f"score {fmt_stat(stat(r.last('test/score') for r in runs))}"),
         "",
-        replies_measured(eps, r0.get("backend.max_tokens")) + " " + timing(runs),
+        replies_measured(eps, r0.get("backend.max_tokens")) + " " + timing(runs) + " " + stopped_early(eps),
     ]
+
+
+def unusable_stop(run: Run) -> str:
+    """The harness's stop for a model that cannot act, as the run was played (``module.max_unusable_replies``)."""
+    limit = run.get("module.max_unusable_replies")
+    if limit is None:
+        return "no stop for replies that are not tool calls (as the official harness): every episode plays to its cap"
+    return (
+        f"an episode ends, recorded as failed, after {limit} consecutive replies that are not executable tool calls "
+        "(malformed, no call, or cut at the reply budget; `module.max_unusable_replies`, off in the official harness)"
+    )
+
+
+def stopped_early(eps: list[dict[str, Any]]) -> str:
+    """How many episodes the stop for unusable replies ended, and after how many steps."""
+    stopped = [e for e in eps if UNUSABLE_TAG in (e.get("tags") or [])]
+    if not eps:
+        return ""
+    steps = stat(len(e.get("steps", [])) for e in stopped)
+    return f"{len(stopped)} of {len(eps)} episodes were ended by the stop for unusable replies" + (
+        f" (after {steps.mean:.0f} steps on average)." if stopped else "."
+    )
+
+
+def same_answer(envs: list[Any], lab: Any) -> str:
+    """What the training worlds share with the evaluated ones (the rules per difficulty are fixed, as in the official
+    code: Sequence Exploration is one instance per difficulty, Mystery Grid draws its map and start from the seed,
+    Alien Genetics Lab its creatures)."""
+    fixed = {
+        "ultrahorizon/sequence": "is one fixed instance per difficulty",
+        "ultrahorizon/grid": "draws its map and start position from the seed, its rules are fixed per difficulty",
+        "ultrahorizon/bio": "draws its creatures from the seed, its rules are fixed per difficulty",
+    }
+    said = "; ".join(f"{lab(env)} {fixed[env]}" for env in envs if env in fixed)
+    return (
+        f"As in the official code, {said}: the rules to commit are the ones of the teacher's training episodes, so "
+        "this measures whether the model reproduces its teacher from the chat, not generalisation to new rules."
+        if said
+        else ""
+    )
+
+
+def sft_training(runs: list[Run]) -> str:
+    """The behaviour-cloned models' training curves, read from each model's own log in the artifact cache: the
+    training loss at each logged step and the learning rate at the end, and whether a plateau was reached (not met
+    when the loss was still falling or the learning rate had decayed to near 0 before the loss flattened; not
+    measured when the logs are gone)."""
+    found = {a.get("path"): a for r in runs for a in r.info.get("artifacts") or [] if a.get("kind") == "demo_policy"}
+    parts = []
+    for path in found:
+        log_file = Path(str(path)) / "csv" / "metrics.csv"
+        if not log_file.is_file():
+            continue
+        rows = list(csv.DictReader(log_file.open()))
+        losses = [(int(r["step"]), float(r["train/loss"])) for r in rows if r.get("train/loss")]
+        rates = [float(r["lr-AdamW"]) for r in rows if r.get("lr-AdamW")]
+        if losses:
+            curve = ", ".join(f"{loss:.2f}" for _, loss in losses)
+            end = f", learning rate at the end {rates[-1]:.1e}" if rates else ""
+            parts.append(f"training loss at steps {', '.join(str(s) for s, _ in losses)}: {curve}{end}")
+    if not parts:
+        return "A plateau is **not met** (not measured: the models' training logs are not in the artifact cache)."
+    return (
+        "A plateau is **not met**: " + "; ".join(parts) + ". The learning rate is scheduled to decay over these few "
+        "steps, so a flat end of the curve is the schedule's end, not a plateau of what the model can learn (more "
+        "SFT steps cost more CPU than this sweep's budget)."
+    )
 
 
 def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any, first: Run) -> list[str]:
@@ -583,9 +656,9 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
     if not runs:
         return [
             f"Not in this sweep. Its harness: at most {first.get('demo.sft.max_steps')} steps per episode (required "
-            f"steps {first.get('env.required_steps')}), {first.get('demo.sft.max_tokens')} new tokens per reply; the "
-            "harness has no early stop for a model that cannot act, so such an episode generates the whole reply "
-            "budget at every step up to the cap. Run it with the second launch at the top of "
+            f"steps {first.get('env.required_steps')}), {first.get('demo.sft.max_tokens')} new tokens per reply, an "
+            f"episode ends after {first.get('demo.max_unusable_replies')} consecutive replies that are not executable "
+            "tool calls. Run it with the second launch at the top of "
             "`conf/demo/ultrahorizon.yaml` (`demo/ultrahorizon/arm=llm_sft`)."
         ]
     r0 = runs[0]
@@ -613,22 +686,21 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
         "(Alien Genetics Lab's cross results, about 4k characters each, overflow the context after the first). "
         f"Evaluation: greedy, at most {cap} steps per episode ({cap / required:g} × the {required} required steps; "
         "the environment's own cap, 4 × (8 × on bio), costs too much CPU for this model), "
-        f"{r0.get('datamodule.episodes')} episode per run. It ran on {len(rows)} of "
-        f"{len(envs) * len(difficulties)} settings × {len({r.seed for r in runs})} seeds (the table below): an "
-        "episode that cannot act generates the whole reply budget at every step up to the cap, which costs the wall "
-        "time measured below. Mystery Grid and Sequence Exploration have one "
-        "fixed instance per difficulty (as the official code), so the training worlds are the evaluated worlds: this "
-        "measures whether the model reproduces its teacher from the chat, not generalisation to new worlds.",
+        f"{r0.get('datamodule.episodes')} episode per run; {unusable_stop(r0)}. It ran on {len(rows)} of "
+        f"{len(envs) * len(difficulties)} settings × {len({r.seed for r in runs})} seeds (the table below). "
+        + same_answer(sorted({r.arm.get(ENV_KEY) for r in runs}, key=str), lab),
         "",
         table(["setting", lab(SFT_ARM), lab("he_crnr"), lab("random"), "steps with a parsed tool call"], rows),
         llm_arm_measured(runs, eps, f"score {fmt_stat(stat(r.last('test/score') for r in runs))}"),
         "",
         replies_measured(eps, r0.get("backend.max_tokens")) + " " + timing(runs),
         "",
-        f"It cannot act: {why}; it is left out of the score tables. The harness has no early stop for such an "
-        "episode: it plays every step up to the cap."
+        f"It cannot act: {why}; it is left out of the score tables and of the Verdict's score claims. "
+        + stopped_early(eps)
+        + " "
+        + sft_training(runs)
         if why
-        else "",
+        else stopped_early(eps),
     ]
 
 

@@ -14,6 +14,7 @@ import yaml
 from hydra.utils import instantiate
 
 from zoo.agents import CRNR, run_episode
+from zoo.agents.runner import UNUSABLE_TAG
 from zoo.report import Run
 
 from conftest import REPO_ROOT
@@ -91,3 +92,39 @@ def test_run_seconds_leaves_out_runs_that_trained_their_model(tmp_path):
         runs.append(Run(path=tmp_path / name, overrides=[]))
     seconds, left = run_seconds(runs)
     assert (seconds.mean, seconds.n, left) == (200.0, 2, 1)
+
+
+def sft_run(root: Path, seed: int, steps: list[dict], tags: list[str], artifact: Path) -> Run:
+    run = write_run(root, page.SFT_ARM, seed, 0.0, 16)
+    record = {"steps": steps, "tags": tags, "committed": False}
+    (run.path / page.TRAJECTORIES).write_text(json.dumps(record) + "\n")
+    info = {"artifacts": [{"kind": "demo_policy", "path": str(artifact), "built_now": False}]}
+    (run.path / "run_info.json").write_text(json.dumps(info))
+    return run
+
+
+def test_the_behaviour_cloned_arm_that_cannot_act_gets_no_score_claim_and_its_stops_are_counted(tmp_path):
+    model = tmp_path / "model"
+    (model / "csv").mkdir(parents=True)
+    (model / "csv" / "metrics.csv").write_text(
+        "lr-AdamW,step,train/loss,val/loss\n0.002,9,,\n,9,3.22,\n1e-08,29,,\n,29,3.35,\n,29,,2.88\n"
+    )
+    garbage = {"tool": None, "text": "e e", "completion_tokens": 8}
+    runs = [sft_run(tmp_path, s, [garbage] * 3, [UNUSABLE_TAG], model) for s in range(3)]
+    runs += [write_run(tmp_path, "random", s, 0.1, 200) for s in range(3)]
+
+    def runs_of(env, difficulty, arm):
+        return [r for r in runs if arm is None or r.arm[page.ARM_KEY] == arm]
+
+    claims = page.claims(["ultrahorizon/grid"], ["hard"], ["random"], ["random", page.SFT_ARM], runs_of, str)
+    assert [c.claim for c in claims] == [f"{page.SFT_ARM} acts: its replies parse as tool calls"]
+    eps = [e for r in runs_of(None, None, page.SFT_ARM) for e in page.episodes(r)]
+    assert (
+        page.stopped_early(eps)
+        == "3 of 3 episodes were ended by the stop for unusable replies (after 3 steps on average)."
+    )
+    training = page.sft_training(runs_of(None, None, page.SFT_ARM))
+    assert "**not met**" in training and "steps 9, 29: 3.22, 3.35" in training and "1.0e-08" in training
+    acting = sft_run(tmp_path / "b", 0, [{"tool": "move", "text": "", "completion_tokens": 5}], [], model)
+    runs[:3] = [acting]
+    assert len(page.claims(["ultrahorizon/grid"], ["hard"], ["random"], ["random"], runs_of, str)) == 2
