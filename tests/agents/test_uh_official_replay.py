@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from zoo.agents import MysteryGrid, SequenceExploration
+from zoo.agents import AlienGeneticsLab, MysteryGrid, SequenceExploration
 
 Call = Callable[..., dict[str, Any]]
 
@@ -123,3 +123,9 @@ def test_sequence_exploration_replays_the_official_outputs(difficulty):
     transcript = sequence_transcript(tool_caller(env))
     assert [stages[-1] for stages in transcript[:3]] == SEQUENCE_FIRST_OUTPUTS[difficulty]
     assert digest(transcript) == SEQUENCE_DIGESTS[difficulty]
+
+
+def test_run_step_caps_are_the_released_multiples_of_required_steps():
+    """``parallel_run.py``: ``max_run_steps = required_steps * 8`` for bio, ``* 4`` for the other two."""
+    assert MysteryGrid.max_steps_factor == 4 and SequenceExploration.max_steps_factor == 4
+    assert AlienGeneticsLab.max_steps_factor == 8
