@@ -13,8 +13,10 @@ when an essential line is removed), the trained pairs (``preference_pairs.jsonl`
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -45,11 +47,15 @@ BASELINES = ("grpo", "additive", "gr3")
 CURVES = ("train/think_tokens", "train/redundant_rate", "train/essential_retention", "train/accuracy")
 METRICS = ("exact_match", "think_tokens", "redundant_rate", "essential_retention")
 RECORDS = "eval_records.jsonl"
+# an essential step of the task (``2*3=6``; a redundant one is ``check 6``)
+ESSENTIAL_STEP = re.compile(r"\d[*+]\d+=")
 # the equivalence bands of "equal accuracy" (exact match, a share of 64 prompts per seed) and "keeps every essential
 # line" (essential-line retention)
 SAME_EM = 0.05
 SAME_RETENTION = 0.02
 SEEDS_FOR_SMALL_EFFECTS = 5
+# verification "fails" when an essential line is removed: the upper end of the pass rate's interval is below this
+ESSENTIAL_PASS_LIMIT = 0.05
 
 
 def base_train_prompts(run: Run) -> set[str]:
@@ -277,25 +283,44 @@ def probe_table(g: Grid) -> list[str]:
     ]
 
 
-def stated_value(line: str) -> str:
-    """The number a reasoning line states: after the last ``=`` of an essential line, after ``check`` of a check."""
-    return line.rsplit("=", 1)[-1].strip() if "=" in line else line.removeprefix("check ").strip()
+def pair_prompt(record: dict[str, Any]) -> str | None:
+    """The prompt of a trained pair, rebuilt from its rejected reasoning when that holds every essential line (the
+    products of its lines sum to the pair's answer; products of operands >= 2 are >= 4, so a missing line changes
+    the sum): ``"3*4+2*2="``; ``None`` otherwise."""
+    reasoning, _, answer = record.get("rejected", "").partition("</think>")
+    terms = re.findall(r"(\d+)\*(\d+)=(\d+)", reasoning)
+    answer = answer.replace("<eos>", "").strip()
+    if len(terms) < 2 or not answer.isdigit() or sum(int(v) for _, _, v in terms) != int(answer):
+        return None
+    return "+".join(f"{a}*{b}" for a, b, _ in terms) + "="
 
 
-def pair_audit(run: Run) -> dict[str, float]:
+def pair_audit(run: Run, seen: set[str]) -> dict[str, float]:
     """Shares of a run's trained pairs: ``essential_pushed_down`` (pairs whose pushed-down span holds an essential
-    line), ``redundant_only_pushed_down`` (it holds only ``check`` lines), ``pairs`` (their number; 0 without
-    records)."""
+    line, among those that prune lines), ``redundant_only_pushed_down`` (it holds only ``check`` lines), ``pairs``
+    (their number; 0 without records), and for the pairs whose prompt can be rebuilt (:func:`pair_prompt`):
+    ``seen_prompt`` (the share whose prompt is among the base policy's SFT training prompts ``seen``) and
+    ``essential_pushed_down_seen`` / ``_unseen`` (the essential share on those and on the others)."""
     records = run.read_jsonl("preference_pairs.jsonl") if run.file("preference_pairs.jsonl").is_file() else []
-    pruned = [r for r in records if r.get("rejected_scored") and "</think>" not in r["rejected_scored"]]
     if not records:
         return {"pairs": 0.0}
-    lines = [[x for x in r["rejected_scored"].replace("<think>", "").split("\n") if x.strip()] for r in pruned]
-    essential = [any(not x.startswith("check ") for x in ls) for ls in lines]
+    pruned = [r for r in records if r.get("rejected_scored") and "</think>" not in r["rejected_scored"]]
+    # the scored text joins the pruned steps without their delimiters: an essential step is found by its operation
+    essential = [bool(ESSENTIAL_STEP.search(r["rejected_scored"])) for r in pruned]
+    prompts = [pair_prompt(r) for r in pruned]
+    known = [(p in seen, e) for p, e in zip(prompts, essential) if p is not None]
+
+    def share(values: list[bool]) -> float:
+        return sum(values) / len(values) if values else math.nan
+
     return {
         "pairs": float(len(records)),
-        "essential_pushed_down": sum(essential) / max(len(pruned), 1),
-        "redundant_only_pushed_down": sum(not e for e in essential) / max(len(pruned), 1),
+        "essential_pushed_down": share(essential),
+        "redundant_only_pushed_down": share([not e for e in essential]),
+        "rebuilt": share([p is not None for p in prompts]),
+        "seen_prompt": share([k for k, _ in known]),
+        "essential_pushed_down_seen": share([e for k, e in known if k]),
+        "essential_pushed_down_unseen": share([e for k, e in known if not k]),
     }
 
 
@@ -398,13 +423,20 @@ def fair_test(g: Grid) -> list[str]:
     runs = g.runs_of("thoughtfold")
     if runs and runs[0].series("probe/start_pass_full"):
         s = probe_stats(runs, "start")
-        met = s["pass_drop_essential"].hi < s["pass_drop_redundant"].lo
+        separates = s["pass_drop_essential"].hi < s["pass_drop_redundant"].lo
+        fails = s["pass_drop_essential"].hi < ESSENTIAL_PASS_LIMIT
+        audits = [pair_audit(r, set()) for r in g.chosen("thoughtfold")]
+        pushed = stat(a["essential_pushed_down"] for a in audits if a["pairs"])
         lines.append(
             "- **The method's signal carries information the baselines lack** "
-            f"({'met' if met else 'not met'}): ThoughtFold's verification on the base policy passes a reasoning "
-            f"without one redundant line in {fmt_stat(s['pass_drop_redundant'])} of candidates and without one "
-            f"essential line in {fmt_stat(s['pass_drop_essential'])} (the probe above); a length penalty sees only "
-            "the length. 'met' when the two intervals do not overlap."
+            f"({'met' if separates and fails else 'not met'}): ThoughtFold's verification on the base policy passes "
+            f"a reasoning without one redundant line in {fmt_stat(s['pass_drop_redundant'])} of candidates and "
+            f"without one essential line in {fmt_stat(s['pass_drop_essential'])} (the probe above; the two intervals "
+            f"{'do not overlap' if separates else 'overlap'}); a length penalty sees only the length. 'met' requires "
+            f"also that removing an essential line fails verification (pass rate below {ESSENTIAL_PASS_LIMIT}, upper "
+            f"end of the interval): the search validates several prunings per rollout, so a small pass rate still "
+            f"lets folds drop essential lines, and {fmt_stat(pushed, ci=False)} of the trained pairs that prune lines "
+            "push an essential line down."
         )
     sizes = {arm: len(g.choices[arm].means) for arm in g.arms}
     lines.append(
@@ -476,7 +508,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     head = g.head
     png = plot(g, out / f"{PAPER}.png")
     tf = (g.runs_of("thoughtfold") or [head])[0]
-    audits = [pair_audit(r) for r in g.chosen("thoughtfold")] if "thoughtfold" in g.arms else []
+    seen = base_train_prompts(head)
+    audits = [pair_audit(r, seen) for r in g.chosen("thoughtfold")] if "thoughtfold" in g.arms else []
     audits = [a for a in audits if a["pairs"]]
     audit_lines = (
         [
@@ -486,7 +519,15 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             "pairs per run): the span the DPO loss pushes down holds an essential (product) line in "
             f"{fmt_stat(stat(a['essential_pushed_down'] for a in audits), ci=False)} of the pairs that prune lines, "
             "and only redundant `check` lines in "
-            f"{fmt_stat(stat(a['redundant_only_pushed_down'] for a in audits), ci=False)}.",
+            f"{fmt_stat(stat(a['redundant_only_pushed_down'] for a in audits), ci=False)}. The prompt of a pair can "
+            "be rebuilt from its pushed-down reasoning when that holds every product line "
+            f"({fmt_stat(stat(a['rebuilt'] for a in audits), ci=False)} of them); of those, "
+            f"{fmt_stat(stat(a['seen_prompt'] for a in audits), ci=False)} have a prompt the base policy was "
+            "fine-tuned on (the RL training prompts are drawn from the same few distinct prompts), and the share "
+            "pushing down an essential line is "
+            f"{fmt_stat(stat(a['essential_pushed_down_seen'] for a in audits), ci=False)} on those against "
+            f"{fmt_stat(stat(a['essential_pushed_down_unseen'] for a in audits), ci=False)} on prompts it was not "
+            "fine-tuned on.",
             "",
         ]
         if audits
