@@ -20,7 +20,14 @@ BUCKETINGS = ("kmeans", "gem")
 MIXERS = ("doremi", "regmix")
 SEEDS = (0, 1, 2)
 K = 13
-LABELS = {"kmeans": "k-means", "gem": "GEM (lambda 5000)", "doremi": "DoReMi", "regmix": "RegMix"}
+LABELS = {
+    "kmeans": "k-means",
+    "spherical_kmeans": "spherical k-means",
+    "vmf_em": "vMF-EM (learned prior)",
+    "gem": "GEM (lambda 5000)",
+    "doremi": "DoReMi",
+    "regmix": "RegMix",
+}
 
 
 def final_loss(bucketing: str, mixer: str, seed: int) -> float:
@@ -31,13 +38,16 @@ def final_loss(bucketing: str, mixer: str, seed: int) -> float:
 
 @pytest.fixture
 def make_sweep(tmp_path):
-    def make(rhos: tuple[float, ...] = (0.05, -0.3, 0.2), last_change: float = 0.001) -> Sweep:
+    def make(
+        rhos: tuple[float, ...] = (0.05, -0.3, 0.2), last_change: float = 0.001, bucketings: tuple = BUCKETINGS
+    ) -> Sweep:
         root = write_sweep(
-            tmp_path / "sweep", {"seed": "0,1,2", "bucketing": "kmeans,gem", "demo/gem/mixer": "doremi,regmix"}
+            tmp_path / f"sweep{len(bucketings)}",
+            {"seed": "0,1,2", "bucketing": ",".join(bucketings), "demo/gem/mixer": "doremi,regmix"},
         )
         number = 0
         for seed in SEEDS:
-            for bucketing in BUCKETINGS:
+            for bucketing in bucketings:
                 entropy = {"kmeans": 0.95, "gem": 0.99}[bucketing] + 0.002 * seed
                 buckets = tmp_path / "cache" / "buckets" / f"{bucketing}{seed}"
                 reference = tmp_path / "cache" / "doremi_reference" / f"{bucketing}{seed}"
@@ -110,8 +120,11 @@ def test_page_opens_with_the_verdict_and_flags_a_regmix_arm_that_does_not_rank(m
     lines = text.splitlines()
     assert lines[0].startswith("# ") and lines[2] == "## Verdict"
     verdict = read_verdict(tmp_path / "out" / "gem.md")
-    # shown: GEM more balanced, DoReMi below uniform; contradicted: RegMix above uniform; the rest within noise
-    assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (2, 4, 1)
+    # shown: GEM's masses uniform within 0.02 and above k-means', DoReMi below uniform; contradicted: RegMix above
+    # uniform; within noise: the bucketing effects on the loss and RegMix's rho on either bucketing
+    assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (3, 4, 1)
+    assert "| GEM's bucket masses are uniform within 0.02 of the maximum entropy" in text
+    assert "| -0.008 [-0.013, -0.003] | **shown** |" in text
     assert "| GEM's buckets are more balanced than k-means buckets (uniform prior, mass penalty) |" in text
     assert "| -0.050 [-0.050, -0.050] | **shown** |" in text  # DoReMi - uniform, paired by seed
     assert "| +0.400 [+0.400, +0.400] | **contradicted** |" in text  # RegMix - uniform
@@ -148,3 +161,13 @@ def test_cross_check_table_names_the_official_code(make_sweep, tmp_path):
         assert test in table
         name = test.split("::")[1]
         assert f"def {name}(" in (REPO_ROOT / "tests" / "mixing" / test.split("::")[0]).read_text()
+
+
+def test_a_sweep_over_gem_buckets_alone_tests_the_mixers_and_says_what_is_left_out(make_sweep, tmp_path):
+    text = build(make_sweep(bucketings=("gem",)), tmp_path / "out")
+    verdict = read_verdict(tmp_path / "out" / "gem.md")
+    # GEM's masses uniform, DoReMi below uniform weights (shown); RegMix's rho (within noise); RegMix above (contra.)
+    assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (2, 1, 1)
+    assert "k-means buckets" not in text.split("## Fair test")[0]
+    assert "left out of this sweep for its CPU budget (k-means, spherical k-means, vMF-EM" in text
+    assert "no balance-free bucketing is in this sweep" in text
