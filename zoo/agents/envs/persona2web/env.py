@@ -57,9 +57,11 @@ from zoo.text import build_retriever, load_encoder
 
 SCHEMES = ("no-history", "pre-execution", "on-demand")
 MODES = ("outcome", "reasoning")
-#: released settings: pre-execution <= 5 queries x top-20; on-demand top-10 with a score threshold
+#: released settings: pre-execution <= 5 queries x top-20 (``access_scheme.py`` ``retrieve_memories``); on-demand
+#: top-20 too (AgentOccam ``process_memory_query`` ``top_k=20``; browser-use ``PersonalizationService``
+#: ``retrieval_top_k=20``); ``retrieve``'s own default of 10 is used only by the retriever's example script
 PRE_EXECUTION_QUERIES = 5
-SCHEME_TOP_K = {"pre-execution": 20, "on-demand": 10}
+SCHEME_TOP_K = {"pre-execution": 20, "on-demand": 20}
 #: released ``MemoryBankRetriever.retrieve(threshold=0.5)``: stella cosine scores, both schemes
 RELEASED_THRESHOLD = 0.5
 RESULTS_SHOWN = 10
