@@ -366,6 +366,12 @@ def attribution_section(rows: dict[str, dict[int | None, Run]], labels: dict[str
         f"({num(paths[main])}; body {num(paths['body'])}, output rows {num(paths['out_out'])}, tied rows "
         f"{num(paths['tied'])}, input rows {num(paths['in_in'])}); the tied rows carry "
         f"{paths['tied'] / mean('masked_sft', 'sgd'):.0%} of the SGD total.",
+        f"- Reading of the table: the error tokens rise mostly because of {GROUP_NAMES[top]} (Adam), through "
+        f"{PATH_NAMES[main]} first; the shared-parameter path (tied rows) carries "
+        f"{paths['tied'] / mean('masked_sft', 'sgd'):.0%} of the SGD total"
+        + (", so tying is not the cause" if abs(paths["tied"]) < 0.1 * abs(mean("masked_sft", "sgd")) else "")
+        + "; the output-row path (every letter is a target at other positions and in other rows) carries "
+        f"{paths['out_out'] / mean('masked_sft', 'sgd'):.0%}.",
         f"- Error tokens as targets later in their own rows: of the held-out rows' first error tokens, "
         f"{next_share:.3f} equal the next reference token and {later_share:.3f} occur later in the reference (a "
         f"wrong letter drawn at random: {chance_share:.3f}); where it does, the row trains that very token as a "
@@ -542,10 +548,13 @@ def mechanism_summary(all_claims: list[Claim], rows: dict[str, dict[int | None, 
     accuracy = [c for c in all_claims if c.claim.startswith("Accuracy")]
     shown = [c for c in mechanism if c.verdict == "shown"]
     undo = {a: stat(r.last(metric(t, "undo_rate")) for r in rows.get(a, {}).values()).mean for a in rows}
+    failed = {a: stat(r.last(metric(t, "failed_correction_rate")) for r in rows.get(a, {}).values()) for a in rows}
     return [
         f"**Undo mechanism: {'shown' if shown else 'not shown'}** ({len(shown)} of {len(mechanism)} mechanism claims "
         f"shown; mean undo rate at T = {t:g}: "
         + ", ".join(f"{a} {v:.3f}" for a, v in undo.items() if not math.isnan(v))
+        + "; of the generations that used `<UNDO>`, the share still wrong: "
+        + (", ".join(f"{a} {s.mean:.3f}" for a, s in failed.items() if s.n) or "none used it")
         + "). **Accuracy, separately:** "
         + "; ".join(f"{c.claim.removeprefix('Accuracy: ')}: {c.verdict} ({c.effect_text()})" for c in accuracy)
         + ".",
