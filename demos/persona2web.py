@@ -16,6 +16,7 @@ from typing import Any
 
 from _agent_pages import cannot_act, endpoint_section, left_out_paragraph, llm_arm_measured
 
+from zoo.agents.envs.persona2web.env import PRE_EXECUTION_QUERIES, SCHEME_TOP_K
 from zoo.report import (
     Run,
     Sweep,
@@ -36,6 +37,7 @@ from zoo.stats import (
 from zoo.verdict import Claim, verdict_section
 
 PAPER = "persona2web"
+PRE_K, ON_DEMAND_K = SCHEME_TOP_K["pre-execution"], SCHEME_TOP_K["on-demand"]
 LEVEL_KEY = "env.level"
 NOISE_KEY = "env.distractors"
 ARM_KEY = "demo/persona2web/arm"
@@ -239,7 +241,7 @@ def claims(noises: list[Any], levels: list[Any], arms: list[str], runs_of: Any, 
             Claim(
                 f"pre-execution history access beats on-demand (level {first})",
                 f"SR (reasoning-aware), {lab('pre_execution')} − {lab('on_demand')}, paired by seed, {where} "
-                "(here the retrieval budget: top-20 vs top-10, same queries)",
+                f"(here when the same queries are read: top-{PRE_K} vs top-{ON_DEMAND_K})",
                 gain(runs_of, "pre_execution", "on_demand", first, noise, success),
                 "higher",
                 MARGIN,
@@ -317,7 +319,7 @@ def fair_test(
     lines += [
         "- **Same tuning effort for every arm.** No arm is tuned: the scripted agents share one template query per "
         "hidden field and the same frequency vote; the schemes' settings are the released ones (pre-execution at "
-        "most 5 queries × top-20, on-demand top-10), the retrieval threshold is "
+        f"most {PRE_EXECUTION_QUERIES} queries × top-{PRE_K}, on-demand top-{ON_DEMAND_K}), the retrieval threshold is "
         f"`{first_run.get('env.threshold')}` for both schemes (encoder `{first_run.get('env.encoder')}`, retriever "
         f"`{first_run.get('env.retriever')}`), and every arm of a seed plays the same worlds.",
         "- **Chosen on a split that is not reported.** Nothing is chosen from runs: no threshold or hyper-parameter "
@@ -520,11 +522,13 @@ def reading(noises: list[Any], levels: list[Any], arms: list[str], runs_of: Any,
     if "pre_execution" in arms and "on_demand" in arms:
         notes.append(
             "- The scripted pre-execution and on-demand agents ask the same template queries (one per hidden field) "
-            "and vote over what comes back; they differ only in when they read and in the scheme's top-k (20 vs 10). "
-            "A gap between them is therefore the retrieval budget, not an LLM's judgement of when to ask; the "
-            "paper's finding (pre-execution ahead of on-demand) is about LLM agents on the live web and is not "
-            "tested here beyond that mechanism. Where they score near 1, the simulated histories are solvable by "
-            "retrieval and a frequency vote; that does not make the task easy for an LLM."
+            f"and vote over what comes back, with the released top-k of each scheme ({PRE_K} and {ON_DEMAND_K}); they "
+            "differ in when they read: the pre-execution agent decides every field on the entries of all its reads "
+            f"(at most {PRE_EXECUTION_QUERIES} queries), the on-demand agent decides each field on the reads made so "
+            "far. A gap between them is therefore that timing, not an LLM's judgement of when to ask; the paper's "
+            "finding (pre-execution ahead of on-demand) is about LLM agents on the live web and is not tested here "
+            "beyond that mechanism. Where they score near 1, the simulated histories are solvable by retrieval and "
+            "a frequency vote; that does not make the task easy for an LLM."
         )
     notes.append(
         "- What this toy cannot show: how often a real LLM decides to consult its history, how it phrases queries, "

@@ -127,6 +127,9 @@ def test_page_opens_with_the_verdict_and_leaves_the_tiny_lm_out_with_the_measure
     fair = text[text.index("## Fair test") : text.index("## P_web")]
     assert "the no-history agent scores SR 0.000 there" in fair and "scores 1.000 at level 3" in fair
     assert "Not applicable to the score tables" in fair and "0 of the 4 verdict effects" in fair
+    # the released budget of both schemes (top_k=20): the page does not explain the scheme gap by top-k
+    assert "pre-execution at most 5 queries × top-20, on-demand top-20" in fair
+    assert "top-20 vs top-20" in text and "top-10" not in text
     tables = text[text.index("## P_web") : text.index("## Error tags")]
     assert "| tiny local LM |" not in tables
     assert "Left out of the score tables (they cannot act): tiny local LM: none of its 24 replies" in tables
