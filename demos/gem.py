@@ -78,9 +78,9 @@ CROSS_CHECKS = (
 
 
 def by_arm(sweep: Sweep) -> dict[tuple[str, str], dict[int, Run]]:
-    """``{(bucketing, mixer): {seed: run}}``."""
+    """``{(bucketing, mixer): {seed: run}}`` of the finished runs (a stopped run's last loss is not its final one)."""
     out: dict[tuple[str, str], dict[int, Run]] = {}
-    for run in sweep.runs:
+    for run in (r for r in sweep.runs if r.finished):
         mixer = run.choice(MIXER_KEY, "doremi") or "doremi"
         out.setdefault((str(run.get("bucketing")), mixer), {})[int(run.get("seed"))] = run
     return out
@@ -160,6 +160,7 @@ class Results:
     def __init__(self, sweep: Sweep) -> None:
         self.sweep = sweep
         self.arms = by_arm(sweep)
+        self.unfinished = [r for r in sweep.runs if not r.finished]
         self.bucketings = [b for b in BUCKETINGS if any(key[0] == b for key in self.arms)]
         self.mixers = [m for m in MIXERS if any(key[1] == m for key in self.arms)]
         first = sweep.runs[0] if sweep.runs else None
@@ -438,11 +439,13 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     header, rows = loss_table(res)
     first = sweep.runs[0] if sweep.runs else None
     k = first.get("num_buckets") if first else "?"
+    stopped = ", ".join(str(r.path.relative_to(sweep.path)) for r in res.unfinished)
     lines = [
         "# GEM: Geometric Entropy Mixing — toy demo",
         "",
         provenance(sweep, PAPER),
         "",
+        *([f"**Runs that did not finish, left out of every number below:** {stopped}.", ""] if stopped else []),
         "One procedurally generated corpus (3000 training documents: 12 latent topics with Zipf-imbalanced sizes "
         "and a cluster of near-duplicate templated documents, 10% of the corpus; `zoo.data.mixture_corpus`), "
         f"embedded once with the real all-MiniLM-L6-v2, is bucketed into K = {k} buckets; a mixer then chooses "

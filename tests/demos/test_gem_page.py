@@ -171,3 +171,15 @@ def test_a_sweep_over_gem_buckets_alone_tests_the_mixers_and_says_what_is_left_o
     assert "k-means buckets" not in text.split("## Fair test")[0]
     assert "left out of this sweep for its CPU budget (k-means, spherical k-means, vMF-EM" in text
     assert "no balance-free bucketing is in this sweep" in text
+
+
+def test_a_run_that_did_not_finish_is_left_out_and_named(make_sweep, tmp_path):
+    sweep = make_sweep()
+    stopped = sweep.path / "gem" / "regmix" / "seed2"
+    info = json.loads((stopped / "run_info.json").read_text())
+    (stopped / "run_info.json").write_text(json.dumps({k: v for k, v in info.items() if k != "finished_at"}))
+    text = build(Sweep.load(sweep.path), tmp_path / "out")
+    assert "**Runs that did not finish, left out of every number below:** gem/regmix/seed2." in text
+    # RegMix - uniform on GEM buckets over the two finished seeds only
+    assert "uniform-topic held-out loss, RegMix − uniform weights (paired by seed) | +0.400 [+0.400, +0.400]" in text
+    assert "(mean of 10 splits per seed) | -0.125 [" in text  # GEM buckets' rho: seeds 0 and 1
