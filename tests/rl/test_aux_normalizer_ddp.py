@@ -33,16 +33,17 @@ def _items(size: int) -> PairItems:
     return PairItems(size, batch, torch.zeros(size), torch.zeros(size))
 
 
-def _rank(rank: int, port: int, sizes: list[int | None], out: dict) -> None:
+def _rank(rank: int, port: int, cases: list[list[int | None]], out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         module = GRPOModule(TinyBackbone(seed=0), rewards={"accuracy": ExactMatchReward()}, group_size=2)
         module._trainer = SimpleNamespace(world_size=2)  # a trainer double: world_size is all the method reads
-        items = None if sizes[rank] is None else _items(sizes[rank])
-        module.share_aux_normalizer(items)
-        out[rank] = None if items is None else items.normalizer
+        for case, sizes in enumerate(cases):
+            items = None if sizes[rank] is None else _items(sizes[rank])
+            module.share_aux_normalizer(items)
+            out[case, rank] = None if items is None else items.normalizer
     finally:
         dist.destroy_process_group()
 
@@ -53,12 +54,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# (the pairs on rank 0 and rank 1, the normaliser each rank holds after the all-reduce); one launch runs them all
+CASES = [([3, 1], {0: 2.0, 1: 2.0}), ([3, None], {0: 1.5, 1: None})]
+
+
 @pytest.mark.distributed
-@pytest.mark.parametrize(("sizes", "expected"), [([3, 1], {0: 2.0, 1: 2.0}), ([3, None], {0: 1.5, 1: None})])
-def test_the_aux_normalizer_is_the_all_reduced_count_over_the_ranks(sizes, expected):
+def test_the_aux_normalizer_is_the_all_reduced_count_over_the_ranks():
     out = mp.Manager().dict()
-    mp.spawn(_rank, args=(_free_port(), sizes, out), nprocs=2, join=True)
-    assert dict(out) == expected
+    mp.spawn(_rank, args=(_free_port(), [sizes for sizes, _ in CASES], out), nprocs=2, join=True)
+    for case, (sizes, expected) in enumerate(CASES):
+        assert {rank: out[case, rank] for rank in (0, 1)} == expected, sizes
 
 
 def test_thoughtfold_divides_by_the_shared_normalizer():
