@@ -60,6 +60,8 @@ ENV_ORDER = ("ultrahorizon/grid", "ultrahorizon/sequence", "ultrahorizon/bio")
 DIFFICULTY_ORDER = ("easy", "medium", "hard")
 #: an effect below this (in score) is small: such claims would call for more seeds
 SMALL_EFFECT = 0.05
+#: a training loss below this share of its previous logged value is still falling (no plateau)
+FALLING = 0.98
 ARM_ORDER = ("random", "early_commit", "hypothesis_elimination", NO_CRNR, "he_crnr", LLM_ARM, SFT_ARM, "llm_endpoint")
 
 
@@ -393,8 +395,7 @@ def fair_test(
         "reported episodes."
         + (
             " The behaviour-cloned LM is trained on teacher episodes whose seeds are derived apart from the "
-            "evaluation's; Mystery Grid and Sequence Exploration have one fixed instance per difficulty (as the "
-            "official code), so on them the training worlds are the evaluated worlds (stated in its section)."
+            "evaluation's. " + same_answer(sorted({r.arm.get(ENV_KEY) for r in sft}, key=str), lab)
             if sft
             else ""
         )
@@ -639,6 +640,8 @@ def sft_training(runs: list[Run]) -> str:
         if losses:
             curve = ", ".join(f"{loss:.2f}" for _, loss in losses)
             end = f", learning rate at the end {rates[-1]:.1e}" if rates else ""
+            falling = len(losses) > 1 and losses[-1][1] < FALLING * losses[-2][1]
+            end += " (still falling over the last logged interval)" if falling else ""
             parts.append(f"training loss at steps {', '.join(str(s) for s, _ in losses)}: {curve}{end}")
     if not parts:
         return "A plateau is **not met** (not measured: the models' training logs are not in the artifact cache)."

@@ -125,6 +125,7 @@ def test_the_behaviour_cloned_arm_that_cannot_act_gets_no_score_claim_and_its_st
     )
     training = page.sft_training(runs_of(None, None, page.SFT_ARM))
     assert "**not met**" in training and "steps 9, 29: 3.22, 3.35" in training and "1.0e-08" in training
+    assert "still falling" not in training
     acting = sft_run(tmp_path / "b", 0, [{"tool": "move", "text": "", "completion_tokens": 5}], [], model)
     runs[:3] = [acting]
     assert len(page.claims(["ultrahorizon/grid"], ["hard"], ["random"], ["random"], runs_of, str)) == 2
