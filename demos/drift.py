@@ -150,7 +150,7 @@ class Demo:
         first = sweep.runs[0]
         turns = int(first.get("multiturn.max_turns", 3))
         runs: dict[str, dict[str, dict[int, Run]]] = {}
-        for run in sweep.runs:
+        for run in (r for r in sweep.runs if r.finished):  # an unfinished run's last validation is not its final one
             arm = run.arm.get(ARM_KEY) or run.group_choice("demo/drift/arm") or "all"
             point = run.arm.get(LR_KEY) or str(run.get(LR_KEY, "mid"))
             runs.setdefault(arm, {}).setdefault(point, {})[run.seed] = run

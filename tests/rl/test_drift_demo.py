@@ -93,7 +93,7 @@ def curve(arm: str, point: str, seed: int) -> list[tuple[float, float, float]]:
     return [(10.0 * i, 5000.0 * i, final - 0.2 + 0.05 * i) for i in range(1, 5)]
 
 
-def write_sweep(tmp_path: Path) -> str:
+def write_sweep(tmp_path: Path, unfinished: bool = False) -> str:
     root = tmp_path / "logs" / "demos" / "drift" / "2026-01-01_00-00-00"
     root.mkdir(parents=True)
     params = {"demo/drift/arm": "reference,plain_sft,drift,grpo", "demo.lr": "low,mid,high", "seed": "0,1,2"}
@@ -140,6 +140,8 @@ def write_sweep(tmp_path: Path) -> str:
         }
         (run / "resolved_config.yaml").write_text(yaml.safe_dump(config))
         info = {"argv": ["train.py", "-m", "+demo=drift"], "finished_at": "2026-01-01T00:01:00+00:00"}
+        if unfinished and (arm, point, seed) == ("grpo", "mid", 2):
+            info.pop("finished_at")
         info["artifacts"] = [artifact] if arm in ("plain_sft", "drift") else []
         (run / "run_info.json").write_text(json.dumps({**info, "wall_seconds": 10.0}))
         log = []
@@ -188,3 +190,11 @@ def test_the_fair_test_section_says_how_each_point_is_met(tmp_path):
     assert "over the other seeds" in fair
     assert "Trained to a plateau" in fair and "(not met)" in fair  # GRPO still gains 0.10 in its second half
     assert "3 seeds per arm and grid point: >= 3 met" in fair
+
+
+def test_an_unfinished_run_is_left_out(tmp_path):
+    """GRPO at mid for seed 2 stopped early: its last validation is not a final one, so seed 2 is not paired."""
+    page = write_sweep(tmp_path, unfinished=True)
+    head = page.split("## ")[1]
+    assert "common target sampled multi@3 ≥ 0.895" in head  # GRPO's mean over seeds 0 and 1 only (0.900 with 2)
+    assert "1 of them unfinished" in page
