@@ -275,9 +275,10 @@ def test_train_artifact_keeps_the_callers_random_and_hydra_state(train_cfg, tmp_
     assert read_meta(artifact)["spec"]["datamodule"]["source"]["num_train"] == 128
 
 
-def test_init_from_base_from_the_cli_survives_a_killed_build(tmp_path):
+def test_init_from_base_from_the_cli_survives_a_killed_build(tmp_path, zoo_main):
     """``python train.py backbone.init_from=base``: a build killed mid-way (SIGKILL) leaves no artifact; the next run
-    removes its temporary directory, builds the policy anew and trains from it in the Hydra app's run directory."""
+    (train.py's entry point in this process) removes its temporary directory, builds the policy anew and trains from
+    it in the Hydra app's run directory."""
     cache = tmp_path / "cache"
     args = [
         sys.executable,
@@ -289,7 +290,11 @@ def test_init_from_base_from_the_cli_survives_a_killed_build(tmp_path):
         "datamodule.source.num_val=16",
         "datamodule.batch_size=16",
         "trainer.max_epochs=1",
-        "module.generation.max_new_tokens=8",
+        "module.generate_on_eval=false",
+        # a small model for the base policy and the run (the build, its kill and the resume are what is tested)
+        "backbone.num_hidden_layers=2",
+        "backbone.hidden_size=64",
+        "backbone.intermediate_size=192",
         f"paths.cache_dir={cache}",
         f"paths.log_dir={tmp_path / 'logs'}",
         f"hydra.run.dir={tmp_path / 'run'}",
@@ -307,9 +312,9 @@ def test_init_from_base_from_the_cli_survives_a_killed_build(tmp_path):
     (left,) = temporaries(kind_dir)
     assert not [p for p in kind_dir.iterdir() if is_complete(p)]
 
-    done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    log = done.stdout + done.stderr
+    code, out, err = zoo_main(args[2:], tmp_path)
+    assert code == 0, err[-3000:]
+    log = out + err
     assert f"removed {left}, left by an interrupted build" in log
     assert "building the base_policy artifact 'addition': backbone.init_from=base asks for" in log
     assert list(temporaries(kind_dir)) == []
