@@ -14,8 +14,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from omegaconf import OmegaConf
-from test_catalogue import SMALL_DATA
+from test_catalogue import smoke_settings
 
 from zoo.catalogue import load_catalogue
 from zoo.checkpoints import read_checkpoint
@@ -163,18 +162,12 @@ def test_hyperparameters_keep_plain_data_only_whatever_a_module_ignores():
 
 # -- every method's checkpoint loads back -----------------------------------------------------------------------------
 def smoke_config(method: str, train_cfg, cache_dir: Path):
-    """``+method=<method>`` with one fast_dev_run step and the smallest settings of its catalogue smoke run
-    (tests/test_catalogue.py composes them the same way)."""
+    """``+method=<method>`` with one fast_dev_run step and the settings of its catalogue smoke run (the same
+    composition as tests/test_catalogue.py's cells, so both share the cached prerequisites)."""
     overrides = [f"+method={method}", "debug=fdr", "trainer.accelerator=cpu", *SMALL_BASE_POLICY]
-    composed = train_cfg(overrides, cache_dir=cache_dir)
-    absent = object()
-    smoke = [
-        s
-        for s in [*SMALL_DATA, *CATALOGUE[method].smoke]
-        if OmegaConf.select(composed, s.split("=", 1)[0], default=absent, throw_on_resolution_failure=False)
-        is not absent
-    ]
-    return train_cfg([*overrides, *smoke], cache_dir=cache_dir)
+    return train_cfg(
+        [*overrides, *smoke_settings(method, train_cfg(overrides, cache_dir=cache_dir))], cache_dir=cache_dir
+    )
 
 
 def write_checkpoint(cfg, path: Path) -> Path:
