@@ -71,7 +71,7 @@ def episodes(run: Run) -> list[dict[str, Any]]:
 
 
 def build(sweep: Sweep, out: Path) -> list[Path]:
-    first = sweep.runs[0]
+    first = next((r for r in sweep.runs if r.finished), sweep.runs[0])  # a run still going has no resolved config
     labels = first.get("demo.labels", {}) or {}
 
     def lab(name: str | None) -> str:
@@ -395,7 +395,7 @@ def fair_test(
         "reported episodes."
         + (
             " The behaviour-cloned LM is trained on teacher episodes whose seeds are derived apart from the "
-            "evaluation's. " + same_answer(sorted({r.arm.get(ENV_KEY) for r in sft}, key=str), lab)
+            "evaluation's. " + same_answer(sorted({r.arm.get(ENV_KEY) for r in sft}, key=env_rank), lab)
             if sft
             else ""
         )
@@ -568,7 +568,7 @@ def llm_section(runs: list[Run], first: Run, lab: Any) -> list[str]:
     if not runs:
         return ["Not in this sweep."]
     eps = [e for r in runs for e in episodes(r)]
-    r0 = runs[0]
+    r0 = next((r for r in runs if r.finished), runs[0])  # a run still going has no resolved config yet
     return [
         f"Agent `{r0.get('agent._target_')}` with backend `{r0.get('backend._target_')}` on a tiny Llama trained by "
         f"`+method=sft` on 2-digit addition for {first.get('demo.llm.model_steps')} steps (artifact cache): no chat "
@@ -603,6 +603,11 @@ def stopped_early(eps: list[dict[str, Any]]) -> str:
     return f"{len(stopped)} of {len(eps)} episodes were ended by the stop for unusable replies" + (
         f" (after {steps.mean:.0f} steps on average)." if stopped else "."
     )
+
+
+def env_rank(env: Any) -> int:
+    """An environment's place in the demo's order (others after it)."""
+    return ENV_ORDER.index(env) if env in ENV_ORDER else len(ENV_ORDER)
 
 
 def same_answer(envs: list[Any], lab: Any) -> str:
@@ -664,7 +669,7 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
             "tool calls. Run it with the second launch at the top of "
             "`conf/demo/ultrahorizon.yaml` (`demo/ultrahorizon/arm=llm_sft`)."
         ]
-    r0 = runs[0]
+    r0 = next((r for r in runs if r.finished), runs[0])  # a run still going has no resolved config yet
     eps = [e for r in runs for e in episodes(r)]
     rows = []
     for env, difficulty in [(e, d) for e in envs for d in difficulties if runs_of(e, d, SFT_ARM)]:
@@ -691,7 +696,7 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
         "the environment's own cap, 4 × (8 × on bio), costs too much CPU for this model), "
         f"{r0.get('datamodule.episodes')} episode per run; {unusable_stop(r0)}. It ran on {len(rows)} of "
         f"{len(envs) * len(difficulties)} settings × {len({r.seed for r in runs})} seeds (the table below). "
-        + same_answer(sorted({r.arm.get(ENV_KEY) for r in runs}, key=str), lab),
+        + same_answer(sorted({r.arm.get(ENV_KEY) for r in runs}, key=env_rank), lab),
         "",
         table(["setting", lab(SFT_ARM), lab("he_crnr"), lab("random"), "steps with a parsed tool call"], rows),
         llm_arm_measured(runs, eps, f"score {fmt_stat(stat(r.last('test/score') for r in runs))}"),
