@@ -613,11 +613,11 @@ def env_rank(env: Any) -> int:
 def same_answer(envs: list[Any], lab: Any) -> str:
     """What the training worlds share with the evaluated ones (the rules per difficulty are fixed, as in the official
     code: Sequence Exploration is one instance per difficulty, Mystery Grid draws its map and start from the seed,
-    Alien Genetics Lab its creatures)."""
+    Alien Genetics Lab its phenotype noise and cross outcomes)."""
     fixed = {
         "ultrahorizon/sequence": "is one fixed instance per difficulty",
         "ultrahorizon/grid": "draws its map and start position from the seed, its rules are fixed per difficulty",
-        "ultrahorizon/bio": "draws its creatures from the seed, its rules are fixed per difficulty",
+        "ultrahorizon/bio": "draws its phenotype noise and cross outcomes from the seed (same stock, same rules)",
     }
     said = "; ".join(f"{lab(env)} {fixed[env]}" for env in envs if env in fixed)
     return (
