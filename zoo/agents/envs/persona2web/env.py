@@ -11,8 +11,9 @@ History-access schemes (``scheme``), as in the released ``access_scheme.py``:
 * ``pre-execution`` -- ``memory_access(query)`` returns the top-20 entries, at most 5 queries, and only before the
   first web action (the released code writes <= 5 memory queries, retrieves top-20 each, then rewrites the
   objective and runs the agent with memory off).
-* ``on-demand`` -- ``memory_access(query)`` is an action like any other; top-10 entries (the LLM answer the release
-  builds from them is left to the agent [reconstruction]).
+* ``on-demand`` -- ``memory_access(query)`` is an action like any other; top-20 entries, as AgentOccam's
+  ``process_memory_query`` and browser-use's ``PersonalizationService`` (the LLM answer the release builds from them
+  is left to the agent [reconstruction]).
 
 Both schemes keep only entries whose score reaches ``threshold``, as the released ``MemoryBankRetriever.retrieve``
 (``threshold=0.5`` on stella cosine scores, called by both ``process_memory_request`` paths). ``threshold="auto"``
