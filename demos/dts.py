@@ -36,7 +36,7 @@ from zoo.report import (
     write_page,
 )
 from zoo.stats import Stat, fmt_stat, paired, stat
-from zoo.verdict import Claim, verdict_section
+from zoo.verdict import Claim, seeds_note, verdict_section
 
 PAPER = "dts"
 RECORDS = "eval_records.jsonl"
@@ -553,14 +553,8 @@ def fair_test(
         + "; ".join(plateau_text)
         + "."
     )
-    small = [c for c in all_claims if abs(c.estimate) < SMALL_EFFECT]
     seeds = len(sweep.seeds)
-    note = (
-        f"{len(small)} of the {len(all_claims)} verdict effects are below {SMALL_EFFECT} in absolute value"
-        + (" and would call for 5 seeds" if small and seeds < 5 else "")
-        if small
-        else f"every verdict effect is at least {SMALL_EFFECT} in absolute value"
-    )
+    note = seeds_note(all_claims, seeds, SMALL_EFFECT)
     lines += [f"- **Seeds.** {seeds} seeds (base policy, data draws and sampling noise vary together); {note}.", ""]
     return lines
 

@@ -39,7 +39,7 @@ from zoo.report import (
 )
 from zoo.rl.nmars_attribution import GROUPS, MASKED_SFT_GROUPS, PATHS, Row, deviation_attribution, row_targets
 from zoo.stats import Stat, fmt_stat, paired, stat
-from zoo.verdict import Claim, verdict_section
+from zoo.verdict import Claim, seeds_note, verdict_section
 
 PAPER = "nmars"
 ARM_KEY = "demo/nmars/arm"
@@ -634,14 +634,8 @@ def fair_test(
         change = stat(curve_change(r, name) for r in rows[arm].values())
         met = "met" if not math.isnan(change.mean) and abs(change.mean) < PLATEAU else "not met"
         plateau_parts.append(f"{arm}: {name} last third vs middle third {percent(change.mean)} (**{met}**)")
-    small = [c for c in all_claims if abs(c.estimate) < SMALL_EFFECT]
     seeds = len(sweep.seeds)
-    note = (
-        f"{len(small)} of the {len(all_claims)} verdict effects are below {SMALL_EFFECT} in absolute value"
-        + (" and would call for 5 seeds" if small and seeds < 5 else "")
-        if small
-        else f"every verdict effect is at least {SMALL_EFFECT} in absolute value"
-    )
+    note = seeds_note(all_claims, seeds, SMALL_EFFECT)
     return [
         "## Fair test",
         "",

@@ -110,6 +110,17 @@ def verdict_section(claims: Sequence[Claim], cannot_test: str, confidence: float
     return lines
 
 
+def seeds_note(claims: Sequence[Claim], seeds: int, small_effect: float) -> str:
+    """The fair test's point on seeds: how many of the verdict's effects are below ``small_effect`` in absolute value
+    (such effects call for at least 5 seeds, fewer than ``seeds`` being shown as wanting more)."""
+    small = [c for c in claims if abs(c.estimate) < small_effect]
+    if not small:
+        return f"every verdict effect is at least {small_effect} in absolute value"
+    return f"{len(small)} of the {len(claims)} verdict effects are below {small_effect} in absolute value" + (
+        " and would call for 5 seeds" if seeds < 5 else ""
+    )
+
+
 @dataclass(frozen=True)
 class PageVerdict:
     """The counts of a page's Verdict section."""

@@ -7,7 +7,7 @@ import pytest
 from zoo.catalogue import verdict_cell
 from zoo.report import write_page
 from zoo.stats import compare, stat
-from zoo.verdict import CONTRADICTED, NOT_SHOWN, SHOWN, Claim, read_verdict, verdict_section
+from zoo.verdict import CONTRADICTED, NOT_SHOWN, SHOWN, Claim, read_verdict, seeds_note, verdict_section
 
 HIGH = [1.0, 1.1, 0.9, 1.05]
 LOW = [0.0, 0.1, -0.1, 0.05]
@@ -36,6 +36,16 @@ def test_a_paired_effect_is_a_stat_of_the_differences():
     claim = Claim("c", "m", stat([0.2, 0.25, 0.3]), "higher")
     assert claim.verdict == SHOWN
     assert claim.effect_text().startswith("+0.250 [")
+
+
+def test_the_seeds_note_counts_the_small_effects_and_asks_for_5_seeds_below_5():
+    claims = [Claim("a", "m", stat([0.01, 0.02, 0.03]), "higher"), Claim("b", "m", stat([0.5, 0.6, 0.7]), "higher")]
+    assert (
+        seeds_note(claims, 3, 0.05)
+        == "1 of the 2 verdict effects are below 0.05 in absolute value and would call for 5 seeds"
+    )
+    assert seeds_note(claims, 5, 0.05) == "1 of the 2 verdict effects are below 0.05 in absolute value"
+    assert seeds_note(claims[1:], 3, 0.05) == "every verdict effect is at least 0.05 in absolute value"
 
 
 def test_bad_claims_are_refused():
