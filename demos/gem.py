@@ -71,7 +71,7 @@ CROSS_CHECKS = (
     (
         "GEM MM updates (no official code)",
         "the paper's equations transcribed in NumPy",
-        "`zoo.mixing.gem.fit_gem`",
+        "`zoo.mixing.clustering.fit_gem`",
         "`tests/mixing/test_gem_reference.py::test_fit_gem_follows_the_paper_equations_point_by_point`",
     ),
 )
@@ -112,6 +112,30 @@ def uniform_loss(run: Run) -> float:
                 value = (inner.get("metrics") or {}).get("val/loss")
                 if inner.get("kind") == "doremi_reference" and value is not None:
                     return float(value)
+        found = cached_reference_loss(Path(used["path"]))
+        if not math.isnan(found):
+            return found
+    return math.nan
+
+
+def reference_key(spec: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies DoReMi's reference for a weights artifact: the data directory, the seed and the steps."""
+    source = ((spec.get("datamodule") or {}).get("source")) or {}
+    return source.get("directory"), spec.get("seed"), (spec.get("trainer") or {}).get("max_steps")
+
+
+def cached_reference_loss(weights_dir: Path) -> float:
+    """``val/loss`` of the cached ``doremi_reference`` built for the same data, seed and steps as the cached DoReMi
+    weights in ``weights_dir`` (when another run built both, neither run's record lists the reference)."""
+    meta = weights_dir / "artifact.json"
+    if not meta.is_file():
+        return math.nan
+    key = reference_key(json.loads(meta.read_text()).get("spec") or {})
+    for candidate in sorted((weights_dir.parent.parent / "doremi_reference").glob("*/artifact.json")):
+        reference = json.loads(candidate.read_text())
+        value = (reference.get("metrics") or {}).get("val/loss")
+        if value is not None and reference_key(reference.get("spec") or {}) == key:
+            return float(value)
     return math.nan
 
 

@@ -183,3 +183,32 @@ def test_a_run_that_did_not_finish_is_left_out_and_named(make_sweep, tmp_path):
     # RegMix - uniform on GEM buckets over the two finished seeds only
     assert "uniform-topic held-out loss, RegMix − uniform weights (paired by seed) | +0.400 [+0.400, +0.400]" in text
     assert "(mean of 10 splits per seed) | -0.125 [" in text  # GEM buckets' rho: seeds 0 and 1
+
+
+def test_the_uniform_baseline_is_found_in_the_cache_when_another_run_built_the_weights(make_sweep, tmp_path):
+    """A DoReMi run that found its weights cached lists no reference: the page takes the cached reference built for
+    the same data directory, seed and steps."""
+    sweep = make_sweep()
+    cache = tmp_path / "cache2"
+    for number, seed in enumerate(SEEDS):
+        spec = {
+            "datamodule": {"source": {"directory": f"/b/gem{seed}/export"}},
+            "seed": seed,
+            "trainer": {"max_steps": 500},
+        }
+        weights = cache / "doremi_weights" / f"w{seed}"
+        weights.mkdir(parents=True)
+        (weights / "artifact.json").write_text(json.dumps({"spec": spec, "metrics": {"val/loss": 9.0}}))
+        for other, loss in ((seed + 10, 5.0), (seed, 0.5 + 0.01 * seed)):  # another seed's reference, then its own
+            reference = cache / "doremi_reference" / f"r{number}-{other}"
+            reference.mkdir(parents=True)
+            spec_other = {**spec, "seed": other}
+            (reference / "artifact.json").write_text(json.dumps({"spec": spec_other, "metrics": {"val/loss": loss}}))
+        run = sweep.path / "gem" / "doremi" / f"seed{seed}"
+        info = json.loads((run / "run_info.json").read_text())
+        info["artifacts"] = [a for a in info["artifacts"] if a["kind"] != "doremi_reference"]
+        info["artifacts"].append({"kind": "doremi_weights", "path": str(weights), "metrics": {"val/loss": 9.0}})
+        (run / "run_info.json").write_text(json.dumps(info))
+    text = build(Sweep.load(sweep.path), tmp_path / "out")
+    # GEM row: the cached references (0.50, 0.51, 0.52), not the DoReMi proxy's 9.0 nor another seed's 5.0
+    assert "| GEM (lambda 5000) | 0.510 ± 0.010 [" in text
