@@ -412,7 +412,7 @@ def fair_test(
             "- **Models trained to a plateau.** The scripted agents are not trained (met by construction). The "
             f"behaviour-cloned LMs ({len(models)} models, {first.get('demo.sft.model_steps')} SFT steps each) have "
             f"one validation, at the end: validation loss {fmt_stat(losses, ci=False)} per token (character). "
-            + sft_training(sft)
+            + sft_training(sft, lab)
         )
     else:
         lines.append(
@@ -628,14 +628,14 @@ def same_answer(envs: list[Any], lab: Any) -> str:
     )
 
 
-def sft_training(runs: list[Run]) -> str:
+def sft_training(runs: list[Run], lab: Any = str) -> str:
     """The behaviour-cloned models' training curves, read from each model's own log in the artifact cache: the
     training loss at each logged step and the learning rate at the end, and whether a plateau was reached (not met
     when the loss was still falling or the learning rate had decayed to near 0 before the loss flattened; not
     measured when the logs are gone)."""
-    found = {a.get("path"): a for r in runs for a in r.info.get("artifacts") or [] if a.get("kind") == "demo_policy"}
+    found = {a.get("path"): r for r in runs for a in r.info.get("artifacts") or [] if a.get("kind") == "demo_policy"}
     parts = []
-    for path in found:
+    for path, run in found.items():
         log_file = Path(str(path)) / "csv" / "metrics.csv"
         if not log_file.is_file():
             continue
@@ -647,13 +647,14 @@ def sft_training(runs: list[Run]) -> str:
             end = f", learning rate at the end {rates[-1]:.1e}" if rates else ""
             falling = len(losses) > 1 and losses[-1][1] < FALLING * losses[-2][1]
             end += " (still falling over the last logged interval)" if falling else ""
-            parts.append(f"training loss at steps {', '.join(str(s) for s, _ in losses)}: {curve}{end}")
+            setting = f"{lab(run.arm.get(ENV_KEY))} ({run.arm.get(DIFFICULTY_KEY)})"
+            parts.append(f"{setting}: training loss at steps {', '.join(str(s) for s, _ in losses)}: {curve}{end}")
     if not parts:
         return "A plateau is **not met** (not measured: the models' training logs are not in the artifact cache)."
     return (
-        "A plateau is **not met**: " + "; ".join(parts) + ". The learning rate is scheduled to decay over these few "
-        "steps, so a flat end of the curve is the schedule's end, not a plateau of what the model can learn (more "
-        "SFT steps cost more CPU than this sweep's budget)."
+        "A plateau is **not met**: " + "; ".join(parts) + ". The learning-rate schedule decays to near 0 within "
+        "these few steps, so even a flat end of the curve would be the schedule's end, not a plateau of what the "
+        "model can learn (more SFT steps cost more CPU than this sweep's budget)."
     )
 
 
@@ -706,7 +707,7 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
         f"It cannot act: {why}; it is left out of the score tables and of the Verdict's score claims. "
         + stopped_early(eps)
         + " "
-        + sft_training(runs)
+        + sft_training(runs, lab)
         if why
         else stopped_early(eps),
     ]
