@@ -4,9 +4,6 @@ Hydra multirun over seeds, agents and difficulties, trajectories in the run dire
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -69,11 +66,9 @@ def test_judge_backend_composes_into_the_environment(train_cfg):
     assert cfg.backend is None
 
 
-def test_hydra_multirun_over_seeds_agents_and_difficulties(tmp_path):
-    proc = subprocess.run(
+def test_hydra_multirun_over_seeds_agents_and_difficulties(tmp_path, zoo_main):
+    code, _, err = zoo_main(
         [
-            sys.executable,
-            str(REPO_ROOT / "train.py"),
             "-m",
             "+method=ultrahorizon",
             f"paths.log_dir={tmp_path}",
@@ -83,13 +78,9 @@ def test_hydra_multirun_over_seeds_agents_and_difficulties(tmp_path):
             "agent=random,hypothesis_elimination",
             "env.difficulty=easy,hard",
         ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        timeout=600,
+        REPO_ROOT,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert code == 0, err[-3000:]
     runs = sorted(Path(p).parent for p in tmp_path.glob("train/multiruns/*/*/trajectories.jsonl"))
     assert len(runs) == 8
     settings = set()

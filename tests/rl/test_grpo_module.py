@@ -6,6 +6,7 @@ import json
 import lightning.pytorch as pl
 import pytest
 import torch
+from test_catalogue import SMOKE_BACKBONE, SMOKE_SHAPE
 
 from zoo.backbones import TinyBackbone
 from zoo.callbacks import GR3AlphaCalibration, LogGenerations
@@ -354,7 +355,8 @@ def test_on_policy_shortcut_equals_precomputed_old_logprobs():
 def test_safethink_stacks_on_grpo(train_cfg, base_policy_cache):
     """A callback method rides on the GRPO module: +method=[grpo,safethink] runs and logs the monitor's metrics."""
     cfg = train_cfg(
-        ["+method=[grpo,safethink]", "task=jailbreak", "debug=fdr", *SMALL_BASE_POLICY], cache_dir=base_policy_cache
+        ["+method=[grpo,safethink]", "task=jailbreak", "debug=fdr", *SMALL_BASE_POLICY, *SMOKE_SHAPE, *SMOKE_BACKBONE],
+        cache_dir=base_policy_cache,
     )
     assert set(cfg.methods) == {"grpo", "safethink"}
     metrics = run(cfg)
