@@ -22,7 +22,7 @@ from typing import Any
 
 from zoo.report import Run, Sweep, artifact_values, provenance, pyplot, save_figure, table, write_page
 from zoo.stats import compare, fmt_stat, paired, stat
-from zoo.verdict import SHOWN, Claim, verdict_section
+from zoo.verdict import SHOWN, Claim, seeds_note, verdict_section
 
 PAPER = "gem"
 MIXER_KEY = "demo/gem/mixer"
@@ -403,12 +403,10 @@ def fair_test(res: Results, all_claims: list[Claim]) -> list[str]:
         f"a plateau is a change below {100 * PLATEAU:.0f}%: **{met}**. The uniform reference and DoReMi's proxy "
         "train the same steps (validated at the end only); RegMix's proxies are short by design."
     )
-    small = [c for c in all_claims if abs(c.estimate) < SMALL_EFFECT]
     seeds = len(res.sweep.seeds)
     lines.append(
         f"- **Seeds.** {seeds} seeds ({', '.join(map(str, res.sweep.seeds))}): each varies the clustering's "
-        f"initialisation, every LM and RegMix's mixtures. {len(small)} of the {len(all_claims)} verdict effects are "
-        f"below {SMALL_EFFECT} in absolute value" + (" and would call for 5 seeds." if small and seeds < 5 else ".")
+        f"initialisation, every LM and RegMix's mixtures; {seeds_note(all_claims, seeds, SMALL_EFFECT)}."
     )
     return [*lines, ""]
 

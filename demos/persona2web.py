@@ -34,7 +34,7 @@ from zoo.stats import (
     paired,
     stat,
 )
-from zoo.verdict import Claim, verdict_section
+from zoo.verdict import Claim, seeds_note, verdict_section
 
 PAPER = "persona2web"
 PRE_K, ON_DEMAND_K = SCHEME_TOP_K["pre-execution"], SCHEME_TOP_K["on-demand"]
@@ -328,13 +328,11 @@ def fair_test(
         "trained model). The only trained model, the in-process tiny LM, cannot act and is left out of them.",
     ]
     effects = [c for c in found if c.direction != "within"]
-    small = [c for c in effects if abs(c.estimate) < SMALL_EFFECT]
     seeds = len(sweep.seeds)
     episodes_per_run = first_run.get("datamodule.episodes")
     lines.append(
-        f"- **Seeds.** {seeds} seeds × {episodes_per_run} worlds per run for the scripted agents; "
-        f"{len(small)} of the {len(effects)} verdict effects (the equivalence control aside) are below "
-        f"{SMALL_EFFECT} in absolute value" + (" and would call for 5 seeds." if small and seeds < 5 else ".")
+        f"- **Seeds.** {seeds} seeds × {episodes_per_run} worlds per run for the scripted agents; the equivalence "
+        f"control aside, {seeds_note(effects, seeds, SMALL_EFFECT)}."
     )
     return [*lines, ""]
 

@@ -32,7 +32,7 @@ from zoo.stats import (
     paired,
     stat,
 )
-from zoo.verdict import Claim, verdict_section
+from zoo.verdict import Claim, seeds_note, verdict_section
 
 PAPER = "rosa2"
 RECORDS = "conversations.jsonl"
@@ -278,12 +278,10 @@ def fair_test(sweep: Sweep, labels: dict[str, str], found: list[Claim]) -> list[
         )
     else:
         lines.append("- **Models trained to a plateau.** **Not measured**: the runs name no policy with a loss log.")
-    small = [c for c in found if abs(c.estimate) < SMALL_EFFECT]
     seeds = len(sweep.seeds)
     lines.append(
-        f"- **Seeds.** {seeds} seeds (each draws other conversations; one policy); {len(small)} of the "
-        f"{len(found)} verdict effects are below {SMALL_EFFECT} in absolute value"
-        + (" and would call for 5 seeds." if small and seeds < 5 else ".")
+        f"- **Seeds.** {seeds} seeds (each draws other conversations; one policy); "
+        f"{seeds_note(found, seeds, SMALL_EFFECT)}."
     )
     return [*lines, ""]
 
