@@ -4,11 +4,11 @@ layout Hydra + train.py write, with values no default could produce)."""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import yaml
+from sweep_files import write_metrics
 
 from zoo.report import build_demo_page
 
@@ -23,20 +23,11 @@ CONFIG = {
 }
 
 
-def write_csv(path: Path, rows: list[dict[str, float]]) -> None:
-    path.mkdir(parents=True)
-    names = sorted({k for r in rows for k in r})
-    with (path / "metrics.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=names)
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def write_sweep(tmp_path: Path, stage1_log: list[dict[str, float]], config: dict, correct: int = 3) -> str:
     """A 2-arm x 2-seed sweep with its artifacts; each run's 4 records have ``correct`` right answers. Returns the
     built page."""
     stage1 = tmp_path / "cache" / "demo_policy" / "valr_stage1-abc"
-    write_csv(stage1 / "csv", stage1_log)
+    write_metrics(stage1, stage1_log)
     artifacts = [
         {
             "kind": "valr_teacher",
@@ -60,7 +51,7 @@ def write_sweep(tmp_path: Path, stage1_log: list[dict[str, float]], config: dict
         (run / "run_info.json").write_text(json.dumps({**info, "wall_seconds": 10.0, "artifacts": artifacts}))
         probe = {"vision_probe/teacher_cell_accuracy": 0.9612 + 0.001 * seed, "vision_probe/cell_majority": 0.4}
         probe["vision_probe/student_cell_accuracy"] = 0.5147 + 0.002 * seed
-        write_csv(run / "csv", [{"step": 0, **probe}])
+        write_metrics(run, [{"step": 0, **probe}])
         records = [
             {"step": 0, "correct": i < correct, "num_steps": 1 + i % 2, "completion": "x" * 30} for i in range(4)
         ]

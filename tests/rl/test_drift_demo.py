@@ -5,7 +5,6 @@ layout Hydra + train.py write, with values no default could produce)."""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
+from sweep_files import write_metrics
 
 from zoo.report import build_demo_page, load_page_builder
 
@@ -68,15 +68,6 @@ def test_a_seeds_learning_rate_is_chosen_on_the_other_seeds():
 # -- the page, from a written sweep ------------------------------------------------------------------------------------
 
 K = 3
-
-
-def write_csv(path: Path, rows: list[dict[str, float]]) -> None:
-    path.mkdir(parents=True)
-    names = sorted({k for r in rows for k in r})
-    with (path / "metrics.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=names)
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def curve(arm: str, point: str, seed: int) -> list[tuple[float, float, float]]:
@@ -152,7 +143,7 @@ def write_sweep(tmp_path: Path, unfinished: bool = False) -> str:
             if arm != "reference":
                 record |= {"clock/train_seconds": seconds, "clock/tokens_generated": tokens}
             log.append(record)
-        write_csv(run / "csv", log)
+        write_metrics(run, log)
     build_demo_page("drift", root, tmp_path / "out", REPO_ROOT / "demos")
     return (tmp_path / "out" / "drift.md").read_text()
 
