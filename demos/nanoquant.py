@@ -3,7 +3,11 @@
 Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=nanoquant`` (``conf/demo/nanoquant.yaml``); page:
 ``python -m zoo.report demo nanoquant``. Read from the sweep: ``val/perplexity`` and ``val/exact_match`` of the
 module, ``quant/*`` of :class:`zoo.callbacks.QuantizationReport`, the resolved configs and ``run_info.json`` (wall
-time, the trained model each run quantized).
+time, the trained model each run quantized, whose build log gives the plateau check).
+
+The page opens with the Verdict (:mod:`zoo.verdict`): NanoQuant's claims (beats binary PTQ at about 1 bit, ADMM
+initialises better than SVID, a new Pareto frontier below 1 bit, each reconstruction stage helps) as held-out
+perplexity differences paired by seed, followed by the Fair-test section.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ from zoo.report import (
     write_page,
 )
 from zoo.stats import (
+    Stat,
     fmt_stat,
+    paired,
     stat,
 )
+from zoo.verdict import Claim, seeds_note, verdict_section
 
 PAPER = "nanoquant"
 BUDGETS = ("1.0", "0.8", "0.55")
@@ -37,6 +44,13 @@ BASELINES = ("fp", "nf4", "int8", "sign", "onebit")
 # over *all* tokens of each row (prompt included) and exact match on 64 prompts -- quoted only as "previous page
 # reported", as ratios to its own full-precision perplexity.
 PREVIOUS_PPL = {"fp": 1.596, "sign": 2.415, "onebit": 2.014, "admm_1.0": 1.626, "admm_0.8": 1.645, "admm_0.55": 1.759}
+MODEL_ARTIFACT = ("demo_policy", "nanoquant_addition")
+PPL = "val/perplexity"
+# the trained model is at a plateau when its held-out loss moved by less than this share over its last validation
+# interval
+PLATEAU = 0.02
+# perplexity differences below this call for 5 seeds
+SMALL_EFFECT = 0.02
 
 
 def arm_label(name: str, labels: dict[str, str]) -> str:
@@ -85,6 +99,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     n_val = first.get("datamodule.source.num_val")
     fp_em = stat(artifact_values(arms.get("fp", []), "demo_policy", "val/exact_match"))
     seeds = len(sweep.seeds) or 1
+    all_claims = claims(arms, labels)
     text = [
         "# NanoQuant demo — held-out perplexity vs measured bits per weight",
         "",
@@ -135,12 +150,14 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         ),
         f"![Pareto plot]({png.name})",
         "",
+        *fair_test(sweep, arms, all_claims, labels),
         "## Reading",
         "",
         *reading(values, labels, tuple(b for b in BUDGETS if f"admm_{b}" in arms)),
         "",
     ]
-    return [write_page(out, PAPER, text), png]
+    verdict = verdict_section(all_claims, cannot_test(arms)) if all_claims else None
+    return [write_page(out, PAPER, text, verdict), png]
 
 
 def calibration_sentence(run: Run, nq: dict[str, Any]) -> str:
@@ -175,12 +192,13 @@ def reading(values: Any, labels: dict[str, str], budgets: tuple[str, ...] = BUDG
         return stat(values(arm, key)).mean
 
     ppl_name = "Held-out perplexity"
+    loaded = [q for q in ("nf4", "int8") if values(q, "val/perplexity")]
     notes = [
         "- Load-time 4- and 8-bit: "
-        + contrast(lab("nf4"), ppl("nf4"), lab("fp"), ppl("fp"), ppl_name)
-        + "; "
-        + contrast(lab("int8"), ppl("int8"), lab("fp"), ppl("fp"), ppl_name)
-        + ".",
+        + "; ".join(contrast(lab(q), ppl(q), lab("fp"), ppl("fp"), ppl_name) for q in loaded)
+        + "."
+        if loaded
+        else "- Load-time 4- and 8-bit: not in this sweep.",
         "- About one bit: "
         + contrast(lab("admm_1.0"), ppl("admm_1.0"), lab("onebit"), ppl("onebit"), ppl_name)
         + f" (measured {m('admm_1.0', 'quant/bits_per_weight'):.3f} vs {m('onebit', 'quant/bits_per_weight'):.3f} "
@@ -260,3 +278,195 @@ def plot(arms: dict[str, list[Run]], values: Any, path: Path) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     legend(ax, fontsize=8)
     return save_figure(fig, path, dpi=120)
+
+
+# -- the verdict ---------------------------------------------------------------------------------------------------
+def by_seed(runs: list[Run], key: str = PPL) -> dict[Any, float]:
+    """``{seed: last value of key}`` of an arm's runs (every arm of a seed quantizes the same trained model)."""
+    return {r.seed: r.last(key) for r in runs if math.isfinite(r.last(key))}
+
+
+def claims(arms: dict[str, list[Run]], labels: dict[str, str]) -> list[Claim]:
+    """NanoQuant's claims (abstract: low-rank binary factorization initialised by ADMM, then block and model
+    reconstruction, "state-of-the-art accuracy" among binary PTQ methods and a "new Pareto frontier" below 1 bit) as
+    this demo tests them: held-out perplexity differences paired by seed (the arms of a seed share the trained model,
+    its calibration rows and its held-out rows)."""
+
+    def lab(name: str) -> str:
+        return arm_label(name, labels)
+
+    def diff(a: str, b: str) -> Stat:
+        return paired(by_seed(arms[a]), by_seed(arms[b]))
+
+    def bpw(arm: str) -> str:
+        return f"{stat(r.last('quant/bits_per_weight') for r in arms[arm]).mean:.3f}"
+
+    budgets = [b for b in BUDGETS if all(f"{v}_{b}" in arms for v in VARIANTS)]
+    found: list[Claim] = []
+    if "onebit" in arms and "model_1.0" in arms:
+        found.append(
+            Claim(
+                "At about 1 bit NanoQuant (full pipeline) is more accurate than binary PTQ (OneBit's SVID "
+                "binarisation)",
+                f"held-out perplexity, {lab('model_1.0')} ({bpw('model_1.0')} bpw) − {lab('onebit')} "
+                f"({bpw('onebit')} bpw), paired by seed",
+                diff("model_1.0", "onebit"),
+                "lower",
+            )
+        )
+    if "onebit" in arms and "admm_1.0" in arms:
+        found.append(
+            Claim(
+                "ADMM initialises the binary factors better than SVID at the same budget (before any reconstruction)",
+                f"held-out perplexity, {lab('admm_1.0')} − {lab('onebit')}, paired by seed",
+                diff("admm_1.0", "onebit"),
+                "lower",
+            )
+        )
+    sub = [b for b in budgets if float(b) < 1.0]
+    if "onebit" in arms and sub:
+        low = min(sub, key=float)
+        found.append(
+            Claim(
+                f"Below 1 bit NanoQuant sets a new Pareto frontier: at {low} bpw target it is more accurate than "
+                "OneBit's SVID at about 1.1 bpw",
+                f"held-out perplexity, {lab(f'model_{low}')} ({bpw(f'model_{low}')} bpw) − {lab('onebit')} "
+                f"({bpw('onebit')} bpw), paired by seed",
+                diff(f"model_{low}", "onebit"),
+                "lower",
+            )
+        )
+    for b in budgets:
+        found += [
+            Claim(
+                f"Block reconstruction improves on the ADMM initialisation ({b} bpw target)",
+                f"held-out perplexity, {lab(f'block_{b}')} − {lab(f'admm_{b}')}, paired by seed",
+                diff(f"block_{b}", f"admm_{b}"),
+                "lower",
+            ),
+            Claim(
+                f"Model reconstruction (scales-only KD) improves on block reconstruction ({b} bpw target)",
+                f"held-out perplexity, {lab(f'model_{b}')} − {lab(f'block_{b}')}, paired by seed",
+                diff(f"model_{b}", f"block_{b}"),
+                "lower",
+            ),
+        ]
+    return found
+
+
+def cannot_test(arms: dict[str, list[Run]]) -> str:
+    left_out = [b for b in BUDGETS if not any(f"{v}_{b}" in arms for v in VARIANTS)]
+    return (
+        "the paper's scale and numbers (Llama-2/3 and Qwen3 models of 0.6B-70B parameters, WikiText-2 perplexity and "
+        "zero-shot accuracy, Llama-2-70B compressed 24x in 13 h on one H100); the speed and memory of its packed "
+        "CUDA kernels (the factorized layers run unpacked here, on CPU); its comparisons with BiLLM, ARB-LLM, STBLLM "
+        "and GPTQ (not implemented here; the binary baselines are data-free sign binarisation and OneBit's SVID "
+        "initialisation without OneBit's quantization-aware training); a model pretrained on natural text (this one "
+        "is trained on 2-digit addition)"
+        + (f"; the {', '.join(left_out)} bpw budget(s), left out of this sweep for its CPU budget" if left_out else "")
+        + "."
+    )
+
+
+def model_curves(runs: list[Run]) -> list[list[tuple[int, float]]]:
+    """The held-out loss curve of each trained model the runs quantized (the build's CSV log in its artifact
+    directory), one per distinct model."""
+    kind, name = MODEL_ARTIFACT
+    paths = sorted(
+        {
+            used["path"]
+            for r in runs
+            for used in r.info.get("artifacts", [])
+            if used.get("kind") == kind and used.get("name") == name
+        }
+    )
+    return [Run(path=Path(p), overrides=[]).series("val/loss") for p in paths]
+
+
+def plateau_sentence(curves: list[list[tuple[int, float]]]) -> str:
+    """The plateau check of the trained models: the relative change of the held-out loss over the last validation
+    interval, **met** when below :data:`PLATEAU` for the mean over models."""
+    usable = [c for c in curves if len(c) >= 2]
+    if not usable:
+        return (
+            "the trained models' held-out loss was validated fewer than twice, so there is no curve to check: "
+            "**not met** (not checked)"
+        )
+    changes = stat((c[-1][1] - c[-2][1]) / c[-2][1] for c in usable)
+    largest = max(abs((c[-1][1] - c[-2][1]) / c[-2][1]) for c in usable)
+    steps = usable[0][-1][0] - usable[0][-2][0]
+    firsts = stat(c[0][1] for c in usable)
+    lasts = stat(c[-1][1] for c in usable)
+    met = "met" if abs(changes.mean) < PLATEAU and largest < 2 * PLATEAU else "not met"
+    return (
+        f"held-out loss of the {len(usable)} trained models {fmt_stat(firsts, ci=False)} at their first validation "
+        f"(step {usable[0][0][0]}), {fmt_stat(lasts, ci=False)} at their last (step {usable[0][-1][0]}); change over "
+        f"the last {steps} steps {100 * changes.mean:+.1f}% (mean; largest {100 * largest:.1f}%); a plateau is a mean "
+        f"change below {100 * PLATEAU:.0f}% (none above {200 * PLATEAU:.0f}%): **{met}**"
+    )
+
+
+def fair_test(sweep: Sweep, arms: dict[str, list[Run]], all_claims: list[Claim], labels: dict[str, str]) -> list[str]:
+    """How the design meets each point of a fair test, from the numbers."""
+
+    def lab(name: str) -> str:
+        return arm_label(name, labels)
+
+    first = sweep.runs[0]
+    nq = first.get("demo.nq", {}) or {}
+    lines = ["## Fair test", ""]
+    if "fp" in arms:
+        rises = [
+            f"{lab(b)} {fmt_stat(paired(by_seed(arms[b]), by_seed(arms['fp'])))}"
+            for b in ("sign", "onebit")
+            if b in arms
+        ]
+        lines.append(
+            "- **The baselines' failure can occur.** Data-free binarisation at about 1 bit loses accuracy on this "
+            "model: held-out perplexity above full precision, paired by seed, "
+            + ("; ".join(rises) if rises else "no binary baseline in this sweep")
+            + ". A method that uses the calibration data has room to do better."
+        )
+    ratios = [
+        f"{b} bpw {fmt_stat(stat(r.last('quant/block_error_ratio') for r in arms[f'block_{b}']), ci=False)}"
+        for b in BUDGETS
+        if f"block_{b}" in arms
+    ]
+    lines.append(
+        "- **The method's signal carries information the baselines lack.** Sign and SVID binarisation see only the "
+        "weights; NanoQuant weights its ADMM objective by calibration activation and output-gradient statistics and "
+        f"fits each block's output on {nq.get('calibration_samples')} calibration rows. That this signal is used is "
+        "measured: block reconstruction's importance-weighted block error over the ADMM-only error "
+        + ("; ".join(ratios) if ratios else "(no block reconstruction arm in this sweep)")
+        + " (below 1: the calibration data moved the factors)."
+    )
+    lines.append(
+        "- **Same tuning effort for every arm.** None is tuned: every arm quantizes the same trained model of its "
+        "seed; "
+        "the baselines have no knobs, and NanoQuant runs with one setting of its knobs (the setup above) at every "
+        "budget. Those knobs are the paper's or the official code's scaled to CPU; the KD learning rate (1e-4 for "
+        "the paper's 1e-6, which does not move the fp16 scales at this scale) was set from an earlier run, not by a "
+        "grid."
+    )
+    n_val = first.get("datamodule.source.num_val")
+    lines.append(
+        f"- **Chosen on a split that is not reported.** Calibration uses {nq.get('calibration_samples')} training "
+        f"rows; the page reports {n_val} held-out rows, and nothing (no threshold, no knob, no arm) is chosen on "
+        "them: met. (The KD learning rate's earlier run is documented in `conf/demo/nanoquant.yaml`; which split it "
+        "read is not recorded in the runs.)"
+    )
+    lines.append(
+        "- **Models trained to a plateau.** The model every arm quantizes (one `+method=sft` build per seed): "
+        + plateau_sentence(model_curves(sweep.runs))
+        + f". NanoQuant's own reconstruction runs fixed, shortened schedules (block {nq.get('block_epochs')} + "
+        f"{nq.get('block_epochs')} epochs, code 8 + 8; KD {nq.get('kd_epochs')} epochs): whether longer "
+        "reconstruction would lower the perplexity further is not measured here."
+    )
+    seeds = len(sweep.seeds)
+    lines.append(
+        f"- **Seeds.** {seeds} seeds ({', '.join(map(str, sweep.seeds))}; each varies the trained model, the "
+        f"calibration rows and NanoQuant's initialisation); {seeds_note(all_claims, seeds, SMALL_EFFECT)}"
+        + ("" if seeds >= 3 else "; fewer than 3 seeds: **not met**")
+        + "."
+    )
+    return [*lines, ""]
