@@ -1,0 +1,118 @@
+"""The Cuttlefish page (demos/cuttlefish.py) on a 4-arm x 3-seed sweep whose outcomes the test chooses: it opens
+with the generated Verdict (Cuttlefish vs the fixed-length query connector in distribution and beyond, vs mean
+pooling beyond, the token count growing with size, the adapter vs patching alone), each effect paired by seed, and
+has a generated Fair-test section that says from the numbers whether the fixed budget fails on large structures,
+whether the learned gate gives them more tokens, and whether every arm's training loss reached a plateau."""
+
+from __future__ import annotations
+
+import pytest
+from sweep_files import write_metrics, write_run, write_sweep
+
+from zoo.report import Sweep
+from zoo.report.pages import load_page_builder
+from zoo.verdict import read_verdict
+
+from conftest import REPO_ROOT
+
+ARMS = ("mean_pool", "query", "patching", "cuttlefish")
+SEEDS = (0, 1, 2)
+# right answers out of 10 per seed: (in distribution, extrapolation)
+CORRECT = {
+    "mean_pool": ((7, 4), (7, 4), (7, 4)),
+    "query": ((6, 3), (6, 3), (6, 3)),
+    "patching": ((9, 8), (8, 8), (8, 8)),
+    "cuttlefish": ((8, 7), (9, 7), (8, 7)),
+}
+CONFIG = {
+    "trainer": {"max_steps": 500},
+    "datamodule": {"batch_size": 16, "source": {"num_train": 64, "num_val": 20, "task": {"max_atoms": 100}}},
+    "module": {"optimizer": {"lr": 0.001}, "stage": "full_finetune", "encoder": {"hidden": 64}},
+    "demo": {"train_max_atoms": 100, "labels": {"query": "query (8)", "cuttlefish": "Cuttlefish", "patching": "SAP"}},
+}
+
+
+def tokens(arm: str, atoms: int, collapsed: bool) -> int:
+    if arm == "mean_pool":
+        return 1
+    if arm == "query":
+        return 8
+    return 1 if collapsed else (2 if atoms <= 100 else 5)
+
+
+@pytest.fixture
+def make_sweep(tmp_path):
+    def make(collapsed: bool = False, loss_drop: float = 0.0) -> Sweep:
+        root = write_sweep(
+            tmp_path / f"sweep{collapsed}{loss_drop}", {"demo/cuttlefish/arm": ",".join(ARMS), "seed": "0,1,2"}
+        )
+        number = 0
+        for arm in ARMS:
+            gated = arm in ("patching", "cuttlefish")
+            config = CONFIG | {"module": {**CONFIG["module"], "connector": {"rho": 0.1, "k_max": 64, "tau": 1.0}}}
+            for seed in SEEDS:
+                records = []
+                for atoms, right in zip((60, 250), CORRECT[arm][seed]):
+                    records += [
+                        {
+                            "step": 499,
+                            "correct": i < right,
+                            "num_atoms": atoms,
+                            "size_bins": "51-100" if atoms <= 100 else ">200",
+                            "kinds": "ring_count",
+                            "answer": "2",
+                            "completion": "2" if i < right else "1",
+                            "num_tokens": tokens(arm, atoms, collapsed),
+                        }
+                        for i in range(10)
+                    ]
+                run = write_run(
+                    root,
+                    f"{arm}/seed{seed}",
+                    {"demo/cuttlefish/arm": arm, "seed": seed},
+                    {**(config if gated else CONFIG), "seed": seed},
+                    number,
+                    info={"wall_seconds": 10.0},
+                    files={"eval_records.jsonl": records},
+                )
+                write_metrics(run, [{"step": 10 * s, "train/loss": 1.0 - loss_drop * s} for s in range(10)])
+                number += 1
+        return Sweep.load(root)
+
+    return make
+
+
+def build(sweep: Sweep, out) -> str:
+    return load_page_builder("cuttlefish", REPO_ROOT / "demos").build(sweep, out)[0].read_text()
+
+
+def test_page_opens_with_the_verdict_paired_by_seed(make_sweep, tmp_path):
+    text = build(make_sweep(), tmp_path / "out")
+    lines = text.splitlines()
+    assert lines[0].startswith("# ") and lines[2] == "## Verdict"
+    verdict = read_verdict(tmp_path / "out" / "cuttlefish.md")
+    # shown: vs query (both regions), vs mean pooling beyond, token growth; within noise: the adapter in
+    # distribution; contradicted: the adapter beyond (patching alone is 0.1 better)
+    assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (4, 1, 1)
+    assert "Cuttlefish − query (8), paired by seed | +0.233 [+0.090, +0.377] | **shown** |" in text
+    assert "| +0.400 [+0.400, +0.400] | **shown** |" in text  # extrapolation vs query
+    assert "extrapolation − in distribution (per seed) | +3.000 [+3.000, +3.000] | **shown** |" in text
+    assert "Cuttlefish − SAP, paired by seed | +0.000 [-0.248, +0.248] | **not shown (within noise)** |" in text
+    assert "| -0.100 [-0.100, -0.100] | **contradicted** |" in text
+    assert "What this demo cannot test:" in text
+    assert text.index("## Verdict") < text.index("## Fair test") < text.index("## Accuracy by structure size")
+
+
+def test_fair_test_reads_the_failure_the_gate_and_the_plateau(make_sweep, tmp_path):
+    text = build(make_sweep(), tmp_path / "out")
+    fair = text[text.index("## Fair test") : text.index("## Accuracy by structure size")]
+    assert "query (8), accuracy in distribution − extrapolation, paired by seed, 0.300 ± 0.000" in fair
+    assert "the failure occurs: met." in fair
+    assert "gives 0.000 ± 0.000 of the held-out structures a single token" in fair
+    assert "3.000 ± 0.000 [3.000, 3.000] more tokens on average beyond 100 atoms than up to it: met." in fair
+    assert "Cuttlefish +0.0%" in fair and "more than 5%: **met**." in fair
+    collapsed = build(make_sweep(collapsed=True, loss_drop=0.05), tmp_path / "out2")
+    fair = collapsed[collapsed.index("## Fair test") : collapsed.index("## Accuracy by structure size")]
+    assert "gives 1.000 ± 0.000 of the held-out structures a single token" in fair
+    assert "**not met** (the gate collapses towards one patch" in fair
+    assert "more than 5%: **not met** (still falling: mean_pool, query (8), SAP, Cuttlefish)" in fair
