@@ -65,6 +65,7 @@ from zoo.interp.wet import (
     WorldBatch,
     WorldEntropyProbe,
     check_gate_threshold,
+    check_probe_positions,
     fit_wet,
 )
 
@@ -97,7 +98,7 @@ class WETCallback(StageCallback):
         num_heads: tethering heads (the top ranked above the probe layer) [reconstruction].
         alpha: amplification ``1 + alpha g`` of tethering heads [reconstruction]; 0 disables WET (the logits are
             then bit-identical to the unhooked model, and the statistics are still logged: the baseline arm).
-        eta: gate threshold, ``< log K`` [reconstruction].
+        eta: gate threshold, ``< log K`` [reconstruction]; used when ``eta_quantile`` is ``None``.
         beta: suppression ``1 - beta g`` of the other heads above the probe layer (0 = off) [reconstruction].
         split: split of ``source`` the fit reads (``train``: prompts the model was trained on, disjoint from the
             evaluation splits of the same task source).
@@ -116,6 +117,14 @@ class WETCallback(StageCallback):
             (appended; ``<stem>.rank<r><suffix>`` on rank ``r > 0``); ``None``: no records.
         fit_file: write the fit in use (heads, head scores, ranker, probe diagnostics, gate settings) to this JSON
             file when a stage starts; ``None``: not written.
+        probe_positions: where the probe is fitted: ``last`` (the last prompt token), ``anchors`` (the prompt tokens
+            ``anchor_pattern`` matches) or ``anchors+last`` [reconstruction; :data:`zoo.interp.wet.PROBE_POSITIONS`].
+        anchor_pattern: regular expression locating the anchor in each prompt (its first group when it has one);
+            needed by ``anchors`` and ``anchors+last``.
+        eta_quantile: calibrate the gate threshold as this quantile of ``H`` at the last prompt token of the
+            ``calibration_split`` prompts of ``source`` (held out from the fit; in distribution), part of the fit
+            (:func:`zoo.interp.wet.calibrate_eta`); ``None``: use ``eta``.
+        calibration_split: split of ``source`` the calibration reads (at most ``max_rows`` rows).
     """
 
     def __init__(
@@ -140,8 +149,27 @@ class WETCallback(StageCallback):
         log_prefix: str = "wet",
         records_file: str | None = None,
         fit_file: str | None = None,
+        probe_positions: str = "last",
+        anchor_pattern: str | None = None,
+        eta_quantile: float | None = None,
+        calibration_split: str = "val",
     ) -> None:
         super().__init__()
+        check_probe_positions(probe_positions)
+        if probe_positions != "last" and not anchor_pattern:
+            raise ConfigError(
+                f"WETCallback: probe_positions={probe_positions!r} reads the prompt anchors: set anchor_pattern (a "
+                "regular expression locating the world's name in each prompt, e.g. '^W(\\d+)')"
+            )
+        if eta_quantile is not None and not 0.0 < eta_quantile < 1.0:
+            raise ConfigError(f"WETCallback: eta_quantile={eta_quantile} must be in (0, 1) or null")
+        if calibration_split not in SPLITS:
+            raise ConfigError(f"WETCallback: calibration_split={calibration_split!r}; use one of {SPLITS}")
+        if eta_quantile is not None and calibration_split == split:
+            raise ConfigError(
+                f"WETCallback: calibration_split={calibration_split!r} is the fit's split: calibrate eta on prompts "
+                "the probe was not fitted on"
+            )
         if isinstance(probe_layer, bool) or not isinstance(probe_layer, int) or probe_layer < 0:
             raise ConfigError(f"WETCallback: probe_layer must be a layer index >= 0, got {probe_layer!r}")
         check_gate_threshold(eta, num_worlds)
@@ -186,6 +214,10 @@ class WETCallback(StageCallback):
         self.log_prefix = log_prefix
         self.records_file = Path(records_file) if records_file else None
         self.fit_file = Path(fit_file) if fit_file else None
+        self.probe_positions = probe_positions
+        self.anchor_pattern = anchor_pattern
+        self.eta_quantile = eta_quantile
+        self.calibration_split = calibration_split
         self._records: list[dict[str, Any]] = []
         self.artifact: WETArtifact | None = None
         self.hook: WETHook | None = None
@@ -202,6 +234,15 @@ class WETCallback(StageCallback):
         )
 
     @property
+    def eta_in_use(self) -> float:
+        """The gate threshold the hook uses: the fit's calibrated one with ``eta_quantile``, else ``eta``."""
+        if self.eta_quantile is None:
+            return self.eta
+        if self.artifact is None or self.artifact.eta is None:
+            raise ConfigError("WETCallback: eta_quantile is set but the fit in use has no calibrated eta")
+        return self.artifact.eta
+
+    @property
     def heads(self) -> list[tuple[int, int]]:
         """The tethering heads in use (empty before the first fit/load)."""
         return list(self.hook.heads) if self.hook is not None else []
@@ -215,18 +256,26 @@ class WETCallback(StageCallback):
         """Fit the probe and the head ranking on ``source`` with the module's current model (pure in the model)."""
         if self.source is None:
             raise ConfigError("WETCallback: no source of labelled prompts is configured to fit the probe on")
-        rows = list(self.source.rows(self.split, ("prompt",)))
-        if self.max_rows is not None:
-            rows = rows[: self.max_rows]
         device = next(pl_module.model.parameters()).device
         batch = WorldBatch.from_rows(
             pl_module.tokenizer,
-            rows,
+            self._rows(self.split),
             world_field=self.world_field,
             answer_field="answer" if self.ranker.needs_counterfactuals else None,
             counterfactual_field="counterfactual_prompt" if self.ranker.needs_counterfactuals else None,
             device=device,
+            anchor_pattern=self.anchor_pattern if self.probe_positions != "last" else None,
         )
+        calibration = None
+        if self.eta_quantile is not None:
+            calibration = WorldBatch.from_rows(
+                pl_module.tokenizer,
+                self._rows(self.calibration_split),
+                world_field=self.world_field,
+                answer_field=None,
+                counterfactual_field=None,
+                device=device,
+            )
         return fit_wet(
             pl_module.model,
             batch,
@@ -235,7 +284,14 @@ class WETCallback(StageCallback):
             self.ranker,
             l2=self.probe_l2,
             batch_size=self.batch_size,
+            probe_positions=self.probe_positions,
+            calibration=calibration,
+            eta_quantile=self.eta_quantile,
         )
+
+    def _rows(self, split: str) -> list[dict[str, Any]]:
+        rows = list(self.source.rows(split, ("prompt",)))
+        return rows[: self.max_rows] if self.max_rows is not None else rows
 
     def fit_spec(self, fingerprint: str) -> dict[str, Any]:
         """What determines a fit: the model's weights and every fit setting (the artifact cache's key)."""
@@ -251,6 +307,10 @@ class WETCallback(StageCallback):
             "probe_layer": self.probe_layer,
             "num_worlds": self.num_worlds,
             "probe_l2": self.probe_l2,
+            "probe_positions": self.probe_positions,
+            "anchor_pattern": self.anchor_pattern if self.probe_positions != "last" else None,
+            "eta_quantile": self.eta_quantile,
+            "calibration_split": self.calibration_split if self.eta_quantile is not None else None,
             "ranker": {"type": f"{type(self.ranker).__module__}.{type(self.ranker).__qualname__}", **ranker},
         }
 
@@ -285,6 +345,10 @@ class WETCallback(StageCallback):
                 f"num_worlds={artifact.probe.num_worlds}; the callback is set to probe_layer={self.probe_layer}, "
                 f"num_worlds={self.num_worlds}"
             )
+        if self.eta_quantile is not None and artifact.eta is None:
+            raise ConfigError(
+                f"WETCallback: eta_quantile={self.eta_quantile} but the fit at {where} has no calibrated eta"
+            )
         return artifact
 
     # -- attach / detach ----------------------------------------------------------------------------------------
@@ -298,7 +362,8 @@ class WETCallback(StageCallback):
             pl_module.configure_model()
         self._reset()
         self.artifact = self._artifact(pl_module)
-        hook = WETHook(self.artifact.probe, self.artifact.heads(self.num_heads), self.alpha, self.eta, self.beta)
+        heads = self.artifact.heads(self.num_heads)
+        hook = WETHook(self.artifact.probe, heads, self.alpha, self.eta_in_use, self.beta)
         hook.controller(pl_module.model)  # every setting checked against the model before any decode
         self.hook = hook
         pl_module.decoder.hooks.append(hook)
@@ -316,7 +381,9 @@ class WETCallback(StageCallback):
             "probe_layer": self.probe_layer,
             "fit_metrics": dict(self.artifact.metrics),
             "alpha": self.alpha,
-            "eta": self.eta,
+            "eta": self.eta_in_use,
+            "eta_quantile": self.eta_quantile,
+            "probe_positions": self.probe_positions,
             "beta": self.beta,
         }
         self.fit_file.parent.mkdir(parents=True, exist_ok=True)
@@ -447,6 +514,7 @@ class WETCallback(StageCallback):
                 "head_scores": self.artifact.head_scores.cpu(),
                 "ranker": self.artifact.ranker,
                 "metrics": dict(self.artifact.metrics),
+                "eta": self.artifact.eta,
                 "fingerprint": self.fingerprint,
             }
         return state
@@ -458,5 +526,12 @@ class WETCallback(StageCallback):
             probe = WorldEntropyProbe(
                 self.probe_layer, self.num_worlds, LinearProbe.from_weights(saved["probe_weight"], saved["probe_bias"])
             )
-            self.artifact = WETArtifact(probe, saved["head_scores"], saved["ranker"], dict(saved["metrics"]))
+            eta = saved.get("eta")
+            self.artifact = WETArtifact(
+                probe,
+                saved["head_scores"],
+                saved["ranker"],
+                dict(saved["metrics"]),
+                None if eta is None else float(eta),
+            )
             self.fingerprint = saved.get("fingerprint")

@@ -41,7 +41,14 @@ Conventions fixed here [reconstruction]:
   the prefix, hence identical with and without the KV cache (heads at or below the probe layer would need the
   entropy before it is computed: refused with a clear error);
 * "other heads" (``beta``) are all heads above the probe layer that are not tethering heads;
-* probes and rankers read the last prompt position (left-padded batches) unless told otherwise;
+* rankers read the last prompt position (left-padded batches) unless told otherwise; the probe is fitted at the
+  positions named by ``probe_positions`` (:data:`PROBE_POSITIONS`): ``last`` (the last prompt token, the answer
+  position), ``anchors`` (the prompt tokens that name the world, found by a regular expression on the prompt,
+  :func:`anchor_mask`) or ``anchors+last`` (both; what ``+method=wet`` uses: the abstract speaks of prompt
+  anchors, the research notes of anchors and answer positions, and the gate is applied at every position);
+* the gate threshold ``eta`` is a number, or calibrated (:func:`calibrate_eta`): the ``q``-quantile of ``H`` at
+  the last prompt token of held-out in-distribution prompts, so the gate stays closed on about ``1 - q`` of
+  prompts like the training ones whatever the probe's scale;
 * head outputs are standardised per head before score matching, so heads compete on the shape of their
   world-conditional densities, not on their scale.
 """
@@ -51,6 +58,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
@@ -67,6 +75,7 @@ from zoo.encoding import encode_prompts
 from zoo.errors import ConfigError, DataError
 from zoo.interp.architectures import model_layout
 from zoo.interp.hooks import (
+    ActivationCache,
     Head,
     HeadPatcher,
     HeadScaler,
@@ -148,6 +157,8 @@ class WorldBatch:
         answer_ids: ``[N]`` the correct next token of each prompt (needed by :class:`PatchingEffectRanker`).
         source_ids, source_mask: ``[N, P']`` counterfactual prompts: the same query set in another world (needed by
             :class:`PatchingEffectRanker`; their last position is patched into the clean run).
+        anchor_mask: ``[N, P]`` bool, the prompt anchors (the tokens that name the world; :func:`anchor_mask`), for a
+            probe fitted at the anchors (``probe_positions`` ``anchors`` or ``anchors+last``).
     """
 
     input_ids: torch.Tensor
@@ -156,6 +167,7 @@ class WorldBatch:
     answer_ids: torch.Tensor | None = None
     source_ids: torch.Tensor | None = None
     source_mask: torch.Tensor | None = None
+    anchor_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = self.input_ids.shape[0]
@@ -170,6 +182,12 @@ class WorldBatch:
             raise DataError("give both source_ids and source_mask, or neither")
         if self.source_ids is not None and self.source_ids.shape[0] != n:
             raise DataError(f"source_ids has {self.source_ids.shape[0]} rows; input_ids has {n}")
+        if self.anchor_mask is not None:
+            if self.anchor_mask.shape != self.input_ids.shape:
+                shapes = f"{list(self.anchor_mask.shape)} vs {list(self.input_ids.shape)}"
+                raise DataError(f"anchor_mask and input_ids differ in shape: {shapes}")
+            if bool((self.anchor_mask.bool() & ~self.attention_mask.bool()).any()):
+                raise DataError("anchor_mask marks padding positions")
 
     @classmethod
     def from_rows(
@@ -180,11 +198,13 @@ class WorldBatch:
         answer_field: str | None = "answer",
         counterfactual_field: str | None = "counterfactual_prompt",
         device: torch.device | str = "cpu",
+        anchor_pattern: str | None = None,
     ) -> WorldBatch:
         """Build a batch from data rows (e.g. :class:`zoo.data.multiworld.MultiWorldRecallTask` rows).
 
         Each row needs ``prompt`` and ``world_field``; with ``answer_field`` the answer token is the first token
-        of that text; with ``counterfactual_field`` that prompt becomes the patching source (``None`` skips).
+        of that text; with ``counterfactual_field`` that prompt becomes the patching source (``None`` skips); with
+        ``anchor_pattern`` the tokens it matches become :attr:`anchor_mask` (:func:`anchor_mask`).
         """
         if not rows:
             raise DataError("no rows to build a WorldBatch from")
@@ -204,7 +224,54 @@ class WorldBatch:
             answers = torch.tensor([f[0] for f in first], device=device)
         if counterfactual_field is not None:
             source_ids, source_mask = encode_prompts(tokenizer, [r[counterfactual_field] for r in rows], device)
-        return cls(ids, mask, worlds, answers, source_ids, source_mask)
+        anchors = None
+        if anchor_pattern is not None:
+            anchors = anchor_mask(tokenizer, [r["prompt"] for r in rows], anchor_pattern, ids.shape[1]).to(device)
+        return cls(ids, mask, worlds, answers, source_ids, source_mask, anchors)
+
+
+def anchor_mask(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], pattern: str, width: int | None = None
+) -> torch.Tensor:
+    """``[N, P]`` bool: the tokens of each left-padded prompt (as :func:`zoo.encoding.encode_prompts` pads them) whose
+    characters overlap the first match of ``pattern`` -- its first group when it has one (``^W(\\d+)``: the digits of
+    the multi-world task's world tag), else the whole match.
+
+    Args:
+        tokenizer: a fast tokenizer (character offsets are read from it).
+        prompts: the prompt texts.
+        pattern: a regular expression that matches every prompt.
+        width: ``P`` (default: the longest encoded prompt).
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError("anchor positions need a fast tokenizer (character offsets); this one is not")
+    regex = re.compile(pattern)
+    rows = []
+    for index, prompt in enumerate(prompts):
+        match = regex.search(prompt)
+        if match is None:
+            raise DataError(f"prompt {index} ({prompt[:40]!r}): anchor_pattern {pattern!r} does not match")
+        lo, hi = match.span(1) if regex.groups else match.span()
+        if hi <= lo:
+            raise DataError(f"prompt {index}: anchor_pattern {pattern!r} matches an empty span")
+        offsets = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        shift = len(encode_prompts(tokenizer, [prompt])[0][0]) - len(offsets)  # a BOS token put first
+        rows.append([False] * shift + [start < hi and end > lo for start, end in offsets])
+    width = max(len(r) for r in rows) if width is None else width
+    if any(len(r) > width for r in rows):
+        raise DataError(f"a prompt encodes to more than width={width} tokens")
+    return torch.tensor([[False] * (width - len(r)) + r for r in rows], dtype=torch.bool)
+
+
+#: where the world probe is fitted: the last prompt token, the prompt anchors, or both [reconstruction]
+PROBE_POSITIONS = ("last", "anchors", "anchors+last")
+
+
+def check_probe_positions(positions: str) -> str:
+    """``positions`` if it is one of :data:`PROBE_POSITIONS`, else a :class:`ConfigError`."""
+    if positions not in PROBE_POSITIONS:
+        raise ConfigError(f"probe_positions={positions!r}: use one of {', '.join(PROBE_POSITIONS)}")
+    return positions
 
 
 def fit_world_probe(
@@ -215,11 +282,12 @@ def fit_world_probe(
     l2: float = 1e-3,
     position: int = -1,
     batch_size: int = 64,
+    positions: str = "last",
 ) -> WorldEntropyProbe:
-    """Fit a :class:`WorldEntropyProbe` on the residual after ``layer`` at ``position`` (default: the last prompt
-    token [reconstruction])."""
-    acts = world_activations(model, batch, layer, position, batch_size)
-    return WorldEntropyProbe(layer, num_worlds, l2=l2).fit(acts, batch.worlds)
+    """Fit a :class:`WorldEntropyProbe` on the residual after ``layer`` at ``positions`` (:func:`probe_rows`;
+    ``last``: at ``position``, default the last prompt token [reconstruction])."""
+    acts, worlds = probe_rows(model, batch, layer, positions, batch_size, position)
+    return WorldEntropyProbe(layer, num_worlds, l2=l2).fit(acts, worlds)
 
 
 def world_activations(
@@ -229,6 +297,76 @@ def world_activations(
     model_layout(model).check_layer(layer, "probe layer")
     acts = activations_at(model, batch.input_ids, batch.attention_mask, [layer], "residual", position, batch_size)
     return acts[layer]
+
+
+@torch.no_grad()
+def probe_rows(
+    model: nn.Module,
+    batch: WorldBatch,
+    layer: int,
+    positions: str = "last",
+    batch_size: int = 64,
+    position: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe's training rows: the residual after ``layer`` at ``positions`` of every prompt, with its world label.
+
+    ``last``: one row per prompt, at ``position`` (the last prompt token by default); ``anchors``: one row per anchor
+    token (``batch.anchor_mask``); ``anchors+last``: both (the last token once, also when it is an anchor).
+
+    Returns:
+        ``([M, d], [M])`` float32 activations and world labels, on CPU.
+    """
+    check_probe_positions(positions)
+    if positions == "last":
+        return world_activations(model, batch, layer, position, batch_size), batch.worlds.cpu()
+    if batch.anchor_mask is None:
+        raise ConfigError(
+            f"probe_positions={positions!r} needs the prompt anchors: build the WorldBatch with anchor_pattern"
+        )
+    if not bool(batch.anchor_mask.any(-1).all()):
+        raise DataError("some prompts have no anchor token (anchor_mask is all False on them)")
+    model_layout(model).check_layer(layer, "probe layer")
+    select = batch.anchor_mask.bool().clone()
+    if positions == "anchors+last":
+        select[:, position] = True
+    cache = ActivationCache(model, [layer], site="residual")
+    was_training = model.training
+    model.eval()
+    acts, worlds = [], []
+    try:
+        for start in range(0, batch.input_ids.shape[0], batch_size):
+            rows = slice(start, start + batch_size)
+            with cache:
+                forward_left_padded(model, batch.input_ids[rows], batch.attention_mask[rows])
+            picked = select[rows].to(cache[layer].device)
+            acts.append(cache[layer][picked].float().cpu())
+            worlds.append(batch.worlds[rows].to(picked.device)[:, None].expand_as(picked)[picked].cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(acts), torch.cat(worlds)
+
+
+def calibrate_eta(
+    model: nn.Module, probe: WorldEntropyProbe, batch: WorldBatch, quantile: float, batch_size: int = 64
+) -> float:
+    """The gate threshold as the ``quantile`` of the world entropy ``H`` at the last prompt token of ``batch``
+    (held-out in-distribution prompts): the gate then stays closed on about that share of such prompts
+    [reconstruction: the notes leave ``eta`` free].
+
+    Raises:
+        DataError: when that quantile is not below ``log K`` (the probe is uninformative on those prompts).
+    """
+    if not 0.0 < quantile < 1.0:
+        raise ConfigError(f"eta_quantile={quantile} must be in (0, 1)")
+    entropy = probe.entropy(world_activations(model, batch, probe.layer, -1, batch_size))
+    # 'higher': a value of H itself, so the gate opens on at most 1 - quantile of these prompts
+    eta = float(torch.quantile(entropy.double(), quantile, interpolation="higher"))
+    if not eta < math.log(probe.num_worlds):
+        raise DataError(
+            f"the {quantile} quantile of H on the calibration prompts is {eta:.4f}, not below log K = "
+            f"{math.log(probe.num_worlds):.4f}: the world probe carries no information there"
+        )
+    return eta
 
 
 # -- head rankers ---------------------------------------------------------------------------------------------------
@@ -705,12 +843,14 @@ class WETArtifact:
         head_scores: ``[L, H]`` ranker scores.
         ranker: the ranker's class name.
         metrics: fit diagnostics (in-sample probe accuracy, mean entropy, rows).
+        eta: the calibrated gate threshold (:func:`calibrate_eta`); ``None`` when the fit did not calibrate one.
     """
 
     probe: WorldEntropyProbe
     head_scores: torch.Tensor
     ranker: str
     metrics: dict[str, float] = field(default_factory=dict)
+    eta: float | None = None
 
     def heads(self, k: int) -> list[Head]:
         """The ``k`` top-ranked heads above the probe layer (the tethering heads)."""
@@ -725,7 +865,12 @@ class WETArtifact:
             raise ConfigError("WETArtifact.save: the probe is not fitted")
         tensors = {"probe.weight": weight, "probe.bias": bias, "head_scores": self.head_scores.double()}
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(directory / WET_TENSORS))
-        meta = {"probe_layer": self.probe.layer, "num_worlds": self.probe.num_worlds, "ranker": self.ranker}
+        meta = {
+            "probe_layer": self.probe.layer,
+            "num_worlds": self.probe.num_worlds,
+            "ranker": self.ranker,
+            "eta": self.eta,
+        }
         (directory / WET_META).write_text(json.dumps({**meta, "metrics": self.metrics}, indent=2))
         return dict(self.metrics)
 
@@ -747,7 +892,11 @@ class WETArtifact:
             int(meta["num_worlds"]),
             LinearProbe.from_weights(tensors["probe.weight"], tensors["probe.bias"]),
         )
-        return cls(probe, tensors["head_scores"].float(), str(meta["ranker"]), dict(meta.get("metrics", {})))
+        eta = meta.get("eta")
+        metrics = dict(meta.get("metrics", {}))
+        return cls(
+            probe, tensors["head_scores"].float(), str(meta["ranker"]), metrics, None if eta is None else float(eta)
+        )
 
 
 def fit_wet(
@@ -759,31 +908,49 @@ def fit_wet(
     l2: float = 1e-3,
     position: int = -1,
     batch_size: int = 64,
+    probe_positions: str = "last",
+    calibration: WorldBatch | None = None,
+    eta_quantile: float | None = None,
 ) -> WETArtifact:
     """Fit the world probe at ``probe_layer`` and rank every head with ``ranker`` on labelled prompts.
 
     Args:
         model: the (frozen) causal LM.
-        batch: prompts with world labels (answers and counterfactuals too when ``ranker.needs_counterfactuals``).
+        batch: prompts with world labels (answers and counterfactuals too when ``ranker.needs_counterfactuals``;
+            the anchor mask when ``probe_positions`` reads the anchors).
         probe_layer, num_worlds, l2, position: the probe (:func:`fit_world_probe`).
         ranker: scores ``[L, H]``.
         batch_size: rows per forward.
+        probe_positions: where the probe is fitted (:data:`PROBE_POSITIONS`, :func:`probe_rows`).
+        calibration: held-out in-distribution prompts; with ``eta_quantile`` the gate threshold is calibrated on
+            them (:func:`calibrate_eta`) and stored as :attr:`WETArtifact.eta`.
+        eta_quantile: the quantile of ``H`` that becomes ``eta`` (``None``: no calibration).
     """
     layout = model_layout(model)
     present = int(batch.worlds.max()) + 1 if batch.worlds.numel() else 0
     if present > num_worlds or int(batch.worlds.min()) < 0:
         raise DataError(f"world labels span [0, {present}) but num_worlds={num_worlds}")
-    acts = world_activations(model, batch, probe_layer, position, batch_size)
-    probe = WorldEntropyProbe(probe_layer, num_worlds, l2=l2).fit(acts, batch.worlds)
+    if (eta_quantile is None) != (calibration is None):
+        raise ConfigError("give both calibration prompts and eta_quantile, or neither")
+    acts, worlds = probe_rows(model, batch, probe_layer, probe_positions, batch_size, position)
+    probe = WorldEntropyProbe(probe_layer, num_worlds, l2=l2).fit(acts, worlds)
     scores = ranker.score(model, batch).float().cpu()
     if tuple(scores.shape) != (layout.num_layers, layout.num_heads):
         raise DataError(
             f"{type(ranker).__name__} returned scores of shape {list(scores.shape)}; expected "
             f"[{layout.num_layers}, {layout.num_heads}] (layers x heads)"
         )
+    last = acts if probe_positions == "last" else world_activations(model, batch, probe_layer, position, batch_size)
     metrics = {
-        "probe_accuracy": probe.probe.accuracy(acts, batch.worlds),
+        "probe_accuracy": probe.probe.accuracy(acts, worlds),
         "probe_entropy": float(probe.entropy(acts).mean()),
-        "rows": float(acts.shape[0]),
+        "probe_accuracy_last": probe.probe.accuracy(last, batch.worlds.cpu()),
+        "probe_entropy_last": float(probe.entropy(last).mean()),
+        "rows": float(batch.input_ids.shape[0]),
+        "probe_rows": float(acts.shape[0]),
     }
-    return WETArtifact(probe, scores, type(ranker).__name__, metrics)
+    eta = None
+    if calibration is not None and eta_quantile is not None:
+        eta = calibrate_eta(model, probe, calibration, eta_quantile, batch_size)
+        metrics.update(eta=eta, eta_quantile=float(eta_quantile), calibration_rows=float(calibration.worlds.numel()))
+    return WETArtifact(probe, scores, type(ranker).__name__, metrics, eta)
