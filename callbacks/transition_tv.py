@@ -9,6 +9,13 @@ state (the base model's own fit of ``P``) -- and logs (core: :func:`zoo.data.mar
 * ``{log_prefix}/new_tv``: mean over new tokens and contexts of ``TV(p_hat(. | context + j), P'_j)``;
 * ``{log_prefix}/new_tv_of_mean``: mean over new tokens of the TV of the context-averaged prediction;
 * ``{log_prefix}/old_tv``: mean of ``TV(p_hat(. | context ending in i), P_i)`` (the floor the frozen model sets);
+* ``{log_prefix}/old_new_mass``: mean probability the model puts on the new tokens right after an old-only context
+  (0 unless the new tokens have output rows, ``module.output_rows=true``: the mass old-only contexts lose);
+* ``{log_prefix}/old_tv_change``: ``old_tv`` minus the base model's ``old_tv`` on the same contexts (the base: the
+  model at fit start with the vocabulary extension removed, or as it is when the module has none); exactly 0 when
+  the old logits and the vocabulary are unchanged;
+* ``{log_prefix}/new_tv_start`` / ``old_tv_start``: ``new_tv`` of the untrained new rows and the base model's
+  ``old_tv``, both taken at fit start (the reference of "how much of the gap training closed");
 * with ``path``: one JSON line per new token (step, stage, token, its dictionary, ``tv``, ``tv_of_mean``).
 
 Needs a module with ``model`` (a causal LM) and ``tokenizer`` that knows the task's new token strings (as
@@ -69,6 +76,12 @@ class TransitionTV(EvaluationCallback):
         self.log_prefix = log_prefix
         self.path = path
         self.last: dict[str, float] = {}
+        # taken at fit start (kept in the callback state, so a resumed run keeps the untrained reference)
+        self.start: dict[str, float] = {}
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(log_prefix=self.log_prefix, seed=self.seed)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if getattr(pl_module, "tokenizer", None) is None or not hasattr(pl_module, "model"):
@@ -101,13 +114,36 @@ class TransitionTV(EvaluationCallback):
         model.train(was_training)
         return torch.cat(out)
 
-    def measure(self, pl_module: Any) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        """The metrics and the per-token records for the module's model now."""
+    def _contexts(self) -> tuple[list[tuple[str, torch.Tensor]], list[tuple[str, torch.Tensor]]]:
+        """The held-out contexts: ``contexts_per_token`` per new token (token-major), then the old-only ones."""
         rng = random.Random(self.seed)
-        state_ids = state_token_ids(pl_module.tokenizer, self.task.num_states)
         m, k = self.task.num_new_tokens, self.contexts_per_token
         new = [self.task.successor_context(rng, j) for j in range(m) for _ in range(k)]
         old = [self.task.successor_context(rng) for _ in range(self.old_contexts)]
+        return new, old
+
+    def _new_token_ids(self, tokenizer: Any) -> list[int]:
+        return [int(tokenizer.convert_tokens_to_ids(t)) for t in self.task.new_tokens]
+
+    def old_probs_of_base(self, pl_module: Any) -> torch.Tensor:
+        """``[old_contexts, V]`` next-token probabilities of the base model after the old-only contexts: the module's
+        model with its vocabulary extension removed (``vocab_extension``), or the model itself without one."""
+        _, old = self._contexts()
+        extension = getattr(pl_module, "vocab_extension", None)
+        if extension is not None:
+            extension.remove()
+        try:
+            return self._probs(pl_module, [text for text, _ in old])
+        finally:
+            if extension is not None:
+                extension.attach()
+
+    def measure(self, pl_module: Any) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """The metrics and the per-token records for the module's model now (``old_tv_change`` and the ``*_start``
+        values need the reference taken at fit start; without it they are left out)."""
+        state_ids = state_token_ids(pl_module.tokenizer, self.task.num_states)
+        m, k = self.task.num_new_tokens, self.contexts_per_token
+        new, old = self._contexts()
         contexts = new + old
         probs = self._probs(pl_module, [text for text, _ in contexts])
         rows = torch.stack([row for _, row in contexts])
@@ -118,6 +154,11 @@ class TransitionTV(EvaluationCallback):
         metrics = {"new_tv": float(new_tv.mean()), "new_tv_of_mean": float(tv_of_mean.mean())}
         if old:
             metrics["old_tv"] = float(tv[m * k :].mean())
+            emitted = [i for i in self._new_token_ids(pl_module.tokenizer) if i < probs.shape[-1]]
+            metrics["old_new_mass"] = float(probs[m * k :, emitted].sum(-1).mean()) if emitted else 0.0
+            if "old_tv_start" in self.start:
+                metrics["old_tv_change"] = metrics["old_tv"] - self.start["old_tv_start"]
+        metrics.update(self.start)
         records = [
             {
                 "token": self.task.new_tokens[j],
@@ -128,6 +169,25 @@ class TransitionTV(EvaluationCallback):
             for j in range(m)
         ]
         return metrics, records
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Take the reference: the untrained new rows' ``new_tv`` and the base model's ``old_tv``."""
+        if self.start:  # restored from a checkpoint
+            return
+        state_ids = state_token_ids(pl_module.tokenizer, self.task.num_states)
+        now, _ = self.measure(pl_module)
+        self.start = {"new_tv_start": now["new_tv"]}
+        if self.old_contexts:
+            _, old = self._contexts()
+            base = self.old_probs_of_base(pl_module)
+            rows = torch.stack([row for _, row in old])
+            self.start["old_tv_start"] = float(transition_tv(base, rows, state_ids).mean())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"start": dict(self.start)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.start = dict(state_dict.get("start") or {})
 
     def eval_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.last, records = self.measure(pl_module)
