@@ -383,6 +383,21 @@ def model_curves(runs: list[Run]) -> list[list[tuple[int, float]]]:
     return [Run(path=Path(p), overrides=[]).series("val/loss") for p in paths]
 
 
+def model_accuracy(runs: list[Run]) -> tuple[Stat, Stat]:
+    """Held-out exact match of the trained models at their second-to-last and last validation."""
+    kind, name = MODEL_ARTIFACT
+    paths = sorted(
+        {
+            used["path"]
+            for r in runs
+            for used in r.info.get("artifacts", [])
+            if used.get("kind") == kind and used.get("name") == name
+        }
+    )
+    curves = [c for c in (Run(path=Path(p), overrides=[]).series("val/exact_match") for p in paths) if len(c) >= 2]
+    return stat(c[-2][1] for c in curves), stat(c[-1][1] for c in curves)
+
+
 def plateau_sentence(curves: list[list[tuple[int, float]]]) -> str:
     """The plateau check of the trained models: the relative change of the held-out loss over the last validation
     interval, **met** when below :data:`PLATEAU` for the mean over models."""
@@ -444,9 +459,9 @@ def fair_test(sweep: Sweep, arms: dict[str, list[Run]], all_claims: list[Claim],
         "- **Same tuning effort for every arm.** None is tuned: every arm quantizes the same trained model of its "
         "seed; "
         "the baselines have no knobs, and NanoQuant runs with one setting of its knobs (the setup above) at every "
-        "budget. Those knobs are the paper's or the official code's scaled to CPU; the KD learning rate (1e-4 for "
-        "the paper's 1e-6, which does not move the fp16 scales at this scale) was set from an earlier run, not by a "
-        "grid."
+        "budget. Those knobs are the paper's or the official code's scaled to CPU; the KD learning rate "
+        f"({nq.get('kd_lr')} for the paper's 1e-6, which does not move the fp16 scales at this scale) was set from an "
+        "earlier run, not by a grid."
     )
     n_val = first.get("datamodule.source.num_val")
     lines.append(
@@ -458,6 +473,12 @@ def fair_test(sweep: Sweep, arms: dict[str, list[Run]], all_claims: list[Claim],
     lines.append(
         "- **Models trained to a plateau.** The model every arm quantizes (one `+method=sft` build per seed): "
         + plateau_sentence(model_curves(sweep.runs))
+        + (
+            f"; their held-out exact match at the last two validations {fmt_stat(em[0], ci=False)} -> "
+            f"{fmt_stat(em[1], ci=False)}"
+            if (em := model_accuracy(sweep.runs))[1].n
+            else ""
+        )
         + f". NanoQuant's own reconstruction runs fixed, shortened schedules (block {nq.get('block_epochs')} + "
         f"{nq.get('block_epochs')} epochs, code 8 + 8; KD {nq.get('kd_epochs')} epochs): whether longer "
         "reconstruction would lower the perplexity further is not measured here."

@@ -49,7 +49,14 @@ def make_sweep(tmp_path):
         for seed in SEEDS:
             model = tmp_path / "cache" / "demo_policy" / f"nanoquant_addition{seed}{last_change}{validations}"
             losses = [1.0, 0.5, 0.5 * (1 + last_change)][-validations:]
-            write_metrics(model, [{"step": 99 + 100 * i, "val/loss": v} for i, v in enumerate(losses)])
+            accuracy = [0.3, 0.6 + 0.01 * seed, 0.7 + 0.01 * seed][-validations:]
+            write_metrics(
+                model,
+                [
+                    {"step": 99 + 100 * i, "val/loss": v, "val/exact_match": a}
+                    for i, (v, a) in enumerate(zip(losses, accuracy))
+                ],
+            )
             artifacts = [
                 {
                     "kind": "demo_policy",
@@ -120,6 +127,7 @@ def test_fair_test_reads_the_baselines_gap_and_the_models_plateau(make_sweep, tm
     assert "sign 0.230 ± 0.000 [0.230, 0.230]; OneBit SVID 0.130 ± 0.000" in fair  # above full precision, paired
     assert "1.0 bpw 0.600 ± 0.000; 0.55 bpw 0.600 ± 0.000" in fair
     assert "change over the last 100 steps +0.1%" in fair and "**met**" in fair
+    assert "exact match at the last two validations 0.610 ± 0.010 -> 0.710 ± 0.010" in fair
     assert "3 seeds (0, 1, 2" in fair and "2 of the 7 verdict effects are below 0.02" in fair
     rising = build(make_sweep(last_change=-0.05), tmp_path / "out2")
     assert "-5.0% (mean; largest 5.0%)" in rising and "(none above 4%): **not met**" in rising
