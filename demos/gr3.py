@@ -1,21 +1,25 @@
 """Page builder of the GR3 demo (arXiv 2603.10535): ``docs/results/gr3.md`` + ``gr3.png``.
 
-Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=gr3`` (``conf/demo/gr3.yaml``: setting × shaper × seed); page:
+Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=gr3`` (``conf/demo/gr3.yaml``: setting × seed × shaper); page:
 ``python -m zoo.report demo gr3``. Read from the sweep: the GRPO module's logged ``train/completion_length``,
-``train/accuracy``, ``train/reward``, ``train/gr3_alpha`` and ``val/exact_match`` series and the resolved configs.
+``train/accuracy``, ``train/reward``, ``train/gr3_alpha`` and ``val/exact_match`` series, the resolved configs and
+``run_info.json`` (the base policy each run started from, whose SFT log gives its validation-loss curve). Only
+finished runs are read; a setting or seed the sweep did not finish is named on the page.
 """
 
 from __future__ import annotations
 
+import csv
+import math
 from pathlib import Path
 from typing import Any
 
 from zoo.report import (
     Run,
     Sweep,
-    contrast,
     curve,
     legend,
+    paired_contrast,
     plot_curves,
     provenance,
     pyplot,
@@ -23,41 +27,359 @@ from zoo.report import (
     table,
     write_page,
 )
-from zoo.stats import (
-    fmt_stat,
-    stat,
-)
+from zoo.stats import Stat, fmt_stat, paired, stat
+from zoo.verdict import Claim, seeds_note, verdict_section
 
 PAPER = "gr3"
 LENGTH = "train/completion_length"
-CURVES = (LENGTH, "train/accuracy", "val/exact_match")
+REWARD = "train/reward"
+EXACT = "val/exact_match"
+CURVES = (LENGTH, "train/accuracy", EXACT)
 ARMS = ("grpo", "additive", "additive_strong", "gr3")
+SETTINGS = ("rlhf", "rlvr")
+SETTING_GROUP, ARM_GROUP = "demo/gr3/setting", "demo/gr3/arm"
+# "final" values of a logged training series: the mean over the logged steps of the last TAIL steps (one logged step
+# is 64 completions; the mean over several is less noisy); "early": the logged steps up to EARLY
+TAIL = 20
+EARLY = 5
+# the smallest length (tokens) and exact-match effects that count in the verdict; the equivalence band of "keeps
+# GRPO's accuracy"
+LENGTH_MARGIN = 2.0
+MARGIN = 0.02
+KEEP_BAND = 0.05
+# exact-match effects smaller than this call for at least 5 seeds
+SMALL_EFFECT = 0.05
+# a model is at a plateau when its curve moved by less than this fraction: the base policy's validation loss over its
+# last epoch; each RL run's training reward between the last quarter of training and the quarter before
+PLATEAU = 0.05
+# settings every arm of a setting must share (the arms differ only by the shaper)
+SHARED = (
+    "module.optimizer",
+    "module.group_size",
+    "module.generation",
+    "datamodule.batch_size",
+    "datamodule.source",
+    "trainer.max_steps",
+    "base_policy",
+    "backbone",
+)
 
 
-def early_length(run: Run, first: int = 5, last: int = 25) -> float:
-    """Mean completion length over the logged steps ``first``..``last`` (the start of training)."""
-    points = [v for s, v in run.series(LENGTH) if first <= s <= last]
-    return sum(points) / len(points) if points else float("nan")
+def mean(xs: Any) -> float:
+    xs = [float(x) for x in xs if not math.isnan(float(x))]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def window(run: Run, metric: str, first: float, last: float) -> float:
+    """Mean of ``metric`` over its logged steps in ``[first, last]``."""
+    return mean(v for s, v in run.series(metric) if first <= s <= last)
+
+
+def final(run: Run, metric: str) -> float:
+    """Mean of ``metric`` over the logged steps of the run's last :data:`TAIL` steps."""
+    steps = [s for s, _ in run.series(metric)]
+    return window(run, metric, max(steps) - TAIL + 1, max(steps)) if steps else math.nan
+
+
+def early(run: Run, metric: str = LENGTH) -> float:
+    """Mean of ``metric`` over the logged steps up to :data:`EARLY` (the start of RL, close to the base policy)."""
+    return window(run, metric, 0, EARLY)
+
+
+def reward_change(run: Run) -> float:
+    """Relative change of the mean training reward from the third to the last quarter of the run's steps."""
+    steps = [s for s, _ in run.series(REWARD)]
+    if not steps:
+        return math.nan
+    end = max(steps) + 1
+    before = window(run, REWARD, end / 2, 3 * end / 4 - 1)
+    after = window(run, REWARD, 3 * end / 4, end)
+    return (after - before) / abs(before) if before else math.nan
+
+
+def val_loss_curve(run: Run) -> list[float]:
+    """The base policy's validation loss at each of its validations (its SFT run's CSV log, from ``run_info.json``)."""
+    for used in run.info.get("artifacts", []):
+        if used.get("kind") == "base_policy":
+            path = Path(used.get("path", "")) / "csv" / "metrics.csv"
+            if path.is_file():
+                with path.open(encoding="utf-8") as f:
+                    return [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
+    return []
+
+
+class Demo:
+    """The finished runs of the sweep by setting, arm and seed."""
+
+    def __init__(self, sweep: Sweep) -> None:
+        self.sweep = sweep
+        self.runs = [r for r in sweep.runs if r.finished]
+        found = {self.setting(r) for r in self.runs}
+        self.settings = [s for s in SETTINGS if s in found] + sorted(s for s in found if s not in SETTINGS)
+        self.shapers = [a for a in ARMS if any(self.shaper(r) == a for r in self.runs)]
+        self.labels: dict[str, str] = sweep.runs[0].get("demo.labels", {}) or {}
+
+    @staticmethod
+    def setting(run: Run) -> str | None:
+        """The run's setting (``demo/gr3/setting``), swept or given once on the command line."""
+        return run.group_choice(SETTING_GROUP) or run.choice(SETTING_GROUP)
+
+    @staticmethod
+    def shaper(run: Run) -> str | None:
+        return run.group_choice(ARM_GROUP) or run.choice(ARM_GROUP)
+
+    def of(self, setting: str | None, arm: str) -> list[Run]:
+        return [r for r in self.runs if self.setting(r) == setting and self.shaper(r) == arm]
+
+    def by_seed(self, setting: str | None, arm: str, fn: Any) -> dict[Any, float]:
+        """``{seed: fn(run)}``: the unit of the paired comparisons (the arms of a seed share the base policy, the
+        prompt order and the sampling seed)."""
+        return {r.seed: float(fn(r)) for r in self.of(setting, arm)}
+
+    def effect(self, setting: str | None, a: str, b: str, fn: Any) -> Stat:
+        return paired(self.by_seed(setting, a, fn), self.by_seed(setting, b, fn))
+
+    def lab(self, key: str | None) -> str:
+        return self.labels.get(key, key) if key else "setting not recorded"
+
+
+def last_exact(run: Run) -> float:
+    return run.last(EXACT)
+
+
+def final_length(run: Run) -> float:
+    return final(run, LENGTH)
+
+
+# -- the verdict ------------------------------------------------------------------------------------------------------
+def claims(demo: Demo) -> list[Claim]:
+    """The paper's claims (abstract: GR3 keeps GRPO-like training dynamics and downstream scores on RLHF and RLVR
+    while strongly reducing length, and beats length-regularized baselines; its multiplicative, reward-gated rescaling
+    avoids the additive penalty's "compensatory" shortcut) as this demo tests them, per setting, each a difference
+    paired by seed."""
+    found = []
+    lab = demo.lab
+    for setting in demo.settings:
+        where = lab(setting).split(":")[0]
+        found += [
+            Claim(
+                f"GR3 reduces completion length relative to GRPO ({where})",
+                f"completion length over the last {TAIL} steps, {lab('gr3')} − {lab('grpo')}, tokens",
+                demo.effect(setting, "gr3", "grpo", final_length),
+                "lower",
+                LENGTH_MARGIN,
+                digits=1,
+            ),
+            Claim(
+                f"GR3 keeps GRPO's accuracy ({where})",
+                f"final validation exact match, {lab('gr3')} − {lab('grpo')} (within ±{KEEP_BAND})",
+                demo.effect(setting, "gr3", "grpo", last_exact),
+                "within",
+                KEEP_BAND,
+            ),
+            Claim(
+                f"GR3 beats a length-regularized baseline ({where})",
+                f"final validation exact match, {lab('gr3')} − {lab('additive')}",
+                demo.effect(setting, "gr3", "additive", last_exact),
+                "higher",
+                MARGIN,
+            ),
+            Claim(
+                f"GR3 avoids the additive penalty's compensatory shortcut ({where})",
+                f"final validation exact match, {lab('gr3')} − {lab('additive_strong')}",
+                demo.effect(setting, "gr3", "additive_strong", last_exact),
+                "higher",
+                MARGIN,
+            ),
+        ]
+    return found
+
+
+def cannot_test(demo: Demo) -> str:
+    missing = [lab for s in SETTINGS if s not in demo.settings for lab in [demo.lab(s)]]
+    text = (
+        "the paper's models, benchmarks (AIME, MATH500, Arena-Hard, ...) and its length cuts; a real reward model "
+        "(the RLHF setting's proxy rewards length by construction); a tuned length-regularized baseline (the additive "
+        "penalty is run at two fixed lambdas, not swept)"
+    )
+    if missing:
+        text += f"; the setting{'s' if len(missing) > 1 else ''} {', '.join(missing)}, not run in this sweep"
+    return text + "."
+
+
+# -- the fair test ----------------------------------------------------------------------------------------------------
+def fair_test(demo: Demo, found: list[Claim]) -> list[str]:
+    """How the design meets each point of a fair test, from the numbers."""
+    lab = demo.lab
+    lines = ["## Fair test", ""]
+    failures = []
+    for setting in demo.settings:
+        growth = paired(demo.by_seed(setting, "grpo", final_length), demo.by_seed(setting, "grpo", early))
+        occurs = "occurs" if growth.n >= 2 and growth.lo > 0 else "does not occur (the interval reaches 0 or below)"
+        grpo = demo.of(setting, "grpo")
+        failures.append(
+            f"{lab(setting).split(':')[0]}: GRPO's length goes from {mean(early(r) for r in grpo):.1f} (logged steps "
+            f"up to {EARLY}) to {mean(final_length(r) for r in grpo):.1f} (last {TAIL} steps), growth "
+            f"{fmt_stat(growth, 1)} tokens: the length growth GR3 targets **{occurs}**"
+        )
+        strong = demo.of(setting, "additive_strong")
+        if strong:
+            failures[-1] += (
+                f"; the strong additive penalty ends at length {mean(final_length(r) for r in strong):.1f} and exact "
+                f"match {mean(last_exact(r) for r in strong):.3f} (GRPO {mean(last_exact(r) for r in grpo):.3f})"
+            )
+    lines.append("- **The baseline's failure can occur.** " + "; ".join(failures) + ".")
+    gr3 = [r for s in demo.settings for r in demo.of(s, "gr3")]
+    grid = [float(a) for a in (demo.runs[0].get("callbacks.gr3_calibration.alpha_grid") or [])] if gr3 else []
+    grid = [float(a) for a in (gr3[0].get("callbacks.gr3_calibration.alpha_grid") or [])] if gr3 else grid
+    alphas = stat(r.last("train/gr3_alpha") for r in gr3)
+    at_top = (
+        f"; {sum(r.last('train/gr3_alpha') == max(grid) for r in gr3)} of {len(gr3)} runs end at the grid's largest "
+        f"alpha {max(grid):g}, where the calibration constraint never binds"
+        if grid
+        else ""
+    )
+    lines.append(
+        "- **The method's signal carries information the baseline lacks.** GRPO sees no length; the additive penalty "
+        "sees each completion's absolute length and charges wrong answers too; GR3 divides the reward by "
+        "1 + alpha · length / (its group's mean length), so the budget follows each prompt's own group and a zero "
+        f"reward stays zero. Its calibrated alpha ends at {fmt_stat(alphas, 2, ci=False)} over {alphas.n} runs"
+        + at_top
+        + "."
+    )
+    differ = []
+    for setting in demo.settings:
+        runs = [r for a in demo.shapers for r in demo.of(setting, a)]
+        for key in SHARED:
+            if len({repr(r.get(key)) for r in runs}) > 1:
+                differ.append(f"{key} ({lab(setting).split(':')[0]})")
+    lams = {
+        a: demo.of(s, a)[0].get("module.shaper.lam")
+        for s in demo.settings
+        for a in ("additive", "additive_strong")
+        if demo.of(s, a)
+    }
+    first = demo.runs[0]
+    same = (
+        f"every arm shares lr {first.get('module.optimizer.lr')}, G={first.get('module.group_size')}, "
+        f"{first.get('datamodule.batch_size')} prompts per step, {first.get('trainer.max_steps')} steps and the base "
+        "policy"
+        if not differ
+        else f"**settings differ between arms: {', '.join(differ)}**"
+    )
+    lines.append(
+        f"- **Same tuning effort for every arm.** No arm is selected by a score: {same}. The additive penalty runs at "
+        f"two fixed lambdas ({', '.join(f'{v:g}' for v in dict.fromkeys(lams.values()) if v is not None)}), both "
+        "reported; GR3's alpha is set by its own online calibration (the paper's procedure, part of the method) from "
+        f"the start value {first.get('module.shaper.alpha', gr3[0].get('module.shaper.alpha') if gr3 else None)}. "
+        "No arm's learning rate or steps were swept."
+    )
+    lines.append(
+        "- **Chosen on a split that is not reported.** Nothing is chosen on the reported validation prompts: the "
+        "lambdas are fixed, and GR3's calibration reads only its training rollout groups."
+    )
+    base_curves = {tuple(c) for c in (val_loss_curve(r) for r in demo.runs) if len(c) >= 2}
+    if base_curves:
+        changes = [(c[-1] - c[-2]) / c[-2] for c in base_curves]
+        worst = max(changes, key=abs)
+        base = (
+            f"the base policy's validation loss changed by {100 * worst:+.1f}% over its last epoch "
+            f"(**{'met' if abs(worst) < PLATEAU else 'not met'}**)"
+        )
+    else:
+        base = "the base policy's validation-loss log was not found (**not shown**)"
+    rl = []
+    for setting in demo.settings:
+        cells = []
+        for arm in demo.shapers:
+            change = [reward_change(r) for r in demo.of(setting, arm)]
+            worst = max((c for c in change if not math.isnan(c)), key=abs, default=math.nan)
+            met = "met" if not math.isnan(worst) and abs(worst) < PLATEAU else "not met"
+            cells.append(f"{lab(arm)} {100 * mean(change):+.1f}% (worst seed {100 * worst:+.1f}%: {met})")
+        rl.append(f"{lab(setting).split(':')[0]}: " + ", ".join(cells))
+    lines.append(
+        f"- **Models trained to a plateau.** A plateau is a change below {100 * PLATEAU:.0f}%: {base}. RL runs, change "
+        "of the mean training reward from the third to the last quarter of the steps: " + "; ".join(rl) + "."
+    )
+    seeds = len({r.seed for r in demo.runs})
+    lines.append(
+        f"- **Seeds.** {seeds} seed{'s' if seeds != 1 else ''} (the RL phase's prompt order and sampling; one base "
+        f"policy for all); {seeds_note([c for c in found if c.digits == 3], seeds, SMALL_EFFECT)} (exact-match "
+        "effects)."
+    )
+    return [*lines, ""]
+
+
+# -- the page ---------------------------------------------------------------------------------------------------------
+def setting_section(demo: Demo, setting: str | None) -> list[str]:
+    rows = []
+    for shaper in demo.shapers:
+        runs = demo.of(setting, shaper)
+        rows.append(
+            [
+                demo.lab(shaper),
+                str(len(runs)),
+                fmt_stat(stat(early(r) for r in runs), 1, ci=False),
+                fmt_stat(stat(final_length(r) for r in runs), 1),
+                fmt_stat(stat(final(r, "train/accuracy") for r in runs)),
+                fmt_stat(stat(final(r, REWARD) for r in runs)),
+                fmt_stat(stat(last_exact(r) for r in runs)),
+                fmt_stat(stat(r.last("train/gr3_alpha") for r in runs), 2, ci=False) if shaper == "gr3" else "",
+            ]
+        )
+    return [
+        f"## {demo.lab(setting)}",
+        "",
+        table(
+            [
+                "arm",
+                "seeds",
+                f"length (logged steps ≤ {EARLY})",
+                f"length (last {TAIL} steps)",
+                f"train accuracy (last {TAIL} steps)",
+                f"reward (last {TAIL} steps)",
+                "val exact match (last)",
+                "GR3 alpha (last, calibrated)",
+            ],
+            rows,
+        ),
+        *reading(demo, setting),
+        "",
+    ]
+
+
+def reading(demo: Demo, setting: str | None) -> list[str]:
+    """Contrasts for one setting, paired by seed ("not shown" when the interval contains 0)."""
+
+    def line(a: str, b: str, fn: Any, what: str) -> str:
+        if not demo.of(setting, a) or not demo.of(setting, b):
+            return ""
+        return (
+            "- "
+            + paired_contrast(
+                demo.lab(a), demo.by_seed(setting, a, fn), demo.lab(b), demo.by_seed(setting, b, fn), what
+            )
+            + "."
+        )
+
+    lines = [
+        line("gr3", "grpo", final_length, f"Completion length (last {TAIL} steps)"),
+        line("additive", "grpo", final_length, f"Completion length (last {TAIL} steps)"),
+        line("gr3", "additive", final_length, f"Completion length (last {TAIL} steps)"),
+        line("gr3", "grpo", last_exact, "Final validation exact match"),
+        line("gr3", "additive", last_exact, "Final validation exact match"),
+        line("gr3", "additive_strong", last_exact, "Final validation exact match"),
+    ]
+    return [x for x in lines if x]
 
 
 def build(sweep: Sweep, out: Path) -> list[Path]:
-    first = sweep.runs[0]
-    labels = first.get("demo.labels", {}) or {}
-    setting_key = next((k for k in sweep.swept if k.endswith("setting")), None)
-    arm_key = next((k for k in sweep.swept if k.endswith("/arm")), None)
-
-    def runs_of(setting: str | None, arm: str) -> list[Run]:
-        return [
-            r
-            for r in sweep.runs
-            if (setting_key is None or r.arm.get(setting_key) == setting) and r.arm.get(arm_key) == arm
-        ]
-
-    settings = list(dict.fromkeys(r.arm.get(setting_key) for r in sweep.runs)) if setting_key else [None]
-    shapers = [s for s in ARMS if any(r.arm.get(arm_key) == s for r in sweep.runs)]
-    png = plot(settings, shapers, runs_of, labels, out / f"{PAPER}.png")
-    seeds = len(sweep.seeds) or 1
+    demo = Demo(sweep)
+    first = demo.runs[0]
+    png = plot(demo, out / f"{PAPER}.png")
+    seeds = sorted({r.seed for r in demo.runs})
     task = str(first.get("task._target_", "")).rsplit(".", 1)[-1]
+    found = claims(demo)
     text = [
         "# GR3 demo: GRPO vs additive length penalty vs GR3 (toy scale)",
         "",
@@ -69,81 +391,32 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         f"Setup: tiny Llama from the cached base SFT policy of the task ({task}); GRPO with "
         f"G={first.get('module.group_size')}, {first.get('datamodule.batch_size')} prompts per step, "
         f"max {first.get('module.generation.max_new_tokens')} new tokens, lr {first.get('module.optimizer.lr')}, "
-        f"{first.get('trainer.max_steps')} steps per run, {seeds} seed{'s' if seeds != 1 else ''}. Cells: mean ± sd "
-        "over seeds [95% confidence interval, Student t]; lengths are generated tokens (EOS included).",
+        f"{first.get('trainer.max_steps')} steps per run; finished runs read: {len(demo.runs)} of {len(sweep.runs)} "
+        f"(seeds {', '.join(map(str, seeds))}). Cells: mean ± sd over seeds [95% confidence interval, Student t]; "
+        "lengths are generated tokens (EOS included); training series are logged every "
+        f"{first.get('trainer.log_every_n_steps')} steps. Contrasts are paired by seed (the arms of a seed share the "
+        "base policy, the prompt order and the sampling seed).",
         "",
+        *fair_test(demo, found),
     ]
-    for setting in settings:
-        rows = []
-        for shaper in shapers:
-            runs = runs_of(setting, shaper)
-            rows.append(
-                [
-                    labels.get(shaper, shaper),
-                    fmt_stat(stat(early_length(r) for r in runs), 1, ci=False),
-                    fmt_stat(stat(r.last(LENGTH) for r in runs), 1),
-                    fmt_stat(stat(r.last("train/accuracy") for r in runs)),
-                    fmt_stat(stat(r.last("train/reward") for r in runs)),
-                    fmt_stat(stat(r.last("val/exact_match") for r in runs)),
-                    fmt_stat(stat(r.last("train/gr3_alpha") for r in runs), 2, ci=False) if shaper == "gr3" else "",
-                ]
-            )
-        text += [
-            f"## {labels.get(setting, setting) if setting else 'All runs'}",
-            "",
-            table(
-                [
-                    "arm",
-                    "length (logged steps 5-25)",
-                    "length (last step)",
-                    "train accuracy (last)",
-                    "reward (last)",
-                    "val exact match (last)",
-                    "GR3 alpha (last, calibrated)",
-                ],
-                rows,
-            ),
-            *reading(setting, runs_of, labels),
-            "",
-        ]
-    text += [
-        f"![curves]({png.name})",
-        "",
-    ]
-    return [write_page(out, PAPER, text), png]
+    for setting in demo.settings:
+        text += setting_section(demo, setting)
+    text += [f"![curves]({png.name})", ""]
+    verdict = verdict_section(found, cannot_test(demo))
+    return [write_page(out, PAPER, text, verdict), png]
 
 
-def reading(setting: str | None, runs_of: Any, labels: dict[str, str]) -> list[str]:
-    """Templated contrasts for one setting (Welch 95% intervals over seeds; "not shown" when they contain 0)."""
-
-    def last(arm: str, metric: str) -> list[float]:
-        return [r.last(metric) for r in runs_of(setting, arm)]
-
-    def line(a: str, b: str, metric: str, what: str) -> str:
-        if not last(a, metric) or not last(b, metric):
-            return ""
-        return "- " + contrast(labels.get(a, a), last(a, metric), labels.get(b, b), last(b, metric), what) + "."
-
-    lines = [
-        line("gr3", "grpo", LENGTH, "Final completion length"),
-        line("additive", "grpo", LENGTH, "Final completion length"),
-        line("gr3", "additive", "val/exact_match", "Final validation exact match"),
-        line("gr3", "additive_strong", "val/exact_match", "Final validation exact match"),
-        line("gr3", "grpo", "val/exact_match", "Final validation exact match"),
-    ]
-    return [x for x in lines if x]
-
-
-def plot(settings: list[Any], shapers: list[str], runs_of: Any, labels: dict[str, str], path: Path) -> Path:
+def plot(demo: Demo, path: Path) -> Path:
     """One row per setting, one panel per metric: mean curve over seeds with its 95% band."""
     plt = pyplot()
+    settings = demo.settings or [None]
     fig, axes = plt.subplots(
         len(settings), len(CURVES), figsize=(4.6 * len(CURVES), 3.3 * len(settings)), squeeze=False
     )
     for row, setting in zip(axes, settings):
         for ax, metric in zip(row, CURVES):
-            plot_curves(ax, {labels.get(s, s): curve(runs_of(setting, s), metric) for s in shapers})
-            ax.set_title(f"{labels.get(setting, setting) if setting else ''}\n{metric}", fontsize=8)
+            plot_curves(ax, {demo.lab(s): curve(demo.of(setting, s), metric) for s in demo.shapers})
+            ax.set_title(f"{demo.lab(setting) if setting else ''}\n{metric}", fontsize=8)
             ax.set_xlabel("step")
         legend(row[0], fontsize=7)
     return save_figure(fig, path)

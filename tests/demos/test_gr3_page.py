@@ -1,0 +1,170 @@
+"""The GR3 page (demos/gr3.py) on a sweep whose outcomes the test chooses: it opens with the generated Verdict (GR3
+against GRPO on length and accuracy, against the additive penalties on accuracy, per setting, paired by seed) and has
+a generated Fair-test section (GRPO's length growth, the shared settings, the base policy's and the RL runs' plateau),
+reading finished runs only and naming a setting the sweep did not run."""
+
+from __future__ import annotations
+
+import pytest
+from sweep_files import write_metrics, write_run, write_sweep
+
+from zoo.report import Sweep
+from zoo.report.pages import load_page_builder
+from zoo.verdict import read_verdict
+
+from conftest import REPO_ROOT
+
+ARMS = ("grpo", "additive", "additive_strong", "gr3")
+SEEDS = (0, 1, 2)
+STEPS = 120
+LABELS = {
+    "grpo": "GRPO",
+    "additive": "GRPO + additive penalty (lambda 0.5)",
+    "additive_strong": "GRPO + additive penalty (lambda 4)",
+    "gr3": "GRPO + GR3 (calibrated alpha)",
+    "rlhf": "RLHF-style: verbosity-biased proxy reward",
+    "rlvr": "RLVR: binary exact-match reward",
+}
+
+
+def outcome(setting: str, arm: str, seed: int) -> tuple[float, float, float]:
+    """(start length, end length, final validation exact match) of one run.
+
+    rlhf: GRPO's length grows 25 -> 50; GR3 0.01 above GRPO on exact match every seed (inside the 0.05 band) and
+    0.06, 0.05, 0.04 above the additive penalty; the strong penalty collapses to 1 token and 0 exact match.
+    rlvr: GRPO's length stays flat; GR3 is 1 token shorter (inside the 2-token margin) and 0.10 below the additive
+    penalty every seed (contradicted), level with the strong penalty (not shown)."""
+    if setting == "rlhf":
+        return {
+            "grpo": (25.0, 50.0 + seed, 0.75 + 0.01 * seed),
+            "additive": (25.0, 26.0, 0.70 + 0.02 * seed),
+            "additive_strong": (25.0, 1.0, 0.0),
+            "gr3": (25.0, 25.0 + 0.5 * seed, 0.76 + 0.01 * seed),
+        }[arm]
+    return {
+        "grpo": (28.0, 28.0 + seed - 1, 0.80),
+        "additive": (27.0, 27.0, 0.90 + 0.01 * seed),
+        "additive_strong": (27.0, 27.0, 0.80 + 0.01 * seed),
+        "gr3": (27.0, 27.0 + seed - 1, 0.80 + 0.01 * seed),
+    }[arm]
+
+
+def series(start: float, end: float, exact: float, rising_reward: bool) -> list[dict[str, float]]:
+    """Logged rows every 5 steps: the length moves linearly from ``start`` to ``end`` over the first half and stays;
+    the reward is flat over the second half unless ``rising_reward``; validations at steps 39, 79, 119."""
+    rows = []
+    for step in range(0, STEPS, 5):
+        frac = min(1.0, step / (STEPS / 2))
+        reward = 0.5 + (0.4 * step / STEPS if rising_reward else 0.0)
+        rows.append(
+            {
+                "step": step,
+                "train/completion_length": start + (end - start) * frac,
+                "train/accuracy": exact,
+                "train/reward": reward,
+                "train/gr3_alpha": 0.6,
+            }
+        )
+    rows += [{"step": s, "val/exact_match": exact} for s in (39, 79, 119)]
+    return rows
+
+
+@pytest.fixture
+def make_sweep(tmp_path):
+    def make(settings=("rlhf", "rlvr"), lr_of=None, rising=(), unfinished=(), last_losses=(0.300, 0.301)):
+        policy = tmp_path / "cache" / "base_policy" / "multisum"
+        write_metrics(policy, [{"step": i, "val/loss": v} for i, v in enumerate((0.9, *last_losses))])
+        root = write_sweep(
+            tmp_path / "sweep",
+            {"demo/gr3/setting": ",".join(settings), "seed": "0,1,2", "demo/gr3/arm": ",".join(ARMS)},
+        )
+        number = 0
+        for setting in settings:
+            for seed in SEEDS:
+                for arm in ARMS:
+                    start, end, exact = outcome(setting, arm, seed)
+                    config = {
+                        "seed": seed,
+                        "task": {"_target_": "zoo.data.multisum.MultiSum"},
+                        "module": {
+                            "group_size": 8,
+                            "optimizer": {"lr": (lr_of or {}).get(arm, 2e-4)},
+                            "generation": {"max_new_tokens": 64},
+                            "shaper": {"alpha": 0.3} if arm == "gr3" else {"lam": {"additive": 0.5}.get(arm, 4.0)},
+                        },
+                        "callbacks": {"gr3_calibration": {"alpha_grid": [0.0, 0.3, 0.6]}} if arm == "gr3" else {},
+                        "datamodule": {"batch_size": 8},
+                        "trainer": {"max_steps": STEPS, "log_every_n_steps": 5},
+                        "demo": {"labels": LABELS},
+                    }
+                    run = write_run(
+                        root,
+                        f"{setting}/{arm}/seed{seed}",
+                        {"demo/gr3/setting": setting, "demo/gr3/arm": arm, "seed": seed},
+                        config,
+                        number,
+                        info={"artifacts": [{"kind": "base_policy", "path": str(policy), "metrics": {}}]},
+                    )
+                    write_metrics(run, series(start, end, exact, (setting, arm) in rising))
+                    if (setting, arm, seed) in unfinished:
+                        info = (run / "run_info.json").read_text().replace(', "finished_at": ', ', "ended": ')
+                        (run / "run_info.json").write_text(info)
+                    number += 1
+        return Sweep.load(root)
+
+    return make
+
+
+def build(sweep: Sweep, out) -> str:
+    return load_page_builder("gr3", REPO_ROOT / "demos").build(sweep, out)[0].read_text()
+
+
+def test_page_opens_with_the_verdict_of_each_claim_per_setting(make_sweep, tmp_path):
+    text = build(make_sweep(), tmp_path / "out")
+    lines = text.splitlines()
+    assert lines[0].startswith("# ") and lines[2] == "## Verdict"
+    verdict = read_verdict(tmp_path / "out" / "gr3.md")
+    # rlhf: shorter (shown), keeps accuracy (+0.01 inside ±0.05: shown), beats additive (+0.05 [+0.025, +0.075]:
+    # shown), beats the strong penalty (shown); rlvr: 1 token shorter (inside the 2-token margin: not shown), keeps
+    # accuracy (+0.01 [-0.015, +0.035]: shown), 0.10 below additive (contradicted), level with the strong penalty
+    # (+0.000 [+0.000, +0.000]: not shown)
+    assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (5, 2, 1)
+    assert "| GR3 reduces completion length relative to GRPO (RLHF-style) |" in text
+    assert "| -25.5 [-26.7, -24.3] | **shown** |" in text and "| -1.0 [-1.0, -1.0] | **not shown" in text
+    assert "| +0.050 [+0.025, +0.075] | **shown** |" in text
+    assert "| -0.100 [-0.100, -0.100] | **contradicted** |" in text
+    assert "not run in this sweep" not in text
+
+
+def test_fair_test_reads_the_length_growth_the_shared_settings_and_the_plateau(make_sweep, tmp_path):
+    text = build(make_sweep(), tmp_path / "out")
+    fair = text[text.index("## Fair test") : text.index("## RLHF-style")]
+    assert "RLHF-style: GRPO's length goes from 26.1" in fair and "the length growth GR3 targets **occurs**" in fair
+    assert "RLVR: GRPO's length goes from 28.0" in fair and "**does not occur" in fair
+    assert "the strong additive penalty ends at length 1.0 and exact match 0.000" in fair
+    assert "every arm shares lr 0.0002, G=8, 8 prompts per step, 120 steps" in fair
+    assert "two fixed lambdas (0.5, 4)" in fair
+    assert "3 of 3 runs end at the grid's largest alpha 0.6" not in fair  # 6 GR3 runs over two settings
+    assert "6 of 6 runs end at the grid's largest alpha 0.6" in fair
+    assert "changed by +0.3% over its last epoch (**met**)" in fair
+    assert "not met" not in fair
+
+
+def test_fair_test_flags_a_different_lr_a_rising_reward_and_a_policy_still_improving(make_sweep, tmp_path):
+    sweep = make_sweep(lr_of={"gr3": 1e-3}, rising={("rlhf", "grpo")}, last_losses=(0.6, 0.3))
+    text = build(sweep, tmp_path / "out")
+    fair = text[text.index("## Fair test") : text.index("## RLHF-style")]
+    assert "**settings differ between arms: module.optimizer (RLHF-style), module.optimizer (RLVR)**" in fair
+    assert "changed by -50.0% over its last epoch (**not met**)" in fair
+    assert "GRPO +" in fair and "(worst seed +" in fair and ": not met)" in fair
+
+
+def test_unfinished_runs_are_left_out_and_a_missing_setting_is_named(make_sweep, tmp_path):
+    sweep = make_sweep(settings=("rlhf",), unfinished={("rlhf", "gr3", 2)})
+    text = build(sweep, tmp_path / "out")
+    assert "finished runs read: 11 of 12" in text
+    assert "the setting RLVR: binary exact-match reward, not run in this sweep" in text
+    verdict = read_verdict(tmp_path / "out" / "gr3.md")
+    assert verdict.shown + verdict.not_shown + verdict.contradicted == 4
+    # GR3 − GRPO exact match over the two seeds left: +0.01 both
+    assert "| +0.010 [+0.010, +0.010] | **shown** |" in text
