@@ -34,8 +34,10 @@ from zoo.interp.performative import (
     CellCounts,
     ComplianceTable,
     cross_probe_auroc,
+    direction_from_activations,
     evaluate_grid,
     extract_direction,
+    heldout_auroc,
     judge_compliance,
     projection_auroc,
     steered_compliance,
@@ -265,6 +267,28 @@ def test_direction_extraction_is_deterministic_and_consistent(lm):
         assert f"thinks {agree}:" in prompt
     with pytest.raises(ConfigError, match="method="):
         extract_direction(model, tok, pos, neg, layer=1, method="pca")
+
+
+def test_heldout_auroc_finds_a_planted_feature_and_not_noise():
+    """A planted linear feature separates held out (AUROC 1); on pure noise the in-sample AUROC of a direction fitted
+    on few high-dimensional rows is optimistic and the held-out one is near chance; each held-out row is scored by a
+    direction fitted without it."""
+    g = torch.Generator().manual_seed(0)
+    d, n = 64, 24
+    feature = torch.zeros(d)
+    feature[3] = 1.0
+    base = torch.randn(n, d, generator=g)
+    for method in ("diff_of_means", "probe"):
+        assert heldout_auroc(base + 3 * feature, base - 3 * feature, method) == 1.0
+    noise_pos, noise_neg = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    fitted = direction_from_activations(noise_pos, noise_neg, layer=0)
+    assert fitted.auroc > 0.9  # in-sample: the direction fits the noise
+    assert 0.25 < fitted.heldout_auroc < 0.75 and fitted.heldout_auroc == heldout_auroc(noise_pos, noise_neg)
+    # a direction fitted with the row it scores would separate the noise: the held-out score leaves the row out
+    assert heldout_auroc(noise_pos, noise_neg, folds=n) < 0.75
+    assert math.isnan(heldout_auroc(base[:1], base[1:2]))
+    with pytest.raises(ConfigError, match="folds"):
+        heldout_auroc(base, base, folds=1)
 
 
 def test_symmetric_steering_runs_both_signs_and_alpha_zero_is_the_model(lm):

@@ -20,7 +20,9 @@ Equation -> function:
 * directions ``v = mean(h | +) - mean(h | -)`` of residual activations at layer ``L`` between contrast prompts
   (evaluation cue, monitoring, sycophancy), or a logistic probe's normal -> :func:`extract_direction`;
   separability and cross-probe AUROC (another contrast's activations projected on ``v``) ->
-  :func:`projection_auroc`, :func:`cross_probe_auroc`; direction similarity -> :func:`zoo.interp.probes.cosine`.
+  :func:`projection_auroc`, :func:`cross_probe_auroc`; held-out separability (the direction fitted on some contrast
+  pairs scores the pairs it did not see, cross-fitted over folds) -> :func:`heldout_auroc`; direction similarity ->
+  :func:`zoo.interp.probes.cosine`.
 * steering ``h_L <- h_L + alpha v`` in both directions, ``alpha in {-s, 0, +s}`` (the symmetric design) ->
   :func:`symmetric_steering`; on the compliance grid -> :func:`steered_compliance`.
 * all of it on one model (grid, eval-cue / monitoring / sycophancy directions from :func:`contrast_prompts`, their
@@ -300,6 +302,9 @@ class Direction:
         vector: ``[d]`` unit vector (float32, CPU).
         method: ``"diff_of_means"`` or ``"probe"``.
         auroc: AUROC of the projection on the contrast it was extracted from (in-sample separability).
+        heldout_auroc: AUROC on the same contrast with every pair scored by a direction fitted without it
+            (:func:`heldout_auroc`; ``nan`` with fewer than two pairs). The separability to read: the in-sample AUROC
+            of a direction fitted on a handful of prompts is optimistic.
     """
 
     name: str
@@ -307,6 +312,7 @@ class Direction:
     vector: torch.Tensor
     method: str
     auroc: float
+    heldout_auroc: float = math.nan
 
 
 def projection_auroc(vector: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor) -> float:
@@ -314,6 +320,50 @@ def projection_auroc(vector: torch.Tensor, positive: torch.Tensor, negative: tor
     scores = torch.cat([positive, negative]).float() @ vector.float()
     labels = torch.cat([torch.ones(len(positive)), torch.zeros(len(negative))])
     return auroc(scores, labels)
+
+
+def _fit_vector(positive: torch.Tensor, negative: torch.Tensor, method: str, l2: float) -> torch.Tensor:
+    """The unit direction (float32, CPU) separating ``positive`` from ``negative`` activations."""
+    if method == "diff_of_means":
+        vector = diff_of_means(positive, negative)
+        vector = vector / vector.norm().clamp_min(1e-12)
+    else:
+        x = torch.cat([positive, negative])
+        y = torch.cat([torch.ones(len(positive)), torch.zeros(len(negative))]).long()
+        vector = LinearProbe(l2=l2).fit(x, y).direction
+    return vector.float().cpu()
+
+
+def heldout_auroc(
+    positive: torch.Tensor,
+    negative: torch.Tensor,
+    method: Literal["diff_of_means", "probe"] = "diff_of_means",
+    folds: int = 8,
+    l2: float = 1e-2,
+) -> float:
+    """Cross-fitted AUROC of a direction on its own contrast: rows ``i`` of ``positive [N, d]`` and ``negative
+    [M, d]`` go to fold ``i mod k`` (``k = min(folds, N, M)``; matched contrasts keep a pair in one fold); each fold is
+    scored by the direction fitted on the other folds, centred on the midpoint of that direction's two training class
+    means (so every fold's threshold sits at 0), and the AUROC is taken over the pooled scores. ``nan`` when either
+    side has fewer than two rows."""
+    if method not in ("diff_of_means", "probe"):
+        raise ConfigError(f"method={method!r}: use 'diff_of_means' or 'probe'")
+    if folds < 2:
+        raise ConfigError(f"folds={folds} must be >= 2")
+    k = min(folds, len(positive), len(negative))
+    if k < 2:
+        return math.nan
+    positive, negative = positive.float().cpu(), negative.float().cpu()
+    fold_pos, fold_neg = torch.arange(len(positive)) % k, torch.arange(len(negative)) % k
+    scores, labels = [], []
+    for fold in range(k):
+        train_pos, train_neg = positive[fold_pos != fold], negative[fold_neg != fold]
+        vector = _fit_vector(train_pos, train_neg, method, l2)
+        midpoint = 0.5 * (train_pos.mean(0) + train_neg.mean(0)) @ vector
+        held_pos, held_neg = positive[fold_pos == fold], negative[fold_neg == fold]
+        scores += [held_pos @ vector - midpoint, held_neg @ vector - midpoint]
+        labels += [torch.ones(len(held_pos)), torch.zeros(len(held_neg))]
+    return auroc(torch.cat(scores), torch.cat(labels))
 
 
 def extract_direction(
@@ -351,15 +401,15 @@ def direction_from_activations(
     """:func:`extract_direction` from activations already read: ``positive [N, d]``, ``negative [M, d]``."""
     if method not in ("diff_of_means", "probe"):
         raise ConfigError(f"method={method!r}: use 'diff_of_means' or 'probe'")
-    if method == "diff_of_means":
-        vector = diff_of_means(positive, negative)
-        vector = vector / vector.norm().clamp_min(1e-12)
-    else:
-        x = torch.cat([positive, negative])
-        y = torch.cat([torch.ones(len(positive)), torch.zeros(len(negative))]).long()
-        vector = LinearProbe(l2=l2).fit(x, y).direction
-    vector = vector.float().cpu()
-    return Direction(name, layer, vector, method, projection_auroc(vector, positive, negative))
+    vector = _fit_vector(positive, negative, method, l2)
+    return Direction(
+        name,
+        layer,
+        vector,
+        method,
+        projection_auroc(vector, positive, negative),
+        heldout_auroc(positive, negative, method, l2=l2),
+    )
 
 
 def cross_probe_auroc(
@@ -566,6 +616,7 @@ class PerformativeReport:
         names = list(self.directions)
         for i, name in enumerate(names):
             metrics[f"direction/{name}/auroc"] = self.directions[name].auroc
+            metrics[f"direction/{name}/heldout_auroc"] = self.directions[name].heldout_auroc
             for other in names[i + 1 :]:
                 metrics[f"cosine/{name}/{other}"] = cosine(self.directions[name].vector, self.directions[other].vector)
         for (name, contrast), value in self.cross_auroc.items():
@@ -583,7 +634,8 @@ class PerformativeReport:
             **self.measured.to_dict(),
             "metrics": self.metrics(),
             "directions": {
-                n: {"layer": d.layer, "method": d.method, "auroc": d.auroc} for n, d in self.directions.items()
+                n: {"layer": d.layer, "method": d.method, "auroc": d.auroc, "heldout_auroc": d.heldout_auroc}
+                for n, d in self.directions.items()
             },
             "steering": {n: {_alpha_key(a): m.to_dict() for a, m in arms.items()} for n, arms in self.steering.items()},
         }
