@@ -145,7 +145,11 @@ class TransitionTV(EvaluationCallback):
         m, k = self.task.num_new_tokens, self.contexts_per_token
         new, old = self._contexts()
         contexts = new + old
-        probs = self._probs(pl_module, [text for text, _ in contexts])
+        # old-only contexts in their own batches, as the base model's are scored at fit start: with unchanged old
+        # logits the two passes are bit-identical (no batch-composition noise in old_tv_change)
+        probs = self._probs(pl_module, [text for text, _ in new])
+        if old:
+            probs = torch.cat([probs, self._probs(pl_module, [text for text, _ in old])])
         rows = torch.stack([row for _, row in contexts])
         tv = transition_tv(probs, rows, state_ids)
         new_tv = tv[: m * k].view(m, k)

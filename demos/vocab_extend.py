@@ -120,6 +120,10 @@ class Design:
         fn = metric if callable(metric) else (lambda r: r.last(metric))
         return {r.seed: fn(r) for r in self.runs(arm, n)}
 
+    def arm_ns(self, arm: str) -> list[int]:
+        """The n values at which ``arm`` has reported runs."""
+        return [n for n in self.ns if (arm, n) in self.used]
+
     def levels(self, arm: str, n: int) -> list[str]:
         found = [lv for (a, m, lv) in self.cells if a == arm and m == n]
         return [lv for lv in LR_LEVELS if lv in found] + sorted(lv for lv in found if lv not in LR_LEVELS)
@@ -240,7 +244,7 @@ def dictionary_arms(d: Design) -> list[str]:
         a
         for a in d.arms
         if a not in BASELINES
-        and d.runs(a)
+        and len(d.arm_ns(a)) >= 3
         and mode_of(d.runs(a)[0]) == "dictionary"
         and not d.runs(a)[0].get("module.output_rows")
     ]
@@ -322,13 +326,15 @@ def fit_sentence(fit: Needed, band: float) -> str:
 
 
 # -- the verdict -----------------------------------------------------------------------------------------------------
-def grid_mean(d: Design, arm: str, metric: str) -> dict[int | None, float]:
-    """Per seed, the mean of ``metric`` over the n grid (each n at the arm's chosen learning rate)."""
+def grid_mean(d: Design, arm: str, metric: str, ns: Sequence[int] | None = None) -> dict[int | None, float]:
+    """Per seed, the mean of ``metric`` over ``ns`` (default: the arm's own n grid; each n at the arm's chosen
+    learning rate); seeds missing an n are left out."""
+    ns = list(ns if ns is not None else d.arm_ns(arm))
     out: dict[int | None, list[float]] = {}
-    for n in d.ns:
+    for n in ns:
         for seed, v in d.by_seed(arm, n, metric).items():
             out.setdefault(seed, []).append(v)
-    return {k: sum(v) / len(v) for k, v in out.items() if len(v) == len(d.ns)}
+    return {k: sum(v) / len(v) for k, v in out.items() if len(v) == len(ns)}
 
 
 def claims(d: Design, labels: dict[str, str], headline: Needed | None, band: float, margin: float, mass_band: float):
@@ -360,13 +366,14 @@ def claims(d: Design, labels: dict[str, str], headline: Needed | None, band: flo
         ]
     if METHOD in d.arms:
         for base in BASELINES:
-            if base in d.arms:
+            common = [n for n in d.arm_ns(base) if n in d.arm_ns(METHOD)]
+            if base in d.arms and common:
                 found.append(
                     Claim(
                         f"the method reaches a lower TV than {lab(base).split(',')[0]} at equal n",
                         f"TV to the true new rows, {lab(base)} − {lab(METHOD)}, mean over n in "
-                        f"{{{', '.join(map(str, d.ns))}}}, paired by seed (each arm at its chosen lr)",
-                        paired(grid_mean(d, base, TV), grid_mean(d, METHOD, TV)),
+                        f"{{{', '.join(map(str, common))}}}, paired by seed (each arm at its chosen lr)",
+                        paired(grid_mean(d, base, TV, common), grid_mean(d, METHOD, TV, common)),
                         "higher",
                         margin,
                     )
@@ -611,7 +618,9 @@ def output_rows_section(d: Design, lab: Callable[[str], str]) -> list[str]:
         cells = []
         for n in d.ns:
             runs = d.runs(OUTPUT_ROWS, n)
-            if fn is None:
+            if not runs:
+                cells.append("n/a")
+            elif fn is None:
                 mass = _mean(r.last(MASS) for r in runs)
                 cells.append(f"{-math.log1p(-mass):.4f}" if mass < 1 else "n/a")
             else:
@@ -757,7 +766,10 @@ def setup(first: Run, d: Design, sweep: Sweep, lab: Callable[[str], str]) -> lis
     arms = "; ".join(
         f"{lab(a)} (`module.mode={d.runs(a)[0].get('module.mode')}`, `tuning="
         f"{d.runs(a)[0].get('module.tuning')}`, lr grid "
-        + ", ".join(f"{d.cells[(a, n, lv)][0].get('module.optimizer.lr'):g}" for n in d.ns[:1] for lv in d.levels(a, n))
+        + ", ".join(
+            f"{float(next(iter(d.cells[(a, d.tune_n, lv)].values())).get('module.optimizer.lr')):g}"
+            for lv in d.levels(a, d.tune_n)
+        )
         + ")"
         for a in d.arms
         if d.runs(a)
@@ -772,7 +784,9 @@ def setup(first: Run, d: Design, sweep: Sweep, lab: Callable[[str], str]) -> lis
         f"entropy rates {fmt_stat(stat(entropy), ci=False)}; its TV on old rows {fmt_stat(old_tv, ci=False)}. "
         f"m = {first.get('task.num_new_tokens')} new tokens; token j's successor row P'_j = Σ_i w_ji P_(D_j,i) over "
         f"a dictionary of s old states ({first.get('task.dictionary_weights')} weights). Each run trains on n ∈ "
-        f"{{{', '.join(map(str, d.ns))}}} new-token transitions (rows of {first.get('task.length')} states: a chain "
+        f"{{{', '.join(map(str, d.ns))}}} new-token transitions (per arm: "
+        + ", ".join(f"{lab(a)} {{{', '.join(map(str, d.arm_ns(a)))}}}" for a in d.arms if d.arm_ns(a))
+        + f"; rows of {first.get('task.length')} states: a chain "
         f"prefix, the new token, its successor and the chain onwards) for {first.get('trainer.max_steps')} steps of "
         f"batch {first.get('datamodule.batch_size')} (AdamW, weight decay {first.get('module.optimizer.weight_decay')}"
         f"). Arms: {arms}. {len(d.seeds)} seeds.",
@@ -785,11 +799,14 @@ def plot(d: Design, lab: Callable[[str], str], dict_arms: list[str], fits: list[
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for a in d.arms:
-        stats = [stat(r.last(TV) for r in d.runs(a, n)) for n in d.ns]
+        ns = d.arm_ns(a)
+        if len(ns) < 2:
+            continue
+        stats = [stat(r.last(TV) for r in d.runs(a, n)) for n in ns]
         lo = [s.mean - s.lo if s.n > 1 else 0 for s in stats]
         hi = [s.hi - s.mean if s.n > 1 else 0 for s in stats]
         style = "--" if a in BASELINES else ":" if a in (FREE, OUTPUT_ROWS) else "-"
-        axes[0].errorbar(d.ns, [s.mean for s in stats], yerr=[lo, hi], marker="o", capsize=3, ls=style, label=lab(a))
+        axes[0].errorbar(ns, [s.mean for s in stats], yerr=[lo, hi], marker="o", capsize=3, ls=style, label=lab(a))
     axes[0].set(xscale="log", xlabel="n (new-token transitions)", ylabel="TV to true new rows", title="TV vs n")
     legend(axes[0], fontsize=6)
     xs = [dictionary_size(d.runs(a)[0]) for a in dict_arms]

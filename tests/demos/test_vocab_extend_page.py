@@ -167,7 +167,7 @@ def verdict_rows(text: str) -> dict[str, str]:
     }
 
 
-def test_verdict_follows_the_numbers_when_n_needed_grows_linearly(make_sweep, tmp_path):
+def test_verdict_follows_the_numbers_and_the_lr_is_chosen_on_validation_loss(make_sweep, tmp_path):
     text = build(make_sweep(), tmp_path / "out")
     lines = text.splitlines()
     assert lines[0].startswith("# ") and lines[2] == "## Verdict"
@@ -188,9 +188,7 @@ def test_verdict_follows_the_numbers_when_n_needed_grows_linearly(make_sweep, tm
     assert "| 16 | 0.700 ± 0.000 |" in text
     assert "n/a" not in text.split("**90% of the gap closed**")[1].split("Log-log fit")[0]
 
-
-def test_learning_rate_is_chosen_by_validation_loss_and_reported_at_that_point(make_sweep, tmp_path):
-    text = build(make_sweep(), tmp_path / "out")
+    # the learning rate is chosen by the validation loss and the runs are reported at that point
     selection = text[text.index("## Learning rate chosen") : text.index("## TV to the true new rows")]
     full_row = next(line for line in selection.splitlines() if line.startswith("| full fine-tuning"))
     assert "low (0.0003): 1.0000; mid (0.001): 1.1000; high (0.003): 1.1000 | low | low |" in full_row
