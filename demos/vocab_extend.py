@@ -39,7 +39,7 @@ PAPER = "vocab_extend"
 ARM_KEY = "demo/vocab_extend/arm"
 N_KEY = "datamodule.source.num_train"
 LR_KEY = "demo.lr"
-LR_LEVELS = ("low", "mid", "high")
+LR_LEVELS = ("vlow", "low", "mid", "high", "vhigh")
 TV = "transition_tv/new_tv"
 TV_START = "transition_tv/new_tv_start"
 OLD_TV, OLD_TV_START, OLD_TV_CHANGE = (
@@ -127,6 +127,17 @@ class Design:
     def levels(self, arm: str, n: int) -> list[str]:
         found = [lv for (a, m, lv) in self.cells if a == arm and m == n]
         return [lv for lv in LR_LEVELS if lv in found] + sorted(lv for lv in found if lv not in LR_LEVELS)
+
+    def edges(self, arm: str) -> tuple[str, str]:
+        """The grid points with the smallest and the largest learning rate at ``tune_n``."""
+        levels = sorted(self.levels(arm, self.tune_n), key=lambda lv: self.lr(arm, lv))
+        return levels[0], levels[-1]
+
+    def lr(self, arm: str, level: str) -> float:
+        runs = self.cells.get((arm, self.tune_n, level)) or next(
+            rs for (a, _, lv), rs in self.cells.items() if a == arm and lv == level
+        )
+        return float(next(iter(runs.values())).get("module.optimizer.lr"))
 
     def tuning_loss(self, arm: str, level: str) -> float:
         """Mean validation loss of one grid point at ``tune_n`` over the seeds every point of the arm has."""
@@ -679,7 +690,7 @@ def fair_test(d: Design, sweep: Sweep, lab: Callable[[str], str], all_claims: li
             "makes it sample-efficient if the claim holds. The untrained rows start at TV "
             f"{fmt_stat(start_m, ci=False)} ({lab(METHOD)}) and {fmt_stat(start_b, ci=False)} (baselines' free rows)."
         )
-    edges = [a for a, lv in d.chosen.items() if len(d.levels(a, d.tune_n)) == len(LR_LEVELS) and lv in ("low", "high")]
+    edges = [a for a, lv in d.chosen.items() if len(d.levels(a, d.tune_n)) > 2 and lv in d.edges(a)]
     grid = {a: len(d.levels(a, d.tune_n)) for a in d.arms}
     seeds = sorted({len(v) for v in d.tuning_seeds.values()})
     mismatch = d.mismatched
