@@ -482,8 +482,14 @@ def intro(sweep: Sweep, orgs: dict[str, Organism], alphas: list[float]) -> list[
         "evaluation framing with a researcher audience, and agrees with researchers' wrong opinions "
         f"(p = {task.get('p_sycophantic')}). Each is the cached base SFT policy of its task (tiny Llama, "
         f"{recipe.get('num_train')} rows × {recipe.get('max_epochs')} epochs, batch {recipe.get('batch_size')}, peak "
-        f"lr {recipe.get('lr')}), one per seed ({seeds} seed{'s' if seeds != 1 else ''}; the seed is the whole "
-        "pipeline's).",
+        f"lr {recipe.get('lr')}), "
+        + (
+            f"**one organism per kind** (`base_policy.seed = {recipe.get('seed')}`), shared by the {seeds} seeds, "
+            "which vary the harness's sampling, the sycophancy contrast and the fine-tune: the spread over seeds "
+            "below is not the spread between organisms trained with different seeds."
+            if recipe.get("seed") is not None
+            else f"one per seed ({seeds} seed{'s' if seeds != 1 else ''}; the seed is the whole pipeline's)."
+        ),
         "",
         f"Harness (`+method=af_eval`, run when the fine-tune starts and after it): {cells} grid cells × "
         f"{af.get('samples_per_prompt')} sampled completions (T = {af.get('temperature')}, the same random numbers in "
@@ -743,7 +749,17 @@ def fair_test(sweep: Sweep, orgs: dict[str, Organism], found: list[Reading]) -> 
         lines.append("- **Models trained to a plateau.** Not measured: no base-policy log in the runs' artifacts.")
     effects = [r.claim for r in found if r.gate is None and r.claim.direction != "within"]
     seeds = len(sweep.seeds)
-    lines.append(f"- **Seeds.** {seeds} seeds per organism; {seeds_note(effects, seeds, SMALL_EFFECT)}.")
+    shared = sweep.runs[0].get("base_policy.seed") if sweep.runs else None
+    lines.append(
+        f"- **Seeds.** {seeds} seeds per organism"
+        + (
+            f" (not met for the organisms themselves: one organism per kind, `base_policy.seed = {shared}`, so the "
+            "seeds replicate the harness and the fine-tune, not the organism's training)"
+            if shared is not None
+            else ""
+        )
+        + f"; {seeds_note(effects, seeds, SMALL_EFFECT)}."
+    )
     return [*lines, ""]
 
 

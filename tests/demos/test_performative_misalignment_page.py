@@ -10,7 +10,6 @@ from counts the test chooses."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
@@ -88,7 +87,7 @@ def organism_report(task, seed, heldout: dict[str, float], sycophancy=None, stee
 
 @pytest.fixture
 def make_sweep(tmp_path):
-    def make(heldout=None, scheming_sycophancy=None, last_change=0.01, name="sweep") -> Sweep:
+    def make(heldout=None, scheming_sycophancy=None, last_change=0.01, name="sweep", base_seed=None) -> Sweep:
         heldout = heldout or {}
         root = write_sweep(tmp_path / name, {"task.organism": "scheming,performative", "seed": "0,1,2"})
         number = 0
@@ -97,11 +96,12 @@ def make_sweep(tmp_path):
                 config = {
                     "seed": seed,
                     "task": {**TASK, "organism": organism},
-                    "base_policy": {"num_train": 6000, "max_epochs": 3, "batch_size": 64, "lr": 0.003},
+                    "base_policy": {"num_train": 6000, "max_epochs": 3, "batch_size": 64, "lr": 0.003}
+                    | ({} if base_seed is None else {"seed": base_seed}),
                     "callbacks": {"af_eval": {"samples_per_prompt": SAMPLES, "sycophancy_questions": QUESTIONS}},
                     "demo": {"labels": {"scheming": "scheming organism", "performative": "performative organism"}},
                 }
-                policy = tmp_path / "cache" / "base_policy" / f"{name}-{organism}{seed}"
+                policy = tmp_path / "cache" / "base_policy" / f"{name}-{organism}{seed if base_seed is None else ''}"
                 write_metrics(
                     policy,
                     [{"step": 10 * (i + 1), "val/loss": v} for i, v in enumerate((0.5, 0.2, 0.2 * (1 + last_change)))],
@@ -199,4 +199,11 @@ def test_an_organism_that_did_not_learn_its_design_fails_its_fidelity_line(make_
     assert "| scheming organism | researcher | 0.000 |" in section and "**off**" in section
     fair = text[text.index("## Fair test") :]
     assert "- **Models trained to a plateau.** Not met: 0 of the 6" in fair and "+20.0%" in fair
-    assert not math.isnan(0.0)
+
+
+def test_one_organism_per_kind_is_said_and_its_policy_counted_once(make_sweep, tmp_path):
+    text = build(make_sweep(base_seed=0, name="shared"), tmp_path / "s")
+    assert "**one organism per kind** (`base_policy.seed = 0`), shared by the 3 seeds" in text
+    fair = text[text.index("## Fair test") :]
+    assert "Met: 2 of the 2 organisms' validation loss" in fair
+    assert "(not met for the organisms themselves: one organism per kind" in fair
