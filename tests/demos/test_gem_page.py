@@ -1,7 +1,8 @@
 """The GEM page (demos/gem.py) on a sweep whose outcomes the test chooses: it opens with the generated Verdict (GEM's
-balance and mixing claims, DoReMi and RegMix against uniform bucket weights, RegMix's held-out rank correlation), says
-whether the RegMix arm worked from that correlation, has a generated Fair-test section (plateau read from the final
-LMs' held-out curves) and the cross-check table naming the official code."""
+balance and mixing claims against k-means buckets, DoReMi and RegMix against uniform bucket weights, RegMix's held-out
+rank correlation as the RegMix run logged it before its final LM), says whether the RegMix arm worked from that
+correlation, has a generated Fair-test section (plateau read from the final LMs' held-out curves, RegMix's selection
+split read from the runs' config) and the cross-check table naming the official code."""
 
 from __future__ import annotations
 
@@ -39,12 +40,28 @@ def final_loss(bucketing: str, mixer: str, seed: int) -> float:
 @pytest.fixture
 def make_sweep(tmp_path):
     def make(
-        rhos: tuple[float, ...] = (0.05, -0.3, 0.2), last_change: float = 0.001, bucketings: tuple = BUCKETINGS
+        rhos: tuple[float, ...] = (0.05, -0.3, 0.2),
+        last_change: float = 0.001,
+        bucketings: tuple = BUCKETINGS,
+        selection: str | None = "test",
+        runtime_rho: bool = True,
+        mixers: dict[str, tuple[str, ...]] | None = None,
+        name: str = "sweep",
     ) -> Sweep:
+        """``selection``: the split RegMix's proxies score on (``None``: the corpus itself, i.e. ``val``);
+        ``runtime_rho``: RegMix runs log rho at step 0 (the check callback), else only their artifact has it (an
+        older sweep; the artifact's value is then rho + 0.5 where the run logs rho); ``mixers``: per bucketing."""
         root = write_sweep(
-            tmp_path / f"sweep{len(bucketings)}",
+            tmp_path / f"{name}{len(bucketings)}",
             {"seed": "0,1,2", "bucketing": ",".join(bucketings), "demo/gem/mixer": "doremi,regmix"},
         )
+        proxy_source = {"_target_": "zoo.data.mixture_corpus.BucketedCorpusSource", "directory": "/b/export"}
+        if selection is not None:
+            proxy_source = {
+                "_target_": "zoo.data.regmix_split.RegMixSelectionSource",
+                "source": proxy_source,
+                "val_split": selection,
+            }
         number = 0
         for seed in SEEDS:
             for bucketing in bucketings:
@@ -55,7 +72,7 @@ def make_sweep(tmp_path):
                 mixture.mkdir(parents=True, exist_ok=True)
                 (mixture / "regmix.json").write_text(json.dumps({"spearman": [rhos[seed]] * 10}))
                 uniform = 0.40 + 0.01 * seed
-                for mixer in MIXERS:
+                for mixer in (mixers or {}).get(bucketing, MIXERS):
                     loss = final_loss(bucketing, mixer, seed)
                     artifacts = [
                         {
@@ -73,8 +90,9 @@ def make_sweep(tmp_path):
                             }
                         )
                     else:
+                        built = rhos[seed] + (0.5 if runtime_rho else 0.0)
                         artifacts.append(
-                            {"kind": "regmix_mixture", "path": str(mixture), "metrics": {"regmix/spearman": rhos[seed]}}
+                            {"kind": "regmix_mixture", "path": str(mixture), "metrics": {"regmix/spearman": built}}
                         )
                     weights = [0.99] + [0.01 / (K - 1)] * (K - 1) if mixer == "regmix" else [1 / K] * K
                     run = write_run(
@@ -88,15 +106,24 @@ def make_sweep(tmp_path):
                             "regmix_proxies": 42,
                             "regmix_proxy_steps": 30,
                             "trainer": {"max_steps": 500, "val_check_interval": 100},
-                            "datamodule": {"batch_size": 32},
+                            "datamodule": {
+                                "batch_size": 32,
+                                "sampler": {"weights_file": {"proxy_values": {"datamodule.source": proxy_source}}},
+                            },
                             "demo": {"labels": LABELS},
                         },
                         number,
                         info={"artifacts": artifacts},
                     )
+                    logged = (
+                        [{"step": 0, "regmix/spearman": rhos[seed], "regmix/spearman_lightgbm": rhos[seed] - 0.1}]
+                        if mixer == "regmix" and runtime_rho
+                        else []
+                    )
                     write_metrics(
                         run,
                         [
+                            *logged,
                             {"step": 399, "val/loss": loss / (1 + last_change)},
                             {
                                 "step": 499,
@@ -145,7 +172,15 @@ def test_fair_test_reads_the_plateau_and_the_selection_split(make_sweep, tmp_pat
     fair = fair[fair.index("## Fair test") : fair.index("## Buckets")]
     assert "over the last 100 steps +0.1% (mean over 12 LMs" in fair and "**met**" in fair
     assert "42 RegMix proxies of 30 steps (3.0× the linear regressor's K + 1 = 14 unknowns)" in fair
-    assert "**not met** for the RegMix arm" in fair
+    assert "RegMix's proxies score their mixtures on the corpus' test split" in fair
+    assert "met for the RegMix arm" in fair
+    assert "**not met** for the RegMix arm" not in fair
+    assert "logged by 6 of its 6 runs before their final LM's first step" in fair
+    on_val = build(make_sweep(selection=None, name="onval"), tmp_path / "out3")
+    on_val = on_val[on_val.index("## Fair test") : on_val.index("## Buckets")]
+    assert "**not met** for the RegMix arm" in on_val
+    explicit_val = build(make_sweep(selection="val", name="explicit"), tmp_path / "out4")
+    assert "**not met** for the RegMix arm" in explicit_val
     still_falling = build(make_sweep(last_change=-0.05), tmp_path / "out2")
     assert "-5.0%" in still_falling and "a change below 2%: **not met**" in still_falling
 
@@ -212,3 +247,31 @@ def test_the_uniform_baseline_is_found_in_the_cache_when_another_run_built_the_w
     text = build(Sweep.load(sweep.path), tmp_path / "out")
     # GEM row: the cached references (0.50, 0.51, 0.52), not the DoReMi proxy's 9.0 nor another seed's 5.0
     assert "| GEM (lambda 5000) | 0.510 ± 0.010 [" in text
+
+
+def test_rho_is_the_one_the_run_logged_before_its_final_lm(make_sweep, tmp_path):
+    """The runs log rho at step 0 (callbacks/regmix_check.py); the page reads that, not the artifact's build metric
+    (set 0.5 higher here), and shows LightGBM's rho on the same proxies; a sweep whose runs logged none falls back."""
+    text = build(make_sweep(rhos=(0.6, 0.7, 0.8)), tmp_path / "out")
+    assert "| +0.700 [+0.452, +0.948] | **shown** |" in text
+    assert "LightGBM (the official regressor) on the same proxies and splits: held-out rho 0.600 ± 0.100" in text
+    older = build(make_sweep(rhos=(0.6, 0.7, 0.8), runtime_rho=False, name="older"), tmp_path / "out2")
+    assert "| +0.700 [+0.452, +0.948] | **shown** |" in older and "LightGBM (the official" not in older
+    assert "logged by 0 of its 6 runs" in older
+
+
+def test_the_k_means_half_with_doremi_alone(make_sweep, tmp_path):
+    """The sweep the page comes from when RegMix runs over GEM buckets only: GEM vs k-means through DoReMi, RegMix's
+    claims on GEM buckets, and the page names the arm left out."""
+    sweep = make_sweep(mixers={"kmeans": ("doremi",), "gem": ("doremi", "regmix")}, name="half")
+    text = build(sweep, tmp_path / "out")
+    verdict = read_verdict(tmp_path / "out" / "gem.md")
+    # shown: GEM uniform within 0.02, more balanced than k-means, DoReMi below uniform; not shown: DoReMi's loss
+    # GEM vs k-means (equal), RegMix's rho; contradicted: RegMix above uniform
+    assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (3, 2, 1)
+    assert "DoReMi over GEM buckets gives a lower held-out loss than over k-means buckets" in text
+    assert "RegMix over GEM buckets gives" not in text
+    assert "the arms left out for its CPU budget (RegMix over k-means buckets)" in text
+    assert "RegMix over k-means buckets: no regressor" not in text
+    table = text[text.index("## Mixing") : text.index("## Reading")]
+    assert "| k-means | 0.410 ± 0.010 [0.385, 0.435] | 0.360 ± 0.010 [0.335, 0.385] | — |" in table
