@@ -41,9 +41,10 @@ def perplexity(arm: str, seed: int) -> float:
 
 @pytest.fixture
 def make_sweep(tmp_path):
-    def make(last_change: float = 0.001, validations: int = 3) -> Sweep:
+    def make(last_change: float = 0.001, validations: int = 3, lossless: bool = False) -> Sweep:
         root = write_sweep(
-            tmp_path / f"sweep{last_change}{validations}", {"demo/nanoquant/arm": ",".join(ARMS), "seed": "0,1,2"}
+            tmp_path / f"sweep{last_change}{validations}{lossless}",
+            {"demo/nanoquant/arm": ",".join(ARMS), "seed": "0,1,2"},
         )
         number = 0
         for seed in SEEDS:
@@ -67,8 +68,11 @@ def make_sweep(tmp_path):
             ]
             for arm in ARMS:
                 budget = arm.partition("_")[2]
+                lossless_binary = lossless and arm in ("sign", "onebit")
                 metrics = {
-                    "val/perplexity": perplexity(arm, seed),
+                    "val/perplexity": perplexity("fp", seed) + NOISE[seed]
+                    if lossless_binary
+                    else perplexity(arm, seed),
                     "val/exact_match": 0.5,
                     "quant/bits_per_weight": BPW.get(budget or arm, 16.0),
                 }
@@ -125,11 +129,16 @@ def test_fair_test_reads_the_baselines_gap_and_the_models_plateau(make_sweep, tm
     text = build(make_sweep(), tmp_path / "out")
     fair = text[text.index("## Fair test") : text.index("## Reading")]
     assert "sign 0.230 ± 0.000 [0.230, 0.230]; OneBit SVID 0.130 ± 0.000" in fair  # above full precision, paired
+    assert (
+        "it does for sign, OneBit SVID, so a method that uses the calibration data has room to do better: met." in fair
+    )
     assert "1.0 bpw 0.600 ± 0.000; 0.55 bpw 0.600 ± 0.000" in fair
     assert "change over the last 100 steps +0.1%" in fair and "**met**" in fair
     assert "exact match at the last two validations 0.610 ± 0.010 -> 0.710 ± 0.010" in fair
     assert "3 seeds (0, 1, 2" in fair and "2 of the 7 verdict effects are below 0.02" in fair
     rising = build(make_sweep(last_change=-0.05), tmp_path / "out2")
     assert "-5.0% (mean; largest 5.0%)" in rising and "(none above 4%): **not met**" in rising
+    lossless = build(make_sweep(lossless=True), tmp_path / "out4")
+    assert ": not shown for any binary baseline: **not met**." in lossless
     one_point = build(make_sweep(validations=1), tmp_path / "out3")
     assert "validated fewer than twice, so there is no curve to check: **not met**" in one_point
