@@ -182,6 +182,9 @@ def test_the_probe_catches_a_core_that_imports_lightning(tmp_path):
     assert any(e.startswith("import zoo.fakecore.eager: ImportError") for e in result["errors"]["zoo.fakecore"])
 
 
+# every test of this file on one xdist worker, so the probe subprocess (the cached ``probe()``) runs once per session
+pytestmark = pytest.mark.xdist_group("core_imports")
+
 # core -> reason, for a known offender marked xfail(strict=True) until it is fixed (none today)
 KNOWN: dict[str, str] = {}
 

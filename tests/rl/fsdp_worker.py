@@ -178,7 +178,8 @@ def build_module(stop_strings: list[str], max_grad_norm: float = 0.5) -> GRPOMod
 FIT_MAX_GRAD_NORM = 1e-3
 
 
-def main(out: Path, mode: str) -> None:
+def run_mode(out: Path, mode: str) -> None:
+    """One Trainer of ``mode`` (``decode``: predict, ``fit``: two GRPO updates) writing into ``out/<mode>/``."""
     pl.seed_everything(0)
     rank = os.environ.get("LOCAL_RANK", "0")  # Lightning sets it for the started rank
     # decode: rank 0's rows stop at the first "=" or letter (the untrained model writes "=" first), rank 1's run 24
@@ -191,7 +192,9 @@ def main(out: Path, mode: str) -> None:
         module.tokenizer, JsonlSource(*[str(out / f"train{rank}.jsonl")] * 2), batch_size=2 if mode == "fit" else 4,
         shuffle=False,
     )  # fmt: skip
-    record = FitRecord(out) if mode == "fit" else Record(out)
+    where = out / mode
+    where.mkdir(exist_ok=True)
+    record = FitRecord(where) if mode == "fit" else Record(where)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,
@@ -208,10 +211,16 @@ def main(out: Path, mode: str) -> None:
     )
     if mode == "fit":
         trainer.fit(module, data)
-        trainer.save_checkpoint(out / "last.ckpt")  # what the run's checkpoint callback writes (collective)
+        trainer.save_checkpoint(where / "last.ckpt")  # what the run's checkpoint callback writes (collective)
     else:
         trainer.predict(module, data)
-    torch.save(record.record, out / f"rank{trainer.global_rank}.pt")
+    torch.save(record.record, where / f"rank{trainer.global_rank}.pt")
+
+
+def main(out: Path, modes: str) -> None:
+    """Run each of the comma-separated ``modes`` in turn in the same two processes (one launch, one process group)."""
+    for mode in modes.split(","):
+        run_mode(out, mode)
 
 
 if __name__ == "__main__":

@@ -133,13 +133,14 @@ def test_online_multi_turn_grpo_step(train_cfg):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("datamodule.source.weighting.beta=0", "beta must be > 0"),
+        # a rollout file is named, so the check does not wait for the default rollouts to be collected first
+        ("datamodule.source.weighting.beta=0,datamodule.source.path=/nonexistent/rollouts.jsonl", "beta must be > 0"),
         ("multiturn.max_turns=0", "multiturn.max_turns must be >= 1"),
         ("datamodule.source.path=/nonexistent/rollouts.jsonl", "rollout file not found"),
     ],
 )
 def test_bad_settings_are_one_message(train_cfg, override, message):
-    cfg = train_cfg(["+method=drift", *TINY, "backbone.init_from=null", override])
+    cfg = train_cfg(["+method=drift", *TINY, "backbone.init_from=null", *override.split(",")])
     with pytest.raises(Exception) as info:
         run(cfg)
     text = user_message(info.value)

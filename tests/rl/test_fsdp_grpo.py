@@ -29,29 +29,39 @@ from zoo.backbones.sharding import DecoderLayerWrapPolicy
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 
 
-def run_worker(out: Path, mode: str) -> list[dict]:
-    """Run the two-rank worker in ``mode`` (``decode`` / ``fit``) on 8 prompts per rank; each rank's record."""
+def run_worker(out: Path, modes: str) -> None:
+    """Run the two-rank worker once through ``modes`` (``decode,fit``) on 8 prompts per rank; each mode's records
+    land in ``out/<mode>/``."""
     for rank in (0, 1):
         prompts = [f"{i}+{rank}=" for i in range(8)]
         (out / f"train{rank}.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, str(WORKER), str(out), mode], capture_output=True, text=True, env=env, timeout=300, cwd=out
+        [sys.executable, str(WORKER), str(out), modes], capture_output=True, text=True, env=env, timeout=300, cwd=out
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+
+
+def records(out: Path) -> list[dict]:
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
 
 
 @pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory):
-    return run_worker(tmp_path_factory.mktemp("fsdp_decode"), "decode")
+def fsdp_out(tmp_path_factory) -> Path:
+    """Decoding, then training, in one 2-process launch (the second Trainer reuses the first's process group)."""
+    out = tmp_path_factory.mktemp("fsdp")
+    run_worker(out, "decode,fit")
+    return out
 
 
 @pytest.fixture(scope="module")
-def fsdp_fit(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp_fit")
-    records = run_worker(out, "fit")
-    return records, torch.load(out / "last.ckpt", weights_only=True)
+def fsdp_run(fsdp_out):
+    return records(fsdp_out / "decode")
+
+
+@pytest.fixture(scope="module")
+def fsdp_fit(fsdp_out):
+    return records(fsdp_out / "fit"), torch.load(fsdp_out / "fit" / "last.ckpt", weights_only=True)
 
 
 @pytest.mark.distributed
