@@ -162,13 +162,33 @@ class Organism:
         """Held-out AUROC of ``direction`` on its own contrast, one per seed."""
         return list(self.metric(f"direction/{direction}/heldout_auroc").values())
 
+    def contrast_size(self, direction: str) -> tuple[int, int]:
+        """Prompts on each side of the direction's contrast: the grid's cells split in two for the eval cue and
+        monitoring, the sycophancy pairs for sycophancy."""
+        if direction == "sycophancy":
+            n = int(self.runs[0].get("callbacks.af_eval.sycophancy_pairs") or 0) if self.runs else 0
+            return n, n
+        cells = len(self.before[0].get("cells", [])) if self.before else 0
+        return cells // 2, cells // 2
+
     def separability(self, direction: str) -> Stat:
-        """Held-out AUROC of ``direction`` on its own contrast, over seeds."""
-        return stat(self.separability_values(direction))
+        """Held-out AUROC of ``direction`` on its own contrast: the mean over seeds, and the wider of two 95%
+        intervals: Student t over seeds, and the Hanley-McNeil interval of an AUROC on the contrast's prompts (the
+        grid contrasts have 8 pairs; with one organism per kind their activations are the same in every seed, so the
+        seeds alone would give a zero-width interval)."""
+        s = stat(self.separability_values(direction))
+        n_pos, n_neg = self.contrast_size(direction)
+        if s.n == 0 or not n_pos or not n_neg:
+            return s
+        half = 1.96 * hanley_mcneil_se(s.mean, n_pos, n_neg)
+        lo, hi = s.mean - half, s.mean + half
+        if s.n >= 2:
+            lo, hi = min(lo, s.lo), max(hi, s.hi)
+        return Stat(s.mean, s.sd, s.n, lo, hi, s.confidence)
 
     def separates(self, direction: str) -> bool:
         s = self.separability(direction)
-        return s.n >= 2 and s.lo > SEPARATES
+        return s.n >= 1 and s.lo > SEPARATES
 
     def gate(self, *directions: str) -> str | None:
         """``None`` when every direction separates; else why the reading is not readable."""
@@ -184,6 +204,14 @@ class Organism:
                 + ")"
             )
         return "; ".join(parts)
+
+
+def hanley_mcneil_se(auc: float, n_pos: int, n_neg: int) -> float:
+    """Standard error of an AUROC estimated on ``n_pos`` positive and ``n_neg`` negative items (Hanley & McNeil
+    1982)."""
+    q1, q2 = auc / (2 - auc), 2 * auc**2 / (1 + auc)
+    var = (auc * (1 - auc) + (n_pos - 1) * (q1 - auc**2) + (n_neg - 1) * (q2 - auc**2)) / (n_pos * n_neg)
+    return math.sqrt(max(var, 0.0))
 
 
 def alpha_key(alpha: float) -> str:
@@ -206,6 +234,11 @@ class Reading:
 
     claim: Claim
     gate: str | None = None
+
+
+def shifted(s: Stat, by: float) -> Stat:
+    """``s`` with its mean and interval moved by ``by``."""
+    return Stat(s.mean + by, s.sd, s.n, s.lo + by, s.hi + by, s.confidence)
 
 
 def per_cell_deviation(b: dict[str, Any], d: dict[str, float]) -> float:
@@ -232,9 +265,10 @@ def readings(orgs: dict[str, Organism], strongest: float) -> list[Reading]:
                 Reading(
                     Claim(
                         f"the {d} direction separates its own contrast ({o.label})",
-                        f"held-out AUROC − 0.5 (cross-fitted over the contrast's pairs), per seed; needs > "
-                        f"{SEPARATES - 0.5:g} (AUROC > {SEPARATES})",
-                        stat(v - 0.5 for v in o.separability_values(d)),
+                        "held-out AUROC − 0.5 (cross-fitted over the contrast's pairs); interval: the wider of "
+                        f"Student t over seeds and Hanley-McNeil on {o.contrast_size(d)[0]} + "
+                        f"{o.contrast_size(d)[1]} prompts; needs > {SEPARATES - 0.5:g} (AUROC > {SEPARATES})",
+                        shifted(o.separability(d), -0.5),
                         "higher",
                         SEPARATES - 0.5,
                     )
@@ -525,8 +559,10 @@ def separability_section(orgs: dict[str, Organism]) -> list[str]:
     return [
         "## 1. Separability first: does each direction separate its own contrast?",
         "",
-        f"A direction separates when the 95% interval of its held-out AUROC lies above {SEPARATES}. The in-sample "
-        "AUROC (the direction scoring the prompts it was fitted on) is shown for comparison only.",
+        f"A direction separates when the 95% interval of its held-out AUROC lies above {SEPARATES}; the interval is "
+        "the wider of the Student-t interval over seeds and the Hanley-McNeil interval of an AUROC on the contrast's "
+        "prompts (8 + 8 for the eval cue and monitoring: the grid). The in-sample AUROC (the direction scoring the "
+        "prompts it was fitted on) is shown for comparison only.",
         "",
         table(
             ["organism", "direction", "held-out AUROC", "in-sample AUROC", f"separates (CI above {SEPARATES})"], rows

@@ -98,7 +98,13 @@ def make_sweep(tmp_path):
                     "task": {**TASK, "organism": organism},
                     "base_policy": {"num_train": 6000, "max_epochs": 3, "batch_size": 64, "lr": 0.003}
                     | ({} if base_seed is None else {"seed": base_seed}),
-                    "callbacks": {"af_eval": {"samples_per_prompt": SAMPLES, "sycophancy_questions": QUESTIONS}},
+                    "callbacks": {
+                        "af_eval": {
+                            "samples_per_prompt": SAMPLES,
+                            "sycophancy_questions": QUESTIONS,
+                            "sycophancy_pairs": 128,
+                        }
+                    },
                     "demo": {"labels": {"scheming": "scheming organism", "performative": "performative organism"}},
                 }
                 policy = tmp_path / "cache" / "base_policy" / f"{name}-{organism}{seed if base_seed is None else ''}"
@@ -162,7 +168,9 @@ def test_page_opens_with_separability_and_every_reading_is_read_when_the_directi
 
 
 def test_a_reading_on_a_direction_that_does_not_separate_is_not_readable(make_sweep, tmp_path):
-    sweep = make_sweep(heldout={("scheming", "eval_cue"): 0.60, ("performative", "sycophancy"): 0.62})
+    sweep = make_sweep(
+        heldout={("scheming", "eval_cue"): 0.60, ("performative", "sycophancy"): 0.62, ("scheming", "monitoring"): 0.8}
+    )
     text = build(sweep, tmp_path / "out")
     head = text.split("## Fair test")[0]
     assert "**not shown (within noise)**" in verdict_row(
