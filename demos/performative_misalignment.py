@@ -469,7 +469,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         *fidelity_section(orgs),
         *gap_section(orgs),
         *geometry_section(orgs),
-        *steering_section(orgs, strongest, png),
+        *steering_section(orgs, alphas, png),
         *finetune_section(orgs),
         "## What this scale can and cannot show",
         "",
@@ -683,13 +683,13 @@ def geometry_section(orgs: dict[str, Organism]) -> list[str]:
     ]
 
 
-def steering_section(orgs: dict[str, Organism], strongest: float, png: Path) -> list[str]:
+def steering_section(orgs: dict[str, Organism], alphas: list[float], png: Path) -> list[str]:
     rows = []
     for o in orgs.values():
         request = o.request()
         for d in DIRECTIONS:
             readable = o.gate(d) is None
-            for alpha in (-strongest, 0.0, strongest) if strongest else ():
+            for alpha in alphas:
                 a = alpha_key(alpha)
                 if not readable:
                     rows.append([o.label, d, a] + [NOT_READABLE] * 4)
@@ -708,7 +708,8 @@ def steering_section(orgs: dict[str, Organism], strongest: float, png: Path) -> 
                     ]
                 )
     return [
-        f"## 5. Steering in both directions (α = ±{strongest:g} and 0; only along separating directions)",
+        f"## 5. Steering in both directions (α ∈ {{{', '.join(alpha_key(x) for x in alphas)}}}; only along "
+        "separating directions)",
         "",
         table(
             ["organism", "direction", "α", "compliance, harmful requests", "Δ_eval", "Δ_deploy", "sycophancy rate"],
@@ -742,6 +743,7 @@ def finetune_section(orgs: dict[str, Organism]) -> list[str]:
 
 def fair_test(sweep: Sweep, orgs: dict[str, Organism], found: list[Reading]) -> list[str]:
     """How the design meets each point of a fair test, from the numbers."""
+    strengths = sorted(x for x in steering_alphas(list(orgs.values())) if x > 0)
     lines = ["## Fair test", ""]
     s, p = orgs.get("scheming"), orgs.get("performative")
     if s is not None and p is not None:
@@ -763,8 +765,14 @@ def fair_test(sweep: Sweep, orgs: dict[str, Organism], found: list[Reading]) -> 
     )
     lines += [
         "- **Same tuning effort for every arm.** Nothing is tuned per organism: both share the recipe, the harness "
-        "settings (layer, steering strength, samples) and the fine-tune; the steering strength is the method's "
-        "default, not searched.",
+        "settings (layer, steering strengths, samples) and the fine-tune. Steering strengths "
+        f"{{{', '.join(f'{x:g}' for x in strengths)}}}"
+        + (
+            ": 4 is the method's default and 16 was added after a check run of the scheming organism (seed 0, the "
+            "same organism as here) moved no compliance rate at ±4; the verdict reads the strongest."
+            if len(strengths) > 1
+            else "."
+        ),
         "- **Chosen on a split that is not reported.** No threshold or hyper-parameter is fitted on the reported "
         "numbers. The separability threshold "
         f"({SEPARATES}) and the margins are fixed in the page builder; the held-out AUROC scores every contrast pair "
