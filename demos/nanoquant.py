@@ -20,8 +20,8 @@ from zoo.report import (
     Run,
     Sweep,
     artifact_values,
-    contrast,
     legend,
+    paired_contrast,
     provenance,
     pyplot,
     save_figure,
@@ -153,7 +153,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         *fair_test(sweep, arms, all_claims, labels),
         "## Reading",
         "",
-        *reading(values, labels, tuple(b for b in BUDGETS if f"admm_{b}" in arms)),
+        *reading(values, labels, tuple(b for b in BUDGETS if f"admm_{b}" in arms), arms),
         "",
     ]
     verdict = verdict_section(all_claims, cannot_test(arms)) if all_claims else None
@@ -176,17 +176,20 @@ def calibration_sentence(run: Run, nq: dict[str, Any]) -> str:
     )
 
 
-def reading(values: Any, labels: dict[str, str], budgets: tuple[str, ...] = BUDGETS) -> list[str]:
-    """Sentences filled from the numbers; ``not shown`` where the seeds do not resolve a difference."""
+def reading(
+    values: Any, labels: dict[str, str], budgets: tuple[str, ...] = BUDGETS, arms: dict[str, list[Run]] | None = None
+) -> list[str]:
+    """Sentences filled from the numbers, each difference paired by seed (the arms of a seed quantize the same
+    model); ``not shown`` where the seeds do not resolve a difference."""
 
     def lab(name: str) -> str:
         return arm_label(name, labels)
 
-    def ppl(arm: str) -> list[float]:
-        return values(arm, "val/perplexity")
+    def ppl(arm: str) -> dict[Any, float]:
+        return by_seed((arms or {}).get(arm, []), PPL)
 
-    def em(arm: str) -> list[float]:
-        return values(arm, "val/exact_match")
+    def em(arm: str) -> dict[Any, float]:
+        return by_seed((arms or {}).get(arm, []), "val/exact_match")
 
     def m(arm: str, key: str = "val/perplexity") -> float:
         return stat(values(arm, key)).mean
@@ -195,21 +198,22 @@ def reading(values: Any, labels: dict[str, str], budgets: tuple[str, ...] = BUDG
     loaded = [q for q in ("nf4", "int8") if values(q, "val/perplexity")]
     notes = [
         "- Load-time 4- and 8-bit: "
-        + "; ".join(contrast(lab(q), ppl(q), lab("fp"), ppl("fp"), ppl_name) for q in loaded)
+        + "; ".join(paired_contrast(lab(q), ppl(q), lab("fp"), ppl("fp"), ppl_name) for q in loaded)
         + "."
         if loaded
         else "- Load-time 4- and 8-bit: not in this sweep.",
         "- About one bit: "
-        + contrast(lab("admm_1.0"), ppl("admm_1.0"), lab("onebit"), ppl("onebit"), ppl_name)
+        + paired_contrast(lab("admm_1.0"), ppl("admm_1.0"), lab("onebit"), ppl("onebit"), ppl_name)
         + f" (measured {m('admm_1.0', 'quant/bits_per_weight'):.3f} vs {m('onebit', 'quant/bits_per_weight'):.3f} "
         "bpw); "
-        + contrast(lab("admm_1.0"), ppl("admm_1.0"), lab("sign"), ppl("sign"), ppl_name)
+        + paired_contrast(lab("admm_1.0"), ppl("admm_1.0"), lab("sign"), ppl("sign"), ppl_name)
         + "; "
-        + contrast(lab("admm_1.0"), em("admm_1.0"), lab("onebit"), em("onebit"), "Exact match")
+        + paired_contrast(lab("admm_1.0"), em("admm_1.0"), lab("onebit"), em("onebit"), "Exact match")
         + ".",
         "- Below one bit: "
         + "; ".join(
-            contrast(lab(f"admm_{b}"), ppl(f"admm_{b}"), lab("onebit"), ppl("onebit"), ppl_name) for b in budgets[1:]
+            paired_contrast(lab(f"admm_{b}"), ppl(f"admm_{b}"), lab("onebit"), ppl("onebit"), ppl_name)
+            for b in budgets[1:]
         )
         + ". Mean perplexity of ADMM-only NanoQuant by budget: "
         + ", ".join(f"{b} bpw {m(f'admm_{b}'):.3f}" for b in budgets)
@@ -226,9 +230,9 @@ def reading(values: Any, labels: dict[str, str], budgets: tuple[str, ...] = BUDG
         kl = f"{m(model, 'quant/kl_before_distill'):.3f} to {m(model, 'quant/kl_after_distill'):.3f}"
         notes.append(
             f"- Reconstruction at {b} bpw: "
-            + contrast(lab(block), ppl(block), lab(admm), ppl(admm), ppl_name)
+            + paired_contrast(lab(block), ppl(block), lab(admm), ppl(admm), ppl_name)
             + "; "
-            + contrast(lab(model), ppl(model), lab(block), ppl(block), ppl_name)
+            + paired_contrast(lab(model), ppl(model), lab(block), ppl(block), ppl_name)
             + f"; the scales-only KD takes the calibration KL from {kl} nats/token."
         )
     fp_now = m("fp")
@@ -243,8 +247,8 @@ def reading(values: Any, labels: dict[str, str], budgets: tuple[str, ...] = BUDG
         "app with the loss on every token, perplexity over all tokens of a row including the prompt, exact match on "
         "64 prompts; here the model is a `+method=sft` run, loss and perplexity on the completion tokens, exact "
         f"match on the held-out rows): previous page reported full-precision perplexity {PREVIOUS_PPL['fp']:.3f} "
-        f"(now {fmt_stat(stat(ppl('fp')))} on completion tokens, not the same quantity). Perplexity relative to full "
-        "precision, previous page vs now: " + "; ".join(ratios) + ".",
+        f"(now {fmt_stat(stat(ppl('fp').values()))} on completion tokens, not the same quantity). Perplexity "
+        "relative to full precision, previous page vs now: " + "; ".join(ratios) + ".",
     ]
     return notes
 
