@@ -366,8 +366,8 @@ def fair_test(sweep: Sweep, by_seed: Any, found: list[Claim]) -> list[str]:
         f'prefix "{st.get("prefix")}" are fixed in `conf/method/safethink.yaml` before any run, every m is reported '
         f"(none picked), and the base and always-prefix arms have no knob; {same}, with the same sampling seeds.",
         "- **Chosen on a split that is not reported.** Nothing is chosen from these runs: tau is not fitted to any "
-        "split, and the safety RM is trained and validated on its own labelled traces (its own seeded draw), not on "
-        "the reported test prompts.",
+        "split, and the safety RM is trained and validated on the labelled traces of its own run (its train and "
+        "validation splits), not on the test split reported here.",
         "- **Models trained to a plateau.** "
         + plateau_text(sweep.runs, "base_policy", "The base policy (one for every arm and seed)")
         + "; "
