@@ -367,10 +367,33 @@ def rho_reading(res: Results, bucketing: str) -> str:
         else "the regressor does not rank held-out proxies better than chance: **the arm did not work**, and its "
         "final LM tests a mixture the proxies do not support"
     )
+    runs = list(res.runs(bucketing, "regmix").values())
+    proxy_losses = [[float(p["loss"]) for p in regmix_report(r).get("proxies", [])] for r in runs]
+    proxy_losses = [losses for losses in proxy_losses if losses]
+    regime = ""
+    if proxy_losses and runs:
+        low = stat(min(losses) for losses in proxy_losses)
+        high = stat(max(losses) for losses in proxy_losses)
+        final = stat(res.loss(bucketing, "regmix").values())
+        uniform = stat(res.uniform(bucketing).values())
+        far = uniform.n > 0 and low.mean > 2 * uniform.mean
+        regime = (
+            f" Its proxies ({runs[0].get('regmix_proxy_steps')} steps) end at held-out losses "
+            f"{fmt_stat(low, ci=False)} to {fmt_stat(high, ci=False)} (lowest to highest proxy), the uniform-weight "
+            f"LM of {runs[0].get('trainer.max_steps')} steps at {fmt_stat(uniform, ci=False)} and the final LM on "
+            f"RegMix's mixture at {fmt_stat(final, ci=False)}"
+            + (
+                ": the proxies rank mixtures at more than twice the loss the final LMs reach, a regime the ranking "
+                "need not carry over from."
+                if far
+                else "."
+            )
+        )
     return (
         f"- RegMix over {res.label(bucketing)} buckets: held-out rho {fmt_stat(rho)}; {verdict}. Its chosen mixture "
         f"puts {fmt_stat(largest, ci=False)} on its largest bucket (entropy / log K {fmt_stat(spread, ci=False)})."
         + lightgbm
+        + regime
     )
 
 
@@ -441,7 +464,7 @@ def fair_test(res: Results, all_claims: list[Claim]) -> list[str]:
     regmix_runs = [r for b in res.bucketings for r in res.runs(b, "regmix").values()]
     splits = sorted({selection_split(r) for r in regmix_runs})
     if not regmix_runs:
-        regmix_point = "no RegMix arm in this sweep"
+        regmix_point = "No RegMix arm in this sweep"
     elif REPORTED_SPLIT in splits:
         regmix_point = (
             "RegMix scores its proxies on `val/loss`, the same topic-uniform held-out documents the final LM is "

@@ -47,6 +47,7 @@ def make_sweep(tmp_path):
         runtime_rho: bool = True,
         mixers: dict[str, tuple[str, ...]] | None = None,
         name: str = "sweep",
+        proxy_losses: tuple[float, float] = (2.8, 3.0),
     ) -> Sweep:
         """``selection``: the split RegMix's proxies score on (``None``: the corpus itself, i.e. ``val``);
         ``runtime_rho``: RegMix runs log rho at step 0 (the check callback), else only their artifact has it (an
@@ -70,7 +71,8 @@ def make_sweep(tmp_path):
                 reference = tmp_path / "cache" / "doremi_reference" / f"{bucketing}{seed}"
                 mixture = tmp_path / "cache" / "regmix_mixture" / f"{bucketing}{seed}"
                 mixture.mkdir(parents=True, exist_ok=True)
-                (mixture / "regmix.json").write_text(json.dumps({"spearman": [rhos[seed]] * 10}))
+                proxies = [{"mixture": {"b00": 1.0}, "loss": value} for value in proxy_losses]
+                (mixture / "regmix.json").write_text(json.dumps({"spearman": [rhos[seed]] * 10, "proxies": proxies}))
                 uniform = 0.40 + 0.01 * seed
                 for mixer in (mixers or {}).get(bucketing, MIXERS):
                     loss = final_loss(bucketing, mixer, seed)
@@ -275,3 +277,15 @@ def test_the_k_means_half_with_doremi_alone(make_sweep, tmp_path):
     assert "RegMix over k-means buckets: no regressor" not in text
     table = text[text.index("## Mixing") : text.index("## Reading")]
     assert "| k-means | 0.410 ± 0.010 [0.385, 0.435] | 0.360 ± 0.010 [0.335, 0.385] | — |" in table
+
+
+def test_the_reading_compares_the_proxies_regime_with_the_final_lms(make_sweep, tmp_path):
+    """The RegMix reading gives the proxies' held-out losses (from regmix.json) beside the uniform-weight and final
+    LMs'; it says the regimes differ only when the proxies' lowest loss is over twice the uniform LM's."""
+    text = build(make_sweep(), tmp_path / "out")
+    assert "Its proxies (30 steps) end at held-out losses 2.800 ± 0.000 to 3.000 ± 0.000" in text
+    assert "the uniform-weight LM of 500 steps at 0.410 ± 0.010" in text
+    assert text.count("more than twice the loss the final LMs reach") == 2
+    close = build(make_sweep(proxy_losses=(0.7, 0.9), name="close"), tmp_path / "out2")
+    assert "end at held-out losses 0.700 ± 0.000 to 0.900 ± 0.000" in close
+    assert "more than twice the loss" not in close
