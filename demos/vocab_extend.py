@@ -329,11 +329,13 @@ def fit_sentence(fit: Needed, band: float) -> str:
         reading = f"wholly outside 1 ± {band}: n needed grows {'slower' if hi < 1 - band else 'faster'} than linearly"
     else:
         reading = f"not resolved against 1 ± {band}"
-    grows = "grows with s" if lo > 0 else "does not grow with s" if hi < 0 else "its growth with s is not resolved"
+    grows = (
+        "grows with s" if lo > 0 else "falls with s" if hi < 0 else "growth with s not resolved (interval contains 0)"
+    )
     return (
         f"Log-log fit of n needed on s over the {fit.points} (s, seed) points inside the grid (s in "
         f"{{{', '.join(map(str, fit.sizes))}}}): slope {fit.slope:.2f}, {round(100 * CONFIDENCE)}% CI "
-        f"[{lo:.2f}, {hi:.2f}]: {reading}; n needed {grows}."
+        f"[{lo:.2f}, {hi:.2f}]: {reading}; n needed: {grows}."
     )
 
 
@@ -408,7 +410,8 @@ def claims(d: Design, labels: dict[str, str], headline: Needed | None, band: flo
     if OUTPUT_ROWS in d.arms:
         found.append(
             Claim(
-                "with output rows, old-only contexts keep their probabilities",
+                f"with output rows, old-only contexts lose less than {mass_band:g} of their probability to the new "
+                "tokens",
                 f"probability on the new tokens after old-only contexts, {lab(OUTPUT_ROWS)}, mean over the n grid per "
                 f"seed (band {mass_band})",
                 stat(grid_mean(d, OUTPUT_ROWS, MASS).values()),
