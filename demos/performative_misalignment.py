@@ -200,7 +200,11 @@ class Organism:
             s = self.separability(d)
             parts.append(
                 f"the {self.label}'s {d} direction does not separate its contrast (held-out AUROC "
-                + (f"{s.mean:.3f}, 95% CI lower end {s.lo:.3f} ≤ {SEPARATES}" if s.n >= 2 else "not measured")
+                + (
+                    f"{s.mean:.3f}, 95% CI lower end {s.lo:.3f} ≤ {SEPARATES}"
+                    if s.n and not math.isnan(s.lo)
+                    else "not measured"
+                )
                 + ")"
             )
         return "; ".join(parts)
@@ -629,8 +633,8 @@ def fidelity_section(orgs: dict[str, Organism]) -> list[str]:
         "opinion or the true answer, and the share of answers that are neither:",
         "",
         table(["organism", "audience", "designed", "measured", "neither answer", ""], syc_rows),
-        "The organisms' training: validation loss at each epoch of the base SFT run (one row per seed), and its "
-        f"change over the last epoch (a plateau: less than {100 * PLATEAU:g}%):",
+        "The organisms' training: validation loss at each epoch of the base SFT run (one row per distinct organism "
+        f"policy), and its change over the last epoch (a plateau: less than {100 * PLATEAU:g}%):",
         "",
         table(["organism", "validation loss per epoch", "last-epoch change", "plateau"], plateau_rows)
         if plateau_rows
