@@ -515,6 +515,12 @@ def reading(
         return stat(values(arm, key)).mean
 
     last = len(bins) - 1
+    alpha = float(wet.get("alpha", 0.0))
+    threshold = (
+        f"η calibrated as the {wet.get('eta_quantile')} quantile of `H` on in-distribution `val` prompts"
+        if wet.get("eta_quantile") is not None
+        else f"η = {wet.get('eta')}"
+    )
     notes = [
         "- Drift by distance alone: "
         + contrast(
@@ -539,12 +545,13 @@ def reading(
         f"{fmt_stat(stat(values('none', 'auroc')))} over all rows, "
         f"{fmt_stat(stat(values('none', 'auroc_conflict')), ci=False)} among prompts with a conflicting mention; "
         f"mean `H` in distribution {m('none', 'entropy_ind'):.3f} vs {m('none', 'entropy_drift'):.3f} under drift; "
-        f"the gate opens on {m('none', 'false_gate'):.3f} of in-distribution rows (η = {wet.get('eta')}) and "
+        f"the gate opens on {m('none', 'false_gate'):.3f} of in-distribution rows ({threshold}) and "
         f"{m('none', 'gate_drift'):.3f} of the others. Among the misattributed answers the gate is open on "
         f"{m('none', 'gate_open_wrong'):.3f} of the rows at the answer position, with mean g "
-        f"{m('none', 'gate_mean_wrong'):.3f}"
+        f"{m('none', 'gate_mean_wrong'):.3f} (a mean factor 1 + α g of {1 + alpha * m('none', 'gate_mean_wrong'):.3f} "
+        f"on the rescaled heads at α = {alpha:g})"
         + (
-            ": the rescaling (factor 1 + α g) acts on a minority of the rows it targets, and weakly."
+            ": the rescaling acts on a minority of the rows it targets, and weakly."
             if m("none", "gate_open_wrong") < 0.5 and m("none", "gate_mean_wrong") < 0.5
             else "."
         ),

@@ -138,6 +138,9 @@ def test_head_overlap_and_gate_tables_come_from_the_runs(make_sweep, tmp_path):
     assert "| WET (score-matching heads) vs probe | 0.33 | 0.33 | 0.33 |" in text
     assert "| no intervention | 0.600 ± 0.000 | 0.000 ± 0.000 | 1.000 ± 0.000 | 0.000 ± 0.000 |" in text
     assert "η = 0.050–0.070 over the runs" in text
+    # the reading: the calibrated threshold and the mean factor on misattributed rows (1 + 1.0 * 0.6)
+    assert "(η calibrated as the 0.95 quantile of `H` on in-distribution `val` prompts)" in text
+    assert "with mean g 0.600 (a mean factor 1 + α g of 1.600 on the rescaled heads at α = 1)" in text
 
 
 def test_fair_test_reads_failure_heads_thresholds_and_plateau(make_sweep, tmp_path):
