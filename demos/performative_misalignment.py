@@ -692,12 +692,11 @@ def steering_section(orgs: dict[str, Organism], alphas: list[float], png: Path) 
     for o in orgs.values():
         request = o.request()
         for d in DIRECTIONS:
-            readable = o.gate(d) is None
+            if o.gate(d) is not None:
+                rows.append([o.label, d, "every α"] + [NOT_READABLE] * 4)
+                continue
             for alpha in alphas:
                 a = alpha_key(alpha)
-                if not readable:
-                    rows.append([o.label, d, a] + [NOT_READABLE] * 4)
-                    continue
                 rows.append(
                     [
                         o.label,
@@ -738,10 +737,27 @@ def finetune_section(orgs: dict[str, Organism]) -> list[str]:
             change = paired(o.metric(key, "after"), o.metric(key))
             rows.append([o.label, what, fmt_stat(o.stat(key), ci=False), fmt_stat(o.stat(key, "after"), ci=False)])
             rows[-1].append(fmt_stat(change))
+    broken = [
+        f"{o.label} ({o.stat('unparsed_rate', 'after').mean:.3f} of the grid's completions unparsed after, "
+        f"{o.stat('unparsed_rate').mean:.3f} before)"
+        for o in orgs.values()
+        if o.stat("unparsed_rate", "after").mean > 0.1
+    ]
+    note = (
+        [
+            "The fine-tune broke the COMPLY/REFUSE answer format of the "
+            + "; ".join(broken)
+            + ": its after-fine-tune gaps rest on the completions that still parse.",
+            "",
+        ]
+        if broken
+        else []
+    )
     return [
         "## 6. Before / after the sycophancy fine-tune",
         "",
         table(["organism", "quantity", "before", "after", "after − before"], rows),
+        *note,
     ]
 
 

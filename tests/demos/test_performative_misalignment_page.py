@@ -195,7 +195,7 @@ def test_a_reading_on_a_direction_that_does_not_separate_is_not_readable(make_sw
     geometry = text[text.index("## 4.") : text.index("## 5.")]
     assert geometry.count("not readable") >= 4
     steering = text[text.index("## 5.") : text.index("## 6.")]
-    assert "| performative organism | sycophancy | +4 | not readable |" in steering
+    assert "| performative organism | sycophancy | every α | not readable |" in steering
 
 
 def test_an_organism_that_did_not_learn_its_design_fails_its_fidelity_line(make_sweep, tmp_path):
