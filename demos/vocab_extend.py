@@ -161,7 +161,8 @@ def design(sweep: Sweep) -> Design:
             cells.setdefault((arm_of(run), n_of(run), lr_of(run)), {})[run.seed] = run
     arms = list(dict.fromkeys(a for a, _, _ in cells))
     ns = sorted({n for _, n, _ in cells})
-    tune_n = int(sweep.runs[0].get("demo.tune_n", ns[len(ns) // 2]))
+    first = next(r for r in sweep.runs if r.finished)
+    tune_n = int(first.get("demo.tune_n", ns[len(ns) // 2]))
     d = Design(arms, ns, sorted({k for rs in cells.values() for k in rs if k is not None}), cells, tune_n, {}, {}, {})
     for arm in arms:
         levels = d.levels(arm, tune_n)
@@ -432,7 +433,7 @@ CANNOT_TEST = (
 
 # -- the page --------------------------------------------------------------------------------------------------------
 def build(sweep: Sweep, out: Path) -> list[Path]:
-    first = sweep.runs[0]
+    first = next(r for r in sweep.runs if r.finished)
     labels = first.get("demo.labels", {}) or {}
     fractions = [float(f) for f in (first.get("demo.gap_closed") or [0.9])]
     band = float(first.get("demo.slope_band", 0.5))
@@ -522,13 +523,23 @@ def baseline_section(d: Design, lab: Callable[[str], str]) -> list[str]:
     others = [a for a in (*BASELINES, FREE, OUTPUT_ROWS) if a in d.arms and a != METHOD]
     if METHOD not in d.arms or not others:
         return []
-    rows = []
+    rows, reading = [], []
     for a in others:
-        cells = []
+        cells, better, worse = [], [], []
         for n in d.ns:
             p = paired(d.by_seed(a, n, TV), d.by_seed(METHOD, n, TV))
             cells.append("n/a" if p.n < 2 else f"{p.mean:+.3f} [{p.lo:+.3f}, {p.hi:+.3f}]")
+            if p.n >= 2 and p.lo > 0:
+                better.append(n)
+            elif p.n >= 2 and p.hi < 0:
+                worse.append(n)
         rows.append([f"{lab(a)} − {lab(METHOD)}", *cells])
+        if a in BASELINES:
+            reading.append(
+                f"- Against {lab(a)}: the method is closer to the true rows at n in {{{', '.join(map(str, better))}}}, "
+                f"{lab(a)} at n in {{{', '.join(map(str, worse))}}} (intervals excluding 0; the other n are not "
+                "resolved)."
+            )
     return [
         "## The method against the baselines at equal n",
         "",
@@ -537,6 +548,8 @@ def baseline_section(d: Design, lab: Callable[[str], str]) -> list[str]:
         "true rows).",
         "",
         table(["difference", *(f"n = {n}" for n in d.ns)], rows),
+        *reading,
+        "",
     ]
 
 
@@ -662,9 +675,9 @@ def output_rows_section(d: Design, lab: Callable[[str], str]) -> list[str]:
         table(["measure", *(f"n = {n}" for n in d.ns)], rows),
         f"Trade-off, from these runs: the old logits stay exact (max |Δ logit| {logit:.3g}), but the new tokens take "
         f"{fmt_stat(mass, 4)} of the probability after old-only contexts (mean over the n grid, per seed), and every "
-        "old probability shrinks by that factor; masking the new logits until a new token appears restores the base "
-        f"model's distribution exactly (masked max KL {masked:.3g}) at the price of never emitting a new token "
-        "spontaneously.",
+        "old probability shrinks by the factor 1 − mass; masking the new logits until a new token appears restores "
+        f"the base model's distribution exactly (masked max KL {masked:.3g}) at the price of never emitting a new "
+        "token spontaneously.",
         "",
     ]
 
@@ -721,9 +734,10 @@ def fair_test(d: Design, sweep: Sweep, lab: Callable[[str], str], all_claims: li
             else " The reported runs at every n use the chosen point."
         ),
         f"- **Chosen on a split that is not reported.** The choice reads `val/loss` on "
-        f"{sweep.runs[0].get('datamodule.source.num_val')} validation rows of new-token transitions (the data "
+        f"{d.runs(d.arms[0])[0].get('datamodule.source.num_val')} validation rows of new-token transitions (the data "
         "source's validation split); the page reports TV on the held-out contexts of `TransitionTV` (drawn with "
-        f"seed {sweep.runs[0].get('callbacks.transition_tv.seed')}, against the true rows), never used for a choice.",
+        f"seed {d.runs(d.arms[0])[0].get('callbacks.transition_tv.seed')}, against the true rows), never used for a "
+        "choice.",
     ]
     lines.append("- **Models trained to a plateau.** " + plateau_text(d, sweep, lab))
     per_arm = {a: len({r.seed for r in d.runs(a)}) for a in d.arms}
@@ -785,7 +799,7 @@ def setup(first: Run, d: Design, sweep: Sweep, lab: Callable[[str], str]) -> lis
             float(r.get("task.concentration")),
             int(r.get("task.chain_seed")),
         ).entropy_rate()
-        for r in {int(r.get("task.chain_seed")): r for r in sweep.runs}.values()
+        for r in {int(r.get("task.chain_seed")): r for r in sweep.runs if r.finished}.values()
     ]
     old_tv = stat(r.last(OLD_TV_START) for a in d.arms for r in d.runs(a))
     arms = "; ".join(

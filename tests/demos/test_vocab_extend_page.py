@@ -232,6 +232,10 @@ def test_constant_n_needed_contradicts_linear_growth_and_better_baselines_contra
     assert rows["samples needed to learn a new token grow with its dictionary size s (dictionary mode)"] != "shown"
     lower = [v for k, v in rows.items() if k.startswith("the method reaches a lower TV than")]
     assert lower == ["contradicted"] * 4
+    assert (
+        "- Against LoRA, s = 4: the method is closer to the true rows at n in {}, LoRA, s = 4 at n in "
+        "{32, 128, 512, 2048}" in text
+    )
 
 
 def test_no_mass_on_new_tokens_shows_no_forgetting_and_a_falling_loss_is_not_a_plateau(make_sweep, tmp_path):
