@@ -360,3 +360,11 @@ def test_legend_only_where_a_panel_has_labelled_artists(recwarn):
     assert [t.get_text() for t in empty.texts] == ["no data"]
     assert not [w for w in recwarn if "legend" in str(w.message)]
     plt.close(fig)
+
+
+def test_provenance_of_a_partial_grid_does_not_multiply_arms_by_seeds(tmp_path):
+    """Settings run at some seeds only (e.g. a tuning run at seed 0): the count is not written as arms × seeds."""
+    for i, (shaper, seed) in enumerate([("gr3", 0), ("none", 0), ("gr3", 1)]):
+        write_run(tmp_path, str(i), [f"module/shaper={shaper}", f"seed={seed}", "trainer.max_steps=5"], num=i)
+    text = provenance(Sweep.load(tmp_path), "toy")
+    assert "3 runs (2 settings, each at some of 2 seeds: 0, 1)" in text and "×" not in text.split("runs (")[1][:40]

@@ -110,14 +110,17 @@ def provenance(sweep: Sweep, paper: str) -> str:
         if len(commands) <= 1
         else f"{len(commands)} launches (" + "; ".join(f"`{c}`" for c in commands) + ")"
     )
+    seed_list = f": {', '.join(map(str, seeds))}" if seeds else ""
+    if len(runs) == len(arms) * (len(seeds) or 1):
+        shape = (
+            f"{len(arms)} arm{'s' if len(arms) != 1 else ''} × {len(seeds) or 1} seed{'s' if len(seeds) != 1 else ''}"
+            + seed_list
+        )
+    else:  # not a full grid: settings (every override but the seed) run at some of the seeds only
+        shape = f"{len(arms)} settings, each at some of {len(seeds)} seeds{seed_list}"
     lines = [
         f"Generated from the run directories of {launched} by `python -m zoo.report demo {paper}`: "
-        f"{len(runs)} runs ({len(arms)} arm{'s' if len(arms) != 1 else ''} × "
-        f"{len(seeds) or 1} seed{'s' if len(seeds) != 1 else ''}"
-        + (f": {', '.join(map(str, seeds))}" if seeds else "")
-        + ")"
-        + (f", {unfinished} of them unfinished" if unfinished else "")
-        + "."
+        f"{len(runs)} runs ({shape})" + (f", {unfinished} of them unfinished" if unfinished else "") + "."
     ]
     if starts and ends:
         span = (max(ends) - min(starts)).total_seconds()
