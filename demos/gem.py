@@ -23,6 +23,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from zoo.report import Run, Sweep, artifact_values, provenance, pyplot, save_figure, table, write_page
 from zoo.stats import compare, fmt_stat, paired, stat
 from zoo.verdict import SHOWN, Claim, seeds_note, verdict_section
@@ -161,10 +163,27 @@ def run_time_rho(run: Run, metric: str = "regmix/spearman") -> float:
 
 
 def selection_split(run: Run) -> str:
-    """The split RegMix's proxies scored their mixtures on (their ``val`` split: the corpus' ``val`` unless the
-    proxies' source is ``RegMixSelectionSource``, which reads it from another split)."""
-    values = run.get("datamodule.sampler.weights_file.proxy_values") or {}
-    source = values.get("datamodule.source") if isinstance(values, dict) else None
+    """The split RegMix's proxies scored their mixtures on: their ``val`` split, which is the corpus' ``val`` unless
+    their source is ``RegMixSelectionSource`` (it reads ``val`` from another split). Read from the specs of the proxy
+    artifacts the run used (what the proxies trained with), else from the run's composed config; ``""`` when
+    neither says."""
+    for used in used_artifacts(run, "regmix_proxy"):
+        meta = Path(used["path"]) / "artifact.json"
+        if meta.is_file():
+            source = ((json.loads(meta.read_text()).get("spec") or {}).get("datamodule") or {}).get("source") or {}
+            return selection_of(source)
+    composed = run.path / ".hydra" / "config.yaml"
+    if composed.is_file():
+        node = yaml.safe_load(composed.read_text()) or {}
+        for key in ("datamodule", "sampler", "weights_file", "proxy_values"):
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and "datamodule.source" in node:
+            return selection_of(node["datamodule.source"])
+    return ""
+
+
+def selection_of(source: Any) -> str:
+    """The split a proxy source's ``val`` reads."""
     if isinstance(source, dict) and str(source.get("_target_", "")).endswith("RegMixSelectionSource"):
         return str(source.get("val_split", "test"))
     return "val"
@@ -284,6 +303,16 @@ def claims(res: Results) -> list[Claim]:
                 "higher",
             )
         )
+        if res.has(gem, "doremi") and res.has(base, "doremi"):
+            found.append(
+                Claim(
+                    f"Uniform weights over GEM buckets give a lower held-out loss than over {res.label(base)} buckets "
+                    "(balanced buckets as the mixing unit)",
+                    f"uniform-topic held-out loss (nats/char), uniform bucket weights: GEM − {res.label(base)} buckets",
+                    compare(res.uniform(gem).values(), res.uniform(base).values()),
+                    "lower",
+                )
+            )
         for mixer in (m for m in res.mixers if res.has(gem, m) and res.has(base, m)):
             found.append(
                 Claim(
@@ -465,6 +494,8 @@ def fair_test(res: Results, all_claims: list[Claim]) -> list[str]:
     splits = sorted({selection_split(r) for r in regmix_runs})
     if not regmix_runs:
         regmix_point = "No RegMix arm in this sweep"
+    elif "" in splits:
+        regmix_point = "RegMix's selection split cannot be read from its runs: **not known** for the RegMix arm"
     elif REPORTED_SPLIT in splits:
         regmix_point = (
             "RegMix scores its proxies on `val/loss`, the same topic-uniform held-out documents the final LM is "

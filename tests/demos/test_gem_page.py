@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from sweep_files import write_metrics, write_run, write_sweep
 
 from zoo.report import Sweep
@@ -48,6 +49,7 @@ def make_sweep(tmp_path):
         mixers: dict[str, tuple[str, ...]] | None = None,
         name: str = "sweep",
         proxy_losses: tuple[float, float] = (2.8, 3.0),
+        gem_uniform_shift: float = 0.0,
     ) -> Sweep:
         """``selection``: the split RegMix's proxies score on (``None``: the corpus itself, i.e. ``val``);
         ``runtime_rho``: RegMix runs log rho at step 0 (the check callback), else only their artifact has it (an
@@ -73,7 +75,7 @@ def make_sweep(tmp_path):
                 mixture.mkdir(parents=True, exist_ok=True)
                 proxies = [{"mixture": {"b00": 1.0}, "loss": value} for value in proxy_losses]
                 (mixture / "regmix.json").write_text(json.dumps({"spearman": [rhos[seed]] * 10, "proxies": proxies}))
-                uniform = 0.40 + 0.01 * seed
+                uniform = 0.40 + 0.01 * seed + (gem_uniform_shift if bucketing == "gem" else 0.0)
                 for mixer in (mixers or {}).get(bucketing, MIXERS):
                     loss = final_loss(bucketing, mixer, seed)
                     artifacts = [
@@ -96,6 +98,11 @@ def make_sweep(tmp_path):
                         artifacts.append(
                             {"kind": "regmix_mixture", "path": str(mixture), "metrics": {"regmix/spearman": built}}
                         )
+                        proxy = tmp_path / name / "cache" / "regmix_proxy" / f"{bucketing}{seed}"
+                        proxy.mkdir(parents=True, exist_ok=True)
+                        spec = {"spec": {"datamodule": {"source": proxy_source}}}
+                        (proxy / "artifact.json").write_text(json.dumps(spec))
+                        artifacts.append({"kind": "regmix_proxy", "path": str(proxy), "metrics": {"val/loss": 2.8}})
                     weights = [0.99] + [0.01 / (K - 1)] * (K - 1) if mixer == "regmix" else [1 / K] * K
                     run = write_run(
                         root,
@@ -108,10 +115,8 @@ def make_sweep(tmp_path):
                             "regmix_proxies": 42,
                             "regmix_proxy_steps": 30,
                             "trainer": {"max_steps": 500, "val_check_interval": 100},
-                            "datamodule": {
-                                "batch_size": 32,
-                                "sampler": {"weights_file": {"proxy_values": {"datamodule.source": proxy_source}}},
-                            },
+                            # as the run saves it: the weights file is the prepared path
+                            "datamodule": {"batch_size": 32, "sampler": {"weights_file": "/c/weights.json"}},
                             "demo": {"labels": LABELS},
                         },
                         number,
@@ -150,8 +155,10 @@ def test_page_opens_with_the_verdict_and_flags_a_regmix_arm_that_does_not_rank(m
     assert lines[0].startswith("# ") and lines[2] == "## Verdict"
     verdict = read_verdict(tmp_path / "out" / "gem.md")
     # shown: GEM's masses uniform within 0.02 and above k-means', DoReMi below uniform; contradicted: RegMix above
-    # uniform; within noise: the bucketing effects on the loss and RegMix's rho on either bucketing
-    assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (3, 4, 1)
+    # uniform; within noise: the bucketing effects on the loss (uniform weights, DoReMi, RegMix) and RegMix's rho on
+    # either bucketing
+    assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (3, 5, 1)
+    assert "| Uniform weights over GEM buckets give a lower held-out loss than over k-means buckets" in text
     assert "| GEM's bucket masses are uniform within 0.02 of the maximum entropy" in text
     assert "| -0.008 [-0.013, -0.003] | **shown** |" in text
     assert "| GEM's buckets are more balanced than k-means buckets (uniform prior, mass penalty) |" in text
@@ -183,6 +190,33 @@ def test_fair_test_reads_the_plateau_and_the_selection_split(make_sweep, tmp_pat
     assert "**not met** for the RegMix arm" in on_val
     explicit_val = build(make_sweep(selection="val", name="explicit"), tmp_path / "out4")
     assert "**not met** for the RegMix arm" in explicit_val
+    # a run whose proxy artifacts are gone: the composed config (.hydra/config.yaml) says; neither: not known
+    sweep = make_sweep(name="gone")
+    for run in sweep.runs:
+        info = json.loads((run.path / "run_info.json").read_text())
+        info["artifacts"] = [a for a in info["artifacts"] if a["kind"] != "regmix_proxy"]
+        (run.path / "run_info.json").write_text(json.dumps(info))
+    unknown = build(Sweep.load(sweep.path), tmp_path / "out5")
+    assert "**not known** for the RegMix arm" in unknown
+    for run in sweep.runs:
+        composed = {
+            "datamodule": {
+                "sampler": {
+                    "weights_file": {
+                        "proxy_values": {
+                            "datamodule.source": {
+                                "_target_": "zoo.data.regmix_split.RegMixSelectionSource",
+                                "val_split": "test",
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (run.path / ".hydra" / "config.yaml").write_text(yaml.safe_dump(composed))
+    composed_page = build(Sweep.load(sweep.path), tmp_path / "out6")
+    chosen = next(line for line in composed_page.splitlines() if line.startswith("- **Chosen on a split"))
+    assert "met for the RegMix arm" in chosen and "**not" not in chosen
     still_falling = build(make_sweep(last_change=-0.05), tmp_path / "out2")
     assert "-5.0%" in still_falling and "a change below 2%: **not met**" in still_falling
 
@@ -268,9 +302,9 @@ def test_the_k_means_half_with_doremi_alone(make_sweep, tmp_path):
     sweep = make_sweep(mixers={"kmeans": ("doremi",), "gem": ("doremi", "regmix")}, name="half")
     text = build(sweep, tmp_path / "out")
     verdict = read_verdict(tmp_path / "out" / "gem.md")
-    # shown: GEM uniform within 0.02, more balanced than k-means, DoReMi below uniform; not shown: DoReMi's loss
-    # GEM vs k-means (equal), RegMix's rho; contradicted: RegMix above uniform
-    assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (3, 2, 1)
+    # shown: GEM uniform within 0.02, more balanced than k-means, DoReMi below uniform; not shown: uniform weights'
+    # and DoReMi's loss GEM vs k-means (equal), RegMix's rho; contradicted: RegMix above uniform
+    assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (3, 3, 1)
     assert "DoReMi over GEM buckets gives a lower held-out loss than over k-means buckets" in text
     assert "RegMix over GEM buckets gives" not in text
     assert "the arms left out for its CPU budget (RegMix over k-means buckets)" in text
@@ -289,3 +323,9 @@ def test_the_reading_compares_the_proxies_regime_with_the_final_lms(make_sweep, 
     close = build(make_sweep(proxy_losses=(0.7, 0.9), name="close"), tmp_path / "out2")
     assert "end at held-out losses 0.700 ± 0.000 to 0.900 ± 0.000" in close
     assert "more than twice the loss" not in close
+
+
+def test_uniform_weights_over_gem_buckets_can_lose_to_k_means_buckets(make_sweep, tmp_path):
+    text = build(make_sweep(gem_uniform_shift=0.2, name="shift"), tmp_path / "out")
+    row = next(line for line in text.splitlines() if line.startswith("| Uniform weights over GEM buckets"))
+    assert "| +0.200 [" in row and row.endswith("| **contradicted** |")
