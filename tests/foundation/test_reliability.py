@@ -232,10 +232,11 @@ def test_resuming_past_the_end_of_the_saved_schedule_is_one_message(train_cfg):
         run(train_cfg([*SMALL, "trainer.max_epochs=2", "trainer.max_steps=16", "ckpt_path=last"]))
 
 
-def test_sigterm_mid_run_saves_a_checkpoint_and_the_printed_command_resumes_it(tmp_path):
+def test_sigterm_mid_run_saves_a_checkpoint_and_the_printed_command_resumes_it(tmp_path, zoo_main):
     """A real ``python train.py`` gets SIGTERM mid-epoch: it writes last.ckpt at the end of its step, exits with 143 and
     prints the resume command; that command, run as printed, finishes the run, and metrics.csv then holds every
-    training step and every validation exactly once."""
+    training step and every validation exactly once. The killed run is a real process (the signal is the point); the
+    printed command runs the same entry point in this process."""
     args = [
         *SMALL,
         "datamodule.source.num_train=2048",
@@ -270,15 +271,8 @@ def test_sigterm_mid_run_saves_a_checkpoint_and_the_printed_command_resumes_it(t
     resume = shlex.split(line.split("Resume with: ", 1)[1])
     assert resume[:2] == ["python", "train.py"] and resume[-2:] == ["run_id=killed", "ckpt_path=last"]
 
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), *resume[2:]],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    code, _, err = zoo_main(resume[2:], tmp_path)
+    assert code == 0, err[-3000:]
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 128
     rows = metric_rows(run_dir)
     assert steps_of(rows, "train/loss") == list(range(128))

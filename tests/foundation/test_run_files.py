@@ -298,10 +298,11 @@ def test_reusing_a_run_id_is_refused_unless_it_resumes_or_overwrites(zoo_main, t
 
 
 # -- 6. a sweep resumes as a whole -----------------------------------------------------------------------------------
-def test_an_interrupted_sweep_resumes_with_the_printed_command_skipping_finished_jobs(tmp_path):
+def test_an_interrupted_sweep_resumes_with_the_printed_command_skipping_finished_jobs(tmp_path, zoo_main, monkeypatch):
     """``-m seed=0,1,2`` gets SIGTERM during job 1: it prints the command that resumes the whole sweep. Run as printed,
     it skips job 0 (finished), resumes job 1 from its last.ckpt and runs job 2; every job then holds every step
-    once. Starting the sweep again in its directory without ckpt_path=last is refused."""
+    once. Starting the sweep again in its directory without ckpt_path=last is refused. The interrupted sweep is a real
+    process (the signal is the point); the resume and the refused restart run the same entry point in this process."""
     import csv
     import json
     import shlex
@@ -348,16 +349,10 @@ def test_an_interrupted_sweep_resumes_with_the_printed_command_skipping_finished
     assert resume[:3] == ["python", "train.py", "-m"] and resume[-1] == "ckpt_path=last"
     assert not (sweep / "2").exists()
 
-    done = subprocess.run(
-        [sys.executable, str(repo / "train.py"), *resume[2:]],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"[zoo] job 0 finished earlier in {sweep / '0'}: skipped" in done.stdout
+    monkeypatch.delenv("ZOO_LOG_DIR", raising=False)
+    code, out, err = zoo_main(resume[2:], tmp_path)
+    assert code == 0, err[-3000:]
+    assert f"[zoo] job 0 finished earlier in {sweep / '0'}: skipped" in out
     launches = {job: json.loads((sweep / job / "run_info.json").read_text())["launch"] for job in "012"}
     assert launches == {"0": 1, "1": 2, "2": 1}
     for job in "012":
@@ -366,12 +361,5 @@ def test_an_interrupted_sweep_resumes_with_the_printed_command_skipping_finished
             steps = [int(r["step"]) for r in csv.DictReader(handle) if r.get("train/loss")]
         assert steps == list(range(30)), job
 
-    again = subprocess.run(
-        [sys.executable, str(repo / "train.py"), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert again.returncode == 2 and f"error: hydra.sweep.dir={sweep} holds an earlier sweep" in again.stderr
+    code, _, err = zoo_main(args, tmp_path)
+    assert code == 2 and f"error: hydra.sweep.dir={sweep} holds an earlier sweep" in err
