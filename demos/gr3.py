@@ -9,7 +9,6 @@ finished runs are read; a setting or seed the sweep did not finish is named on t
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from zoo.report import (
     Run,
     Sweep,
+    base_policy_val_losses,
     curve,
     legend,
     paired_contrast,
@@ -95,17 +95,6 @@ def reward_change(run: Run) -> float:
     before = window(run, REWARD, end / 2, 3 * end / 4 - 1)
     after = window(run, REWARD, 3 * end / 4, end)
     return (after - before) / abs(before) if before else math.nan
-
-
-def val_loss_curve(run: Run) -> list[float]:
-    """The base policy's validation loss at each of its validations (its SFT run's CSV log, from ``run_info.json``)."""
-    for used in run.info.get("artifacts", []):
-        if used.get("kind") == "base_policy":
-            path = Path(used.get("path", "")) / "csv" / "metrics.csv"
-            if path.is_file():
-                with path.open(encoding="utf-8") as f:
-                    return [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
-    return []
 
 
 class Demo:
@@ -278,7 +267,7 @@ def fair_test(demo: Demo, found: list[Claim]) -> list[str]:
         "- **Chosen on a split that is not reported.** Nothing is chosen on the reported validation prompts: the "
         "lambdas are fixed, and GR3's calibration reads only its training rollout groups."
     )
-    logged = {tuple(c) for c in (val_loss_curve(r) for r in demo.runs) if c}
+    logged = {tuple(c) for c in (base_policy_val_losses(r) for r in demo.runs) if c}
     base_curves = {c for c in logged if len(c) >= 2}
     if logged and not base_curves:
         base = "the base policy validated once, so no change of its validation loss can be read (**not shown**)"

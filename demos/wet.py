@@ -10,7 +10,6 @@ configs and ``run_info.json`` (the base policy each seed used, with its build me
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from zoo.report import (
     Run,
     Sweep,
     artifact_values,
+    base_policy_val_losses,
     contrast,
     legend,
     paired_contrast,
@@ -152,21 +152,10 @@ def overlaps(arms: dict[str, list[Run]]) -> dict[tuple[str, str], dict[int, floa
     }
 
 
-def val_loss_curve(run: Run) -> list[float]:
-    """The base policy's validation loss at each of its validations (its SFT run's CSV log, from ``run_info.json``)."""
-    for used in run.info.get("artifacts", []):
-        if used.get("kind") == "base_policy":
-            path = Path(used.get("path", "")) / "csv" / "metrics.csv"
-            if path.is_file():
-                with path.open(encoding="utf-8") as f:
-                    return [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
-    return []
-
-
 def plateau(runs: Iterable[Run]) -> tuple[Stat, Stat]:
     """The base policies' last validation loss and its relative change over their last epoch (one value per distinct
     policy)."""
-    curves = {tuple(c) for c in (val_loss_curve(r) for r in runs) if len(c) >= 2}
+    curves = {tuple(c) for c in (base_policy_val_losses(r) for r in runs) if len(c) >= 2}
     return stat(c[-1] for c in curves), stat((c[-1] - c[-2]) / c[-2] for c in curves)
 
 

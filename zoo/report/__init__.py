@@ -39,13 +39,23 @@ from zoo.report.pages import (
     write_page,
 )
 from zoo.report.plots import Curve, curve, legend, plot, plot_curves, pyplot, save_figure
-from zoo.report.runs import Run, Sweep, artifact_values, latest_sweep, read_metrics, summarize, values
+from zoo.report.runs import (
+    Run,
+    Sweep,
+    artifact_values,
+    base_policy_val_losses,
+    latest_sweep,
+    read_metrics,
+    summarize,
+    values,
+)
 
 __all__ = [
     "Curve",
     "Run",
     "Sweep",
     "artifact_values",
+    "base_policy_val_losses",
     "build_demo_page",
     "contrast",
     "curve",

@@ -312,6 +312,18 @@ def artifact_values(runs: Iterable[Run], kind: str, metric: str, name: str | Non
     return list(seen.values())
 
 
+def base_policy_val_losses(run: Run) -> list[float]:
+    """The validation loss of the base policy a run started from, at each of its validations (the policy's own SFT run
+    log, found through ``run_info.json`` -> ``artifacts``); empty when the run used none or its log is gone."""
+    for used in run.info.get("artifacts", []):
+        if used.get("kind") == "base_policy":
+            path = Path(used.get("path", "")) / "csv" / "metrics.csv"
+            if path.is_file():
+                with path.open(encoding="utf-8") as f:
+                    return [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
+    return []
+
+
 def values(runs: Iterable[Run], fn: str | Callable[[Run], float]) -> list[float]:
     """One value per run: the last logged value of a metric name, or ``fn(run)``."""
     get = (lambda r: r.last(fn)) if isinstance(fn, str) else fn
