@@ -1,4 +1,4 @@
-"""Shared test set-up: offline Hugging Face, two torch threads, Hydra composition helpers."""
+"""Shared test set-up: offline Hugging Face, one thread per core (torch and OpenMP), Hydra composition helpers."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one OpenMP thread per worker and per process a test launches (DDP ranks, app runs): `pytest -n 2` on two cores
+    # already fills both, and an OpenMP team that waits for a core it cannot get spins (LightGBM's fits took 36 s
+    # instead of 2 s beside a busy worker)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from collections.abc import Callable, Iterator
 from pathlib import Path

@@ -4,14 +4,18 @@ and every declared (method, backbone, quantizer) combination runs fast_dev_run."
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf, read_write
 
 import zoo.cli.train as train_module
 from zoo.catalogue import (
@@ -34,7 +38,7 @@ from zoo.cli.train import check_methods, run
 from zoo.errors import ConfigError
 from zoo.quant.base import layer_stored_bits
 
-from conftest import REPO_ROOT, SMALL_BASE_POLICY
+from conftest import REPO_ROOT, SMALL_BASE_POLICY, compose_train
 
 METHODS = sorted(p.stem for p in (REPO_ROOT / "conf" / "method").glob("*.yaml"))
 REFUSABLE = [*group_options("backbone"), "none", *group_options("quant")]
@@ -350,6 +354,26 @@ def cell_overrides(method: str, backbone: str, quant: str, composed: DictConfig)
     return extra
 
 
+@functools.cache
+def method_composition(method: str) -> DictConfig:
+    """``+method=<method>`` composed alone, once per method: what :func:`cell_overrides` reads (whether the method
+    runs an agent, whether it sets ``backbone.lora``) does not depend on the cell's backbone or quantizer."""
+    return compose_train([f"+method={method}"], Path(tempfile.gettempdir()) / "catalogue_probe")
+
+
+def set_values(cfg: DictConfig, settings: list[str]) -> None:
+    """Set ``key=value`` overrides on a composed config as Hydra sets value overrides once the defaults are merged
+    (the override grammar's value, merged into the existing node, in order) and record them after the others in
+    ``hydra.overrides.task``: the config and the run's recorded command are those of composing with them, without a
+    second composition (a cell composes once)."""
+    for override in OverridesParser.create().parse_overrides(settings):
+        assert not override.is_add() and not override.is_delete() and override.package is None, override.input_line
+        OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
+    with read_write(cfg.hydra.overrides.task):
+        cfg.hydra.overrides.task.extend(settings)
+    HydraConfig.instance().set_config(cfg)
+
+
 def smoke_settings(method: str, composed: DictConfig) -> list[str]:
     """The settings of a smoke run of ``method`` (its config ``composed`` without them): :data:`SMALL_DATA`,
     :data:`SMOKE_SHAPE`, :data:`SMOKE_BACKBONE` where the backbone has the stock tiny shape, then the method's own
@@ -382,9 +406,9 @@ def test_declared_combination_runs_fast_dev_run(
         *SMALL_BASE_POLICY,
         *combination_overrides(backbone, quant, saved_backbones),
     ]
-    composed = train_cfg(overrides, cache_dir=base_policy_cache)
-    overrides += cell_overrides(method, backbone, quant, composed)
-    cfg = train_cfg([*overrides, *smoke_settings(method, composed)], cache_dir=base_policy_cache)
+    overrides += cell_overrides(method, backbone, quant, method_composition(method))
+    cfg = train_cfg(overrides, cache_dir=base_policy_cache)
+    set_values(cfg, smoke_settings(method, cfg))
     assert cfg.hydra.runtime.choices["quant"] == quant
     if backbone != "none":
         assert cfg.hydra.runtime.choices["backbone"] == backbone

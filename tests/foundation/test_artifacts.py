@@ -21,6 +21,7 @@ import torch
 from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
 
 from zoo.artifacts import ARTIFACT_META, artifact_path, ensure, is_complete, read_meta, spec_key, temporaries
 from zoo.errors import ConfigError
@@ -335,3 +336,29 @@ def test_no_trainer_is_built_outside_the_cli():
                 continue
             offenders += [f"{rel}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1) if "Trainer(" in line]
     assert offenders == []
+
+
+def test_a_prerequisite_is_composed_once_per_hydra_and_overrides_and_handed_out_as_copies(monkeypatch):
+    """Every job of a sweep plans the same prerequisites: the composition is kept (per composing Hydra and
+    overrides), and each caller gets its own copy."""
+    import zoo.cli.artifacts as artifacts
+
+    calls = []
+    real = artifacts.compose
+    monkeypatch.setattr(artifacts, "compose", lambda **kw: calls.append(kw["overrides"]) or real(**kw))
+    monkeypatch.setattr(artifacts, "_COMPOSED", {})
+    overrides = ["+method=sft", "trainer.max_steps=7"]
+    first = artifacts.compose_config(overrides)
+    with open_dict(first):
+        first.trainer.max_steps = 123
+        first.extra = "mine"
+    second = artifacts.compose_config(overrides)
+    assert calls == [overrides]
+    assert second.trainer.max_steps == 7 and "extra" not in second
+    assert artifacts.compose_config(["+method=sft"]).trainer.max_steps != 7 and len(calls) == 2
+    # inside an app (here: a caller's own initialize_*), its Hydra composes: its search path may differ
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="zoo.conf", version_base="1.3"):
+        assert artifacts.compose_config(overrides).trainer.max_steps == 7
+        assert artifacts.compose_config(overrides).trainer.max_steps == 7
+    assert len(calls) == 3

@@ -75,6 +75,33 @@ def rng_isolated() -> Iterator[None]:
         torch.backends.cudnn.benchmark = flags[2]
 
 
+_COMPOSED: dict[tuple[Any, tuple[str, ...]], DictConfig] = {}
+_COMPOSED_KEPT = 64
+
+
+def _composed(overrides: tuple[str, ...]) -> DictConfig:
+    """A copy of ``train.yaml`` composed with ``overrides``, composed once per Hydra instance and overrides.
+
+    Every job of a sweep plans the same prerequisites (one composition each, ~0.13 s): the compositions are kept,
+    keyed by the Hydra that composed them (the app's, whose search path the command line may extend, or none: the
+    package's own ``zoo.conf`` outside an app) and the overrides; at most :data:`_COMPOSED_KEPT`, oldest dropped.
+    """
+    owner = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    key = (owner, overrides)
+    if key not in _COMPOSED:
+        # Hydra's first composition imports its plugins, which may draw random numbers: keep the caller's state
+        with rng_isolated():
+            if owner is not None:  # inside the app (or a caller's initialize_*): its Hydra
+                cfg = compose(config_name="train", overrides=list(overrides))
+            else:
+                with initialize_config_module(config_module="zoo.conf", version_base="1.3"):
+                    cfg = compose(config_name="train", overrides=list(overrides))
+        if len(_COMPOSED) >= _COMPOSED_KEPT:
+            del _COMPOSED[next(iter(_COMPOSED))]
+        _COMPOSED[key] = cfg
+    return copy.deepcopy(_COMPOSED[key])
+
+
 def compose_config(
     overrides: Sequence[str] = (),
     values: Mapping[str, Any] | None = None,
@@ -89,13 +116,7 @@ def compose_config(
     :func:`zoo.artifacts.default_cache_dir`); the output directory is ``<root_dir>/logs/artifacts`` until
     :class:`ArtifactBuild` points it at a build directory.
     """
-    # Hydra's first composition imports its plugins, which may draw random numbers: keep the caller's state
-    with rng_isolated():
-        if GlobalHydra.instance().is_initialized():  # inside the app (or a caller's initialize_*): its Hydra
-            cfg = compose(config_name="train", overrides=list(overrides))
-        else:
-            with initialize_config_module(config_module="zoo.conf", version_base="1.3"):
-                cfg = compose(config_name="train", overrides=list(overrides))
+    cfg = _composed(tuple(overrides))
     root = Path(root_dir).expanduser().resolve() if root_dir is not None else Path.cwd()
     with open_dict(cfg):
         for key, value in (values or {}).items():
