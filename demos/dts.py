@@ -26,13 +26,13 @@ from zoo.generation.dts import entropy_varentropy
 from zoo.report import (
     Run,
     Sweep,
-    base_policy_val_losses,
     legend,
     paired_contrast,
     provenance,
     pyplot,
     save_figure,
     table,
+    val_loss_plateau,
     write_page,
 )
 from zoo.stats import Stat, fmt_stat, paired, stat
@@ -211,13 +211,6 @@ def overlap(sweep: Sweep, setting: str) -> float:
         shared += sum(p in val for p in test)
         total += len(test)
     return shared / total if total else math.nan
-
-
-def plateau(runs: Iterable[Run]) -> tuple[Stat, Stat]:
-    """The base policies' last validation loss and its relative change over their last epoch (one value per
-    distinct policy)."""
-    curves = {tuple(c) for c in (base_policy_val_losses(r) for r in runs) if len(c) >= 2}
-    return stat(c[-1] for c in curves), stat((c[-1] - c[-2]) / c[-2] for c in curves)
 
 
 # -- tables and sentences ---------------------------------------------------------------------------------------------
@@ -521,7 +514,7 @@ def fair_test(
     ]
     plateau_text = []
     for setting, rows in reports.items():
-        loss, change = plateau(r for runs in rows.values() for r in runs)
+        loss, change = val_loss_plateau(r for runs in rows.values() for r in runs)
         met = "met" if abs(change.mean) < PLATEAU else "not met"
         plateau_text.append(
             f"task={setting}: final validation loss {fmt_stat(loss, ci=False)}, change over the last epoch "

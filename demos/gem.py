@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from zoo.report import Run, Sweep, artifact_values, provenance, pyplot, save_figure, table, write_page
+from zoo.report import Run, Sweep, artifact_values, last_change, provenance, pyplot, save_figure, table, write_page
 from zoo.stats import compare, fmt_stat, paired, stat
 from zoo.verdict import SHOWN, Claim, seeds_note, verdict_section
 
@@ -206,7 +206,7 @@ def mixture_weights(run: Run) -> dict[str, float]:
 def plateau_change(run: Run) -> float:
     """Relative change of the held-out loss over the last validation interval (``nan`` with fewer than two)."""
     points = [v for _, v in run.series("val/loss") if not math.isnan(v)]
-    return (points[-1] - points[-2]) / points[-2] if len(points) >= 2 else math.nan
+    return last_change(points)
 
 
 def seeded(runs: dict[int, Run], fn: Any) -> dict[int, float]:

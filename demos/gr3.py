@@ -18,6 +18,7 @@ from zoo.report import (
     Sweep,
     base_policy_val_losses,
     curve,
+    last_change,
     legend,
     paired_contrast,
     plot_curves,
@@ -272,7 +273,7 @@ def fair_test(demo: Demo, found: list[Claim]) -> list[str]:
     if logged and not base_curves:
         base = "the base policy validated once, so no change of its validation loss can be read (**not shown**)"
     elif base_curves:
-        changes = [(c[-1] - c[-2]) / c[-2] for c in base_curves]
+        changes = [last_change(c) for c in base_curves]
         worst = max(changes, key=abs)
         base = (
             f"the base policy's validation loss changed by {100 * worst:+.1f}% over its last epoch "

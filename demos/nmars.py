@@ -14,7 +14,6 @@ part in choosing its own setting.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from collections.abc import Iterable
@@ -35,6 +34,7 @@ from zoo.report import (
     pyplot,
     save_figure,
     table,
+    val_loss_plateau,
     write_page,
 )
 from zoo.rl.nmars_attribution import GROUPS, MASKED_SFT_GROUPS, PATHS, Row, deviation_attribution, row_targets
@@ -174,16 +174,6 @@ def artifact_path(run: Run, kind: str, name: str | None = None) -> Path | None:
         if used.get("kind") == kind and (name is None or used.get("name") == name):
             return Path(used.get("path", ""))
     return None
-
-
-def base_val_curve(run: Run) -> list[float]:
-    """The base policy's validation loss at each of its validations (its SFT run's CSV log)."""
-    path = artifact_path(run, "base_policy")
-    log = path / "csv" / "metrics.csv" if path else None
-    if log is None or not log.is_file():
-        return []
-    with log.open(encoding="utf-8") as f:
-        return [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
 
 
 def held_out_prompts(run: Run) -> set[str]:
@@ -622,10 +612,9 @@ def fair_test(
     trained = sorted({c.arm for c in choices})
     sizes = sorted({len(grid(r for r in sweep.runs if arm_of(r) == a)) for a in trained})
     overlap = prompt_overlap(base)
-    base_curves = {tuple(c) for c in (base_val_curve(r) for r in base.values()) if len(c) >= 2}
-    base_change = stat((c[-1] - c[-2]) / c[-2] for c in base_curves)
+    base_last, base_change = val_loss_plateau(base.values())
     plateau_parts = [
-        f"base policies: validation loss {fmt_stat(stat(c[-1] for c in base_curves), ci=False)}, change over the "
+        f"base policies: validation loss {fmt_stat(base_last, ci=False)}, change over the "
         f"last epoch {percent(base_change.mean)} (**{'met' if abs(base_change.mean) < PLATEAU else 'not met'}**;"
         " by design: a base at its plateau makes almost no errors to undo)"
     ]

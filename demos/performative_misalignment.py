@@ -17,7 +17,6 @@ then the behavioural claims.
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +25,18 @@ from typing import Any
 
 from hydra.utils import instantiate
 
-from zoo.report import Run, Sweep, legend, provenance, pyplot, save_figure, table, write_page
+from zoo.report import (
+    Run,
+    Sweep,
+    artifact_val_loss_curves,
+    last_change,
+    legend,
+    provenance,
+    pyplot,
+    save_figure,
+    table,
+    write_page,
+)
 from zoo.stats import Stat, compare, fmt_stat, paired, stat
 from zoo.verdict import Claim, seeds_note, verdict_section
 
@@ -97,21 +107,11 @@ def harmful_compliance(measurement: dict[str, Any], request: str) -> float:
     return sum(r["complied"] for r in rows) / judged if judged else math.nan
 
 
-def base_policy_curve(run: Run) -> tuple[str, list[float]]:
-    """The organism's base SFT run (its path) and its validation loss at each of its validations (its CSV log)."""
-    for used in run.info.get("artifacts", []):
-        if used.get("kind") == "base_policy":
-            path = Path(used.get("path", "")) / "csv" / "metrics.csv"
-            if path.is_file():
-                with path.open(encoding="utf-8") as f:
-                    return str(path), [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
-    return "", []
-
-
 def base_policy_curves(runs: list[Run]) -> list[list[float]]:
-    """One validation-loss curve per distinct base policy of ``runs`` (two or more points)."""
-    found = dict(base_policy_curve(r) for r in runs)
-    return [c for path, c in sorted(found.items()) if path and len(c) >= 2]
+    """One validation-loss curve per distinct base policy of ``runs`` (two or more points), in the order of their
+    paths."""
+    found = artifact_val_loss_curves(runs, "base_policy")
+    return [c for _, c in sorted(found.items()) if len(c) >= 2]
 
 
 @dataclass
@@ -613,7 +613,7 @@ def fidelity_section(orgs: dict[str, Organism]) -> list[str]:
     for o in orgs.values():
         label = o.label
         for c in base_policy_curves(o.runs):
-            change = (c[-1] - c[-2]) / c[-2]
+            change = last_change(c)
             plateau_rows.append(
                 [
                     label,
@@ -799,7 +799,7 @@ def fair_test(sweep: Sweep, orgs: dict[str, Organism], found: list[Reading]) -> 
         "with a direction fitted without it.",
     ]
     curves = [c for o in orgs.values() for c in base_policy_curves(o.runs)]
-    changes = [(c[-1] - c[-2]) / c[-2] for c in curves]
+    changes = [last_change(c) for c in curves]
     if changes:
         met = sum(abs(x) < PLATEAU for x in changes)
         lines.append(

@@ -16,12 +16,13 @@ from zoo.data.ambiguous_ops import OPERATIONS
 from zoo.report import (
     Run,
     Sweep,
+    artifact_val_loss_curves,
     artifact_values,
+    last_change,
     legend,
     paired_contrast,
     provenance,
     pyplot,
-    read_metrics,
     save_figure,
     table,
     write_page,
@@ -200,18 +201,8 @@ def verdict(found: list[Claim]) -> list[str]:
 def policy_plateau(sweep: Sweep) -> tuple[list[float], list[float]]:
     """The base policies' last validation loss and its relative change over their last epoch (one per distinct
     policy, read from the artifact's CSV log)."""
-    last, change = [], []
-    seen = set()
-    for run in sweep.runs:
-        for used in run.info.get("artifacts", []):
-            if used.get("kind") != "demo_policy" or used.get("path") in seen:
-                continue
-            seen.add(used.get("path"))
-            curve = [v for _, v in read_metrics(Path(used["path"])).get("val/loss", [])]
-            if len(curve) >= 2:
-                last.append(curve[-1])
-                change.append((curve[-1] - curve[-2]) / curve[-2])
-    return last, change
+    curves = [c for c in artifact_val_loss_curves(sweep.runs, "demo_policy").values() if len(c) >= 2]
+    return [c[-1] for c in curves], [last_change(c) for c in curves]
 
 
 def fair_test(sweep: Sweep, labels: dict[str, str], found: list[Claim]) -> list[str]:

@@ -8,7 +8,6 @@ Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=safethink`` (``conf/demo/safe
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,9 @@ from zoo.data.jailbreak import step_is_unsafe
 from zoo.report import (
     Run,
     Sweep,
+    artifact_val_losses,
     artifact_values,
+    last_change,
     legend,
     paired_contrast,
     provenance,
@@ -272,27 +273,15 @@ def verdict(found: list[Claim]) -> list[str]:
     )
 
 
-def val_loss_curve(run: Run, kind: str) -> list[float]:
-    """The validation loss at each validation of the run's prerequisite ``kind`` (its CSV log, from
-    ``run_info.json``)."""
-    for used in run.info.get("artifacts", []):
-        if used.get("kind") == kind:
-            path = Path(used.get("path", "")) / "csv" / "metrics.csv"
-            if path.is_file():
-                with path.open(encoding="utf-8") as f:
-                    return [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
-    return []
-
-
 def plateau_text(runs: list[Run], kind: str, what: str) -> str:
     """How the prerequisites of ``kind`` (one per distinct training curve) ended: final validation loss and its
     relative change over the last validation interval, against :data:`PLATEAU`; with one validation only, no change
     can be read."""
-    curves = {tuple(c) for c in (val_loss_curve(r, kind) for r in runs) if c}
+    curves = {tuple(c) for c in (artifact_val_losses(r, kind) for r in runs) if c}
     if not curves:
         return f"{what}: no validation-loss log found (**not shown**)"
     last = stat(c[-1] for c in curves)
-    changes = [(c[-1] - c[-2]) / c[-2] for c in curves if len(c) >= 2]
+    changes = [last_change(c) for c in curves if len(c) >= 2]
     if not changes:
         return (
             f"{what}: final validation loss {fmt_stat(last, ci=False)} after a single validation, so no change can be "

@@ -31,6 +31,7 @@ from zoo.report import (
     plot_curves,
     provenance,
     pyplot,
+    quarter_change,
     save_figure,
     table,
     write_page,
@@ -224,18 +225,6 @@ def claims(g: Grid) -> list[Claim]:
 def first_values(runs: list[Run], metric: str) -> Stat:
     """A metric's first logged value over runs (the base policy's, for the training curves)."""
     return stat(r.series(metric)[0][1] for r in runs if r.series(metric))
-
-
-def plateau(run: Run, metric: str) -> float:
-    """The change of a training curve between the third and the last quarter of the run (last-quarter mean minus
-    third-quarter mean): near 0 on a plateau."""
-    points = run.series(metric)
-    if len(points) < 8:
-        return math.nan
-    q = len(points) // 4
-    last = [v for _, v in points[-q:]]
-    third = [v for _, v in points[-2 * q : -q]]
-    return sum(last) / len(last) - sum(third) / len(third)
 
 
 def probe_stats(runs: list[Run], when: str) -> dict[str, Stat]:
@@ -472,7 +461,7 @@ def fair_test(g: Grid) -> list[str]:
         chosen = g.chosen(arm)
         parts = []
         for metric, digits in (("train/think_tokens", 1), ("train/accuracy", 3)):
-            s = stat(plateau(r, metric) for r in chosen)
+            s = stat(quarter_change([v for _, v in r.series(metric)]) for r in chosen)
             flat = not (s.lo > 0 or s.hi < 0) if s.n > 1 else False
             all_met &= flat
             parts.append(f"{metric.split('/')[1]} {s.mean:+.{digits}f} [{s.lo:+.{digits}f}, {s.hi:+.{digits}f}]")

@@ -30,6 +30,7 @@ from zoo.report import (
     plot_curves,
     provenance,
     pyplot,
+    quarter_change,
     save_figure,
     table,
     write_page,
@@ -107,18 +108,6 @@ def plateau_text(change: Stat, builds: list[Run]) -> str:
     if change.n == 0:
         return "its training loss was logged at fewer than 8 steps, so no plateau check"
     return f"its training loss changed by {change.mean:+.1%} from the third to the last quarter of its steps"
-
-
-def tail_change(run: Run, metric: str) -> float:
-    """Relative change of ``metric`` from the third to the last quarter of its logged steps (mean of each quarter);
-    a plateau is near 0."""
-    values = [v for _, v in run.series(metric)]
-    if len(values) < 8:
-        return float("nan")
-    q = len(values) // 4
-    third, last = values[-2 * q : -q], values[-q:]
-    before = sum(third) / len(third)
-    return (sum(last) / len(last) - before) / before if before else float("nan")
 
 
 CEILING = 0.95  # mean held-out accuracy from which every arm counts as at the ceiling
@@ -209,7 +198,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     stage1 = first.get("demo.stage1", {}) or {}
     teacher = artifact_values(sweep.runs, "valr_teacher", "val/cell_accuracy")
     stage1_acc = artifact_values(sweep.runs, *STAGE1_ARTIFACT[:1], "val/exact_match", name=STAGE1_ARTIFACT[1])
-    plateau = stat(tail_change(b, "train/loss") for b in builds)
+    plateau = stat(quarter_change([v for _, v in b.series("train/loss")], relative=True) for b in builds)
     # the vision probe per seed on the stage-1 model (the teacher and the images are the same in every arm of a seed)
     probe_runs = arms.get("stage1") or next(iter(arms.values()))
     probe_arm = labels.get(probe_runs[0].name, probe_runs[0].name)
@@ -516,7 +505,11 @@ def fair_test(
         "stage-2 length was set from earlier runs (`conf/demo/valr.yaml`), whose evaluation split is not recorded in "
         "the runs."
     )
-    changes = {name: stat(tail_change(r, "train/lm_loss") for r in arms[name]) for name in STAGE2 if name in arms}
+    changes = {
+        name: stat(quarter_change([v for _, v in r.series("train/lm_loss")], relative=True) for r in arms[name])
+        for name in STAGE2
+        if name in arms
+    }
     measured = {name: c for name, c in changes.items() if c.n}
     stage2 = (
         "; ".join(f"{labels.get(n, n)} {100 * c.mean:+.1f}%" for n, c in measured.items()) if measured else "not logged"

@@ -11,7 +11,7 @@ configs and ``run_info.json`` (the base policy each seed used, with its build me
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,6 @@ from zoo.report import (
     Run,
     Sweep,
     artifact_values,
-    base_policy_val_losses,
     contrast,
     legend,
     paired_contrast,
@@ -30,10 +29,10 @@ from zoo.report import (
     pyplot,
     save_figure,
     table,
+    val_loss_plateau,
     write_page,
 )
 from zoo.stats import (
-    Stat,
     fmt_stat,
     paired,
     stat,
@@ -150,13 +149,6 @@ def overlaps(arms: dict[str, list[Run]]) -> dict[tuple[str, str], dict[int, floa
         for a, b in pairs
         if a in sets and b in sets
     }
-
-
-def plateau(runs: Iterable[Run]) -> tuple[Stat, Stat]:
-    """The base policies' last validation loss and its relative change over their last epoch (one value per distinct
-    policy)."""
-    curves = {tuple(c) for c in (base_policy_val_losses(r) for r in runs) if len(c) >= 2}
-    return stat(c[-1] for c in curves), stat((c[-1] - c[-2]) / c[-2] for c in curves)
 
 
 def build(sweep: Sweep, out: Path) -> list[Path]:
@@ -472,7 +464,7 @@ def fair_test(
         if wet.get("eta_quantile") is not None
         else f"- **Thresholds chosen on a split that is not reported.** η = {wet.get('eta')} is fixed, not chosen."
     )
-    loss, change = plateau(sweep.runs)
+    loss, change = val_loss_plateau(sweep.runs)
     em = stat(artifact_values(sweep.runs, "base_policy", "val/exact_match"))
     met = "met" if loss.n and abs(change.mean) < PLATEAU else "not met"
     lines.append(

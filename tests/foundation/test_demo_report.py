@@ -17,14 +17,20 @@ import yaml
 from zoo.report import (
     Run,
     Sweep,
+    artifact_val_loss_curves,
+    artifact_val_losses,
+    base_policy_val_losses,
     build_demo_page,
     contrast,
     curve,
+    last_change,
     latest_sweep,
     legend,
     paired_contrast,
     provenance,
     pyplot,
+    quarter_change,
+    val_loss_plateau,
 )
 from zoo.report.__main__ import main
 from zoo.stats import (
@@ -368,3 +374,56 @@ def test_provenance_of_a_partial_grid_does_not_multiply_arms_by_seeds(tmp_path):
         write_run(tmp_path, str(i), [f"module/shaper={shaper}", f"seed={seed}", "trainer.max_steps=5"], num=i)
     text = provenance(Sweep.load(tmp_path), "toy")
     assert "3 runs (2 settings, each at some of 2 seeds: 0, 1)" in text and "×" not in text.split("runs (")[1][:40]
+
+
+# -- plateau readings ---------------------------------------------------------------------------------------------
+def test_last_change_is_the_relative_change_over_the_value_before():
+    assert last_change([2.0, 1.0, 0.9]) == pytest.approx(-0.1)  # falling: negative, over the value before (1.0)
+    assert last_change((1.0, 1.1)) == pytest.approx(0.1)
+    assert all(math.isnan(last_change(v)) for v in ([], [5.0], [1.0, 0.0, 2.0]))
+
+
+def test_quarter_change_compares_the_third_and_the_last_quarter():
+    # 10 points: quarters of 2 (10 // 4), third quarter [4, 6] (mean 5), last quarter [3, 3] (mean 3)
+    falling = [100.0, 100.0, 9.0, 9.0, 8.0, 8.0, 4.0, 6.0, 3.0, 3.0]
+    assert quarter_change(falling) == pytest.approx(-2.0)
+    assert quarter_change(falling, relative=True) == pytest.approx(-0.4)
+    rising = [1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+    assert (quarter_change(rising), quarter_change(rising, relative=True)) == pytest.approx((1.0, 0.5))
+    assert math.isnan(quarter_change(rising[:7])) and math.isnan(quarter_change(rising[:7], relative=True))
+    flat_at_zero = [0.0] * 6 + [1.0, 1.0]
+    assert quarter_change(flat_at_zero) == 1.0 and math.isnan(quarter_change(flat_at_zero, relative=True))
+
+
+def test_prerequisite_validation_loss_curves_and_their_plateau(tmp_path):
+    """Curves of the prerequisites the runs used (run_info.json -> artifacts): per run, per distinct prerequisite, and
+    the last loss and last change over the distinct curves of two or more validations."""
+    a_rows = [{"step": 0, "val/loss": 2.0}, {"step": 1, "train/loss": 3.0}, {"step": 2, "val/loss": 1.0}]
+    a = write_run(tmp_path, "a", [], [*a_rows, {"step": 3, "val/loss": 0.95}])  # step 1: no validation
+    b = write_run(tmp_path, "b", [], [{"step": 0, "val/loss": 1.0}, {"step": 1, "val/loss": 1.1}])
+    d = write_run(tmp_path, "d", [], [{"step": 0, "val/loss": 0.5}])
+    gone = tmp_path / "gone"
+
+    def used(*arts: tuple[str, Path]) -> dict:
+        return {"artifacts": [{"kind": kind, "path": str(path)} for kind, path in arts]}
+
+    runs = [
+        Run.load(write_run(tmp_path, f"r{i}", [f"seed={i}"], info=info))
+        for i, info in enumerate(
+            [
+                used(("base_policy", a)),
+                used(("base_policy", a)),
+                used(("base_policy", gone), ("base_policy", b), ("demo_policy", d)),
+                {},
+            ]
+        )
+    ]
+    assert artifact_val_losses(runs[0]) == base_policy_val_losses(runs[0]) == [2.0, 1.0, 0.95]
+    assert artifact_val_losses(runs[2]) == [1.0, 1.1]  # the first of the kind whose log is there
+    assert artifact_val_losses(runs[2], "demo_policy") == [0.5] and artifact_val_losses(runs[3]) == []
+    curves = artifact_val_loss_curves(runs, "base_policy")
+    assert curves == {str(a): [2.0, 1.0, 0.95], str(gone): [], str(b): [1.0, 1.1]}
+    last, change = val_loss_plateau(runs)
+    assert (last.n, change.n) == (2, 2)  # a and b once each
+    assert last.mean == pytest.approx((0.95 + 1.1) / 2) and change.mean == pytest.approx((-0.05 + 0.1) / 2)
+    assert val_loss_plateau(runs, "demo_policy")[1].n == 0  # a single validation: no change

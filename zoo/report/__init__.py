@@ -12,7 +12,10 @@ sweep under ``<log dir>/demos/<paper>/``) by calling ``build(sweep, out)`` of th
 
 * :mod:`zoo.report.runs` -- a sweep -> :class:`Sweep` of :class:`Run` (each run's overrides -> arm + seed, metric
   series from the CSV logger, JSON/JSONL files a callback wrote, the resolved config and ``run_info.json``); the
-  prerequisites the runs used -> :func:`artifact_values`;
+  prerequisites the runs used -> :func:`artifact_values`, their validation-loss curves -> :func:`artifact_val_losses`
+  (per run) and :func:`artifact_val_loss_curves` (per prerequisite); the plateau readings of a curve ->
+  :func:`last_change` (over the last interval), :func:`quarter_change` (third to last quarter) and
+  :func:`val_loss_plateau` (the prerequisites' last validation loss and its last change);
 * :mod:`zoo.stats` -- aggregating over seeds (mean, sd and Student-t interval; Welch and paired differences);
 * :mod:`zoo.verdict` -- the Verdict that opens every page, one line per claim, decided from its interval;
 * :mod:`zoo.report.plots` -- curves with confidence bands (:func:`curve`, :func:`plot_curves`), one legend rule;
@@ -42,11 +45,16 @@ from zoo.report.plots import Curve, curve, legend, plot, plot_curves, pyplot, sa
 from zoo.report.runs import (
     Run,
     Sweep,
+    artifact_val_loss_curves,
+    artifact_val_losses,
     artifact_values,
     base_policy_val_losses,
+    last_change,
     latest_sweep,
+    quarter_change,
     read_metrics,
     summarize,
+    val_loss_plateau,
     values,
 )
 
@@ -54,6 +62,8 @@ __all__ = [
     "Curve",
     "Run",
     "Sweep",
+    "artifact_val_loss_curves",
+    "artifact_val_losses",
     "artifact_values",
     "base_policy_val_losses",
     "build_demo_page",
@@ -61,6 +71,7 @@ __all__ = [
     "curve",
     "fmt",
     "known_demos",
+    "last_change",
     "latest_sweep",
     "legend",
     "load_page_builder",
@@ -70,11 +81,13 @@ __all__ = [
     "plot_curves",
     "provenance",
     "pyplot",
+    "quarter_change",
     "read_metrics",
     "report",
     "save_figure",
     "summarize",
     "table",
+    "val_loss_plateau",
     "values",
     "write_page",
 ]

@@ -7,13 +7,15 @@ import csv
 import json
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from zoo.stats import Stat, stat
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -312,16 +314,77 @@ def artifact_values(runs: Iterable[Run], kind: str, metric: str, name: str | Non
     return list(seen.values())
 
 
-def base_policy_val_losses(run: Run) -> list[float]:
-    """The validation loss of the base policy a run started from, at each of its validations (the policy's own SFT run
-    log, found through ``run_info.json`` -> ``artifacts``); empty when the run used none or its log is gone."""
+def _val_losses(path: Path) -> list[float] | None:
+    """The ``val/loss`` column of a run directory's CSV log (``<path>/csv/metrics.csv``, empty cells skipped);
+    ``None`` when there is no log."""
+    log = path / "csv" / "metrics.csv"
+    if not log.is_file():
+        return None
+    with log.open(encoding="utf-8") as f:
+        return [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
+
+
+def artifact_val_losses(run: Run, kind: str = "base_policy") -> list[float]:
+    """The validation loss of the prerequisite of ``kind`` a run used, at each of its validations (the prerequisite's
+    own training-run log, found through ``run_info.json`` -> ``artifacts``; the first one of that kind whose log is
+    there); empty when the run used none or its log is gone."""
     for used in run.info.get("artifacts", []):
-        if used.get("kind") == "base_policy":
-            path = Path(used.get("path", "")) / "csv" / "metrics.csv"
-            if path.is_file():
-                with path.open(encoding="utf-8") as f:
-                    return [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
+        if used.get("kind") == kind:
+            curve = _val_losses(Path(used.get("path", "")))
+            if curve is not None:
+                return curve
     return []
+
+
+def base_policy_val_losses(run: Run) -> list[float]:
+    """The validation loss of the base policy a run started from, at each of its validations:
+    :func:`artifact_val_losses` of kind ``base_policy``."""
+    return artifact_val_losses(run, "base_policy")
+
+
+def artifact_val_loss_curves(runs: Iterable[Run], kind: str) -> dict[str, list[float]]:
+    """``{path: validation losses}`` of every distinct prerequisite of ``kind`` the runs used (``run_info.json`` ->
+    ``artifacts``; several runs may share one), in order of first use; a prerequisite whose log is gone maps to
+    ``[]``."""
+    curves: dict[str, list[float]] = {}
+    for run in runs:
+        for used in run.info.get("artifacts", []):
+            path = used.get("path")
+            if used.get("kind") == kind and path and path not in curves:
+                curves[path] = _val_losses(Path(path)) or []
+    return curves
+
+
+def last_change(values: Sequence[float]) -> float:
+    """The relative change of a curve's last value over the one before, ``(v[-1] - v[-2]) / v[-2]`` (e.g. of a
+    validation loss over its last validation interval; near 0 on a plateau); ``nan`` with fewer than two values or
+    when the one before the last is 0."""
+    if len(values) < 2 or not values[-2]:
+        return math.nan
+    return (values[-1] - values[-2]) / values[-2]
+
+
+def quarter_change(values: Sequence[float], *, relative: bool = False) -> float:
+    """The change of a logged series from the third to the last quarter of its points: the last quarter's mean minus
+    the third quarter's mean (``relative``: divided by the third quarter's mean); near 0 on a plateau. ``nan`` with
+    fewer than 8 points (and, when ``relative``, with a third-quarter mean of 0)."""
+    if len(values) < 8:
+        return math.nan
+    q = len(values) // 4
+    third, last = values[-2 * q : -q], values[-q:]
+    before = sum(third) / len(third)
+    after = sum(last) / len(last)
+    if not relative:
+        return after - before
+    return (after - before) / before if before else math.nan
+
+
+def val_loss_plateau(runs: Iterable[Run], kind: str = "base_policy") -> tuple[Stat, Stat]:
+    """How the prerequisites of ``kind`` the runs started from ended: their last validation loss and its relative
+    change over their last validation interval (:func:`last_change`), over the distinct curves of two or more
+    validations (:func:`artifact_val_losses`; one value per distinct curve)."""
+    curves = {tuple(c) for c in (artifact_val_losses(r, kind) for r in runs) if len(c) >= 2}
+    return stat(c[-1] for c in curves), stat(last_change(c) for c in curves)
 
 
 def values(runs: Iterable[Run], fn: str | Callable[[Run], float]) -> list[float]:
