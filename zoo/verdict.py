@@ -5,9 +5,10 @@ difference between arms, a paired difference, or one arm's value) and the direct
 verdict is
 
 - **shown**: the interval lies on the claimed side (``higher``: above ``margin``; ``lower``: below ``-margin``;
-  ``within``: inside ``[-margin, margin]``, an equivalence claim such as "matches online RL");
+  ``within``: inside ``[-margin, margin]``, an equivalence claim such as "matches online RL"; ``not_lower``: above
+  ``-margin``, a non-inferiority claim such as "keeps the baseline's accuracy", which a gain does not refute);
 - **contradicted**: the interval lies on the other side (``higher``: below 0; ``lower``: above 0; ``within``: wholly
-  outside ``[-margin, margin]``);
+  outside ``[-margin, margin]``; ``not_lower``: wholly below ``-margin``);
 - **not shown (within noise)**: anything else, including too few seeds for an interval.
 
 :func:`verdict_section` writes the section (a table and the line on what the demo cannot test) with a
@@ -29,7 +30,7 @@ from zoo.stats import CONFIDENCE, Difference, Stat
 
 SHOWN, NOT_SHOWN, CONTRADICTED = "shown", "not shown (within noise)", "contradicted"
 VERDICTS = (SHOWN, NOT_SHOWN, CONTRADICTED)
-Direction = Literal["higher", "lower", "within"]
+Direction = Literal["higher", "lower", "within", "not_lower"]
 MARKER = re.compile(r"<!-- verdict: shown=(\d+) not_shown=(\d+) contradicted=(\d+) -->")
 
 
@@ -42,9 +43,10 @@ class Claim:
         measure: what was measured and how it is signed ("completion length, GR3 − GRPO, tokens").
         effect: the measured effect with its interval: a :class:`~zoo.stats.Difference` (two arms), or a
             :class:`~zoo.stats.Stat` (paired differences, or one arm's value against a reference of 0).
-        direction: ``higher`` (the claim predicts an effect above ``margin``), ``lower`` (below ``-margin``) or
-            ``within`` (inside ``[-margin, margin]``).
-        margin: the smallest effect that counts (``higher``/``lower``), or the equivalence band (``within``).
+        direction: ``higher`` (the claim predicts an effect above ``margin``), ``lower`` (below ``-margin``),
+            ``within`` (inside ``[-margin, margin]``) or ``not_lower`` (above ``-margin``).
+        margin: the smallest effect that counts (``higher``/``lower``), the equivalence band (``within``) or the
+            largest loss that still counts as keeping (``not_lower``).
         digits: digits of the numbers on the page.
     """
 
@@ -56,10 +58,10 @@ class Claim:
     digits: int = 3
 
     def __post_init__(self) -> None:
-        if self.direction not in ("higher", "lower", "within"):
-            raise ValueError(f"direction must be higher, lower or within, got {self.direction!r}")
-        if self.margin < 0 or (self.direction == "within" and self.margin == 0):
-            raise ValueError(f"margin must be >= 0 (> 0 for 'within'), got {self.margin}")
+        if self.direction not in ("higher", "lower", "within", "not_lower"):
+            raise ValueError(f"direction must be higher, lower, within or not_lower, got {self.direction!r}")
+        if self.margin < 0 or (self.direction in ("within", "not_lower") and self.margin == 0):
+            raise ValueError(f"margin must be >= 0 (> 0 for 'within' and 'not_lower'), got {self.margin}")
 
     @property
     def estimate(self) -> float:
@@ -79,6 +81,8 @@ class Claim:
             return SHOWN if lo > m else CONTRADICTED if hi < 0 else NOT_SHOWN
         if self.direction == "lower":
             return SHOWN if hi < -m else CONTRADICTED if lo > 0 else NOT_SHOWN
+        if self.direction == "not_lower":
+            return SHOWN if lo > -m else CONTRADICTED if hi < -m else NOT_SHOWN
         return SHOWN if -m <= lo and hi <= m else CONTRADICTED if lo > m or hi < -m else NOT_SHOWN
 
     def effect_text(self) -> str:

@@ -26,6 +26,11 @@ SAME = [0.5, 0.6, 0.4, 0.55]
         (SAME, [0.45, 0.62, 0.41, 0.58], "within", 0.2, SHOWN),
         (HIGH, LOW, "within", 0.2, CONTRADICTED),
         ([1.0], LOW, "higher", 0.0, NOT_SHOWN),  # one seed: no interval
+        # non-inferiority ("keeps the baseline's accuracy"): a clear gain keeps it, which equivalence would not call
+        (HIGH, LOW, "not_lower", 0.2, SHOWN),
+        (SAME, [0.45, 0.62, 0.41, 0.58], "not_lower", 0.2, SHOWN),
+        (SAME, [0.45, 0.62, 0.41, 0.58], "not_lower", 0.01, NOT_SHOWN),  # the interval reaches below -margin
+        (LOW, HIGH, "not_lower", 0.2, CONTRADICTED),
     ],
 )
 def test_a_claim_is_decided_by_where_its_interval_lies(a, b, direction, margin, expected):
@@ -53,6 +58,8 @@ def test_bad_claims_are_refused():
         Claim("c", "m", stat(HIGH), "up")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="margin"):
         Claim("c", "m", stat(HIGH), "within")
+    with pytest.raises(ValueError, match="margin"):
+        Claim("c", "m", stat(HIGH), "not_lower")
     with pytest.raises(ValueError, match="cannot test"):
         verdict_section([Claim("c", "m", stat(HIGH), "higher")], " ")
 
