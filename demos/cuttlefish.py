@@ -537,6 +537,17 @@ def claims(arms: dict[str, list[Run]], sums: dict[str, list[dict]], labels: dict
                 "higher",
             )
         )
+    if "cuttlefish_uniform" in arms and "mean_pool" in arms:
+        # the budget alone: the control whose gate cannot collapse gives every structure the most tokens eq. P3 allows
+        found.append(
+            Claim(
+                "on larger structures than trained on, a token budget that grows with the structure beats a "
+                "size-independent summary (the budget alone: a gate that cannot collapse)",
+                f"held-out accuracy (extrapolation), {lab('cuttlefish_uniform')} − {lab('mean_pool')}, paired by seed",
+                paired(acc("cuttlefish_uniform", "out"), acc("mean_pool", "out")),
+                "higher",
+            )
+        )
     if "cuttlefish" in arms:
         found.append(
             Claim(

@@ -116,3 +116,16 @@ def test_fair_test_reads_the_failure_the_gate_and_the_plateau(make_sweep, tmp_pa
     assert "gives 1.000 ± 0.000 of the held-out structures a single token" in fair
     assert "**not met** (the gate collapses towards one patch" in fair
     assert "more than 5%: **not met** (still falling: mean_pool, query (8), SAP, Cuttlefish)" in fair
+
+
+def test_the_budget_alone_is_a_verdict_line_when_the_uniform_gate_ran(make_sweep, tmp_path, monkeypatch):
+    """The uniform-gate control (k = ceil(rho n), a gate that cannot collapse) against mean pooling beyond the
+    training sizes: the scaling-aware budget without the learned gate."""
+    monkeypatch.setattr(f"{__name__}.ARMS", (*ARMS, "cuttlefish_uniform"))
+    monkeypatch.setitem(CORRECT, "cuttlefish_uniform", ((8, 6), (8, 7), (8, 6)))
+    text = build(make_sweep(), tmp_path / "out")
+    row = next(x for x in text.splitlines() if "(the budget alone: a gate that cannot collapse)" in x)
+    assert "cuttlefish_uniform − mean_pool, paired by seed" in row
+    assert row.endswith("| +0.233 [+0.090, +0.377] | **shown** |")
+    verdict = read_verdict(tmp_path / "out" / "cuttlefish.md")
+    assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (5, 1, 1)
