@@ -364,19 +364,33 @@ def arm_sentences(
 
 def multisum_reading(rows: dict[str, list[Run]], labels: dict[str, str]) -> list[str]:
     """Why DTS-Greedy fares as it does without a planted fork, from the records: how many traces finish in its
-    stopping step (they vote), how soon its tree reaches the cap, and what that costs against shortest-of-N."""
+    stopping step (they vote), how far its tree grows against its cap, and what that costs against shortest-of-N."""
     found = [branching(r) for r in rows["dts_greedy"]]
     finished = _mean(b["finished"] for b in found)
     dts = mean_of(rows, "dts_greedy", "decode/decoded_tokens_per_problem")
     son = mean_of(rows, "shortest_of_n", "decode/decoded_tokens_per_problem")
+    active = mean_of(rows, "dts_greedy", "decode/max_active")
+    cap = next((r.get("module.decoder.max_active") for r in rows["dts_greedy"]), None)
+    vote = (
+        "(the completions of one problem have nearly the same length, so length does not single one out) and their "
+        "answers vote"
+        if finished >= 1.5
+        else "(one trace: nothing to vote over)"
+    )
+    if cap is not None and active >= 0.9 * float(cap):
+        grows = f"reaches {active:.1f} active hypotheses (the cap, {cap})"
+    else:
+        grows = f"reaches {active:.1f} active hypotheses (cap {cap}): the policy is rarely uncertain enough to branch"
+    cost = (
+        "on this task the two are not compute-matched, and shortest-of-N is the cheaper of them"
+        if dts > son
+        else "DTS-Greedy is the cheaper of the two here"
+    )
     return [
         f"- {labels.get('dts_greedy', 'dts_greedy')} stops at the first step in which a trace finishes; here "
-        f"{finished:.1f} traces per problem finish in that step (the completions of one problem have nearly the same "
-        "length, so length does not single one out) and their answers vote. Its tree branches "
-        f"{mean_of(rows, 'dts_greedy', 'decode/branch_events'):.1f} times per problem and reaches "
-        f"{mean_of(rows, 'dts_greedy', 'decode/max_active'):.1f} active hypotheses (the cap), so it decodes "
-        f"{dts:.0f} tokens per problem, {dts / son:.1f}x shortest-of-N's {son:.0f}: on this task the two are not "
-        "compute-matched, and shortest-of-N is the cheaper of them.",
+        f"{finished:.1f} traces per problem finish in that step {vote}. Its tree branches "
+        f"{mean_of(rows, 'dts_greedy', 'decode/branch_events'):.1f} times per problem and {grows}, so it decodes "
+        f"{dts:.0f} tokens per problem, {dts / son:.1f}x shortest-of-N's {son:.0f}: {cost}.",
     ]
 
 
@@ -633,7 +647,7 @@ def setup_text(sweep: Sweep) -> list[str]:
         "the official tau_V 1.5 (set for the long-tailed next-token distributions of reasoning LLMs), hence the "
         "grid's smaller tau_V.",
         "- **task=multisum** (running sums of 3-5 digits) has no planted fork: the uncertain tokens are wherever the "
-        "small policy has not learned the sums well.",
+        "small policy still errs on a sum (at its plateau, rarely: decoding has little to fix there).",
         "",
         "Metrics (per problem, mean over the problems of a run; mean ± sd over seeds, with the 95% CI of the mean for "
         "accuracy): **accuracy** = the task verifier on the returned completion; **repetition rate** = share of "
