@@ -234,9 +234,10 @@ def claims(by_seed: Any, labels: dict[str, str]) -> list[Claim]:
         ),
         Claim(
             "without hurting benign accuracy",
-            f"accuracy on benign prompts, {lab('rm_m3')} − {lab('base')}, paired by seed (within ±{ACCURACY_BAND})",
+            f"accuracy on benign prompts, {lab('rm_m3')} − {lab('base')}, paired by seed (kept: no loss beyond "
+            f"{ACCURACY_BAND})",
             effect("rm_m3", "base", "accuracy"),
-            "within",
+            "not_lower",
             ACCURACY_BAND,
         ),
         Claim(

@@ -174,8 +174,8 @@ def test_unfinished_runs_are_left_out_and_a_missing_setting_is_named(make_sweep,
 
 
 def test_a_gain_in_accuracy_keeps_it(make_sweep, tmp_path):
-    """ "Keeps GRPO's accuracy" is non-inferiority: GR3 0.11 above GRPO (RLVR) keeps it (an equivalence band of
-    ±0.05 would call it contradicted)."""
+    """The claim "keeps GRPO's accuracy" is non-inferiority: GR3 0.11 above GRPO (RLVR) keeps it (an equivalence
+    band of ±0.05 would call it contradicted)."""
     text = build(make_sweep(gain=0.1), tmp_path / "out")
     row = next(x for x in text.splitlines() if x.startswith("| GR3 keeps GRPO's accuracy (RLVR) |"))
     assert "(kept: no loss beyond 0.05)" in row and row.endswith("| +0.110 [+0.085, +0.135] | **shown** |")

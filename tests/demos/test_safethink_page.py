@@ -155,3 +155,21 @@ def test_fair_test_flags_different_settings_a_weak_rm_and_a_policy_still_improvi
     assert "**settings differ between arms of a seed: module.generation**" in fair
     assert "(every RM there: **not met**)" in fair
     assert "-50.0%" in fair and "**not met**)" in fair
+
+
+def test_a_gain_in_benign_accuracy_keeps_it(make_sweep, tmp_path, monkeypatch):
+    """The claim "without hurting benign accuracy" is non-inferiority: SafeThink 0.01 + 0.01 * seed above plain
+    sampling keeps it (an equivalence band of ±0.02 would not call it shown)."""
+
+    original = rates
+
+    def gaining(arm: str, seed: int) -> dict[str, float]:
+        found = original(arm, seed)
+        if arm == "rm_m3":
+            found["safethink/accuracy"] = 0.99 + 0.01 * seed - 0.02
+        return found
+
+    monkeypatch.setattr(f"{__name__}.rates", gaining)
+    text = build(make_sweep(), tmp_path / "out")
+    row = next(x for x in text.splitlines() if x.startswith("| without hurting benign accuracy |"))
+    assert "(kept: no loss beyond 0.02)" in row and row.endswith("| +0.020 [-0.005, +0.045] | **shown** |"), row
