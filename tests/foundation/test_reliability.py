@@ -642,10 +642,36 @@ def test_help_shows_the_quick_settings_of_the_run(zoo_main, tmp_path):
     assert code == 0
     assert "== Quick settings ==" in out and "+method=nanoquant: quant.admm.outer_iters=2" in out
     assert "quantizes and evaluates a randomly initialised model: add backbone.init_from=base" in out
+    assert "\nquant: " in out and "nanoquant" in out.split("\nquant: ")[1].splitlines()[0]
+    assert "\n== Config ==" in out and "\nquant:\n  _target_: zoo.quant" in out  # the composed config, no hydra node
+    assert "\nhydra:" not in out.split("== Config ==")[1]
     code, out, _ = zoo_main(["+method=grpo", "--help"], tmp_path)
     assert code == 0
     assert "750 optimizer steps, which trainer.max_steps does not shorten" in out
     assert "base_policy.num_train=512 base_policy.max_epochs=1" in out
+
+
+def test_help_lists_the_config_groups_hydra_lists_and_leaves_other_flags_to_hydra():
+    """The app's help walks the config sources once (Hydra's own help builds a config repository per group): its
+    groups and options are those Hydra's config loader reports (checked on the top level and nested groups)."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    from zoo.cli.help import config_groups, wants_help
+
+    groups = config_groups()
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="zoo.conf", version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        top = {g for g in loader.list_groups("") if g != "hydra" and loader.get_group_options(g, ObjectType.CONFIG)}
+        assert top == {g for g in groups if "/" not in g}
+        for group in ("method", "quant", "backbone", "demo/valr/arm", "demo/dts/setting"):
+            assert groups[group] == loader.get_group_options(group, ObjectType.CONFIG), group
+    assert not any(g == "hydra" or g.startswith("hydra/") for g in groups)
+    assert wants_help(["+method=sft", "--help"]) and wants_help(["-h", "--resolve"])
+    assert not wants_help(["--hydra-help"]) and not wants_help(["--help", "--config-name", "train"])
+    assert not wants_help(["+method=sft"])
 
 
 def test_characters_the_tokenizer_lacks_are_counted_once_per_split(train_cfg, tmp_path, caplog):

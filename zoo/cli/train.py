@@ -51,6 +51,7 @@ from zoo.catalogue import check_entries, method_entries, method_stages, option_r
 from zoo.checkpoints import read_checkpoint
 from zoo.cli.artifacts import APP
 from zoo.cli.collectives import collective_timeout
+from zoo.cli.help import render_help, wants_help
 from zoo.cli.prerequisites import prepare
 from zoo.cli.resolvers import register_resolvers
 from zoo.errors import (
@@ -901,6 +902,9 @@ def main() -> None:
     full_error = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
+        if wants_help(sys.argv[1:]):
+            print(render_help(sys.argv[1:]))
+            return
         hydra.main(config_path="pkg://zoo.conf", config_name="train", version_base="1.3")(task_function)()
     except Exception as err:
         message = None if full_error else launch_message(err)
