@@ -48,7 +48,7 @@ BASELINES = ("grpo", "additive", "gr3")
 CURVES = ("train/think_tokens", "train/redundant_rate", "train/essential_retention", "train/accuracy")
 METRICS = ("exact_match", "think_tokens", "redundant_rate", "essential_retention")
 RECORDS = "eval_records.jsonl"
-# an essential step of the task (``2*3=6``; a redundant one is ``check 6``)
+# an essential step of the task (``2*3=6``; a redundant one is ``check ok`` or ``check 6``)
 ESSENTIAL_STEP = re.compile(r"\d[*+]\d+=")
 # the equivalence bands of "equal accuracy" (exact match, a share of 64 prompts per seed) and "keeps every essential
 # line" (essential-line retention)
@@ -315,13 +315,19 @@ def pair_audit(run: Run, seen: set[str]) -> dict[str, float]:
 
 def task_text(run: Run) -> str:
     task = run.get("task", {}) or {}
+    low, high = int(task.get("min_operands")) // 2, int(task.get("max_operands")) // 2
+    pairs = str(low) if low == high else f"{low}-{high}"
+    check = (
+        "a `check N` line repeating its value"
+        if task.get("check_states_value", True)
+        else "a `check ok` line that carries no value"
+    )
     return (
-        f"`task={run.group_choice('task')}`: sums of products of {int(task.get('min_operands')) // 2}-"
-        f"{int(task.get('max_operands')) // 2} distinct operand pairs with operands in [{task.get('min_value')}, "
-        f"{task.get('max_value')}] (partials={task.get('partials')}); the reference reasoning holds one line per "
-        "product (`2*3=6`; essential) and, after each with probability "
-        f"{task.get('redundant_prob')}, a `check N` line repeating it (redundant, labelled); the answer, the sum of "
-        "the products, follows `</think>` with no line of its own"
+        f"`task={run.group_choice('task')}`: sums of products of {pairs} distinct operand pairs with operands in "
+        f"[{task.get('min_value')}, {task.get('max_value')}] (partials={task.get('partials')}); the reference "
+        "reasoning holds one line per product (`2*3=6`; essential) and, after each with probability "
+        f"{task.get('redundant_prob')}, {check} (redundant, labelled); the answer, the sum of the products, follows "
+        "`</think>` with no line of its own"
     )
 
 

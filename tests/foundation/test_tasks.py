@@ -189,11 +189,27 @@ def test_multisum_products_redundant_config():
     cfg.pop("defaults")
     task = instantiate(cfg)
     assert isinstance(task, MultiSum) and task.partials == "products" and task.redundant_prob == 0.5
-    # no operand 1: no product line repeats an operand of the prompt
-    operands = {
-        int(x) for ex in task.examples(100, seed=0) for term in ex.prompt[:-1].split("+") for x in term.split("*")
-    }
-    assert operands == {2, 3, 4}
+    examples = task.examples(300, seed=0)
+    # two pairs; no operand 1: no product line repeats an operand of the prompt
+    assert {len(ex.prompt[:-1].split("+")) for ex in examples} == {2}
+    operands = {int(x) for ex in examples for term in ex.prompt[:-1].split("+") for x in term.split("*")}
+    assert operands == set(range(2, 10))
+    # a check line carries no value: each product appears on its essential line only
+    checks = {s for ex in examples for s, r in zip(split_steps(ex.completion), ex.meta["step_redundant"]) if r}
+    assert checks == {"check ok"}
+
+
+def test_multisum_check_lines_state_the_value_or_not():
+    def task(states: bool) -> MultiSum:
+        return MultiSum(4, 4, 9, redundant_prob=1.0, partials="products", min_value=2, check_states_value=states)
+
+    stating, bare = task(True).examples(20, seed=3), task(False).examples(20, seed=3)
+    for a, b in zip(stating, bare):
+        assert a.prompt == b.prompt and a.answer == b.answer and a.meta == b.meta
+        steps_a, steps_b = split_steps(a.completion), split_steps(b.completion)
+        assert steps_a[0::2] == steps_b[0::2]  # the same product lines
+        assert steps_a[1::2] == [f"check {line.split('=')[1]}" for line in steps_a[0::2]]
+        assert steps_b[1::2] == ["check ok"] * len(steps_b[1::2])
 
 
 def test_multisum_min_value_bounds_the_operands():

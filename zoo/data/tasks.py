@@ -122,8 +122,10 @@ class MultiSum(Task):
       (with ``"pairs"`` it can: the answer is the sum of the prompt's operands). The pairs of a row are distinct, so
       no essential line repeats another.
 
-    A redundant step repeats the partial sum of the line before it (``check 8``) and carries ``redundant=True`` in
-    the ``step_redundant`` meta list (ground truth for the length/redundancy methods).
+    A redundant step re-checks the line before it and carries ``redundant=True`` in the ``step_redundant`` meta list
+    (ground truth for the length/redundancy methods). By default it restates that line's value (``check 8``), so the
+    value is then on two lines and either one can go; with ``check_states_value=False`` it is ``check ok`` and carries
+    no value, so that an essential line is the only place its value appears and removing it removes information.
 
     Args:
         min_operands, max_operands: number of operands (``"pairs"``: both even and at least 4, i.e. 2 or more pairs;
@@ -134,6 +136,8 @@ class MultiSum(Task):
             (disjoint pair products).
         min_value: the smallest operand (``"pairs"``: 1 keeps every pair sum from repeating an operand of the
             prompt, as ``3+0=3`` does).
+        check_states_value: whether a redundant step restates the value it checks (``check 8``) or is a bare
+            ``check ok``.
     """
 
     name = "multisum"
@@ -149,6 +153,7 @@ class MultiSum(Task):
         redundant_prob: float = 0.0,
         partials: str = "chain",
         min_value: int = 0,
+        check_states_value: bool = True,
     ) -> None:
         if not 2 <= min_operands <= max_operands:
             raise ConfigError(f"need 2 <= min_operands <= max_operands, got {min_operands}, {max_operands}")
@@ -170,6 +175,7 @@ class MultiSum(Task):
         self.min_value = min_value
         self.redundant_prob = redundant_prob
         self.partials = partials
+        self.check_states_value = bool(check_states_value)
 
     def sample(self, rng: random.Random) -> Example:
         if self.partials in self.PAIR_OPERATORS:
@@ -208,9 +214,9 @@ class MultiSum(Task):
         return self._example(ops, steps, redundant, str(sum(values)), prompt)
 
     def _maybe_check(self, rng: random.Random, value: int, steps: list[str], redundant: list[bool]) -> None:
-        """Append a redundant ``check <value>`` step with probability ``redundant_prob``."""
+        """Append a redundant ``check <value>`` (or ``check ok``) step with probability ``redundant_prob``."""
         if rng.random() < self.redundant_prob:
-            steps.append(f"check {value}")
+            steps.append(f"check {value}" if self.check_states_value else "check ok")
             redundant.append(True)
 
     @staticmethod
