@@ -588,7 +588,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             claims(g),
             "the paper's scale (7B reasoning models, thousands of reasoning tokens, natural redundancy such as "
             "re-verification and backtracking); here the redundancy is injected and labelled, the model has under a "
-            "million parameters and each run has a few dozen GRPO steps.",
+            f"million parameters and each run has {head.get('trainer.max_steps')} GRPO steps.",
         )
         if claims(g)
         else None
