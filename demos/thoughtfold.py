@@ -413,7 +413,14 @@ def fair_test(g: Grid) -> list[str]:
             f"{fmt_stat(first_redundant, ci=False)}; GRPO's at the end, reported split, "
             f"{fmt_stat(grpo_red, ci=False)}); a length penalty does not tell lines apart, so it can drop essential "
             "lines (every product line is needed for the answer): the additive "
-            f"penalty's essential-line retention, reported split, {fmt_stat(add_ret, ci=False)}."
+            f"penalty's essential-line retention, reported split, {fmt_stat(add_ret, ci=False)}"
+            + (
+                f"; within {SAME_RETENTION} of keeping every line, so the length penalty's failure did **not** "
+                "occur here: the correctness reward punishes a dropped product line more than the penalty pays for "
+                "it, so a claim that ThoughtFold is more accurate than the length penalties cannot show on this task."
+                if add_ret.mean >= 1 - SAME_RETENTION
+                else "."
+            )
         )
     runs = g.runs_of("thoughtfold")
     if runs and runs[0].series("probe/start_pass_full"):
