@@ -357,7 +357,7 @@ def fair_test(demo: Demo) -> list[str]:
         lines.append(
             f"- **Same tuning effort.** Every trained arm has one learning-rate grid of the same size: "
             f"{'; '.join(grids)}; nothing else is tuned for any arm (DRIFT's beta and gamma are the released "
-            f"script's). Chosen: {picks}."
+            f"script's). Chosen: {picks}.{grid_edge_note(demo)}"
         )
     lines.append(
         "- **Hyper-parameters chosen on data that is not reported.** "
@@ -529,6 +529,32 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     png = plot(demo, out / f"{PAPER}.png")
     text += [f"![sampled multi@{k} against tokens generated]({png.name})", ""]
     return [write_page(out, PAPER, text, verdict(demo)), png]
+
+
+def grid_edge_note(demo: Demo) -> str:
+    """A sentence on the choices that fall on an edge of their arm's learning-rate grid (the best point may lie
+    beyond it), with the spread of that arm's grid (mean final sampled multi@K per point); empty when none does."""
+    parts, edges, total = [], 0, 0
+    for arm, chosen in demo.chosen.items():
+        if arm not in TRAINED:
+            continue
+        grid = demo.runs[arm]
+        lrs = sorted({float(r.get("module.optimizer.lr")) for by_seed in grid.values() for r in by_seed.values()})
+        picked = [float(r.get("module.optimizer.lr")) for r in chosen.values()]
+        total += len(picked)
+        on_edge = [lr for lr in picked if lr in (lrs[0], lrs[-1])]
+        if on_edge:
+            edges += len(on_edge)
+            means = [stat(r.last(demo.sampled) for r in by_seed.values()).mean for by_seed in grid.values()]
+            parts.append(
+                f"{demo.lab(arm)} ({len(on_edge)} at {', '.join(sorted({f'{v:g}' for v in on_edge}))}; its grid "
+                f"points' mean final sampled multi@{demo.turns} span {min(means):.3f}-{max(means):.3f})"
+            )
+    if not edges:
+        return ""
+    return f" {edges} of {total} choices fall on an edge of the grid (the best point may lie beyond it): " + (
+        "; ".join(parts) + "."
+    )
 
 
 def plot(demo: Demo, path: Path) -> Path:
