@@ -31,6 +31,9 @@ def composed(*overrides: str) -> dict:
         "init_from": backbone["init_from"],
         "lrs": OmegaConf.to_container(cfg.demo.lrs, resolve=True),
         "arms": str(OmegaConf.to_container(cfg, resolve=False).get("hydra", {})),
+        "trainer": {"max_epochs": int(cfg.trainer.max_epochs), "max_steps": int(cfg.trainer.max_steps)},
+        "prompts": int(cfg.datamodule.source.num_train),
+        "batch_size": int(cfg.datamodule.batch_size),
     }
 
 
@@ -43,6 +46,16 @@ def test_control_arm_is_the_same_grpo_from_an_untrained_undo_row():
         k: v for k, v in method["init_from"].items() if k != "overrides"
     }
     assert control["lr"] == method["lr"] == control["lrs"]["grpo"]["high"]
+
+
+@pytest.mark.parametrize("arm", ["msft_grpo", "ref_grpo"])
+def test_grpo_arms_run_their_steps_past_one_epoch_of_prompts(arm):
+    """demo.grpo_steps longer than one pass over the training prompts: the epoch limit must not end the run first
+    (it did, and the validation at max_steps never ran)."""
+    cfg = composed(f"demo/nmars/arm={arm}", "demo.grpo_steps=200")
+    epochs, steps = cfg["trainer"]["max_epochs"], cfg["trainer"]["max_steps"]
+    assert steps == 200 > -(-cfg["prompts"] // cfg["batch_size"])  # more steps than one epoch holds
+    assert epochs == -1 or epochs * -(-cfg["prompts"] // cfg["batch_size"]) >= steps
 
 
 @pytest.mark.parametrize("arm", ["sft_plain", "msft"])
