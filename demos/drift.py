@@ -346,7 +346,7 @@ def fair_test(demo: Demo) -> list[str]:
     grids = []
     for arm, grid in demo.runs.items():
         if arm in TRAINED:
-            lrs = sorted({float(r.get("module.optimizer.lr")) for by_seed in grid.values() for r in by_seed.values()})
+            lrs = grid_lrs(grid)
             grids.append(f"{lab(arm)} {{{', '.join(f'{v:g}' for v in lrs)}}}")
     if grids:
         picks = "; ".join(
@@ -531,6 +531,11 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     return [write_page(out, PAPER, text, verdict(demo)), png]
 
 
+def grid_lrs(grid: dict[str, dict[int, Run]]) -> list[float]:
+    """The learning rates of an arm's grid (its runs per grid point and seed), ascending."""
+    return sorted({float(r.get("module.optimizer.lr")) for by_seed in grid.values() for r in by_seed.values()})
+
+
 def grid_edge_note(demo: Demo) -> str:
     """A sentence on the choices that fall on an edge of their arm's learning-rate grid (the best point may lie
     beyond it), with the spread of that arm's grid (mean final sampled multi@K per point); empty when none does."""
@@ -539,7 +544,7 @@ def grid_edge_note(demo: Demo) -> str:
         if arm not in TRAINED:
             continue
         grid = demo.runs[arm]
-        lrs = sorted({float(r.get("module.optimizer.lr")) for by_seed in grid.values() for r in by_seed.values()})
+        lrs = grid_lrs(grid)
         picked = [float(r.get("module.optimizer.lr")) for r in chosen.values()]
         total += len(picked)
         on_edge = [lr for lr in picked if lr in (lrs[0], lrs[-1])]
