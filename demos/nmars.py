@@ -4,8 +4,9 @@ Runs: ``OMP_NUM_THREADS=1 python train.py -m +demo=nmars`` (``conf/demo/nmars.ya
 page: ``python -m zoo.report demo nmars``. Read from the sweep: the last validation of every run as logged by
 ``callbacks.undo_metrics`` (:class:`zoo.callbacks.UndoMetrics`: ``val/T<t>/exact_match``, ``val/T<t>/undo_rate``,
 ``val/T<t>/failed_correction_rate``, ``val/deviation_logprob``) and the module (``val/exact_match``, greedy), the
-training curves (``train/loss``, ``train/reward``), the prerequisites each run used (``run_info.json`` artifacts:
-the base policy's validation curve, the data stage's ``offline/*`` metrics and rows), and the resolved configs.
+curves the plateau is read from (the SFT arms' per-epoch ``val/loss``, the GRPO arms' ``train/reward``), the
+prerequisites each run used (``run_info.json`` artifacts: the base policy's validation curve, the data stage's
+``offline/*`` metrics and rows), and the resolved configs.
 
 Each trained arm's grid point is chosen per seed on the *other* seeds' held-out prompts (leave one seed out: the
 point with the highest mean resolved exact match at the evaluation temperature there), so no reported number took
@@ -49,8 +50,8 @@ UNTRAINED = ("sft_ref",)  # evaluated as built: no setting to choose
 GRPO_ARMS = ("msft_grpo", "ref_grpo")
 GREEDY = "val/exact_match"
 DEVIATION = "val/deviation_logprob"
-# a training curve is at a plateau when the mean of its last third differs from the mean of its middle third by less
-# than this fraction
+# a curve (validation loss, training reward) is at a plateau when the mean of its last third differs from the mean of
+# its middle third by less than this fraction
 PLATEAU = 0.05
 # effects below this (exact match, rates) call for 5 seeds
 SMALL_EFFECT = 0.05
@@ -197,8 +198,14 @@ def prompt_overlap(reported: dict[int | None, Run]) -> float:
     return stat(shares).mean
 
 
+def plateau_curve(arm: str) -> str:
+    """The curve an arm's plateau is read from: the GRPO arms' training reward, the SFT arms' validation loss (they
+    validate after every epoch; their training loss keeps falling as they memorise the training rows)."""
+    return "train/reward" if arm in GRPO_ARMS else "val/loss"
+
+
 def curve_change(run: Run, name: str) -> float:
-    """Relative change of a training curve: mean of its last third against the mean of its middle third."""
+    """Relative change of a curve: mean of its last third against the mean of its middle third."""
     ys = [y for _, y in run.series(name) if not math.isnan(y)]
     third = len(ys) // 3
     if third < 1:
@@ -574,7 +581,8 @@ def setup_text(sweep: Sweep, rows: dict[str, dict[int | None, Run]], t: float) -
         f"SFT arms ({demo.get('sft_epochs')} epochs). Both GRPO arms run {demo.get('grpo_steps')} GRPO steps with "
         "undo-aware rollouts and the N-MARS reward (module/grpo/rewards=nmars): masked SFT + GRPO from the "
         "masked-SFT policy (the nmars_sft recipe at its own lr), SFT on references + GRPO (the control) from the base "
-        "policy with the `<UNDO>` row added and never trained. Every arm is evaluated once, at its end, on the same "
+        "policy with the `<UNDO>` row added and never trained. Every arm is evaluated at its end (the SFT arms also "
+        "after each epoch, for the plateau reading; the reported numbers are the last validation) on the same "
         f"{data.get('num_val')} held-out prompts, greedy and sampled at T = {t:g}, with undo-aware decoding "
         f"(physical sequence kept in context, output = resolved sequence, at most "
         f"{first.get('module.decoder.max_undos')} UNDOs), max {first.get('module.generation.max_new_tokens')} new "
@@ -619,7 +627,7 @@ def fair_test(
         " by design: a base at its plateau makes almost no errors to undo)"
     ]
     for arm in [a for a in ARMS if a in rows and a not in UNTRAINED]:
-        name = "train/reward" if arm in GRPO_ARMS else "train/loss"
+        name = plateau_curve(arm)
         change = stat(curve_change(r, name) for r in rows[arm].values())
         met = "met" if not math.isnan(change.mean) and abs(change.mean) < PLATEAU else "not met"
         plateau_parts.append(f"{arm}: {name} last third vs middle third {percent(change.mean)} (**{met}**)")

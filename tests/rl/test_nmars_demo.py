@@ -31,7 +31,11 @@ def composed(*overrides: str) -> dict:
         "init_from": backbone["init_from"],
         "lrs": OmegaConf.to_container(cfg.demo.lrs, resolve=True),
         "arms": str(OmegaConf.to_container(cfg, resolve=False).get("hydra", {})),
-        "trainer": {"max_epochs": int(cfg.trainer.max_epochs), "max_steps": int(cfg.trainer.max_steps)},
+        "trainer": {
+            "max_epochs": int(cfg.trainer.max_epochs),
+            "max_steps": int(cfg.trainer.max_steps),
+            "check_val_every_n_epoch": cfg.trainer.check_val_every_n_epoch,
+        },
         "prompts": int(cfg.datamodule.source.num_train),
         "batch_size": int(cfg.datamodule.batch_size),
     }
@@ -63,6 +67,22 @@ def test_every_trained_arm_has_the_same_grid_size(arm):
     lrs = composed(f"demo/nmars/arm={arm}")["lrs"]
     assert len(lrs["sft"]) == len(lrs["grpo"]) >= 2
     assert [composed(f"demo/nmars/arm={arm}", f"demo.tune={p}")["lr"] for p in lrs["sft"]] == list(lrs["sft"].values())
+
+
+@pytest.mark.parametrize("arm", ["sft_plain", "msft"])
+def test_sft_arms_read_their_plateau_from_a_validation_curve(page, arm):
+    """The SFT arms memorise their training rows (training loss falls however long they train), so the plateau is
+    read from validation loss, which they log after every epoch; a falling training loss must not decide it."""
+    assert composed(f"demo/nmars/arm={arm}")["trainer"]["check_val_every_n_epoch"] == 1
+    run = fake_run(arm, "low", 0, {})
+    epochs = range(12)
+    run.__dict__["metrics"] = {
+        "train/loss": [(e, 1.0 - 0.07 * e) for e in epochs],  # still falling: -37% last third vs middle third
+        "val/loss": [(e, 0.8 + (0.2 if e < 4 else 0.0) + 0.001 * (e % 2)) for e in epochs],  # flat after epoch 4
+    }
+    assert page.curve_change(run, page.plateau_curve(arm)) == pytest.approx(0.0, abs=0.002)
+    assert page.curve_change(run, "train/loss") < -0.3
+    assert page.plateau_curve("msft_grpo") == page.plateau_curve("ref_grpo") == "train/reward"
 
 
 def fake_run(arm: str, point: str, seed: int, metrics: dict[str, float], number: int = 0) -> Run:
