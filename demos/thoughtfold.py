@@ -57,6 +57,9 @@ SAME_RETENTION = 0.02
 SEEDS_FOR_SMALL_EFFECTS = 5
 # verification "fails" when an essential line is removed: the upper end of the pass rate's interval is below this
 ESSENTIAL_PASS_LIMIT = 0.05
+# a training curve is at a plateau when its mean change from the third to the last quarter of the steps is below this
+# fraction of its third-quarter level (the zoo's plateau reading, as on the GR3 page)
+PLATEAU = 0.05
 
 
 def base_train_prompts(run: Run) -> set[str]:
@@ -474,15 +477,20 @@ def fair_test(g: Grid) -> list[str]:
         chosen = g.chosen(arm)
         parts = []
         for metric, digits in (("train/think_tokens", 1), ("train/accuracy", 3)):
-            s = stat(quarter_change([v for _, v in r.series(metric)]) for r in chosen)
-            flat = not (s.lo > 0 or s.hi < 0) if s.n > 1 else False
-            all_met &= flat
-            parts.append(f"{metric.split('/')[1]} {s.mean:+.{digits}f} [{s.lo:+.{digits}f}, {s.hi:+.{digits}f}]")
+            curves = [[v for _, v in r.series(metric)] for r in chosen]
+            s = stat(quarter_change(c) for c in curves)
+            rel = stat(quarter_change(c, relative=True) for c in curves)
+            all_met &= rel.n > 0 and abs(rel.mean) < PLATEAU
+            parts.append(
+                f"{metric.split('/')[1]} {s.mean:+.{digits}f} [{s.lo:+.{digits}f}, {s.hi:+.{digits}f}] "
+                f"({100 * rel.mean:+.1f}%)"
+            )
         plateau_parts.append(f"{g.lab(arm)}: {', '.join(parts)}")
     lines.append(
         f"- **Trained to a plateau** ({'met' if all_met else 'not met'}): the change of the training curves from the "
         f"third to the last quarter of the {g.head.get('trainer.max_steps')} steps (chosen setting, mean over seeds, "
-        f"95% CI; 'met' when every interval contains 0): {'; '.join(plateau_parts)}."
+        f"95% CI, and relative to the third quarter's level; 'met' when every mean relative change is below "
+        f"{100 * PLATEAU:.0f}%): {'; '.join(plateau_parts)}."
     )
     seeds = len(g.sweep.seeds)
     lines.append(
