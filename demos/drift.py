@@ -28,6 +28,8 @@ from pathlib import Path
 from zoo.report import (
     Run,
     Sweep,
+    best_mean,
+    best_on_other_seeds,
     legend,
     provenance,
     pyplot,
@@ -56,15 +58,10 @@ def choose_lr(finals: Mapping[str, Mapping[int, float]], seed: int) -> tuple[str
         finals: ``{grid point: {seed: final validation value}}``.
         seed: the seed whose learning rate is chosen.
     """
-    others = {p: [v for s, v in by_seed.items() if s != seed and not math.isnan(v)] for p, by_seed in finals.items()}
-    held_out = any(others.values())
-    own = {p: [v for v in by_seed.values() if not math.isnan(v)] for p, by_seed in finals.items()}
-    pool = others if held_out else own
-    scored = [(sum(vs) / len(vs), p) for p, vs in pool.items() if vs]
-    if not scored:
-        return next(iter(finals)), held_out
-    best = max(score for score, _ in scored)
-    return next(p for score, p in scored if score == best), held_out
+    point = best_on_other_seeds(finals, seed)
+    if point is not None:
+        return point, True
+    return best_mean(finals) or next(iter(finals)), False
 
 
 def rollout_artifact(run: Run) -> dict:

@@ -30,6 +30,7 @@ from zoo.report import (
     Run,
     Sweep,
     artifact_values,
+    best_on_other_seeds,
     legend,
     provenance,
     pyplot,
@@ -120,9 +121,8 @@ def grid(runs: Iterable[Run]) -> dict[str, dict[int | None, Run]]:
 
 def choose(cells: dict[str, dict[int | None, Run]], seed: int | None, name: str, order: list[str]) -> str:
     """The point with the highest mean of ``name`` over the seeds other than ``seed`` (ties: first in ``order``)."""
-    scores = choice_scores(cells, seed, name)
-    ranked = [p for p in order if p in scores and not math.isnan(scores[p])]
-    return max(ranked, key=lambda p: (scores[p], -ranked.index(p))) if ranked else order[0]
+    scores = {p: {k: r.last(name) for k, r in cells[p].items()} for p in order if p in cells}
+    return best_on_other_seeds(scores, seed) or order[0]
 
 
 def choice_scores(cells: dict[str, dict[int | None, Run]], seed: int | None, name: str) -> dict[str, float]:

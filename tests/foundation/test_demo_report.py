@@ -20,6 +20,8 @@ from zoo.report import (
     artifact_val_loss_curves,
     artifact_val_losses,
     base_policy_val_losses,
+    best_mean,
+    best_on_other_seeds,
     build_demo_page,
     contrast,
     curve,
@@ -187,6 +189,18 @@ def test_paired_contrast_uses_per_seed_differences():
     assert "not shown" in noisy and "n=3" in noisy
     # only seeds present on both sides are paired
     assert "fewer than two paired seeds" in paired_contrast("a", {0: 1.0, 1: 2.0}, "b", {1: 1.0, 5: 0.0}, "x")
+
+
+def test_a_seeds_setting_is_chosen_without_its_own_scores():
+    scores = {"low": {0: 0.1, 1: 0.8, 2: 0.7}, "high": {0: 0.9, 1: 0.5, 2: 0.6}}
+    assert best_on_other_seeds(scores, 0) == "low"  # seed 0's own 0.9 would pick "high"
+    assert best_on_other_seeds(scores, 1) == "high"  # (0.1 + 0.7) / 2 < (0.9 + 0.6) / 2
+    assert best_on_other_seeds(scores, 1, higher=False) == "low"  # a loss: lower is better
+    assert best_mean(scores) == "high"  # every seed: 0.533 < 0.667
+    # ties go to the first point; NaN scores and a point without another seed are left out
+    assert best_on_other_seeds({"a": {0: 9.0, 1: 0.5}, "b": {1: 0.5}}, 0) == "a"
+    assert best_on_other_seeds({"a": {0: 0.1, 1: math.nan}, "b": {0: 0.0, 1: 0.2}}, 0) == "b"
+    assert best_on_other_seeds({"a": {0: 0.9}}, 0) is None  # one seed: nothing to choose on without it
 
 
 def test_sweep_groups_runs_into_arms_and_seeds(sweep_dir):

@@ -16,6 +16,8 @@ sweep under ``<log dir>/demos/<paper>/``) by calling ``build(sweep, out)`` of th
   (per run) and :func:`artifact_val_loss_curves` (per prerequisite); the plateau readings of a curve ->
   :func:`last_change` (over the last interval), :func:`quarter_change` (third to last quarter) and
   :func:`val_loss_plateau` (the prerequisites' last validation loss and its last change);
+* :mod:`zoo.report.choice` -- a tuned knob's grid point per seed, chosen on the other seeds
+  (:func:`best_on_other_seeds`; :func:`best_mean` over every seed);
 * :mod:`zoo.stats` -- aggregating over seeds (mean, sd and Student-t interval; Welch and paired differences);
 * :mod:`zoo.verdict` -- the Verdict that opens every page, one line per claim, decided from its interval;
 * :mod:`zoo.report.plots` -- curves with confidence bands (:func:`curve`, :func:`plot_curves`), one legend rule;
@@ -28,6 +30,7 @@ Each demo's own prose lives with its page builder in ``demos/``. This module hol
 
 from __future__ import annotations
 
+from zoo.report.choice import best_mean, best_on_other_seeds
 from zoo.report.pages import (
     build_demo_page,
     contrast,
@@ -66,6 +69,8 @@ __all__ = [
     "artifact_val_losses",
     "artifact_values",
     "base_policy_val_losses",
+    "best_mean",
+    "best_on_other_seeds",
     "build_demo_page",
     "contrast",
     "curve",
