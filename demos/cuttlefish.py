@@ -89,13 +89,14 @@ class Tuning:
 
 
 def tune(sweep: Sweep) -> Tuning:
-    """Per arm and seed, the grid point with the best mean held-out accuracy (:data:`SELECTION`) on the other seeds
-    (leave one seed out; the seeds vary the structures, so the other seeds' held-out questions are other questions);
-    with one point, that point; with one seed, the grid's first point (flagged: not chosen without the seed)."""
+    """Per arm and seed, the grid point with the best mean held-out accuracy (:data:`SELECTION`) on the other seeds,
+    over the finished runs (leave one seed out; the seeds vary the structures, so the other seeds' held-out questions
+    are other questions); with one point, that point; with one seed, the grid's first point (flagged: not chosen
+    without the seed)."""
     first = sweep.runs[0]
     grid = {str(k): float(v) for k, v in sorted((first.get("demo.lr_grid") or {}).items(), key=lambda kv: kv[1])}
     cells: dict[str, dict[str, dict[Any, Run]]] = {}
-    for run in sweep.runs:
+    for run in (r for r in sweep.runs if r.finished):  # an unfinished run has no held-out evaluation yet
         cells.setdefault(arm_of(run), {}).setdefault(point_of(run), {})[run.seed] = run
     reported: dict[str, list[Run]] = {}
     scores: dict[str, dict[str, dict[Any, float]]] = {}
