@@ -93,11 +93,13 @@ def tune(sweep: Sweep) -> Tuning:
     over the finished runs (leave one seed out; the seeds vary the structures, so the other seeds' held-out questions
     are other questions); with one point, that point; with one seed, the grid's first point (flagged: not chosen
     without the seed)."""
-    first = sweep.runs[0]
-    grid = {str(k): float(v) for k, v in sorted((first.get("demo.lr_grid") or {}).items(), key=lambda kv: kv[1])}
+    lrs: dict[str, float] = {}
     cells: dict[str, dict[str, dict[Any, Run]]] = {}
     for run in (r for r in sweep.runs if r.finished):  # an unfinished run has no held-out evaluation yet
         cells.setdefault(arm_of(run), {}).setdefault(point_of(run), {})[run.seed] = run
+        # the grid of every launch (a later launch may have added a point), lowest learning rate first
+        lrs.update({str(k): float(v) for k, v in (run.get("demo.lr_grid") or {}).items()})
+    grid = dict(sorted(lrs.items(), key=lambda kv: kv[1]))
     reported: dict[str, list[Run]] = {}
     scores: dict[str, dict[str, dict[Any, float]]] = {}
     chosen: dict[str, dict[Any, str]] = {}

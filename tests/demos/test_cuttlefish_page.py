@@ -50,6 +50,8 @@ def correct(arm: str, point: str, seed: int) -> tuple[int, int]:
     0.45); choosing on a seed's own score would swap them, on every seed at once would give ``high`` everywhere."""
     if point == "low":
         return CORRECT[arm][seed]
+    if point == "vlow":
+        return tuple(max(r - 1, 0) for r in CORRECT[arm][seed])
     if arm == "query":
         return (10, 10) if seed == 0 else (4, 2)
     return tuple(max(r - 2, 0) for r in CORRECT[arm][seed])
@@ -57,17 +59,20 @@ def correct(arm: str, point: str, seed: int) -> tuple[int, int]:
 
 @pytest.fixture
 def make_sweep(tmp_path):
-    def make(collapsed: bool = False, loss_drop: float = 0.0, grid: bool = False) -> Sweep:
+    def make(collapsed: bool = False, loss_drop: float = 0.0, grid: bool = False, vlow: bool = False) -> Sweep:
+        """``vlow``: a later launch adds the grid point 1e-4 (its runs' configs hold the three-point grid)."""
         params = {"demo/cuttlefish/arm": ",".join(ARMS), "seed": "0,1,2"} | ({"demo.lr": "low,high"} if grid else {})
-        root = write_sweep(tmp_path / f"sweep{collapsed}{loss_drop}{grid}", params)
-        cells = [(a, s, p) for a in ARMS for s in SEEDS for p in (GRID if grid else ("-",))]
+        root = write_sweep(tmp_path / f"sweep{collapsed}{loss_drop}{grid}{vlow}", params)
+        launched = (*GRID, "vlow") if vlow else GRID
+        cells = [(a, s, p) for a in ARMS for s in SEEDS for p in (launched if grid else ("-",))]
         for number, (arm, seed, point) in enumerate(cells):
             gated = arm in ("patching", "cuttlefish")
             config = CONFIG | {"module": {**CONFIG["module"], "connector": {"rho": 0.1, "k_max": 64, "tau": 1.0}}}
             config = config if gated else CONFIG
             if grid:
-                module = {**config["module"], "optimizer": {"lr": GRID[point]}}
-                config = config | {"module": module, "demo": {**CONFIG["demo"], "lr": point, "lr_grid": GRID}}
+                lr_grid = GRID | {"vlow": 1e-4} if point == "vlow" else GRID
+                module = {**config["module"], "optimizer": {"lr": lr_grid[point]}}
+                config = config | {"module": module, "demo": {**CONFIG["demo"], "lr": point, "lr_grid": lr_grid}}
             rights = correct(arm, point, seed) if grid else CORRECT[arm][seed]
             records = []
             for atoms, right in zip((60, 250), rights):
@@ -164,3 +169,13 @@ def test_each_seeds_learning_rate_is_chosen_on_the_other_seeds(make_sweep, tmp_p
     assert "Every arm ran the same 2-point learning-rate grid (0.0003, 0.001)" in fair
     assert "Leave one seed out" in fair and "never on the questions it reports" in fair and "): met." in fair
     assert "learning rate from the grid low 0.0003, high 0.001" in text
+
+
+def test_a_grid_point_added_by_a_later_launch_joins_the_grid(make_sweep, tmp_path):
+    """The first launch ran {3e-4, 1e-3}, a later one 1e-4 (its config holds the three-point grid): the page reads
+    the union, lowest first, and chooses among all three (1e-4 is one right answer below 3e-4 on every seed)."""
+    text = build(make_sweep(grid=True, vlow=True), tmp_path / "out")
+    tuning = text[text.index("## Learning rate chosen per arm") : text.index("## Accuracy by structure size")]
+    assert "| Cuttlefish | vlow (0.0001): 0.667; low (0.0003): 0.767; high (0.001): 0.567 | low x3 |" in tuning
+    assert "Every arm ran the same 3-point learning-rate grid (0.0001, 0.0003, 0.001)" in text
+    assert "learning rate from the grid vlow 0.0001, low 0.0003, high 0.001" in text
