@@ -244,6 +244,22 @@ def first_value(run: Run, metric: str) -> float:
     return series[0][1] if series else float("nan")
 
 
+def edge_note(t: Tuning, labels: dict[str, str]) -> str:
+    """The arms whose chosen point is the lowest or highest learning rate of a grid of three or more (the best point
+    may lie beyond the grid); with two points every choice is an edge and nothing is said."""
+    if len(t.grid) < 3:
+        return ""
+    edges = (next(iter(t.grid)), next(reversed(t.grid)))
+    found = []
+    for arm, by_seed in t.chosen.items():
+        picks = Counter(p for p in by_seed.values() if p in edges)
+        if picks:
+            found.append(f"{labels.get(arm, arm)} ({', '.join(f'{p} x{n}' for p, n in picks.items())})")
+    if not found:
+        return "No choice falls on an edge of the grid."
+    return "Choices on an edge of the grid (the best point may lie beyond it): " + "; ".join(found) + "."
+
+
 def build(sweep: Sweep, out: Path) -> list[Path]:
     tuning = tune(sweep)
     arms = tuning.reported
@@ -389,6 +405,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 "The accuracy columns below are means over every seed, shown for reference.",
                 "",
                 tuning_table(tuning, labels),
+                edge_note(tuning, labels),
+                "",
             ]
             if len(tuning.grid) > 1
             else []

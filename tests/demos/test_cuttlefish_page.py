@@ -179,3 +179,5 @@ def test_a_grid_point_added_by_a_later_launch_joins_the_grid(make_sweep, tmp_pat
     assert "| Cuttlefish | vlow (0.0001): 0.667; low (0.0003): 0.767; high (0.001): 0.567 | low x3 |" in tuning
     assert "Every arm ran the same 3-point learning-rate grid (0.0001, 0.0003, 0.001)" in text
     assert "learning rate from the grid vlow 0.0001, low 0.0003, high 0.001" in text
+    # the query connector's seeds 1 and 2 take the grid's highest point (see correct()); every other choice is inner
+    assert "Choices on an edge of the grid (the best point may lie beyond it): query (8) (high x2)." in tuning
