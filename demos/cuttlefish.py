@@ -26,9 +26,10 @@ from zoo.data.structures import SIZE_BIN_LABELS, normalize_answer
 from zoo.report import (
     Run,
     Sweep,
-    best_on_other_seeds,
+    choose_per_seed,
     contrast,
     curve,
+    group_runs,
     legend,
     plot_curves,
     provenance,
@@ -93,29 +94,19 @@ def tune(sweep: Sweep) -> Tuning:
     over the finished runs (leave one seed out; the seeds vary the structures, so the other seeds' held-out questions
     are other questions); with one point, that point; with one seed, the grid's first point (flagged: not chosen
     without the seed)."""
+    finished = [r for r in sweep.runs if r.finished]  # an unfinished run has no held-out evaluation yet
     lrs: dict[str, float] = {}
-    cells: dict[str, dict[str, dict[Any, Run]]] = {}
-    for run in (r for r in sweep.runs if r.finished):  # an unfinished run has no held-out evaluation yet
-        cells.setdefault(arm_of(run), {}).setdefault(point_of(run), {})[run.seed] = run
-        # the grid of every launch (a later launch may have added a point), lowest learning rate first
+    for run in finished:  # the grid of every launch (a later launch may have added a point), lowest learning rate first
         lrs.update({str(k): float(v) for k, v in (run.get("demo.lr_grid") or {}).items()})
     grid = dict(sorted(lrs.items(), key=lambda kv: kv[1]))
     reported: dict[str, list[Run]] = {}
     scores: dict[str, dict[str, dict[Any, float]]] = {}
     chosen: dict[str, dict[Any, str]] = {}
     held_out = True
-    for arm, by_point in cells.items():
-        points = [p for p in grid if p in by_point] + [p for p in by_point if p not in grid]
-        scores[arm] = {p: {s: r.last(SELECTION) for s, r in by_point[p].items()} for p in points}
-        seeds = sorted({s for p in points for s in by_point[p]}, key=lambda s: -1 if s is None else s)
-        reported[arm], chosen[arm] = [], {}
-        for seed in seeds:
-            point = points[0] if len(points) == 1 else best_on_other_seeds(scores[arm], seed)
-            if point is None:
-                point, held_out = points[0], False
-            if seed in by_point[point]:
-                reported[arm].append(by_point[point][seed])
-                chosen[arm][seed] = point
+    for arm, by_point in group_runs(finished, arm_of=arm_of, point_of=point_of).items():
+        choice = choose_per_seed(by_point, lambda r: r.last(SELECTION), order=list(grid))
+        reported[arm], scores[arm], chosen[arm] = list(choice.reported.values()), choice.scores, choice.chosen
+        held_out &= choice.held_out
     return Tuning(reported, scores, chosen, grid, held_out)
 
 

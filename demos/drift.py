@@ -28,8 +28,8 @@ from pathlib import Path
 from zoo.report import (
     Run,
     Sweep,
-    best_mean,
-    best_on_other_seeds,
+    choose_per_seed,
+    group_runs,
     legend,
     provenance,
     pyplot,
@@ -47,21 +47,6 @@ ARMS = ("reference", "plain_sft", "rft", "drift", "grpo")
 TRAINED = ("plain_sft", "rft", "drift", "grpo")
 OFFLINE = ("plain_sft", "rft", "drift")
 ROLLOUTS = "drift_rollouts"
-
-
-def choose_lr(finals: Mapping[str, Mapping[int, float]], seed: int) -> tuple[str, bool]:
-    """The grid point whose final validation value, averaged over the seeds other than ``seed``, is the highest (ties:
-    the first point), and whether it was chosen without ``seed`` (``False`` when no other seed ran: then ``seed``'s
-    own values choose, and the page says so).
-
-    Args:
-        finals: ``{grid point: {seed: final validation value}}``.
-        seed: the seed whose learning rate is chosen.
-    """
-    point = best_on_other_seeds(finals, seed)
-    if point is not None:
-        return point, True
-    return best_mean(finals) or next(iter(finals)), False
 
 
 def rollout_artifact(run: Run) -> dict:
@@ -146,27 +131,22 @@ class Demo:
     def load(cls, sweep: Sweep) -> Demo:
         first = sweep.runs[0]
         turns = int(first.get("multiturn.max_turns", 3))
-        runs: dict[str, dict[str, dict[int, Run]]] = {}
-        for run in (r for r in sweep.runs if r.finished):  # an unfinished run's last validation is not its final one
-            arm = run.arm.get(ARM_KEY) or run.group_choice("demo/drift/arm") or "all"
-            point = run.arm.get(LR_KEY) or str(run.get(LR_KEY, "mid"))
-            runs.setdefault(arm, {}).setdefault(point, {})[run.seed] = run
-        runs = {a: runs[a] for a in (*ARMS, *sorted(set(runs) - set(ARMS))) if a in runs}
+        grouped = group_runs(
+            (r for r in sweep.runs if r.finished),  # an unfinished run's last validation is not its final one
+            arm_of=lambda r: r.arm.get(ARM_KEY) or r.group_choice("demo/drift/arm") or "all",
+            point_of=lambda r: r.arm.get(LR_KEY) or str(r.get(LR_KEY, "mid")),
+        )
         sampled = f"val/sampled_multi@{turns}"
+        runs: dict[str, dict[str, dict[int, Run]]] = {}
         chosen: dict[str, dict[int, Run]] = {}
         held_out = True
-        for arm, grid in runs.items():
-            seeds = sorted({s for by_seed in grid.values() for s in by_seed})
-            if arm not in TRAINED:  # pi_ref does not train: every grid point is the same evaluation
-                chosen[arm] = {s: next(grid[p][s] for p in sorted(grid) if s in grid[p]) for s in seeds}
-                continue
-            finals = {p: {s: r.last(sampled) for s, r in by_seed.items()} for p, by_seed in grid.items()}
-            chosen[arm] = {}
-            for s in seeds:
-                point, without = choose_lr(finals, s)
-                held_out &= without
-                if s in grid[point]:
-                    chosen[arm][s] = grid[point][s]
+        for arm in (a for a in (*ARMS, *sorted(set(grouped) - set(ARMS))) if a in grouped):
+            # pi_ref does not train: every grid point is the same evaluation, nothing is chosen
+            choice = choose_per_seed(
+                grouped[arm], lambda r: r.last(sampled), order=lr_order(grouped[arm]), tuned=arm in TRAINED
+            )
+            runs[arm], chosen[arm] = choice.runs, choice.reported
+            held_out &= choice.held_out
         labels = first.get("demo.labels", {}) or {}
         return cls(sweep, labels, turns, runs, chosen, held_out)
 
@@ -526,6 +506,11 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     png = plot(demo, out / f"{PAPER}.png")
     text += [f"![sampled multi@{k} against tokens generated]({png.name})", ""]
     return [write_page(out, PAPER, text, verdict(demo)), png]
+
+
+def lr_order(grid: Mapping[str, Mapping[int, Run]]) -> list[str]:
+    """An arm's grid points, lowest learning rate first."""
+    return sorted(grid, key=lambda p: float(next(iter(grid[p].values())).get("module.optimizer.lr")))
 
 
 def grid_lrs(grid: dict[str, dict[int, Run]]) -> list[float]:

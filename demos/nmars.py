@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,8 @@ from zoo.report import (
     Run,
     Sweep,
     artifact_values,
-    best_on_other_seeds,
+    choose_per_seed,
+    group_runs,
     legend,
     provenance,
     pyplot,
@@ -111,50 +111,23 @@ class Choice:
     scores: dict[str, float]
 
 
-def grid(runs: Iterable[Run]) -> dict[str, dict[int | None, Run]]:
-    """``{point: {seed: run}}`` of one arm, points in launch order."""
-    cells: dict[str, dict[int | None, Run]] = {}
-    for run in sorted(runs, key=lambda r: (r.number, str(r.path))):
-        cells.setdefault(point_of(run), {})[run.seed] = run
-    return cells
-
-
-def choose(cells: dict[str, dict[int | None, Run]], seed: int | None, name: str, order: list[str]) -> str:
-    """The point with the highest mean of ``name`` over the seeds other than ``seed`` (ties: first in ``order``)."""
-    scores = {p: {k: r.last(name) for k, r in cells[p].items()} for p in order if p in cells}
-    return best_on_other_seeds(scores, seed) or order[0]
-
-
-def choice_scores(cells: dict[str, dict[int | None, Run]], seed: int | None, name: str) -> dict[str, float]:
-    scores = {}
-    for point, by_seed in cells.items():
-        s = stat(r.last(name) for k, r in by_seed.items() if k != seed)
-        if s.n:
-            scores[point] = s.mean
-    return scores
-
-
 def select(sweep: Sweep, selection_metric: str) -> tuple[dict[str, dict[int | None, Run]], list[Choice]]:
-    """Each arm's reported run per seed (its point chosen on the other seeds) and the choices made."""
-    by_arm: dict[str, list[Run]] = {}
-    for run in sweep.runs:
-        by_arm.setdefault(arm_of(run), []).append(run)
+    """Each arm's reported run per seed (its point chosen on the other seeds; ties: the first point of
+    :func:`grid_order`) and the choices made."""
     reported: dict[str, dict[int | None, Run]] = {}
     choices: list[Choice] = []
-    for arm, runs in by_arm.items():
-        cells = grid(runs)
-        order = grid_order(sweep, list(cells))
-        seeds = sorted({r.seed for r in runs}, key=lambda s: -1 if s is None else s)
-        reported[arm] = {}
-        for seed in seeds:
-            point = order[0] if arm in UNTRAINED else choose(cells, seed, selection_metric, order)
-            run = cells.get(point, {}).get(seed)
-            if run is None:  # that point of this seed did not run: the first point that did
-                point = next(p for p in order if seed in cells.get(p, {}))
-                run = cells[point][seed]
-            reported[arm][seed] = run
-            if arm not in UNTRAINED:
-                choices.append(Choice(arm, seed, point, choice_scores(cells, seed, selection_metric)))
+    # runs in launch order: the points of an arm's grid not named by the config follow in that order
+    runs = sorted(sweep.runs, key=lambda r: (r.number, str(r.path)))
+    for arm, cells in group_runs(runs, arm_of=arm_of, point_of=point_of).items():
+        trained = arm not in UNTRAINED
+        choice = choose_per_seed(
+            cells, lambda r: r.last(selection_metric), order=grid_order(sweep, list(cells)), tuned=trained
+        )
+        reported[arm] = choice.reported
+        if trained:
+            choices += [
+                Choice(arm, seed, point, choice.other_seed_means(seed)) for seed, point in choice.chosen.items()
+            ]
     return reported, choices
 
 
@@ -618,7 +591,7 @@ def fair_test(
     sft_grid = first.get("demo.lrs.sft", {}) or {}
     grpo_grid = first.get("demo.lrs.grpo", {}) or {}
     trained = sorted({c.arm for c in choices})
-    sizes = sorted({len(grid(r for r in sweep.runs if arm_of(r) == a)) for a in trained})
+    sizes = sorted({len({point_of(r) for r in sweep.runs if arm_of(r) == a}) for a in trained})
     overlap = prompt_overlap(base)
     base_last, base_change = val_loss_plateau(base.values())
     plateau_parts = [
@@ -734,4 +707,4 @@ def plot(
     return save_figure(fig, path)
 
 
-__all__ = ["Choice", "build", "choose", "claims", "select", "successful_corrections"]
+__all__ = ["Choice", "build", "claims", "select", "successful_corrections"]

@@ -9,6 +9,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,10 @@ from zoo.report import (
     best_mean,
     best_on_other_seeds,
     build_demo_page,
+    choose_per_seed,
     contrast,
     curve,
+    group_runs,
     last_change,
     latest_sweep,
     legend,
@@ -201,6 +204,43 @@ def test_a_seeds_setting_is_chosen_without_its_own_scores():
     assert best_on_other_seeds({"a": {0: 9.0, 1: 0.5}, "b": {1: 0.5}}, 0) == "a"
     assert best_on_other_seeds({"a": {0: 0.1, 1: math.nan}, "b": {0: 0.0, 1: 0.2}}, 0) == "b"
     assert best_on_other_seeds({"a": {0: 0.9}}, 0) is None  # one seed: nothing to choose on without it
+
+
+@dataclass
+class SeedRun:
+    """A run as choosing reads it: its seed and one score."""
+
+    seed: int | None
+    score: float
+
+
+def test_each_seed_of_an_arm_is_reported_at_the_point_chosen_on_the_other_seeds():
+    scores = {"low": {0: 0.1, 1: 0.8, 2: 0.7}, "high": {0: 0.9, 1: 0.5, 2: 0.6}}
+    runs = {p: {s: SeedRun(s, v) for s, v in by_seed.items()} for p, by_seed in scores.items()}
+    choice = choose_per_seed(runs, lambda r: r.score)
+    assert choice.chosen == {0: "low", 1: "high", 2: "high"} and choice.held_out
+    assert choice.reported[0].score == 0.1  # the chosen point's run, not the seed's best
+    assert choice.other_seed_means(0) == pytest.approx({"low": 0.75, "high": 0.55})
+    assert choose_per_seed(runs, lambda r: r.score, higher=False).chosen == {0: "high", 1: "low", 2: "low"}
+    # the grid order is the tie-break; an untrained arm reports each seed's first point, nothing chosen
+    tie = {"a": {0: SeedRun(0, 0.5), 1: SeedRun(1, 0.5)}, "b": {0: SeedRun(0, 0.5), 1: SeedRun(1, 0.5)}}
+    assert choose_per_seed(tie, lambda r: r.score, order=["b", "a"]).chosen == {0: "b", 1: "b"}
+    assert choose_per_seed(runs, lambda r: r.score, order=["high"], tuned=False).chosen == dict.fromkeys(
+        range(3), "high"
+    )
+    # one seed: nothing to choose on without it -- the first point, flagged
+    alone = choose_per_seed({"low": {0: SeedRun(0, 0.1)}, "high": {0: SeedRun(0, 0.9)}}, lambda r: r.score)
+    assert alone.chosen == {0: "low"} and not alone.held_out
+    # a seed that did not run at its chosen point is left out, not reported at another point
+    del runs["low"][0]
+    # (seed 0's choice is low, on 0.75 against 0.55; seed 2's now low, on seed 1's 0.8 against 0.7)
+    assert choose_per_seed(runs, lambda r: r.score).chosen == {1: "high", 2: "low"}
+
+
+def test_runs_are_grouped_by_arm_grid_point_and_seed():
+    runs = [SeedRun(0, 0.1), SeedRun(1, 0.2), SeedRun(0, 0.3)]
+    grouped = group_runs(runs, arm_of=lambda r: "a" if r.score < 0.25 else "b", point_of=lambda r: f"p{r.seed}")
+    assert grouped == {"a": {"p0": {0: runs[0]}, "p1": {1: runs[1]}}, "b": {"p0": {0: runs[2]}}}
 
 
 def test_sweep_groups_runs_into_arms_and_seeds(sweep_dir):

@@ -15,7 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 from sweep_files import write_metrics
 
-from zoo.report import build_demo_page, load_page_builder
+from zoo.report import build_demo_page
 
 from conftest import REPO_ROOT
 
@@ -55,14 +55,6 @@ def test_the_sweep_declares_the_grid_axis_and_the_redesigned_arms():
     assert params["demo/drift/arm"].split(",") == ["reference", "plain_sft", "drift", "grpo"]
     assert params["demo.lr"].split(",") == ["low", "mid", "high"]
     assert len(params["seed"].split(",")) >= 3
-
-
-def test_a_seeds_learning_rate_is_chosen_on_the_other_seeds():
-    choose_lr = load_page_builder("drift", REPO_ROOT / "demos").choose_lr
-    finals = {"low": {0: 0.10, 1: 0.90, 2: 0.80}, "high": {0: 0.99, 1: 0.50, 2: 0.60}}
-    assert choose_lr(finals, 0) == ("low", True)  # seed 0's own 0.99 would pick "high"
-    assert choose_lr(finals, 1) == ("high", True)  # (0.99 + 0.60) / 2 > (0.10 + 0.80) / 2
-    assert choose_lr({"low": {0: 0.1}, "high": {0: 0.2}}, 0) == ("high", False)  # one seed: its own, flagged
 
 
 # -- the page, from a written sweep ------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@ sweep under ``<log dir>/demos/<paper>/``) by calling ``build(sweep, out)`` of th
   (per run) and :func:`artifact_val_loss_curves` (per prerequisite); the plateau readings of a curve ->
   :func:`last_change` (over the last interval), :func:`quarter_change` (third to last quarter) and
   :func:`val_loss_plateau` (the prerequisites' last validation loss and its last change);
-* :mod:`zoo.report.choice` -- a tuned knob's grid point per seed, chosen on the other seeds
-  (:func:`best_on_other_seeds`; :func:`best_mean` over every seed);
+* :mod:`zoo.report.choice` -- a tuned knob's grid point per seed, chosen on the other seeds: a sweep's runs by arm,
+  grid point and seed (:func:`group_runs`), one arm's choices (:func:`choose_per_seed` -> :class:`GridChoice`), on
+  :func:`best_on_other_seeds` (:func:`best_mean` over every seed);
 * :mod:`zoo.stats` -- aggregating over seeds (mean, sd and Student-t interval; Welch and paired differences);
 * :mod:`zoo.verdict` -- the Verdict that opens every page, one line per claim, decided from its interval;
 * :mod:`zoo.report.plots` -- curves with confidence bands (:func:`curve`, :func:`plot_curves`), one legend rule;
@@ -30,7 +31,7 @@ Each demo's own prose lives with its page builder in ``demos/``. This module hol
 
 from __future__ import annotations
 
-from zoo.report.choice import best_mean, best_on_other_seeds
+from zoo.report.choice import GridChoice, best_mean, best_on_other_seeds, choose_per_seed, group_runs
 from zoo.report.pages import (
     build_demo_page,
     contrast,
@@ -63,6 +64,7 @@ from zoo.report.runs import (
 
 __all__ = [
     "Curve",
+    "GridChoice",
     "Run",
     "Sweep",
     "artifact_val_loss_curves",
@@ -72,9 +74,11 @@ __all__ = [
     "best_mean",
     "best_on_other_seeds",
     "build_demo_page",
+    "choose_per_seed",
     "contrast",
     "curve",
     "fmt",
+    "group_runs",
     "known_demos",
     "last_change",
     "latest_sweep",

@@ -2,13 +2,16 @@
 
 A demo that tunes a knob (a learning rate, a penalty weight) per arm runs every grid point at every seed; the page
 reports, for each seed, the point that scored best on the *other* seeds (other data, prompts and draws), so no
-reported number took part in choosing its own setting.
+reported number took part in choosing its own setting. :func:`group_runs` sorts a sweep's runs into arm -> grid point
+-> seed, :func:`choose_per_seed` makes one arm's choices (:class:`GridChoice`), on :func:`best_on_other_seeds`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 
 def best_mean(scores: Mapping[str, Mapping[Hashable, float]], *, higher: bool = True) -> str | None:
@@ -44,4 +47,97 @@ def best_on_other_seeds(
     )
 
 
-__all__ = ["best_mean", "best_on_other_seeds"]
+class SeededRun(Protocol):
+    """What choosing needs of a run: its seed (``None`` when the run has none)."""
+
+    seed: int | None
+
+
+RunT = TypeVar("RunT", bound=SeededRun)
+
+
+def group_runs(
+    runs: Iterable[RunT], *, arm_of: Callable[[RunT], str], point_of: Callable[[RunT], str]
+) -> dict[str, dict[str, dict[int | None, RunT]]]:
+    """``{arm: {grid point: {seed: run}}}``, arms and points in the order of their first run."""
+    grouped: dict[str, dict[str, dict[int | None, RunT]]] = {}
+    for run in runs:
+        grouped.setdefault(arm_of(run), {}).setdefault(point_of(run), {})[run.seed] = run
+    return grouped
+
+
+@dataclass(frozen=True)
+class GridChoice(Generic[RunT]):
+    """One arm's grid of runs and the point reported for each seed (:func:`choose_per_seed`).
+
+    Attributes:
+        runs: ``{grid point: {seed: run}}``, points in grid order.
+        scores: ``{grid point: {seed: score}}`` of every run.
+        chosen: ``{seed: grid point}``, seeds in ascending order; a seed without a run at its chosen point is left
+            out (no run at another point is reported in its place).
+        held_out: every point was chosen without the seed it is reported for (``False`` when a seed had no other
+            seed to be chosen on and took the grid's first point).
+    """
+
+    runs: dict[str, dict[int | None, RunT]]
+    scores: dict[str, dict[int | None, float]]
+    chosen: dict[int | None, str]
+    held_out: bool
+
+    @property
+    def reported(self) -> dict[int | None, RunT]:
+        """``{seed: the run at its chosen point}``."""
+        return {seed: self.runs[point][seed] for seed, point in self.chosen.items()}
+
+    def other_seed_means(self, seed: int | None) -> dict[str, float]:
+        """``{grid point: mean score over the seeds other than seed}`` (the numbers ``seed``'s choice compared;
+        points without another seed's finite score left out)."""
+        means = {}
+        for point, by_seed in self.scores.items():
+            finite = [v for s, v in by_seed.items() if s != seed and not math.isnan(v)]
+            if finite:
+                means[point] = sum(finite) / len(finite)
+        return means
+
+
+def choose_per_seed(
+    runs: Mapping[str, Mapping[int | None, RunT]],
+    score: Callable[[RunT], float],
+    *,
+    order: Sequence[str] = (),
+    higher: bool = True,
+    tuned: bool = True,
+) -> GridChoice[RunT]:
+    """Each seed's grid point of one arm, chosen on the other seeds (:func:`best_on_other_seeds`).
+
+    Args:
+        runs: ``{grid point: {seed: run}}`` of the arm.
+        score: the selection value of a run (e.g. its last validation accuracy).
+        order: the grid order (the tie-break: first wins); points not named come after, in ``runs``' order.
+        higher: whether a higher score is better.
+        tuned: ``False`` for an arm whose grid points are one setting (an untrained reference): each seed's first
+            point, nothing chosen.
+
+    Returns:
+        The arm's :class:`GridChoice`. A single point is every seed's choice; a seed with no other seed to be chosen
+        on takes the first point, and the choice is flagged (``held_out`` false).
+    """
+    points = [p for p in order if p in runs] + [p for p in runs if p not in order]
+    grid = {p: dict(runs[p]) for p in points}
+    scores = {p: {s: float(score(r)) for s, r in by_seed.items()} for p, by_seed in grid.items()}
+    seeds = sorted({s for by_seed in grid.values() for s in by_seed}, key=lambda s: -1 if s is None else s)
+    chosen: dict[int | None, str] = {}
+    held_out = True
+    for seed in seeds:
+        if not tuned or len(points) == 1:
+            point = next(p for p in points if seed in grid[p])
+        else:
+            best = best_on_other_seeds(scores, seed, higher=higher)
+            held_out &= best is not None
+            point = points[0] if best is None else best
+        if seed in grid[point]:
+            chosen[seed] = point
+    return GridChoice(grid, scores, chosen, held_out)
+
+
+__all__ = ["GridChoice", "SeededRun", "best_mean", "best_on_other_seeds", "choose_per_seed", "group_runs"]
