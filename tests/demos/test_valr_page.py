@@ -6,9 +6,10 @@ baseline's failure (accuracy falling with chain length) occurs and whether each 
 from __future__ import annotations
 
 import pytest
+from hydra.utils import instantiate
 from sweep_files import write_metrics, write_run, write_sweep
 
-from zoo.report import Sweep
+from zoo.report import Run, Sweep
 from zoo.report.pages import load_page_builder
 from zoo.verdict import read_verdict
 
@@ -36,8 +37,10 @@ def correct(arm: str, seed: int, long_chain_ok: int) -> tuple[int, int]:
 
 @pytest.fixture
 def make_sweep(tmp_path):
-    def make(long_chain_ok: int = 6, lm_loss_drop: float = 0.0) -> Sweep:
-        name = f"{long_chain_ok}{lm_loss_drop}"
+    def make(long_chain_ok: int = 6, lm_loss_drop: float = 0.0, lookups: dict | None = None) -> Sweep:
+        """``lookups``: per arm, the step from which its look-ups are written wrong (``None``: none), on the real
+        held-out images of the runs' config (every final answer right); without it, records of fixed outcomes."""
+        name = f"{long_chain_ok}{lm_loss_drop}{bool(lookups)}"
         stage1 = tmp_path / "cache" / "demo_policy" / f"valr_stage1{name}"
         write_metrics(stage1, [{"step": 99, "val/exact_match": 0.80}, {"step": 199, "val/exact_match": 0.81}])
         artifacts = [{"kind": "demo_policy", "name": "valr_stage1", "path": str(stage1), "metrics": {}}]
@@ -52,12 +55,16 @@ def make_sweep(tmp_path):
                 records += [
                     {"step": 599, "correct": i < long, "num_steps": 4, "completion": "x </think> 4"} for i in range(10)
                 ]
+                config = {**CONFIG, "seed": seed}
+                if lookups is not None:
+                    records = records_of(seed, lookups[arm])
+                    config["datamodule"] = {**CONFIG["datamodule"], "source": {**SOURCE, "seed": seed}}
                 probe = 0.6 + 0.01 * seed + ({"latent": (0.01, -0.02, 0.015)[seed]}.get(arm, 0.0))
                 run = write_run(
                     root,
                     f"{arm}/seed{seed}",
                     {"demo/valr/arm": arm, "seed": seed},
-                    {**CONFIG, "seed": seed},
+                    config,
                     number,
                     info={"artifacts": artifacts, "wall_seconds": 10.0},
                     files={"eval_records.jsonl": records},
@@ -101,7 +108,7 @@ def test_fair_test_says_whether_the_baselines_failure_occurs(make_sweep, tmp_pat
     text = build(make_sweep(), tmp_path / "out")
     fair = text[text.index("## Fair test") : text.index("## Reading")]
     assert (
-        "1-step minus 4-step questions, paired by seed, 0.300 ± 0.000 [0.300, 0.300]; the failure occurs: met." in fair
+        "1-step minus 4-step questions, paired by seed, 0.300 ± 0.000 [0.300, 0.300]. The failure occurs: met." in fair
     )
     assert "(teacher − student, paired by seed): 0.240 ± 0.010 [0.215, 0.265]: met" in fair
     assert "0.800 (step 99), 0.810 (step 199)" in fair and "a plateau by this check: **met**" in fair
@@ -109,6 +116,91 @@ def test_fair_test_says_whether_the_baselines_failure_occurs(make_sweep, tmp_pat
     assert "3 seeds (0, 1, 2)" in fair
     flat = build(make_sweep(long_chain_ok=9, lm_loss_drop=0.05), tmp_path / "out2")
     fair = flat[flat.index("## Fair test") : flat.index("## Reading")]
-    assert "0.000 ± 0.000 [0.000, 0.000]; the long chains are not harder for it here" in fair
+    assert "0.000 ± 0.000 [0.000, 0.000]. Neither shows later steps less accurate" in fair
     assert "**does not occur (not met)**" in fair
+    assert "Look-up by look-up" not in fair  # these runs' configs name no source to rebuild the images from
     assert "in every arm: **not met**" in fair
+
+
+# -- look-up by look-up, against the images of the held-out split rebuilt from the run's config -----------------------
+SOURCE = {
+    "_target_": "zoo.data.visual.VisualSource",
+    "task": {
+        "_target_": "zoo.data.visual.VisualCounting",
+        **{"grid": 4, "cell": 8, "min_steps": 1, "max_steps": 4, "fill_prob": 0.6, "filler": 2, "ops": ["sum"]},
+        **{"colors": ["red", "green", "blue"], "shapes": ["square", "circle", "cross"]},
+    },
+    **{"num_train": 4, "num_val": 48, "num_test": 4},
+}
+
+
+def records_of(seed: int, wrong_from: int | None) -> list[dict]:
+    """The held-out split's reference completions as evaluation records; from step ``wrong_from`` of each chain on,
+    the count written for the row is one too many (the final answers are left right)."""
+    rows = instantiate({**SOURCE, "seed": seed}).generate("val", SOURCE["num_val"])
+    out = []
+    for row in rows:
+        completion = row["completion"]
+        if wrong_from is not None:
+            for step in row["steps"][wrong_from - 1 :]:
+                where, color, count, rest = step.split(" ", 3)  # "row3 red 2 sum 4, ..."
+                completion = completion.replace(step, f"{where} {color} {int(count) + 1} {rest}")
+        out.append(
+            {
+                "step": 599,
+                "prompt": row["prompt"],
+                "completion": completion,
+                "correct": True,
+                "num_steps": row["num_steps"],
+            }
+        )
+    return out
+
+
+def lookup_run(tmp_path, seed: int = 0, wrong_from: int | None = 3, records: list[dict] | None = None) -> Run:
+    root = tmp_path / f"lookups{seed}{wrong_from}"
+    path = write_run(
+        root,
+        f"cot/seed{seed}",
+        {"demo/valr/arm": "cot", "seed": seed},
+        {**CONFIG, "datamodule": {"source": {**SOURCE, "seed": seed}}, "seed": seed},
+        0,
+        files={"eval_records.jsonl": records if records is not None else records_of(seed, wrong_from)},
+    )
+    return Run.load(path)
+
+
+def test_lookups_are_checked_against_the_rebuilt_images(tmp_path):
+    page = load_page_builder("valr", REPO_ROOT / "demos")
+    found = page.lookups(lookup_run(tmp_path))
+    rows = instantiate({**SOURCE, "seed": 0}).generate("val", SOURCE["num_val"])
+    assert len(found) == sum(row["num_steps"] for row in rows)
+    assert all(x.right == (x.position < 3) for x in found)  # steps 3 and 4 were written one too many
+    assert [x.row for x in found[: rows[0]["num_steps"]]] == [r + 1 for r in rows[0]["query_rows"]]
+    assert page.lookup_accuracy(found, late=True) == 0.0 and page.lookup_accuracy(found) == pytest.approx(
+        sum(x.position < 3 for x in found) / len(found)
+    )
+    assert page.late_drop(found) == 1.0  # the same rows: right as the first step, wrong at step 3 or later
+    assert page.late_drop(page.lookups(lookup_run(tmp_path, wrong_from=None))) == 0.0
+    assert page.late_drop(page.lookups(lookup_run(tmp_path, wrong_from=2))) == 1.0  # step 2 is neither first nor late
+    from_fourth = page.lookups(lookup_run(tmp_path, wrong_from=4))  # step 3 right, step 4 wrong
+    late = [x for x in from_fourth if x.position >= 3]
+    assert page.lookup_accuracy(from_fourth, late=True) == pytest.approx(sum(x.position == 3 for x in late) / len(late))
+    shuffled = records_of(0, None)[::-1]
+    with pytest.raises(ValueError, match="eval_records.jsonl: its prompts are not those of the held-out split"):
+        page.lookups(lookup_run(tmp_path, seed=0, records=shuffled, wrong_from=-1))
+
+
+def test_a_later_look_up_that_fails_is_the_failure_and_a_verdict_line(make_sweep, tmp_path):
+    """Every final answer right (no chain-length effect), CoT's look-ups wrong from step 3 on, VaLR's right: the
+    failure occurs look-up by look-up, and VaLR's late look-ups beat CoT's."""
+    sweep = make_sweep(lookups={"cot": 3, "stage1": 3, "latent": 3, "valr": None})
+    text = build(sweep, tmp_path / "out")
+    fair = text[text.index("## Fair test") : text.index("## Reading")]
+    assert "the same row as the first step minus at step 3 or later, rows weighted equally, over seeds: 1.000" in fair
+    assert "The failure occurs: met." in fair
+    assert "a 4-step question on a 4-row grid asks for every row" in fair
+    assert (
+        "| share of right look-ups at step >= 3, VaLR − CoT SFT, paired by seed | +1.000 [+1.000, +1.000] | **shown** |"
+        in text
+    )
