@@ -80,6 +80,10 @@ class Tuning:
         chosen: ``{arm: {seed: point}}``.
         grid: ``{point: learning rate}`` (``demo.lr_grid``, lowest first).
         held_out: every choice was made without the seed it is reported for.
+        tuning_steps: the training steps of the grid's runs.
+        retrained: the training steps of the reported runs when they retrain the chosen point for longer than the
+            grid's runs (``None``: the reported runs are the grid's own).
+        unused: longer runs left out because they do not retrain every reported run (same effort for every arm).
     """
 
     reported: dict[str, list[Run]]
@@ -87,14 +91,31 @@ class Tuning:
     chosen: dict[str, dict[Any, str]]
     grid: dict[str, float]
     held_out: bool
+    tuning_steps: int | None = None
+    retrained: int | None = None
+    unused: int = 0
+
+
+def steps_of(run: Run) -> int | None:
+    """The run's training steps (``trainer.max_steps``)."""
+    steps = run.get("trainer.max_steps")
+    return None if steps is None else int(steps)
 
 
 def tune(sweep: Sweep) -> Tuning:
     """Per arm and seed, the grid point with the best mean held-out accuracy (:data:`SELECTION`) on the other seeds,
     over the finished runs (leave one seed out; the seeds vary the structures, so the other seeds' held-out questions
     are other questions); with one point, that point; with one seed, the grid's first point (flagged: not chosen
-    without the seed)."""
-    finished = [r for r in sweep.runs if r.finished]  # an unfinished run has no held-out evaluation yet
+    without the seed).
+
+    The grid is the runs with the fewest training steps. Runs with more steps retrain a chosen point (same arm, grid
+    point and seed) for longer; they are reported in place of the grid's runs only when they retrain *every*
+    reported run, at one length (every arm the same effort), and are otherwise left out (counted in ``unused``)."""
+    done = [r for r in sweep.runs if r.finished]  # an unfinished run has no held-out evaluation yet
+    lengths = sorted({s for s in map(steps_of, done) if s is not None})
+    tuning_steps = lengths[0] if lengths else None
+    finished = [r for r in done if steps_of(r) == tuning_steps]
+    longer = [r for r in done if r not in finished]
     lrs: dict[str, float] = {}
     for run in finished:  # the grid of every launch (a later launch may have added a point), lowest learning rate first
         lrs.update({str(k): float(v) for k, v in (run.get("demo.lr_grid") or {}).items()})
@@ -107,7 +128,18 @@ def tune(sweep: Sweep) -> Tuning:
         choice = choose_per_seed(by_point, lambda r: r.last(SELECTION), order=list(grid))
         reported[arm], scores[arm], chosen[arm] = list(choice.reported.values()), choice.scores, choice.chosen
         held_out &= choice.held_out
-    return Tuning(reported, scores, chosen, grid, held_out)
+    # the longer runs of one length that retrain every reported run's (arm, point, seed)
+    retrained: int | None = None
+    by_length = {n: [r for r in longer if steps_of(r) == n] for n in lengths[1:]}
+    for n, runs in sorted(by_length.items(), reverse=True):
+        cells = {(arm_of(r), point_of(r), r.seed): r for r in runs}
+        wanted = [(arm, chosen[arm][r.seed], r.seed) for arm, rs in reported.items() for r in rs]
+        if wanted and all(k in cells for k in wanted):
+            reported = {arm: [cells[(arm, chosen[arm][r.seed], r.seed)] for r in rs] for arm, rs in reported.items()}
+            retrained = n
+            break
+    unused = sum(len(runs) for n, runs in by_length.items() if n != retrained)
+    return Tuning(reported, scores, chosen, grid, held_out, tuning_steps, retrained, unused)
 
 
 def tuning_table(t: Tuning, labels: dict[str, str]) -> str:
@@ -351,7 +383,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     png = plot(sweep, arms, sums, labels, limit, out / f"{PAPER}.png")
     all_claims = claims(arms, sums, labels)
     seeds = len(sweep.seeds) or 1
-    steps, batch = first.get("trainer.max_steps"), first.get("datamodule.batch_size")
+    steps = tuning.retrained or tuning.tuning_steps or first.get("trainer.max_steps")
+    batch = first.get("datamodule.batch_size")
     task = first.get("datamodule.source.task", {}) or {}
     val_task = {**task, **((first.get("datamodule.source.split_task", {}) or {}).get("val") or {})}
     gated_run = next((r for r in sweep.runs if rho_of(r) is not None), None)
@@ -393,7 +426,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 "",
                 "Every arm ran every point of the grid at every seed; a seed's reported run is the point with the "
                 f"best mean held-out accuracy (`{SELECTION}`) on the *other* seeds (other structures and questions). "
-                "The accuracy columns below are means over every seed, shown for reference.",
+                "The accuracy columns below are means over every seed, shown for reference." + retrain_text(tuning),
                 "",
                 tuning_table(tuning, labels),
                 edge_note(tuning, labels),
@@ -692,12 +725,27 @@ def cannot_test(arms: dict[str, list[Run]], labels: dict[str, str]) -> str:
 def lr_text(t: Tuning, first: Run) -> str:
     """The learning rate(s) of the setup sentence."""
     if len(t.grid) > 1:
+        grid_steps = f" at {t.tuning_steps} steps" if t.retrained else ""
         return (
             "learning rate from the grid "
             + ", ".join(f"{p} {v:g}" for p, v in t.grid.items())
-            + " (every arm the same grid; chosen per seed on the other seeds)"
+            + f" (every arm the same grid{grid_steps}; chosen per seed on the other seeds)"
         )
     return f"lr {first.get('module.optimizer.lr')}"
+
+
+def retrain_text(t: Tuning) -> str:
+    """The sentence on the reported runs when they retrain the chosen points for longer (and on longer runs left
+    out); empty when the reported runs are the grid's own."""
+    text = ""
+    if t.retrained:
+        text += (
+            f" The grid's runs train {t.tuning_steps} steps; each arm's chosen point is then retrained at every seed "
+            f"for {t.retrained} steps (same data, seed and learning rate), and those runs are the ones reported."
+        )
+    if t.unused:
+        text += f" {t.unused} longer runs are left out: they do not retrain every reported run at one length."
+    return text
 
 
 def fair_test(
@@ -752,13 +800,16 @@ def fair_test(
         "the patching knobs are the official code's but k_max (the tiny LLM's context) and tau (the paper's formula, "
         "1, for the code's 0.1; `conf/module/structure_lm/connector/cuttlefish.yaml`)"
     )
-    steps = f"{first.get('trainer.max_steps')} steps of batch {first.get('datamodule.batch_size')}"
+    grid_steps = tuning.tuning_steps or first.get("trainer.max_steps")
+    steps = f"{grid_steps} steps of batch {first.get('datamodule.batch_size')}"
     sizes = {len(by_point) for by_point in tuning.scores.values()}
     if len(tuning.grid) > 1:
         lines.append(
             f"- **Same tuning effort for every arm.** Every arm ran the same {len(tuning.grid)}-point learning-rate "
             f"grid ({', '.join(f'{v:g}' for v in tuning.grid.values())}) for {steps} on the same frozen encoder, "
-            "and every arm's point is chosen by the same rule (the table below); "
+            "and every arm's point is chosen by the same rule (the table below)"
+            + (f", then retrained for {tuning.retrained} steps at every seed" if tuning.retrained else "")
+            + "; "
             + knobs
             + (": met." if sizes == {len(tuning.grid)} else ": **not met** (some arm lacks a grid point).")
         )

@@ -59,13 +59,18 @@ def correct(arm: str, point: str, seed: int) -> tuple[int, int]:
 
 @pytest.fixture
 def make_sweep(tmp_path):
-    def make(collapsed: bool = False, loss_drop: float = 0.0, grid: bool = False, vlow: bool = False) -> Sweep:
-        """``vlow``: a later launch adds the grid point 1e-4 (its runs' configs hold the three-point grid)."""
+    def make(
+        collapsed: bool = False, loss_drop: float = 0.0, grid: bool = False, vlow: bool = False, retrain: tuple = ()
+    ) -> Sweep:
+        """``vlow``: a later launch adds the grid point 1e-4 (its runs' configs hold the three-point grid).
+        ``retrain``: arms whose chosen point (see :func:`correct`) a later launch retrains for 1000 steps at every
+        seed: one more right answer per region, a flat training loss."""
         params = {"demo/cuttlefish/arm": ",".join(ARMS), "seed": "0,1,2"} | ({"demo.lr": "low,high"} if grid else {})
-        root = write_sweep(tmp_path / f"sweep{collapsed}{loss_drop}{grid}{vlow}", params)
+        root = write_sweep(tmp_path / f"sweep{collapsed}{loss_drop}{grid}{vlow}{retrain}", params)
         launched = (*GRID, "vlow") if vlow else GRID
-        cells = [(a, s, p) for a in ARMS for s in SEEDS for p in (launched if grid else ("-",))]
-        for number, (arm, seed, point) in enumerate(cells):
+        cells = [(a, s, p, False) for a in ARMS for s in SEEDS for p in (launched if grid else ("-",))]
+        cells += [(a, s, "high" if a == "query" and s > 0 else "low", True) for a in retrain for s in SEEDS]
+        for number, (arm, seed, point, long) in enumerate(cells):
             gated = arm in ("patching", "cuttlefish")
             config = CONFIG | {"module": {**CONFIG["module"], "connector": {"rho": 0.1, "k_max": 64, "tau": 1.0}}}
             config = config if gated else CONFIG
@@ -74,6 +79,9 @@ def make_sweep(tmp_path):
                 module = {**config["module"], "optimizer": {"lr": lr_grid[point]}}
                 config = config | {"module": module, "demo": {**CONFIG["demo"], "lr": point, "lr_grid": lr_grid}}
             rights = correct(arm, point, seed) if grid else CORRECT[arm][seed]
+            if long:
+                config = config | {"trainer": {"max_steps": 1000}}
+                rights = tuple(min(r + 1, 10) for r in rights)
             records = []
             for atoms, right in zip((60, 250), rights):
                 records += [
@@ -91,14 +99,14 @@ def make_sweep(tmp_path):
                 ]
             run = write_run(
                 root,
-                f"{arm}/lr_{point}/seed{seed}" if grid else f"{arm}/seed{seed}",
+                ("long/" if long else "") + (f"{arm}/lr_{point}/seed{seed}" if grid else f"{arm}/seed{seed}"),
                 {"demo/cuttlefish/arm": arm, "seed": seed} | ({"demo.lr": point} if grid else {}),
                 {**config, "seed": seed},
                 number,
                 info={"wall_seconds": 10.0},
                 files={"eval_records.jsonl": records},
             )
-            curve = [{"step": 10 * s, "train/loss": 1.0 - loss_drop * s} for s in range(10)]
+            curve = [{"step": 10 * s, "train/loss": 1.0 - (0.0 if long else loss_drop) * s} for s in range(10)]
             write_metrics(run, [*curve, {"step": 99, "val/exact_match": sum(rights) / 20}])
         return Sweep.load(root)
 
@@ -181,3 +189,26 @@ def test_a_grid_point_added_by_a_later_launch_joins_the_grid(make_sweep, tmp_pat
     assert "learning rate from the grid vlow 0.0001, low 0.0003, high 0.001" in text
     # the query connector's seeds 1 and 2 take the grid's highest point (see correct()); every other choice is inner
     assert "Choices on an edge of the grid (the best point may lie beyond it): query (8) (high x2)." in tuning
+
+
+def test_the_chosen_points_retrained_for_longer_are_reported_only_when_every_arm_has_them(make_sweep, tmp_path):
+    """Grid runs still falling (500 steps); a later launch retrains every arm's chosen point at every seed for 1000
+    steps (flat loss, one more right answer per region): the page reports those runs and reads their plateau. When
+    only one arm is retrained the longer runs are left out (the arms would differ in effort)."""
+    text = build(make_sweep(grid=True, loss_drop=0.05, retrain=ARMS), tmp_path / "out")
+    fair = text[text.index("## Fair test") : text.index("## Learning rate chosen per arm")]
+    assert "grid (0.0003, 0.001) for 500 steps of batch 16" in fair
+    assert "the same rule (the table below), then retrained for 1000 steps at every seed;" in fair
+    assert "more than 5%: **met**." in fair
+    tuning = text[text.index("## Learning rate chosen per arm") : text.index("## Accuracy by structure size")]
+    assert "each arm's chosen point is then retrained at every seed for 1000 steps" in tuning
+    assert "| query (8) | low (0.0003): 0.450; high (0.001): 0.533 | low x1, high x2 |" in tuning  # chosen on the grid
+    sizes = text[text.index("## Accuracy by structure size") :]
+    assert "| Cuttlefish | 0.933 ± 0.058 [0.790, 1.077] | 0.800 ± 0.000 [0.800, 0.800] |" in sizes
+    assert "learning rate from the grid low 0.0003, high 0.001 (every arm the same grid at 500 steps;" in text
+    assert ", 1000 steps of batch 16," in text
+    partial = build(make_sweep(grid=True, loss_drop=0.05, retrain=("cuttlefish",)), tmp_path / "out2")
+    assert "3 longer runs are left out: they do not retrain every reported run at one length." in partial
+    assert "then retrained" not in partial and "more than 5%: **not met**" in partial
+    sizes = partial[partial.index("## Accuracy by structure size") :]
+    assert "| Cuttlefish | 0.833 ± 0.058 [0.690, 0.977] | 0.700 ± 0.000 [0.700, 0.700] |" in sizes
