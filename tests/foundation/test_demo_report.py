@@ -328,15 +328,27 @@ def test_demo_page_is_built_by_the_papers_builder_from_the_newest_sweep(sweep_di
     assert "wrote" in capsys.readouterr().out
 
 
-def test_demo_page_errors_are_one_line(tmp_path):
-    (tmp_path / "demos").mkdir()
-    (tmp_path / "demos" / "toy.py").write_text("def build(sweep, out):\n    return []\n")
-    with pytest.raises(SystemExit, match="no sweep of the 'toy' demo"):
-        main(["demo", "toy", "--log-dir", str(tmp_path), "--demos", str(tmp_path / "demos")])
-    (tmp_path / "demos" / "toy.py").unlink()
+def test_demo_page_errors_are_one_line(tmp_path, capsys):
+    """A missing sweep, a missing builder and data a builder rejects (ValueError): one line on stderr, status 2."""
+
+    def said(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1
+        return err
+
+    demos = tmp_path / "demos"
+    demos.mkdir()
+    (demos / "toy.py").write_text("def build(sweep, out):\n    return []\n")
+    assert "no sweep of the 'toy' demo" in said(["demo", "toy", "--log-dir", str(tmp_path), "--demos", str(demos)])
     write_run(tmp_path / "s", "r", ["seed=0"])
-    with pytest.raises(SystemExit, match="no page builder"):
-        main(["demo", "toy", "--sweep", str(tmp_path / "s"), "--demos", str(tmp_path / "demos")])
+    page = ["demo", "toy", "--sweep", str(tmp_path / "s"), "--demos", str(demos)]
+    (demos / "toy.py").write_text("def build(sweep, out):\n    raise ValueError('r/records.jsonl: bad row')\n")
+    assert "r/records.jsonl: bad row" in said(page)
+    (demos / "toy.py").unlink()
+    assert "no page builder" in said(page)
 
 
 def test_provenance_names_every_launch_of_a_merged_sweep(tmp_path):

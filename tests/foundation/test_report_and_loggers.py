@@ -1,6 +1,7 @@
 """zoo.report turns runs into a markdown table and a PNG; loggers: CSV default, TensorBoard option."""
 
 import csv
+import re
 
 import pytest
 
@@ -48,14 +49,19 @@ def test_report_table_holds_the_last_value_of_each_metric_per_arm(tmp_path):
     assert (tmp_path / "out" / "r.png").stat().st_size > 1000
 
 
-def test_a_missing_root_or_an_unknown_demo_is_said(tmp_path, monkeypatch):
+def test_a_missing_root_or_an_unknown_demo_is_said(tmp_path, monkeypatch, capsys):
     """``python -m zoo.report /nonexistent`` says the path does not exist (it said no runs were found under it);
-    ``demo <unknown>`` names the known demos (it said there was no sweep of that demo, as if it were one)."""
-    with pytest.raises(SystemExit, match=r"^error: .*nonexistent does not exist; give a run directory"):
+    ``demo <unknown>`` names the known demos (it said there was no sweep of that demo, as if it were one); both exit
+    with status 2 (they exited 1)."""
+    with pytest.raises(SystemExit) as stopped:
         report_main([str(tmp_path / "nonexistent")])
+    assert stopped.value.code == 2
+    assert re.match(r"^error: .*nonexistent does not exist; give a run directory", capsys.readouterr().err)
     monkeypatch.chdir(tmp_path)  # no demos/ folder here: the names come from the installed conf/demo
-    with pytest.raises(SystemExit, match=r"unknown demo 'nosuch'.*known demos: .*\bgr3\b.*\bxguard\b"):
+    with pytest.raises(SystemExit) as stopped:
         report_main(["demo", "nosuch", "--log-dir", str(tmp_path)])
+    assert stopped.value.code == 2
+    assert re.search(r"unknown demo 'nosuch'.*known demos: .*\bgr3\b.*\bxguard\b", capsys.readouterr().err)
 
 
 def test_tensorboard_logger_option(train_cfg, tmp_path):

@@ -10,6 +10,12 @@ import zoo.report
 from zoo.report.pages import build_demo_page, report
 
 
+def fail(message: str) -> None:
+    """One line on stderr and exit status 2 (the CLI's bad-input status)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
@@ -24,8 +30,8 @@ def main(argv: list[str] | None = None) -> None:
         args = parser.parse_args(argv[1:])
         try:
             paths = build_demo_page(args.paper, args.sweep, args.out, args.demos, args.log_dir)
-        except (FileNotFoundError, AttributeError) as err:
-            raise SystemExit(f"error: {err}") from None
+        except (FileNotFoundError, AttributeError, ValueError) as err:  # a missing sweep, builder or mismatched data
+            fail(str(err))
         print("wrote " + ", ".join(map(str, paths)))
         return
     parser = argparse.ArgumentParser(prog="python -m zoo.report", description=zoo.report.__doc__.splitlines()[0])
@@ -34,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="output path without suffix (default: <root>/report)")
     args = parser.parse_args(argv)
     if not Path(args.root).exists():
-        raise SystemExit(f"error: {args.root} does not exist; give a run directory or a multirun directory")
+        fail(f"{args.root} does not exist; give a run directory or a multirun directory")
     metrics = args.metrics.split(",") if args.metrics else None
     md, png = report(args.root, metrics, args.out)
     print(f"wrote {md} and {png}")
