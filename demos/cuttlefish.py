@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from zoo.data.structures import SIZE_BIN_LABELS, normalize_answer
 from zoo.report import (
+    GridChoice,
     Run,
     Sweep,
     choose_per_seed,
@@ -31,6 +32,7 @@ from zoo.report import (
     curve,
     group_runs,
     legend,
+    lr_order,
     plot_curves,
     provenance,
     pyplot,
@@ -84,6 +86,7 @@ class Tuning:
         retrained: the training steps of the reported runs when they retrain the chosen point for longer than the
             grid's runs (``None``: the reported runs are the grid's own).
         unused: longer runs left out because they do not retrain every reported run (same effort for every arm).
+        choices: ``{arm: its grid's runs and choices}``.
     """
 
     reported: dict[str, list[Run]]
@@ -94,6 +97,7 @@ class Tuning:
     tuning_steps: int | None = None
     retrained: int | None = None
     unused: int = 0
+    choices: dict[str, GridChoice[Run]] = field(default_factory=dict)
 
 
 def steps_of(run: Run) -> int | None:
@@ -123,10 +127,12 @@ def tune(sweep: Sweep) -> Tuning:
     reported: dict[str, list[Run]] = {}
     scores: dict[str, dict[str, dict[Any, float]]] = {}
     chosen: dict[str, dict[Any, str]] = {}
+    choices: dict[str, GridChoice[Run]] = {}
     held_out = True
     for arm, by_point in group_runs(finished, arm_of=arm_of, point_of=point_of).items():
-        choice = choose_per_seed(by_point, lambda r: r.last(SELECTION), order=list(grid))
+        choice = choose_per_seed(by_point, lambda r: r.last(SELECTION), order=lr_order(by_point))
         reported[arm], scores[arm], chosen[arm] = list(choice.reported.values()), choice.scores, choice.chosen
+        choices[arm] = choice
         held_out &= choice.held_out
     # the longer runs of one length that retrain every reported run's (arm, point, seed)
     retrained: int | None = None
@@ -139,7 +145,7 @@ def tune(sweep: Sweep) -> Tuning:
             retrained = n
             break
     unused = sum(len(runs) for n, runs in by_length.items() if n != retrained)
-    return Tuning(reported, scores, chosen, grid, held_out, tuning_steps, retrained, unused)
+    return Tuning(reported, scores, chosen, grid, held_out, tuning_steps, retrained, unused, choices)
 
 
 def tuning_table(t: Tuning, labels: dict[str, str]) -> str:
@@ -268,14 +274,13 @@ def first_value(run: Run, metric: str) -> float:
 
 
 def edge_note(t: Tuning, labels: dict[str, str]) -> str:
-    """The arms whose chosen point is the lowest or highest learning rate of a grid of three or more (the best point
-    may lie beyond the grid); with two points every choice is an edge and nothing is said."""
+    """The arms whose chosen point is the lowest or highest learning rate of a grid of three or more
+    (:meth:`GridChoice.on_edge`: the best point may lie beyond the grid); with two points nothing is said."""
     if len(t.grid) < 3:
         return ""
-    edges = (next(iter(t.grid)), next(reversed(t.grid)))
     found = []
-    for arm, by_seed in t.chosen.items():
-        picks = Counter(p for p in by_seed.values() if p in edges)
+    for arm, choice in t.choices.items():
+        picks = Counter(choice.on_edge().values())
         if picks:
             found.append(f"{labels.get(arm, arm)} ({', '.join(f'{p} x{n}' for p, n in picks.items())})")
     if not found:

@@ -26,11 +26,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zoo.report import (
+    GridChoice,
     Run,
     Sweep,
     choose_per_seed,
     group_runs,
     legend,
+    lr_order,
     provenance,
     pyplot,
     save_figure,
@@ -123,9 +125,7 @@ class Demo:
     sweep: Sweep
     labels: dict[str, str]
     turns: int
-    runs: dict[str, dict[str, dict[int, Run]]]  # arm -> grid point -> seed -> run
-    chosen: dict[str, dict[int, Run]]  # arm -> seed -> the run at the chosen grid point
-    held_out: bool  # every choice was made without the seed it is reported for
+    choices: dict[str, GridChoice[Run]]  # arm -> its grid of runs and each seed's chosen point
 
     @classmethod
     def load(cls, sweep: Sweep) -> Demo:
@@ -137,18 +137,30 @@ class Demo:
             point_of=lambda r: r.arm.get(LR_KEY) or str(r.get(LR_KEY, "mid")),
         )
         sampled = f"val/sampled_multi@{turns}"
-        runs: dict[str, dict[str, dict[int, Run]]] = {}
-        chosen: dict[str, dict[int, Run]] = {}
-        held_out = True
-        for arm in (a for a in (*ARMS, *sorted(set(grouped) - set(ARMS))) if a in grouped):
+        choices = {
             # pi_ref does not train: every grid point is the same evaluation, nothing is chosen
-            choice = choose_per_seed(
+            arm: choose_per_seed(
                 grouped[arm], lambda r: r.last(sampled), order=lr_order(grouped[arm]), tuned=arm in TRAINED
             )
-            runs[arm], chosen[arm] = choice.runs, choice.reported
-            held_out &= choice.held_out
+            for arm in (a for a in (*ARMS, *sorted(set(grouped) - set(ARMS))) if a in grouped)
+        }
         labels = first.get("demo.labels", {}) or {}
-        return cls(sweep, labels, turns, runs, chosen, held_out)
+        return cls(sweep, labels, turns, choices)
+
+    @property
+    def runs(self) -> dict[str, dict[str, dict[int | None, Run]]]:
+        """``{arm: {grid point: {seed: run}}}``."""
+        return {arm: c.runs for arm, c in self.choices.items()}
+
+    @property
+    def chosen(self) -> dict[str, dict[int | None, Run]]:
+        """``{arm: {seed: the run at its chosen grid point}}``."""
+        return {arm: c.reported for arm, c in self.choices.items()}
+
+    @property
+    def held_out(self) -> bool:
+        """Every choice was made without the seed it is reported for."""
+        return all(c.held_out for c in self.choices.values())
 
     @property
     def sampled(self) -> str:
@@ -508,33 +520,27 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     return [write_page(out, PAPER, text, verdict(demo)), png]
 
 
-def lr_order(grid: Mapping[str, Mapping[int, Run]]) -> list[str]:
-    """An arm's grid points, lowest learning rate first."""
-    return sorted(grid, key=lambda p: float(next(iter(grid[p].values())).get("module.optimizer.lr")))
-
-
-def grid_lrs(grid: dict[str, dict[int, Run]]) -> list[float]:
+def grid_lrs(grid: Mapping[str, Mapping[int, Run]]) -> list[float]:
     """The learning rates of an arm's grid (its runs per grid point and seed), ascending."""
     return sorted({float(r.get("module.optimizer.lr")) for by_seed in grid.values() for r in by_seed.values()})
 
 
 def grid_edge_note(demo: Demo) -> str:
-    """A sentence on the choices that fall on an edge of their arm's learning-rate grid (the best point may lie
-    beyond it), with the spread of that arm's grid (mean final sampled multi@K per point); empty when none does."""
+    """A sentence on the choices that fall on an edge of their arm's learning-rate grid (:meth:`GridChoice.on_edge`:
+    the best point may lie beyond it), with the spread of that arm's grid (mean final sampled multi@K per point);
+    empty when none does."""
     parts, edges, total = [], 0, 0
-    for arm, chosen in demo.chosen.items():
+    for arm, choice in demo.choices.items():
         if arm not in TRAINED:
             continue
-        grid = demo.runs[arm]
-        lrs = grid_lrs(grid)
-        picked = [float(r.get("module.optimizer.lr")) for r in chosen.values()]
-        total += len(picked)
-        on_edge = [lr for lr in picked if lr in (lrs[0], lrs[-1])]
+        total += len(choice.chosen)
+        on_edge = choice.on_edge()
         if on_edge:
             edges += len(on_edge)
-            means = [stat(r.last(demo.sampled) for r in by_seed.values()).mean for by_seed in grid.values()]
+            lrs = sorted({float(choice.runs[p][s].get("module.optimizer.lr")) for s, p in on_edge.items()})
+            means = [stat(r.last(demo.sampled) for r in by_seed.values()).mean for by_seed in choice.runs.values()]
             parts.append(
-                f"{demo.lab(arm)} ({len(on_edge)} at {', '.join(sorted({f'{v:g}' for v in on_edge}))}; its grid "
+                f"{demo.lab(arm)} ({len(on_edge)} at {', '.join(f'{v:g}' for v in lrs)}; its grid "
                 f"points' mean final sampled multi@{demo.turns} span {min(means):.3f}-{max(means):.3f})"
             )
     if not edges:

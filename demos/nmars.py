@@ -32,6 +32,7 @@ from zoo.report import (
     choose_per_seed,
     group_runs,
     legend,
+    lr_order,
     provenance,
     pyplot,
     save_figure,
@@ -112,17 +113,14 @@ class Choice:
 
 
 def select(sweep: Sweep, selection_metric: str) -> tuple[dict[str, dict[int | None, Run]], list[Choice]]:
-    """Each arm's reported run per seed (its point chosen on the other seeds; ties: the first point of
-    :func:`grid_order`) and the choices made."""
+    """Each arm's reported run per seed (its point chosen on the other seeds; ties: the lower learning rate) and the
+    choices made."""
     reported: dict[str, dict[int | None, Run]] = {}
     choices: list[Choice] = []
-    # runs in launch order: the points of an arm's grid not named by the config follow in that order
     runs = sorted(sweep.runs, key=lambda r: (r.number, str(r.path)))
     for arm, cells in group_runs(runs, arm_of=arm_of, point_of=point_of).items():
         trained = arm not in UNTRAINED
-        choice = choose_per_seed(
-            cells, lambda r: r.last(selection_metric), order=grid_order(sweep, list(cells)), tuned=trained
-        )
+        choice = choose_per_seed(cells, lambda r: r.last(selection_metric), order=lr_order(cells), tuned=trained)
         reported[arm] = choice.reported
         if trained:
             choices += [
@@ -132,7 +130,8 @@ def select(sweep: Sweep, selection_metric: str) -> tuple[dict[str, dict[int | No
 
 
 def grid_order(sweep: Sweep, points: list[str]) -> list[str]:
-    """The grid points in the order of the config's ``demo.lrs.sft`` (the first is the tie-break), then the rest."""
+    """The grid points in the order of the config's ``demo.lrs.sft`` (the selection table's columns), then the
+    rest."""
     declared = list((sweep.runs[0].get("demo.lrs.sft", {}) or {}).keys()) if sweep.runs else []
     return [p for p in declared if p in points] + [p for p in points if p not in declared]
 

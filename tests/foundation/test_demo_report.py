@@ -31,6 +31,7 @@ from zoo.report import (
     last_change,
     latest_sweep,
     legend,
+    lr_order,
     paired_contrast,
     provenance,
     pyplot,
@@ -235,6 +236,44 @@ def test_each_seed_of_an_arm_is_reported_at_the_point_chosen_on_the_other_seeds(
     del runs["low"][0]
     # (seed 0's choice is low, on 0.75 against 0.55; seed 2's now low, on seed 1's 0.8 against 0.7)
     assert choose_per_seed(runs, lambda r: r.score).chosen == {1: "high", 2: "low"}
+
+
+@dataclass
+class LrRun:
+    """A run as ordering reads it: its seed and its resolved config's learning rate."""
+
+    seed: int | None
+    lr: float | None
+
+    def get(self, dotted: str, default: object = None) -> object:
+        return self.lr if dotted == "module.optimizer.lr" and self.lr is not None else default
+
+
+def test_grid_points_are_ordered_by_the_learning_rate_their_runs_trained_with():
+    # names say nothing of the order ("xlow" < "vlow" < "low" < "high" by rate, not alphabetically)
+    grid = {n: {0: LrRun(0, lr), 1: LrRun(1, lr)} for n, lr in [("low", 1e-4), ("xlow", 3e-5), ("high", 1e-3)]}
+    grid["vlow"] = {0: LrRun(0, 5e-5)}
+    assert lr_order(grid) == ["xlow", "vlow", "low", "high"]
+    grid["unknown"] = {0: LrRun(0, None)}  # no rate named: last
+    assert lr_order(grid)[-1] == "unknown"
+    # the order is the chooser's tie-break and its edges
+    tie = {p: {s: SeedRun(s, 0.5) for s in (0, 1)} for p in ("high", "low")}
+    assert choose_per_seed(
+        tie, lambda r: r.score, order=lr_order({"high": {0: LrRun(0, 1e-3)}, "low": {0: LrRun(0, 1e-5)}})
+    ).chosen == {0: "low", 1: "low"}
+
+
+def test_choices_on_an_edge_of_a_grid_of_three_or_more_points_are_named():
+    scores = {"low": {0: 0.1, 1: 0.9, 2: 0.9}, "mid": {0: 0.6, 1: 0.5, 2: 0.6}, "high": {0: 0.9, 1: 0.1, 2: 0.0}}
+    runs = {p: {s: SeedRun(s, v) for s, v in by_seed.items()} for p, by_seed in scores.items()}
+    choice = choose_per_seed(runs, lambda r: r.score, order=["low", "mid", "high"])
+    assert choice.chosen == {0: "low", 1: "mid", 2: "mid"}
+    assert choice.on_edge() == {0: "low"}  # mid is inside the grid
+    # the edges follow the grid order, not the mapping's
+    assert choose_per_seed(runs, lambda r: r.score, order=["mid", "low", "high"]).on_edge() == {1: "mid", 2: "mid"}
+    # two points: every choice is an edge, nothing is said
+    two = {p: runs[p] for p in ("low", "high")}
+    assert choose_per_seed(two, lambda r: r.score).on_edge() == {}
 
 
 def test_runs_are_grouped_by_arm_grid_point_and_seed():

@@ -86,11 +86,14 @@ def test_sft_arms_read_their_plateau_from_a_validation_curve(page, arm):
 
 
 def fake_run(arm: str, point: str, seed: int, metrics: dict[str, float], number: int = 0) -> Run:
-    """A run directory's content as the page reads it (its arm, seed and last logged metrics)."""
+    """A run directory's content as the page reads it (its arm, grid point, learning rate, seed and last logged
+    metrics)."""
     run = Run(path=Path(f"/runs/{arm}/{point}/seed{seed}"), overrides=[], seed=seed, number=number)
     run.arm = {"demo/nmars/arm": arm, "demo.tune": point}
     run.__dict__["metrics"] = {k: [(0, v)] for k, v in metrics.items()}
-    run.__dict__["config"] = {"demo": {"lrs": {"sft": {"low": 3e-4, "high": 1e-3}, "grpo": {"low": 2e-4}}}}
+    lrs = {"sft": {"low": 3e-4, "high": 1e-3}, "grpo": {"low": 2e-4}}
+    lr = lrs["grpo" if "grpo" in arm else "sft"].get(point)
+    run.__dict__["config"] = {"demo": {"lrs": lrs}, "module": {"optimizer": {"lr": lr}}}
     return run
 
 

@@ -31,7 +31,7 @@ Each demo's own prose lives with its page builder in ``demos/``. This module hol
 
 from __future__ import annotations
 
-from zoo.report.choice import GridChoice, best_mean, best_on_other_seeds, choose_per_seed, group_runs
+from zoo.report.choice import GridChoice, best_mean, best_on_other_seeds, choose_per_seed, group_runs, lr_order
 from zoo.report.pages import (
     build_demo_page,
     contrast,
@@ -79,6 +79,7 @@ __all__ = [
     "curve",
     "fmt",
     "group_runs",
+    "lr_order",
     "known_demos",
     "last_change",
     "latest_sweep",

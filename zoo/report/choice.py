@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 
 def best_mean(scores: Mapping[str, Mapping[Hashable, float]], *, higher: bool = True) -> str | None:
@@ -53,6 +53,27 @@ class SeededRun(Protocol):
     seed: int | None
 
 
+class ConfiguredRun(SeededRun, Protocol):
+    """A run whose resolved config can be read by dotted key (:class:`zoo.report.runs.Run`)."""
+
+    def get(self, dotted: str, default: Any = None) -> Any: ...
+
+
+LR_KEY = "module.optimizer.lr"
+
+
+def lr_order(runs: Mapping[str, Mapping[Any, ConfiguredRun]], key: str = LR_KEY) -> list[str]:
+    """An arm's grid points (``{point: {seed: run}}``), lowest learning rate first: the rate each point's runs
+    trained with (``key`` of their resolved config), so the order holds whatever the points are called. Points
+    with the same rate keep their order; a point whose runs name no rate comes last."""
+
+    def rate(point: str) -> float:
+        values = [r.get(key) for r in runs[point].values()]
+        return min((float(v) for v in values if v is not None), default=math.inf)
+
+    return sorted(runs, key=rate)
+
+
 RunT = TypeVar("RunT", bound=SeededRun)
 
 
@@ -88,6 +109,15 @@ class GridChoice(Generic[RunT]):
     def reported(self) -> dict[int | None, RunT]:
         """``{seed: the run at its chosen point}``."""
         return {seed: self.runs[point][seed] for seed, point in self.chosen.items()}
+
+    def on_edge(self) -> dict[int | None, str]:
+        """``{seed: point}`` of the seeds whose chosen point is the first or the last of a grid of three or more
+        points (in grid order, e.g. the lowest or highest learning rate: the best point may lie beyond the grid);
+        with two points every choice is an edge and none is returned."""
+        points = list(self.runs)
+        if len(points) < 3:
+            return {}
+        return {seed: point for seed, point in self.chosen.items() if point in (points[0], points[-1])}
 
     def other_seed_means(self, seed: int | None) -> dict[str, float]:
         """``{grid point: mean score over the seeds other than seed}`` (the numbers ``seed``'s choice compared;
@@ -140,4 +170,14 @@ def choose_per_seed(
     return GridChoice(grid, scores, chosen, held_out)
 
 
-__all__ = ["GridChoice", "SeededRun", "best_mean", "best_on_other_seeds", "choose_per_seed", "group_runs"]
+__all__ = [
+    "LR_KEY",
+    "ConfiguredRun",
+    "GridChoice",
+    "SeededRun",
+    "lr_order",
+    "best_mean",
+    "best_on_other_seeds",
+    "choose_per_seed",
+    "group_runs",
+]
