@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from zoo.report import (
     provenance,
     pyplot,
     save_figure,
+    split_by_length,
     table,
     write_page,
 )
@@ -77,27 +78,39 @@ class Tuning:
     """Each arm's reported run per seed and how it was chosen.
 
     Attributes:
-        reported: ``{arm: [run per seed]}`` at the chosen grid point (seeds in order).
-        scores: ``{arm: {point: {seed: held-out accuracy}}}`` of every run.
-        chosen: ``{arm: {seed: point}}``.
+        choices: ``{arm: its grid's runs, each seed's chosen point and the run reported for it}``.
         grid: ``{point: learning rate}`` (``demo.lr_grid``, lowest first).
-        held_out: every choice was made without the seed it is reported for.
         tuning_steps: the training steps of the grid's runs.
         retrained: the training steps of the reported runs when they retrain the chosen point for longer than the
             grid's runs (``None``: the reported runs are the grid's own).
         unused: longer runs left out because they do not retrain every reported run (same effort for every arm).
-        choices: ``{arm: its grid's runs and choices}``.
     """
 
-    reported: dict[str, list[Run]]
-    scores: dict[str, dict[str, dict[Any, float]]]
-    chosen: dict[str, dict[Any, str]]
+    choices: dict[str, GridChoice[Run]]
     grid: dict[str, float]
-    held_out: bool
     tuning_steps: int | None = None
     retrained: int | None = None
     unused: int = 0
-    choices: dict[str, GridChoice[Run]] = field(default_factory=dict)
+
+    @property
+    def reported(self) -> dict[str, list[Run]]:
+        """``{arm: [run per seed]}`` at the chosen grid point (seeds in order)."""
+        return {arm: list(c.reported.values()) for arm, c in self.choices.items()}
+
+    @property
+    def scores(self) -> dict[str, dict[str, dict[Any, float]]]:
+        """``{arm: {point: {seed: held-out accuracy}}}`` of every grid run."""
+        return {arm: c.scores for arm, c in self.choices.items()}
+
+    @property
+    def chosen(self) -> dict[str, dict[Any, str]]:
+        """``{arm: {seed: point}}``."""
+        return {arm: c.chosen for arm, c in self.choices.items()}
+
+    @property
+    def held_out(self) -> bool:
+        """Every choice was made without the seed it is reported for."""
+        return all(c.held_out for c in self.choices.values())
 
 
 def steps_of(run: Run) -> int | None:
@@ -116,36 +129,30 @@ def tune(sweep: Sweep) -> Tuning:
     point and seed) for longer; they are reported in place of the grid's runs only when they retrain *every*
     reported run, at one length (every arm the same effort), and are otherwise left out (counted in ``unused``)."""
     done = [r for r in sweep.runs if r.finished]  # an unfinished run has no held-out evaluation yet
-    lengths = sorted({s for s in map(steps_of, done) if s is not None})
-    tuning_steps = lengths[0] if lengths else None
-    finished = [r for r in done if steps_of(r) == tuning_steps]
-    longer = [r for r in done if r not in finished]
+    finished, longer, tuning_steps = split_by_length(done, steps_of)
     lrs: dict[str, float] = {}
     for run in finished:  # the grid of every launch (a later launch may have added a point), lowest learning rate first
         lrs.update({str(k): float(v) for k, v in (run.get("demo.lr_grid") or {}).items()})
     grid = dict(sorted(lrs.items(), key=lambda kv: kv[1]))
-    reported: dict[str, list[Run]] = {}
-    scores: dict[str, dict[str, dict[Any, float]]] = {}
-    chosen: dict[str, dict[Any, str]] = {}
-    choices: dict[str, GridChoice[Run]] = {}
-    held_out = True
-    for arm, by_point in group_runs(finished, arm_of=arm_of, point_of=point_of).items():
-        choice = choose_per_seed(by_point, lambda r: r.last(SELECTION), order=lr_order(by_point))
-        reported[arm], scores[arm], chosen[arm] = list(choice.reported.values()), choice.scores, choice.chosen
-        choices[arm] = choice
-        held_out &= choice.held_out
-    # the longer runs of one length that retrain every reported run's (arm, point, seed)
-    retrained: int | None = None
-    by_length = {n: [r for r in longer if steps_of(r) == n] for n in lengths[1:]}
-    for n, runs in sorted(by_length.items(), reverse=True):
-        cells = {(arm_of(r), point_of(r), r.seed): r for r in runs}
-        wanted = [(arm, chosen[arm][r.seed], r.seed) for arm, rs in reported.items() for r in rs]
-        if wanted and all(k in cells for k in wanted):
-            reported = {arm: [cells[(arm, chosen[arm][r.seed], r.seed)] for r in rs] for arm, rs in reported.items()}
-            retrained = n
-            break
-    unused = sum(len(runs) for n, runs in by_length.items() if n != retrained)
-    return Tuning(reported, scores, chosen, grid, held_out, tuning_steps, retrained, unused, choices)
+    choices = {
+        arm: choose_per_seed(by_point, lambda r: r.last(SELECTION), order=lr_order(by_point))
+        for arm, by_point in group_runs(finished, arm_of=arm_of, point_of=point_of).items()
+    }
+    # the longest length at which longer runs retrain every arm's every reported run
+    complete = [
+        set(c.retrain_lengths([r for r in longer if arm_of(r) == arm], point_of=point_of, length_of=steps_of))
+        for arm, c in choices.items()
+    ]
+    retrained = max(set.intersection(*complete), default=None) if complete else None
+    if retrained is not None:
+        choices = {
+            arm: c.retrain(
+                [r for r in longer if arm_of(r) == arm], point_of=point_of, length_of=steps_of, length=retrained
+            )
+            for arm, c in choices.items()
+        }
+    unused = sum(steps_of(r) != retrained for r in longer)
+    return Tuning(choices, grid, tuning_steps, retrained, unused)
 
 
 def tuning_table(t: Tuning, labels: dict[str, str]) -> str:

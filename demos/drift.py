@@ -36,6 +36,7 @@ from zoo.report import (
     provenance,
     pyplot,
     save_figure,
+    split_by_length,
     table,
     write_page,
 )
@@ -49,6 +50,17 @@ ARMS = ("reference", "plain_sft", "rft", "drift", "grpo")
 TRAINED = ("plain_sft", "rft", "drift", "grpo")
 OFFLINE = ("plain_sft", "rft", "drift")
 ROLLOUTS = "drift_rollouts"
+
+
+def point_of(run: Run) -> str:
+    """The run's point of its arm's learning-rate grid (``demo.lr``)."""
+    return run.arm.get(LR_KEY) or str(run.get(LR_KEY, "mid"))
+
+
+def steps_of(run: Run) -> int | None:
+    """The run's training steps (``trainer.max_steps``; ``None`` for a run trained by epochs)."""
+    steps = run.get("trainer.max_steps")
+    return None if steps is None or int(steps) < 0 else int(steps)
 
 
 def rollout_artifact(run: Run) -> dict:
@@ -131,19 +143,20 @@ class Demo:
     def load(cls, sweep: Sweep) -> Demo:
         first = sweep.runs[0]
         turns = int(first.get("multiturn.max_turns", 3))
-        grouped = group_runs(
-            (r for r in sweep.runs if r.finished),  # an unfinished run's last validation is not its final one
-            arm_of=lambda r: r.arm.get(ARM_KEY) or r.group_choice("demo/drift/arm") or "all",
-            point_of=lambda r: r.arm.get(LR_KEY) or str(r.get(LR_KEY, "mid")),
-        )
+        by_arm: dict[str, list[Run]] = {}
+        for run in sweep.runs:
+            if run.finished:  # an unfinished run's last validation is not its final one
+                by_arm.setdefault(run.arm.get(ARM_KEY) or run.group_choice(ARM_KEY) or "all", []).append(run)
         sampled = f"val/sampled_multi@{turns}"
-        choices = {
+        choices = {}
+        for arm in (a for a in (*ARMS, *sorted(set(by_arm) - set(ARMS))) if a in by_arm):
+            # an arm's grid is its shortest runs; longer runs (online GRPO's chosen point trained on to its plateau)
+            # are reported in their place when they retrain every seed's chosen point
+            grid, longer, _ = split_by_length(by_arm[arm], steps_of)
+            points = group_runs(grid, arm_of=lambda r: "", point_of=point_of).get("", {})
             # pi_ref does not train: every grid point is the same evaluation, nothing is chosen
-            arm: choose_per_seed(
-                grouped[arm], lambda r: r.last(sampled), order=lr_order(grouped[arm]), tuned=arm in TRAINED
-            )
-            for arm in (a for a in (*ARMS, *sorted(set(grouped) - set(ARMS))) if a in grouped)
-        }
+            choice = choose_per_seed(points, lambda r: r.last(sampled), order=lr_order(points), tuned=arm in TRAINED)
+            choices[arm] = choice.retrain(longer, point_of=point_of, length_of=steps_of)
         labels = first.get("demo.labels", {}) or {}
         return cls(sweep, labels, turns, choices)
 
@@ -346,7 +359,7 @@ def fair_test(demo: Demo) -> list[str]:
         lines.append(
             f"- **Same tuning effort.** Every trained arm has one learning-rate grid of the same size: "
             f"{'; '.join(grids)}; nothing else is tuned for any arm (DRIFT's beta and gamma are the released "
-            f"script's). Chosen: {picks}.{grid_edge_note(demo)}"
+            f"script's). Chosen: {picks}.{grid_edge_note(demo)}{retrain_note(demo)}"
         )
     lines.append(
         "- **Hyper-parameters chosen on data that is not reported.** "
@@ -523,6 +536,21 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
 def grid_lrs(grid: Mapping[str, Mapping[int, Run]]) -> list[float]:
     """The learning rates of an arm's grid (its runs per grid point and seed), ascending."""
     return sorted({float(r.get("module.optimizer.lr")) for by_seed in grid.values() for r in by_seed.values()})
+
+
+def retrain_note(demo: Demo) -> str:
+    """A sentence per arm whose reported runs retrain its chosen points for longer than its grid's runs
+    (:meth:`GridChoice.retrain`); empty when every arm reports its grid's own runs."""
+    notes = []
+    for arm, choice in demo.choices.items():
+        if choice.retrained_length is not None:
+            grid_steps = {steps_of(r) for by_seed in choice.runs.values() for r in by_seed.values()}
+            notes.append(
+                f" {demo.lab(arm)}'s grid runs {', '.join(str(n) for n in sorted(grid_steps, key=str))} steps; its "
+                f"chosen point is then retrained at every seed for {choice.retrained_length} steps (same seed and "
+                "learning rate), and those runs are the ones reported (their plateau below)."
+            )
+    return "".join(notes)
 
 
 def grid_edge_note(demo: Demo) -> str:

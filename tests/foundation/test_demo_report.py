@@ -36,6 +36,7 @@ from zoo.report import (
     provenance,
     pyplot,
     quarter_change,
+    split_by_length,
     val_loss_plateau,
 )
 from zoo.report.__main__ import main
@@ -274,6 +275,37 @@ def test_choices_on_an_edge_of_a_grid_of_three_or_more_points_are_named():
     # two points: every choice is an edge, nothing is said
     two = {p: runs[p] for p in ("low", "high")}
     assert choose_per_seed(two, lambda r: r.score).on_edge() == {}
+
+
+@dataclass
+class LongRun:
+    """A run as retraining reads it: its seed, grid point, training steps and one score."""
+
+    seed: int | None
+    point: str
+    steps: int | None
+    score: float
+
+
+def test_longer_runs_of_the_chosen_points_are_reported_only_when_they_cover_every_seed():
+    grid = [LongRun(s, p, 100, v) for s, (p, v) in enumerate([("a", 0.9), ("a", 0.8), ("a", 0.7)])]
+    grid += [LongRun(s, "b", 100, 0.1) for s in range(3)]
+    longer = [LongRun(s, "a", 400, 0.95) for s in range(3)]  # every seed's chosen point, at 400
+    longer += [LongRun(s, "a", 800, 0.99) for s in (0, 1)]  # 800 misses seed 2
+    longer += [LongRun(s, "b", 1600, 0.5) for s in range(3)]  # the point no seed chose
+    shortest, rest, n = split_by_length([*longer, *grid], lambda r: r.steps)
+    assert n == 100 and shortest == grid and rest == longer
+    assert split_by_length([LongRun(0, "a", None, 0.0)], lambda r: r.steps)[2] is None  # no length: the grid
+    cells = {p: {r.seed: r for r in grid if r.point == p} for p in ("a", "b")}
+    choice = choose_per_seed(cells, lambda r: r.score)
+    assert choice.chosen == dict.fromkeys(range(3), "a")
+    kw = {"point_of": lambda r: r.point, "length_of": lambda r: r.steps}
+    assert list(choice.retrain_lengths(longer, **kw)) == [400]  # 800 misses a seed, 1600 retrains another point
+    longest = choice.retrain(longer, **kw)
+    assert longest.retrained_length == 400 and [r.score for r in longest.reported.values()] == [0.95] * 3
+    assert longest.chosen == choice.chosen and longest.scores == choice.scores  # the choice is the grid's
+    assert choice.retrain(longer, length=800, **kw) is choice  # an incomplete length: the grid's runs
+    assert [r.steps for r in choice.reported.values()] == [100] * 3
 
 
 def test_runs_are_grouped_by_arm_grid_point_and_seed():

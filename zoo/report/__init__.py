@@ -31,7 +31,15 @@ Each demo's own prose lives with its page builder in ``demos/``. This module hol
 
 from __future__ import annotations
 
-from zoo.report.choice import GridChoice, best_mean, best_on_other_seeds, choose_per_seed, group_runs, lr_order
+from zoo.report.choice import (
+    GridChoice,
+    best_mean,
+    best_on_other_seeds,
+    choose_per_seed,
+    group_runs,
+    lr_order,
+    split_by_length,
+)
 from zoo.report.pages import (
     build_demo_page,
     contrast,
@@ -80,6 +88,7 @@ __all__ = [
     "fmt",
     "group_runs",
     "lr_order",
+    "split_by_length",
     "known_demos",
     "last_change",
     "latest_sweep",

@@ -4,13 +4,16 @@ A demo that tunes a knob (a learning rate, a penalty weight) per arm runs every 
 reports, for each seed, the point that scored best on the *other* seeds (other data, prompts and draws), so no
 reported number took part in choosing its own setting. :func:`group_runs` sorts a sweep's runs into arm -> grid point
 -> seed, :func:`choose_per_seed` makes one arm's choices (:class:`GridChoice`), on :func:`best_on_other_seeds`.
+A grid may be run shorter than the reported runs: :func:`split_by_length` separates the grid (the shortest runs) from
+runs that retrain a chosen point for longer, and :meth:`GridChoice.retrain` reports those in the grid's place when
+they cover every seed.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 
@@ -98,17 +101,58 @@ class GridChoice(Generic[RunT]):
             out (no run at another point is reported in its place).
         held_out: every point was chosen without the seed it is reported for (``False`` when a seed had no other
             seed to be chosen on and took the grid's first point).
+        retrained: ``{seed: run}`` that retrain each seed's chosen point for longer (:meth:`retrain`), reported in
+            place of the grid's runs; empty when the grid's own runs are reported.
+        retrained_length: the training length of those runs (``None`` without).
     """
 
     runs: dict[str, dict[int | None, RunT]]
     scores: dict[str, dict[int | None, float]]
     chosen: dict[int | None, str]
     held_out: bool
+    retrained: dict[int | None, RunT] = field(default_factory=dict)
+    retrained_length: int | None = None
 
     @property
     def reported(self) -> dict[int | None, RunT]:
-        """``{seed: the run at its chosen point}``."""
+        """``{seed: the run at its chosen point}`` (the retrained run where there is one)."""
+        if self.retrained:
+            return dict(self.retrained)
         return {seed: self.runs[point][seed] for seed, point in self.chosen.items()}
+
+    def retrain_lengths(
+        self, longer: Iterable[RunT], *, point_of: Callable[[RunT], str], length_of: Callable[[RunT], int | None]
+    ) -> dict[int, dict[int | None, RunT]]:
+        """``{length: {seed: run}}`` of the lengths at which ``longer`` runs retrain *every* chosen point (same grid
+        point, same seed), longest first; a length that misses a seed is left out (not every seed the same effort).
+        """
+        cells: dict[int, dict[tuple[str, int | None], RunT]] = {}
+        for run in longer:
+            n = length_of(run)
+            if n is not None:
+                cells.setdefault(n, {})[(point_of(run), run.seed)] = run
+        complete = {}
+        for n in sorted(cells, reverse=True):
+            wanted = [(point, seed) for seed, point in self.chosen.items()]
+            if wanted and all(k in cells[n] for k in wanted):
+                complete[n] = {seed: cells[n][(point, seed)] for point, seed in wanted}
+        return complete
+
+    def retrain(
+        self,
+        longer: Iterable[RunT],
+        *,
+        point_of: Callable[[RunT], str],
+        length_of: Callable[[RunT], int | None],
+        length: int | None = None,
+    ) -> GridChoice[RunT]:
+        """This choice with its chosen points' longer runs reported (:meth:`retrain_lengths`): at ``length``, or the
+        longest complete one; unchanged when there is none (or ``length`` is not complete)."""
+        complete = self.retrain_lengths(longer, point_of=point_of, length_of=length_of)
+        n = length if length is not None else next(iter(complete), None)
+        if n not in complete:
+            return self
+        return replace(self, retrained=complete[n], retrained_length=n)
 
     def on_edge(self) -> dict[int | None, str]:
         """``{seed: point}`` of the seeds whose chosen point is the first or the last of a grid of three or more
@@ -128,6 +172,18 @@ class GridChoice(Generic[RunT]):
             if finite:
                 means[point] = sum(finite) / len(finite)
         return means
+
+
+def split_by_length(
+    runs: Iterable[RunT], length_of: Callable[[RunT], int | None]
+) -> tuple[list[RunT], list[RunT], int | None]:
+    """``(grid, longer, grid length)``: the runs with the fewest training steps (``length_of``; runs without a length
+    count as the grid's) and the runs trained longer."""
+    runs = list(runs)
+    lengths = sorted({n for n in map(length_of, runs) if n is not None})
+    shortest = lengths[0] if lengths else None
+    grid = [r for r in runs if length_of(r) in (None, shortest)]
+    return grid, [r for r in runs if length_of(r) not in (None, shortest)], shortest
 
 
 def choose_per_seed(
@@ -176,6 +232,7 @@ __all__ = [
     "GridChoice",
     "SeededRun",
     "lr_order",
+    "split_by_length",
     "best_mean",
     "best_on_other_seeds",
     "choose_per_seed",
