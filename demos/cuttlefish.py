@@ -42,6 +42,7 @@ from zoo.report import (
     write_page,
 )
 from zoo.stats import (
+    Stat,
     fmt_stat,
     paired,
     stat,
@@ -54,8 +55,11 @@ REGIONS = ("in", "out")
 REGION_NAMES = {"in": "in distribution", "out": "extrapolation"}
 # the fraction of the logged training curve whose loss change tells whether training plateaued
 TAIL = 0.2
-# a run is at a plateau when its training loss fell by less than this share over the last TAIL of training
+# a run is at a plateau when its loss (the held-out loss where it validated during training, else the training loss)
+# fell by less than this share over the last TAIL of training
 PLATEAU = 0.05
+# the held-out (teacher-forced) loss of each validation: the plateau curve of runs that validated during training
+HELD_OUT_LOSS = "val/loss"
 # accuracy differences below this call for 5 seeds
 SMALL_EFFECT = 0.05
 ARM_KEY = "demo/cuttlefish/arm"
@@ -111,6 +115,11 @@ class Tuning:
     def held_out(self) -> bool:
         """Every choice was made without the seed it is reported for."""
         return all(c.held_out for c in self.choices.values())
+
+
+def first_reported(arms: dict[str, list[Run]]) -> Run:
+    """The first reported run (for the settings every reported run shares)."""
+    return next(r for runs in arms.values() for r in runs)
 
 
 def steps_of(run: Run) -> int | None:
@@ -257,6 +266,48 @@ def loss_change(run: Run, tail: float = TAIL) -> float:
     return (last - before) / before if before else float("nan")
 
 
+def heldout_change(run: Run, tail: float = TAIL) -> float:
+    """Relative change of the held-out loss (:data:`HELD_OUT_LOSS`) over the last ``tail`` of training: the last
+    validation against the last one at or before ``(1 - tail)`` of the final step (``trainer.val_check_interval``
+    below ``trainer.max_steps``); ``nan`` for a run that validated only at the end."""
+    points = run.series(HELD_OUT_LOSS)
+    if len(points) < 2:
+        return float("nan")
+    final_step, last = points[-1]
+    before = [v for step, v in points[:-1] if step <= (1 - tail) * final_step]
+    return (last - before[-1]) / before[-1] if before and before[-1] else float("nan")
+
+
+@dataclass(frozen=True)
+class Plateau:
+    """Each arm's loss change over the last :data:`TAIL` of training (mean over seeds) on one curve.
+
+    Attributes:
+        curve: ``"held-out"`` when every reported run validated during training (:func:`heldout_change`), else
+            ``"training"`` (:func:`loss_change`: a falling training loss may be memorisation).
+        changes: ``{arm: change over seeds}``.
+    """
+
+    curve: str
+    changes: dict[str, Stat]
+
+    @classmethod
+    def of(cls, arms: dict[str, list[Run]]) -> Plateau:
+        held_out = {n: stat(heldout_change(r) for r in runs) for n, runs in arms.items()}
+        if held_out and all(c.n == len(arms[n]) for n, c in held_out.items()):
+            return cls("held-out", held_out)
+        return cls("training", {n: stat(loss_change(r) for r in runs) for n, runs in arms.items()})
+
+    @property
+    def falling(self) -> list[str]:
+        """The arms whose loss still falls by more than :data:`PLATEAU`."""
+        return [n for n, c in self.changes.items() if c.n and c.mean < -PLATEAU]
+
+    @property
+    def missing(self) -> list[str]:
+        return [n for n, c in self.changes.items() if not c.n]
+
+
 def built_prerequisites(run: Run) -> dict[str, float]:
     """``{kind/name: build seconds}`` of the prerequisites this run built (``run_info.json`` -> ``artifacts`` with
     ``built_now``; seconds from the artifact's ``artifact.json``)."""
@@ -378,6 +429,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             ]
         )
     train_rows = []
+    validated = Plateau.of(arms).curve == "held-out"
     for name, runs in arms.items():
         distinct = Counter()
         for s in sums[name]:
@@ -387,6 +439,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 lab(name),
                 fmt_stat(stat(r.last("train/loss") for r in runs), ci=False),
                 fmt_stat(stat(loss_change(r) for r in runs), ci=False),
+                *([fmt_stat(stat(heldout_change(r) for r in runs), ci=False)] if validated else []),
                 ", ".join(f"{k}: {v / max(len(sums[name]), 1):.1f}" for k, v in sorted(distinct.items())),
                 f"{stat(run_seconds(r) for r in runs).mean:.0f}",
             ]
@@ -478,6 +531,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 "arm",
                 "final train loss",
                 f"loss change over the last {TAIL:.0%} of training",
+                *([f"held-out loss change over the last {TAIL:.0%}"] if validated else []),
                 "distinct answers per kind",
                 "run s",
             ],
@@ -588,15 +642,17 @@ def reading(
                 )
                 + "."
             )
-    falling = [n for n in arms if stat(loss_change(r) for r in arms[n]).mean < -0.05]
-    if falling:
+    plateau = Plateau.of(arms)
+    if plateau.falling:
         notes.append(
-            f"- Training loss still fell by more than 5% over the last {TAIL:.0%} of training for: "
-            + ", ".join(lab(n) for n in falling)
-            + " (not at a plateau)."
+            f"- {plateau.curve.capitalize()} loss still fell by more than {100 * PLATEAU:.0f}% over the last "
+            f"{TAIL:.0%} of training for: " + ", ".join(lab(n) for n in plateau.falling) + " (not at a plateau)."
         )
     else:
-        notes.append(f"- No arm's training loss fell by more than 5% over the last {TAIL:.0%} of training (plateau).")
+        notes.append(
+            f"- No arm's {plateau.curve} loss fell by more than {100 * PLATEAU:.0f}% over the last {TAIL:.0%} of "
+            "training (plateau)."
+        )
     collapsed = [n for n in arms if all(all(v == 1 for v in s["distinct"].values()) for s in sums[n])]
     if collapsed:
         notes.append(
@@ -841,15 +897,22 @@ def fair_test(
             f"- **Chosen on a split that is not reported.** The page reports {first.get('datamodule.source.num_val')} "
             "held-out questions per run and chooses nothing on them (no threshold, no checkpoint, no arm): met."
         )
-    changes = {n: stat(loss_change(r) for r in runs) for n, runs in arms.items()}
-    falling = [n for n, c in changes.items() if c.n and c.mean < -PLATEAU]
-    missing = [n for n, c in changes.items() if not c.n]
+    plateau = Plateau.of(arms)
+    falling, missing = plateau.falling, plateau.missing
+    if plateau.curve == "held-out":
+        source = (
+            f" (the reported runs validated every {first_reported(arms).get('trainer.val_check_interval')} steps: "
+            f"the held-out loss `{HELD_OUT_LOSS}`, last validation against the one {TAIL:.0%} of training before; "
+            "a rising held-out loss is past its best, not still learning)"
+        )
+    else:
+        source = " (validation runs once, at the end, so the curve is the training loss)"
     lines.append(
-        f"- **Models trained to a plateau.** Training-loss change over the last {TAIL:.0%} of training (mean over "
-        "seeds): "
-        + "; ".join(f"{lab(n)} {100 * c.mean:+.1f}%" for n, c in changes.items() if c.n)
-        + f" (validation runs once, at the end, so the curve is the training loss); a plateau is no arm falling by "
-        f"more than {100 * PLATEAU:.0f}%: **{'met' if not falling and not missing else 'not met'}**"
+        f"- **Models trained to a plateau.** {plateau.curve.capitalize()}-loss change over the last {TAIL:.0%} of "
+        "training (mean over seeds): "
+        + "; ".join(f"{lab(n)} {100 * c.mean:+.1f}%" for n, c in plateau.changes.items() if c.n)
+        + f"{source}; a plateau is no arm falling by more than {100 * PLATEAU:.0f}%: "
+        f"**{'met' if not falling and not missing else 'not met'}**"
         + (f" (still falling: {', '.join(lab(n) for n in falling)})" if falling else "")
         + (f" (no curve: {', '.join(lab(n) for n in missing)})" if missing else "")
         + "."

@@ -60,13 +60,20 @@ def correct(arm: str, point: str, seed: int) -> tuple[int, int]:
 @pytest.fixture
 def make_sweep(tmp_path):
     def make(
-        collapsed: bool = False, loss_drop: float = 0.0, grid: bool = False, vlow: bool = False, retrain: tuple = ()
+        collapsed: bool = False,
+        loss_drop: float = 0.0,
+        grid: bool = False,
+        vlow: bool = False,
+        retrain: tuple = (),
+        heldout: dict | None = None,
     ) -> Sweep:
         """``vlow``: a later launch adds the grid point 1e-4 (its runs' configs hold the three-point grid).
         ``retrain``: arms whose chosen point (see :func:`correct`) a later launch retrains for 1000 steps at every
-        seed: one more right answer per region, a flat training loss."""
+        seed: one more right answer per region, a flat training loss. ``heldout``: ``{arm: change}``, the retrained
+        runs of these arms validate every 200 steps and their held-out loss changes by ``change`` from step 799 to
+        999."""
         params = {"demo/cuttlefish/arm": ",".join(ARMS), "seed": "0,1,2"} | ({"demo.lr": "low,high"} if grid else {})
-        root = write_sweep(tmp_path / f"sweep{collapsed}{loss_drop}{grid}{vlow}{retrain}", params)
+        root = write_sweep(tmp_path / f"sweep{collapsed}{loss_drop}{grid}{vlow}{retrain}{heldout}", params)
         launched = (*GRID, "vlow") if vlow else GRID
         cells = [(a, s, p, False) for a in ARMS for s in SEEDS for p in (launched if grid else ("-",))]
         cells += [(a, s, "high" if a == "query" and s > 0 else "low", True) for a in retrain for s in SEEDS]
@@ -80,7 +87,8 @@ def make_sweep(tmp_path):
                 config = config | {"module": module, "demo": {**CONFIG["demo"], "lr": point, "lr_grid": lr_grid}}
             rights = correct(arm, point, seed) if grid else CORRECT[arm][seed]
             if long:
-                config = config | {"trainer": {"max_steps": 1000}}
+                every = 200 if arm in (heldout or {}) else 1000
+                config = config | {"trainer": {"max_steps": 1000, "val_check_interval": every}}
                 rights = tuple(min(r + 1, 10) for r in rights)
             records = []
             for atoms, right in zip((60, 250), rights):
@@ -107,7 +115,10 @@ def make_sweep(tmp_path):
                 files={"eval_records.jsonl": records},
             )
             curve = [{"step": 10 * s, "train/loss": 1.0 - (0.0 if long else loss_drop) * s} for s in range(10)]
-            write_metrics(run, [*curve, {"step": 99, "val/exact_match": sum(rights) / 20}])
+            if long and arm in (heldout or {}):
+                losses = [1.0, 0.9, 0.8, 0.7, 0.7 * (1 + heldout[arm])]
+                curve += [{"step": 200 * i + 199, "val/loss": v} for i, v in enumerate(losses)]
+            write_metrics(run, [*curve, {"step": 999 if long else 499, "val/exact_match": sum(rights) / 20}])
         return Sweep.load(root)
 
     return make
@@ -212,3 +223,28 @@ def test_the_chosen_points_retrained_for_longer_are_reported_only_when_every_arm
     assert "then retrained" not in partial and "more than 5%: **not met**" in partial
     sizes = partial[partial.index("## Accuracy by structure size") :]
     assert "| Cuttlefish | 0.833 ± 0.058 [0.690, 0.977] | 0.700 ± 0.000 [0.700, 0.700] |" in sizes
+
+
+def test_the_plateau_is_read_on_the_held_out_loss_when_every_reported_run_validated_during_training(
+    make_sweep, tmp_path
+):
+    """The retrained runs' training loss is flat, but where they validated every 200 steps the page reads the
+    held-out loss over the last 20% of training: falling 10% for one arm is not a plateau; rising (past its best)
+    is; one arm without the curve sends the page back to the training loss, said so."""
+    arms = dict.fromkeys(ARMS, 0.03) | {"query": -0.10}
+    text = build(make_sweep(grid=True, loss_drop=0.05, retrain=ARMS, heldout=arms), tmp_path / "out")
+    fair = text[text.index("## Fair test") : text.index("## Learning rate chosen per arm")]
+    assert "Held-out-loss change over the last 20% of training (mean over seeds): " in fair
+    assert "query (8) -10.0%" in fair and "Cuttlefish +3.0%" in fair
+    assert "validated every 200 steps" in fair
+    assert "more than 5%: **not met** (still falling: query (8))." in fair
+    assert "held-out loss change over the last 20%" in text  # the training table's column
+    rising = build(
+        make_sweep(grid=True, loss_drop=0.05, retrain=ARMS, heldout=dict.fromkeys(ARMS, 0.03)), tmp_path / "o2"
+    )
+    assert "more than 5%: **met**." in rising and "a rising held-out loss is past its best" in rising
+    partial = {a: -0.10 for a in ARMS if a != "query"}
+    text = build(make_sweep(grid=True, loss_drop=0.05, retrain=ARMS, heldout=partial), tmp_path / "o3")
+    fair = text[text.index("## Fair test") : text.index("## Learning rate chosen per arm")]
+    assert "Training-loss change over the last 20%" in fair and "more than 5%: **met**." in fair  # flat training loss
+    assert "held-out loss change over the last 20%" not in text
