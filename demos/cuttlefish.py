@@ -31,6 +31,7 @@ from zoo.report import (
     contrast,
     curve,
     group_runs,
+    last_change,
     legend,
     lr_order,
     plot_curves,
@@ -266,25 +267,21 @@ def loss_change(run: Run, tail: float = TAIL) -> float:
     return (last - before) / before if before else float("nan")
 
 
-def heldout_change(run: Run, tail: float = TAIL) -> float:
-    """Relative change of the held-out loss (:data:`HELD_OUT_LOSS`) over the last ``tail`` of training: the last
-    validation against the last one at or before ``(1 - tail)`` of the final step (``trainer.val_check_interval``
-    below ``trainer.max_steps``); ``nan`` for a run that validated only at the end."""
-    points = run.series(HELD_OUT_LOSS)
-    if len(points) < 2:
-        return float("nan")
-    final_step, last = points[-1]
-    before = [v for step, v in points[:-1] if step <= (1 - tail) * final_step]
-    return (last - before[-1]) / before[-1] if before and before[-1] else float("nan")
+def heldout_change(run: Run) -> float:
+    """Relative change of the held-out loss (:data:`HELD_OUT_LOSS`) over the last validation interval
+    (:func:`last_change`; the last 20% of training at ``trainer.val_check_interval`` 200 of 1000 steps); ``nan`` for
+    a run that validated only at the end."""
+    return last_change([v for _, v in run.series(HELD_OUT_LOSS)])
 
 
 @dataclass(frozen=True)
 class Plateau:
-    """Each arm's loss change over the last :data:`TAIL` of training (mean over seeds) on one curve.
+    """Each arm's loss change at the end of training (mean over seeds) on one curve.
 
     Attributes:
-        curve: ``"held-out"`` when every reported run validated during training (:func:`heldout_change`), else
-            ``"training"`` (:func:`loss_change`: a falling training loss may be memorisation).
+        curve: ``"held-out"`` when every reported run validated during training (:func:`heldout_change`, over the
+            last validation interval), else ``"training"`` (:func:`loss_change`, over the last :data:`TAIL`: a falling
+            training loss may be memorisation).
         changes: ``{arm: change over seeds}``.
     """
 
@@ -531,7 +528,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 "arm",
                 "final train loss",
                 f"loss change over the last {TAIL:.0%} of training",
-                *([f"held-out loss change over the last {TAIL:.0%}"] if validated else []),
+                *(["held-out loss change over the last validation interval"] if validated else []),
                 "distinct answers per kind",
                 "run s",
             ],
@@ -643,16 +640,15 @@ def reading(
                 + "."
             )
     plateau = Plateau.of(arms)
+    span = "its last validation interval" if plateau.curve == "held-out" else f"the last {TAIL:.0%} of training"
     if plateau.falling:
         notes.append(
-            f"- {plateau.curve.capitalize()} loss still fell by more than {100 * PLATEAU:.0f}% over the last "
-            f"{TAIL:.0%} of training for: " + ", ".join(lab(n) for n in plateau.falling) + " (not at a plateau)."
+            f"- {plateau.curve.capitalize()} loss still fell by more than {100 * PLATEAU:.0f}% over {span} for: "
+            + ", ".join(lab(n) for n in plateau.falling)
+            + " (not at a plateau)."
         )
     else:
-        notes.append(
-            f"- No arm's {plateau.curve} loss fell by more than {100 * PLATEAU:.0f}% over the last {TAIL:.0%} of "
-            "training (plateau)."
-        )
+        notes.append(f"- No arm's {plateau.curve} loss fell by more than {100 * PLATEAU:.0f}% over {span} (plateau).")
     collapsed = [n for n in arms if all(all(v == 1 for v in s["distinct"].values()) for s in sums[n])]
     if collapsed:
         notes.append(
@@ -900,16 +896,18 @@ def fair_test(
     plateau = Plateau.of(arms)
     falling, missing = plateau.falling, plateau.missing
     if plateau.curve == "held-out":
-        source = (
-            f" (the reported runs validated every {first_reported(arms).get('trainer.val_check_interval')} steps: "
-            f"the held-out loss `{HELD_OUT_LOSS}`, last validation against the one {TAIL:.0%} of training before; "
-            "a rising held-out loss is past its best, not still learning)"
+        every = first_reported(arms).get("trainer.val_check_interval")
+        measure = (
+            f"Held-out-loss change (`{HELD_OUT_LOSS}`) over the last validation interval ({every} steps: the reported "
+            "runs validated during training) (mean over seeds): "
         )
+        source = " (a rising held-out loss is past its best, not still learning)"
     else:
+        measure = f"Training-loss change over the last {TAIL:.0%} of training (mean over seeds): "
         source = " (validation runs once, at the end, so the curve is the training loss)"
     lines.append(
-        f"- **Models trained to a plateau.** {plateau.curve.capitalize()}-loss change over the last {TAIL:.0%} of "
-        "training (mean over seeds): "
+        "- **Models trained to a plateau.** "
+        + measure
         + "; ".join(f"{lab(n)} {100 * c.mean:+.1f}%" for n, c in plateau.changes.items() if c.n)
         + f"{source}; a plateau is no arm falling by more than {100 * PLATEAU:.0f}%: "
         f"**{'met' if not falling and not missing else 'not met'}**"
