@@ -159,7 +159,11 @@ def test_same_heads_closed_gate_and_a_moving_loss_are_flagged(make_sweep, tmp_pa
     fair = text[text.index("## Fair test") : text.index("## What this scale")]
     assert "| WET (score-matching heads) vs probe | 1.00 | 1.00 | 1.00 |" in text
     assert "not higher on the rows that go wrong" in fair
-    assert "-50.0%" in fair and "**not met**)" in fair
+    assert "-50.0% (-0.0100 nats per token" in fair and "**not met**)" in fair
+    # a loss at its floor: -16.7% of 0.0006 is 0.0001 nats, below the absolute tolerance
+    floor = build(make_sweep(last_losses=(0.0006, 0.0005)), tmp_path / "out2")
+    fair = floor[floor.index("## Fair test") : floor.index("## What this scale")]
+    assert "change over the last epoch -16.7% (-0.0001 nats per token" in fair and "**met**)" in fair
     verdict = read_verdict(tmp_path / "out" / "wet.md")
     gate = next(line for line in text.splitlines() if line.startswith("| the gate opens on the rows that go wrong |"))
     assert gate.endswith("| **not shown (within noise)** |")

@@ -563,4 +563,5 @@ def test_prerequisite_validation_loss_curves_and_their_plateau(tmp_path):
     last, change = val_loss_plateau(runs)
     assert (last.n, change.n) == (2, 2)  # a and b once each
     assert last.mean == pytest.approx((0.95 + 1.1) / 2) and change.mean == pytest.approx((-0.05 + 0.1) / 2)
+    assert val_loss_plateau(runs, absolute=True)[1].mean == pytest.approx((-0.05 + 0.1) / 2)  # 0.95 - 1.0, 1.1 - 1.0
     assert val_loss_plateau(runs, "demo_policy")[1].n == 0  # a single validation: no change

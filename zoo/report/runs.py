@@ -379,12 +379,14 @@ def quarter_change(values: Sequence[float], *, relative: bool = False) -> float:
     return (after - before) / before if before else math.nan
 
 
-def val_loss_plateau(runs: Iterable[Run], kind: str = "base_policy") -> tuple[Stat, Stat]:
-    """How the prerequisites of ``kind`` the runs started from ended: their last validation loss and its relative
-    change over their last validation interval (:func:`last_change`), over the distinct curves of two or more
-    validations (:func:`artifact_val_losses`; one value per distinct curve)."""
+def val_loss_plateau(runs: Iterable[Run], kind: str = "base_policy", *, absolute: bool = False) -> tuple[Stat, Stat]:
+    """How the prerequisites of ``kind`` the runs started from ended: their last validation loss and its change over
+    their last validation interval -- relative (:func:`last_change`) or, with ``absolute``, in the loss's own units
+    (last minus the one before) -- over the distinct curves of two or more validations (:func:`artifact_val_losses`;
+    one value per distinct curve)."""
     curves = {tuple(c) for c in (artifact_val_losses(r, kind) for r in runs) if len(c) >= 2}
-    return stat(c[-1] for c in curves), stat(last_change(c) for c in curves)
+    change = (lambda c: c[-1] - c[-2]) if absolute else last_change
+    return stat(c[-1] for c in curves), stat(change(c) for c in curves)
 
 
 def values(runs: Iterable[Run], fn: str | Callable[[Run], float]) -> list[float]:
