@@ -62,9 +62,14 @@ def test_the_sweep_declares_the_grid_axis_and_the_redesigned_arms():
 K = 3
 
 
-def curve(arm: str, point: str, seed: int, long: bool = False) -> list[tuple[float, float, float]]:
+def curve(
+    arm: str, point: str, seed: int, long: bool = False, rising: bool = False
+) -> list[tuple[float, float, float]]:
     """``(train seconds, tokens generated, sampled multi@3)`` at each validation of a run (``long``: GRPO retrained
-    for twice the steps, flat in its second half at 0.95 + 0.01 seed)."""
+    for twice the steps, flat in its second half at 0.95 + 0.01 seed; ``rising``: still rising, by 0.01 a
+    validation, to 0.97 + 0.01 seed)."""
+    if long and rising:
+        return [(10.0 * i, 5000.0 * i, 0.89 + 0.01 * seed + 0.01 * i) for i in range(1, 9)]
     if long:
         return [(10.0 * i, 5000.0 * i, 0.95 + 0.01 * seed - (0.1 if i < 4 else 0.0)) for i in range(1, 9)]
     if arm == "reference":
@@ -79,9 +84,9 @@ def curve(arm: str, point: str, seed: int, long: bool = False) -> list[tuple[flo
     return [(10.0 * i, 5000.0 * i, final - 0.2 + 0.05 * i) for i in range(1, 5)]
 
 
-def write_sweep(tmp_path: Path, unfinished: bool = False, retrained: tuple[int, ...] = ()) -> str:
+def write_sweep(tmp_path: Path, unfinished: bool = False, retrained: tuple[int, ...] = (), rising: bool = False) -> str:
     """The page built from a written sweep (``retrained``: the seeds whose GRPO chosen point, mid, is also run for
-    96 steps against the grid's 48, in a run directory of its own)."""
+    96 steps against the grid's 48, in a run directory of its own; ``rising``: still rising at its end)."""
     root = tmp_path / "logs" / "demos" / "drift" / "2026-01-01_00-00-00"
     root.mkdir(parents=True)
     params = {"demo/drift/arm": "reference,plain_sft,drift,grpo", "demo.lr": "low,mid,high", "seed": "0,1,2"}
@@ -133,7 +138,7 @@ def write_sweep(tmp_path: Path, unfinished: bool = False, retrained: tuple[int, 
         info["artifacts"] = [artifact] if arm in ("plain_sft", "drift") else []
         (run / "run_info.json").write_text(json.dumps({**info, "wall_seconds": 10.0}))
         log = []
-        for i, (seconds, tokens, value) in enumerate(curve(arm, point, seed, long)):
+        for i, (seconds, tokens, value) in enumerate(curve(arm, point, seed, long, rising)):
             step = 10 * (i + 1)
             record = {"step": step, f"val/sampled_multi@{K}": value, "val/sampled_multi@1": value - 0.3}
             record |= {"val/multi@1": 1.0, f"val/multi@{K}": 1.0}
@@ -195,9 +200,26 @@ def test_grpos_chosen_point_retrained_for_longer_at_every_seed_is_reported(tmp_p
     assert "grpo {1e-05, 3e-05, 0.0001}" in fair  # the grid is still the 48-step runs' (low, mid, high)
     assert (
         "grpo's grid runs 48 steps; its chosen point is then retrained at every seed for 96 steps (same seed and "
-        "learning rate), and those runs are the ones reported" in fair
+        "learning rate), and those runs are the ones reported." in fair
     )
+    grid = page.split("## The learning-rate grid")[1]
+    assert "These are the grid's own runs. grpo's grid runs 48 steps;" in grid
+    # DRIFT trails the retrained GRPO by exactly the margin (not beyond it): no sentence on GRPO's plateau
+    assert "understates its lead" not in page
     assert "grpo 0.000 ± 0.000 (met)" in fair  # flat second half of the 96-step runs
+
+
+def test_an_unmet_grpo_plateau_is_read_against_a_contradicted_match(tmp_path):
+    """GRPO retrained and still rising (+0.04 from halfway), DRIFT trailing it by 0.07 (beyond the 0.05 margin): the
+    page says the unmet plateau does not weaken the contradiction."""
+    page = write_sweep(tmp_path, retrained=(0, 1, 2), rising=True)
+    head = page.split("## ")[1]
+    assert "-0.070 [-0.070, -0.070] | **contradicted** |" in head
+    fair = page.split("## Fair test")[1].split("## ")[0]
+    assert "grpo 0.040 ± 0.000 (not met). The online arm (grpo) still rises in its second half" in fair
+    assert (
+        'does not weaken the contradiction of "DRIFT matches online multi-turn RL (within ±0.05) on multi@3".' in fair
+    )
 
 
 def test_a_retraining_that_misses_a_seed_is_not_reported(tmp_path):
