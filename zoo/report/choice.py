@@ -131,9 +131,9 @@ class GridChoice(Generic[RunT]):
             n = length_of(run)
             if n is not None:
                 cells.setdefault(n, {})[(point_of(run), run.seed)] = run
+        wanted = [(point, seed) for seed, point in self.chosen.items()]
         complete = {}
         for n in sorted(cells, reverse=True):
-            wanted = [(point, seed) for seed, point in self.chosen.items()]
             if wanted and all(k in cells[n] for k in wanted):
                 complete[n] = {seed: cells[n][(point, seed)] for point, seed in wanted}
         return complete
