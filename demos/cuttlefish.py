@@ -898,8 +898,8 @@ def fair_test(
     if plateau.curve == "held-out":
         every = first_reported(arms).get("trainer.val_check_interval")
         measure = (
-            f"Held-out-loss change (`{HELD_OUT_LOSS}`) over the last validation interval ({every} steps: the reported "
-            "runs validated during training) (mean over seeds): "
+            f"Held-out-loss change (`{HELD_OUT_LOSS}`; the reported runs validated every {every} steps) over the last "
+            "validation interval, mean over seeds: "
         )
         source = " (a rising held-out loss is past its best, not still learning)"
     else:

@@ -234,7 +234,7 @@ def test_the_plateau_is_read_on_the_held_out_loss_when_every_reported_run_valida
     arms = dict.fromkeys(ARMS, 0.03) | {"query": -0.10}
     text = build(make_sweep(grid=True, loss_drop=0.05, retrain=ARMS, heldout=arms), tmp_path / "out")
     fair = text[text.index("## Fair test") : text.index("## Learning rate chosen per arm")]
-    assert "Held-out-loss change (`val/loss`) over the last validation interval (200 steps: " in fair
+    assert "Held-out-loss change (`val/loss`; the reported runs validated every 200 steps) over the last" in fair
     assert "query (8) -10.0%" in fair and "Cuttlefish +3.0%" in fair
     assert "more than 5%: **not met** (still falling: query (8))." in fair
     assert "held-out loss change over the last validation interval" in text  # the training table's column
