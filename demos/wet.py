@@ -199,7 +199,12 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         tag: [f"{stat(values(names[0], f'n_{tag}_{i}')).mean:.0f}" for i in range(len(bins))]
         for tag in ("plain", "conflict")
     }
-    head_rows = [[lab(a)] + [heads_of(r) for r in arms[a]] for a in names]
+    # one column per seed: a merged sweep's runs are not in seed order
+    head_rows = [
+        [lab(a)] + [heads_of(by_seed[seed]) if seed in by_seed else "-" for seed in sweep.seeds]
+        for a in names
+        for by_seed in [{r.seed: r for r in arms[a]}]
+    ]
     jac = overlaps(arms)
     overlap_rows = [
         [f"{lab(a)} vs {lab(b)}"] + [f"{per_seed.get(seed, math.nan):.2f}" for seed in sweep.seeds]

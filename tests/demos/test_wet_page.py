@@ -51,13 +51,13 @@ def records(arm: str, seed: int, gate_on_wrong: float) -> list[dict]:
 
 @pytest.fixture
 def make_sweep(tmp_path):
-    def make(probe_heads=None, gate_on_wrong=0.6, last_losses=(0.0100, 0.0099)):
+    def make(probe_heads=None, gate_on_wrong=0.6, last_losses=(0.0100, 0.0099), seeds_launched=SEEDS):
         policy = tmp_path / "cache" / "base_policy" / "multiworld"
         write_metrics(policy, [{"step": i, "val/loss": v} for i, v in enumerate((0.9, *last_losses))])
         root = write_sweep(tmp_path / "sweep", {"demo/wet/arm": ",".join(ARMS), "seed": "0,1,2"})
         number = 0
         for arm in ARMS:
-            for seed in SEEDS:
+            for seed in seeds_launched:
                 heads = {
                     "none": WET_HEADS,
                     "wet": WET_HEADS,
@@ -168,3 +168,15 @@ def test_same_heads_closed_gate_and_a_moving_loss_are_flagged(make_sweep, tmp_pa
     gate = next(line for line in text.splitlines() if line.startswith("| the gate opens on the rows that go wrong |"))
     assert gate.endswith("| **not shown (within noise)** |")
     assert verdict.shown == 5
+
+
+def test_the_heads_table_puts_each_run_under_its_own_seed(make_sweep, tmp_path):
+    """Runs launched seed 2 first (a merged sweep's order): each column still holds its own seed's heads."""
+    per_seed = {
+        0: [[4, 0], [4, 1], [5, 0], [5, 1]],
+        1: [[4, 2], [4, 3], [5, 2], [5, 3]],
+        2: [[4, 4], [4, 5], [5, 4], [5, 5]],
+    }
+    text = build(make_sweep(probe_heads=per_seed, seeds_launched=(2, 0, 1)), tmp_path / "out")
+    assert "| arm | seed 0 | seed 1 | seed 2 |" in text
+    assert "| probe | L4H0, L4H1, L5H0, L5H1 | L4H2, L4H3, L5H2, L5H3 | L4H4, L4H5, L5H4, L5H5 |" in text
