@@ -19,6 +19,7 @@ import json
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -123,12 +124,6 @@ def first_reported(arms: dict[str, list[Run]]) -> Run:
     return next(r for runs in arms.values() for r in runs)
 
 
-def steps_of(run: Run) -> int | None:
-    """The run's training steps (``trainer.max_steps``)."""
-    steps = run.get("trainer.max_steps")
-    return None if steps is None else int(steps)
-
-
 def tune(sweep: Sweep) -> Tuning:
     """Per arm and seed, the grid point with the best mean held-out accuracy (:data:`SELECTION`) on the other seeds,
     over the finished runs (leave one seed out; the seeds vary the structures, so the other seeds' held-out questions
@@ -139,7 +134,7 @@ def tune(sweep: Sweep) -> Tuning:
     point and seed) for longer; they are reported in place of the grid's runs only when they retrain *every*
     reported run, at one length (every arm the same effort), and are otherwise left out (counted in ``unused``)."""
     done = [r for r in sweep.runs if r.finished]  # an unfinished run has no held-out evaluation yet
-    finished, longer, tuning_steps = split_by_length(done, steps_of)
+    finished, longer, tuning_steps = split_by_length(done, attrgetter("max_steps"))
     lrs: dict[str, float] = {}
     for run in finished:  # the grid of every launch (a later launch may have added a point), lowest learning rate first
         lrs.update({str(k): float(v) for k, v in (run.get("demo.lr_grid") or {}).items()})
@@ -150,18 +145,25 @@ def tune(sweep: Sweep) -> Tuning:
     }
     # the longest length at which longer runs retrain every arm's every reported run
     complete = [
-        set(c.retrain_lengths([r for r in longer if arm_of(r) == arm], point_of=point_of, length_of=steps_of))
+        set(
+            c.retrain_lengths(
+                [r for r in longer if arm_of(r) == arm], point_of=point_of, length_of=attrgetter("max_steps")
+            )
+        )
         for arm, c in choices.items()
     ]
     retrained = max(set.intersection(*complete), default=None) if complete else None
     if retrained is not None:
         choices = {
             arm: c.retrain(
-                [r for r in longer if arm_of(r) == arm], point_of=point_of, length_of=steps_of, length=retrained
+                [r for r in longer if arm_of(r) == arm],
+                point_of=point_of,
+                length_of=attrgetter("max_steps"),
+                length=retrained,
             )
             for arm, c in choices.items()
         }
-    unused = sum(steps_of(r) != retrained for r in longer)
+    unused = sum(r.max_steps != retrained for r in longer)
     return Tuning(choices, grid, tuning_steps, retrained, unused)
 
 

@@ -23,6 +23,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from pathlib import Path
 
 from zoo.report import (
@@ -55,12 +56,6 @@ ROLLOUTS = "drift_rollouts"
 def point_of(run: Run) -> str:
     """The run's point of its arm's learning-rate grid (``demo.lr``)."""
     return run.arm.get(LR_KEY) or str(run.get(LR_KEY, "mid"))
-
-
-def steps_of(run: Run) -> int | None:
-    """The run's training steps (``trainer.max_steps``; ``None`` for a run trained by epochs)."""
-    steps = run.get("trainer.max_steps")
-    return None if steps is None or int(steps) < 0 else int(steps)
 
 
 def rollout_artifact(run: Run) -> dict:
@@ -152,11 +147,11 @@ class Demo:
         for arm in (a for a in (*ARMS, *sorted(set(by_arm) - set(ARMS))) if a in by_arm):
             # an arm's grid is its shortest runs; longer runs (online GRPO's chosen point trained on to its plateau)
             # are reported in their place when they retrain every seed's chosen point
-            grid, longer, _ = split_by_length(by_arm[arm], steps_of)
+            grid, longer, _ = split_by_length(by_arm[arm], attrgetter("max_steps"))
             points = group_runs(grid, arm_of=lambda r: "", point_of=point_of).get("", {})
             # pi_ref does not train: every grid point is the same evaluation, nothing is chosen
             choice = choose_per_seed(points, lambda r: r.last(sampled), order=lr_order(points), tuned=arm in TRAINED)
-            choices[arm] = choice.retrain(longer, point_of=point_of, length_of=steps_of)
+            choices[arm] = choice.retrain(longer, point_of=point_of, length_of=attrgetter("max_steps"))
         labels = first.get("demo.labels", {}) or {}
         return cls(sweep, labels, turns, choices)
 
@@ -565,7 +560,7 @@ def retrain_note(demo: Demo) -> str:
     notes = []
     for arm, choice in demo.choices.items():
         if choice.retrained_length is not None:
-            grid_steps = {steps_of(r) for by_seed in choice.runs.values() for r in by_seed.values()}
+            grid_steps = {r.max_steps for by_seed in choice.runs.values() for r in by_seed.values()}
             notes.append(
                 f" {demo.lab(arm)}'s grid runs {', '.join(str(n) for n in sorted(grid_steps, key=str))} steps; its "
                 f"chosen point is then retrained at every seed for {choice.retrained_length} steps (same seed and "

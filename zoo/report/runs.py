@@ -152,6 +152,13 @@ class Run:
         """The logged ``(step, value)`` pairs of ``metric`` (empty when never logged)."""
         return self.metrics.get(metric, [])
 
+    @property
+    def max_steps(self) -> int | None:
+        """The run's training steps (``trainer.max_steps``; ``None`` when unset or negative: a run trained by
+        epochs)."""
+        steps = self.get("trainer.max_steps")
+        return None if steps is None or int(steps) < 0 else int(steps)
+
     def last(self, metric: str) -> float:
         """The last logged value of ``metric`` (``nan`` when never logged)."""
         points = self.series(metric)
