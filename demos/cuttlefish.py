@@ -25,6 +25,7 @@ from typing import Any
 
 from zoo.data.structures import SIZE_BIN_LABELS, normalize_answer
 from zoo.report import (
+    RATE_KEY,
     GridChoice,
     Run,
     Sweep,
@@ -85,7 +86,7 @@ class Tuning:
 
     Attributes:
         choices: ``{arm: its grid's runs, each seed's chosen point and the run reported for it}``.
-        grid: ``{point: learning rate}`` (``demo.lr_grid``, lowest first).
+        grid: ``{point: learning rate}`` of the grid's runs (their ``module.optimizer.lr``, lowest first).
         tuning_steps: the training steps of the grid's runs.
         retrained: the training steps of the reported runs when they retrain the chosen point for longer than the
             grid's runs (``None``: the reported runs are the grid's own).
@@ -135,9 +136,9 @@ def tune(sweep: Sweep) -> Tuning:
     reported run, at one length (every arm the same effort), and are otherwise left out (counted in ``unused``)."""
     done = [r for r in sweep.runs if r.finished]  # an unfinished run has no held-out evaluation yet
     finished, longer, tuning_steps = split_by_length(done, attrgetter("max_steps"))
-    lrs: dict[str, float] = {}
-    for run in finished:  # the grid of every launch (a later launch may have added a point), lowest learning rate first
-        lrs.update({str(k): float(v) for k, v in (run.get("demo.lr_grid") or {}).items()})
+    # the grid points that ran (every launch's: a later launch may have added one), lowest learning rate first: the
+    # rate each point's runs trained with
+    lrs = {point_of(r): float(r.get(RATE_KEY)) for r in finished if r.get(RATE_KEY) is not None}
     grid = dict(sorted(lrs.items(), key=lambda kv: kv[1]))
     choices = {
         arm: choose_per_seed(by_point, lambda r: r.last(SELECTION), order=lr_order(by_point))

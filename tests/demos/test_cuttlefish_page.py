@@ -202,6 +202,17 @@ def test_a_grid_point_added_by_a_later_launch_joins_the_grid(make_sweep, tmp_pat
     assert "Choices on an edge of the grid (the best point may lie beyond it): query (8) (high x2)." in tuning
 
 
+def test_the_grid_is_the_points_that_ran_at_the_rates_they_trained_with(make_sweep, tmp_path):
+    """Every run's config declares a third point (``demo.lr_grid`` with 1e-4) that no launch ran: the page's grid is
+    the two points that ran, each labelled with the learning rate its runs trained with (``module.optimizer.lr``)."""
+    sweep = make_sweep(grid=True)
+    for run in sweep.runs:
+        run.config["demo"]["lr_grid"] = {"vlow": 1e-4, **run.config["demo"]["lr_grid"]}
+    text = build(sweep, tmp_path / "out")
+    assert "Every arm ran the same 2-point learning-rate grid (0.0003, 0.001)" in text
+    assert "vlow" not in text
+
+
 def test_the_chosen_points_retrained_for_longer_are_reported_only_when_every_arm_has_them(make_sweep, tmp_path):
     """Grid runs still falling (500 steps); a later launch retrains every arm's chosen point at every seed for 1000
     steps (flat loss, one more right answer per region): the page reports those runs and reads their plateau. When

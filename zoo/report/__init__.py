@@ -32,6 +32,7 @@ Each demo's own prose lives with its page builder in ``demos/``. This module hol
 from __future__ import annotations
 
 from zoo.report.choice import (
+    RATE_KEY,
     GridChoice,
     best_mean,
     best_on_other_seeds,
@@ -71,6 +72,7 @@ from zoo.report.runs import (
 )
 
 __all__ = [
+    "RATE_KEY",
     "Curve",
     "GridChoice",
     "Run",

@@ -62,10 +62,11 @@ class ConfiguredRun(SeededRun, Protocol):
     def get(self, dotted: str, default: Any = None) -> Any: ...
 
 
-LR_KEY = "module.optimizer.lr"
+# the learning rate a run trained with (its resolved config)
+RATE_KEY = "module.optimizer.lr"
 
 
-def lr_order(runs: Mapping[str, Mapping[Any, ConfiguredRun]], key: str = LR_KEY) -> list[str]:
+def lr_order(runs: Mapping[str, Mapping[Any, ConfiguredRun]], key: str = RATE_KEY) -> list[str]:
     """An arm's grid points (``{point: {seed: run}}``), lowest learning rate first: the rate each point's runs
     trained with (``key`` of their resolved config), so the order holds whatever the points are called. Points
     with the same rate keep their order; a point whose runs name no rate comes last."""
@@ -227,7 +228,7 @@ def choose_per_seed(
 
 
 __all__ = [
-    "LR_KEY",
+    "RATE_KEY",
     "ConfiguredRun",
     "GridChoice",
     "SeededRun",
