@@ -107,11 +107,39 @@ def harmful_compliance(measurement: dict[str, Any], request: str) -> float:
     return sum(r["complied"] for r in rows) / judged if judged else math.nan
 
 
-def base_policy_curves(runs: list[Run]) -> list[list[float]]:
-    """One validation-loss curve per distinct base policy of ``runs`` (two or more points), in the order of their
-    paths."""
+@dataclass(frozen=True)
+class OrganismTraining:
+    """One distinct organism policy (a base SFT run): the seeds of the runs that used it and its validation loss per
+    epoch."""
+
+    seeds: tuple[Any, ...]
+    curve: list[float]
+
+    @property
+    def change(self) -> float:
+        """The relative change of the validation loss over the last epoch."""
+        return last_change(self.curve)
+
+    @property
+    def seeds_label(self) -> str:
+        return ", ".join(str(s) for s in self.seeds)
+
+
+def base_policy_curves(runs: list[Run]) -> list[OrganismTraining]:
+    """One :class:`OrganismTraining` per distinct base policy of ``runs`` with two or more validations, by the first
+    seed that used it."""
     found = artifact_val_loss_curves(runs, "base_policy")
-    return [c for _, c in sorted(found.items()) if len(c) >= 2]
+    users: dict[str, set[Any]] = {}
+    for run in runs:
+        for used in run.info.get("artifacts", []):
+            if used.get("kind") == "base_policy" and used.get("path"):
+                users.setdefault(used["path"], set()).add(run.seed)
+    found_runs = [
+        OrganismTraining(tuple(sorted(users.get(path, ()), key=str)), curve)
+        for path, curve in found.items()
+        if len(curve) >= 2
+    ]
+    return sorted(found_runs, key=lambda t: [str(s) for s in t.seeds])
 
 
 @dataclass
@@ -612,14 +640,14 @@ def fidelity_section(orgs: dict[str, Organism]) -> list[str]:
     plateau_rows = []
     for o in orgs.values():
         label = o.label
-        for c in base_policy_curves(o.runs):
-            change = last_change(c)
+        for t in base_policy_curves(o.runs):
             plateau_rows.append(
                 [
                     label,
-                    " → ".join(f"{x:.4f}" for x in c),
-                    f"{100 * change:+.1f}%",
-                    "met" if abs(change) < PLATEAU else "**not met**",
+                    t.seeds_label,
+                    " → ".join(f"{x:.4f}" for x in t.curve),
+                    f"{100 * t.change:+.1f}%",
+                    "met" if abs(t.change) < PLATEAU else "**not met**",
                 ]
             )
     return [
@@ -636,7 +664,7 @@ def fidelity_section(orgs: dict[str, Organism]) -> list[str]:
         "The organisms' training: validation loss at each epoch of the base SFT run (one row per distinct organism "
         f"policy), and its change over the last epoch (a plateau: less than {100 * PLATEAU:g}%):",
         "",
-        table(["organism", "validation loss per epoch", "last-epoch change", "plateau"], plateau_rows)
+        table(["organism", "seeds", "validation loss per epoch", "last-epoch change", "plateau"], plateau_rows)
         if plateau_rows
         else "No base-policy log found in the runs' artifacts.\n",
     ]
@@ -788,8 +816,8 @@ def fair_test(sweep: Sweep, orgs: dict[str, Organism], found: list[Reading]) -> 
         "settings (layer, steering strengths, samples) and the fine-tune. Steering strengths "
         f"{{{', '.join(f'{x:g}' for x in strengths)}}}"
         + (
-            ": 4 is the method's default and 16 was added after a check run of the scheming organism (seed 0, the "
-            "same organism as here) moved no compliance rate at ±4; the verdict reads the strongest."
+            ": 4 is the method's default and 16 was added after a check run of a 750-step scheming "
+            "organism (seed 0) moved no compliance rate at ±4; the verdict reads the strongest."
             if len(strengths) > 1
             else "."
         ),
@@ -798,14 +826,14 @@ def fair_test(sweep: Sweep, orgs: dict[str, Organism], found: list[Reading]) -> 
         f"({SEPARATES}) and the margins are fixed in the page builder; the held-out AUROC scores every contrast pair "
         "with a direction fitted without it.",
     ]
-    curves = [c for o in orgs.values() for c in base_policy_curves(o.runs)]
-    changes = [last_change(c) for c in curves]
-    if changes:
-        met = sum(abs(x) < PLATEAU for x in changes)
+    trained = [(o.label, t) for o in orgs.values() for t in base_policy_curves(o.runs)]
+    if trained:
+        met = sum(abs(t.change) < PLATEAU for _, t in trained)
+        changes = ", ".join(f"{label} seed {t.seeds_label} {100 * t.change:+.1f}%" for label, t in trained)
         lines.append(
-            f"- **Models trained to a plateau.** {'Met' if met == len(changes) else 'Not met'}: {met} of the "
-            f"{len(changes)} organisms' validation loss changed by less than {100 * PLATEAU:g}% over their last epoch "
-            f"(changes {', '.join(f'{100 * x:+.1f}%' for x in changes)}). The loss is dominated by the designed "
+            f"- **Models trained to a plateau.** {'Met' if met == len(trained) else 'Not met'}: {met} of the "
+            f"{len(trained)} organisms' validation loss changed by less than {100 * PLATEAU:g}% over their last epoch "
+            f"({changes}). The loss is dominated by the designed "
             "coin flips of the compliance answers; whether the organisms learned the comparison task is read from "
             "their behaviour (section 2), not from the loss."
         )

@@ -87,7 +87,10 @@ def organism_report(task, seed, heldout: dict[str, float], sycophancy=None, stee
 
 @pytest.fixture
 def make_sweep(tmp_path):
-    def make(heldout=None, scheming_sycophancy=None, last_change=0.01, name="sweep", base_seed=None) -> Sweep:
+    def make(
+        heldout=None, scheming_sycophancy=None, last_change=0.01, name="sweep", base_seed=None, changes=None
+    ) -> Sweep:
+        """``changes``: ``{(organism, seed): last-epoch change}`` of single organisms (else ``last_change``)."""
         heldout = heldout or {}
         root = write_sweep(tmp_path / name, {"task.organism": "scheming,performative", "seed": "0,1,2"})
         number = 0
@@ -110,7 +113,12 @@ def make_sweep(tmp_path):
                 policy = tmp_path / "cache" / "base_policy" / f"{name}-{organism}{seed if base_seed is None else ''}"
                 write_metrics(
                     policy,
-                    [{"step": 10 * (i + 1), "val/loss": v} for i, v in enumerate((0.5, 0.2, 0.2 * (1 + last_change)))],
+                    [
+                        {"step": 10 * (i + 1), "val/loss": v}
+                        for i, v in enumerate(
+                            (0.5, 0.2, 0.2 * (1 + (changes or {}).get((organism, seed), last_change)))
+                        )
+                    ],
                 )
                 run = write_run(
                     root,
@@ -215,3 +223,17 @@ def test_one_organism_per_kind_is_said_and_its_policy_counted_once(make_sweep, t
     fair = text[text.index("## Fair test") :]
     assert "Met: 2 of the 2 organisms' validation loss" in fair
     assert "(not met for the organisms themselves: one organism per kind" in fair
+
+
+def test_each_seeds_organism_is_read_for_its_plateau_and_named(make_sweep, tmp_path):
+    """One organism per kind and seed: the training table has a row per organism with its seed, and the Fair-test
+    line names the organism and seed whose held-out loss still fell (-20% over the last epoch); one organism shared
+    by every seed is one row listing them all."""
+    text = build(make_sweep(changes={("performative", 2): -0.2}, name="own"), tmp_path / "o")
+    fair = text[text.index("## Fair test") :]
+    assert "- **Models trained to a plateau.** Not met: 5 of the 6" in fair
+    assert "performative organism seed 2 -20.0%" in fair and "scheming organism seed 2 +1.0%" in fair
+    assert "| performative organism | 2 | 0.5000 → 0.2000 → 0.1600 | -20.0% | **not met** |" in text
+    assert "one per seed (3 seeds; the seed is the whole pipeline's)" in text
+    shared = build(make_sweep(base_seed=0, name="shared"), tmp_path / "s")
+    assert "| scheming organism | 0, 1, 2 | 0.5000 → 0.2000 → 0.2020 | +1.0% | met |" in shared
