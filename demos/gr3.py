@@ -88,6 +88,12 @@ def early(run: Run, metric: str = LENGTH) -> float:
     return window(run, metric, 0, EARLY)
 
 
+def logged_every(run: Run) -> str:
+    """``at every step`` or ``every N steps`` (``trainer.log_every_n_steps``)."""
+    n = run.get("trainer.log_every_n_steps")
+    return "at every step" if n == 1 else f"every {n} steps"
+
+
 def reward_change(run: Run) -> float:
     """Relative change of the mean training reward from the third to the last quarter of the run's steps."""
     steps = [s for s, _ in run.series(REWARD)]
@@ -395,8 +401,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         f"max {first.get('module.generation.max_new_tokens')} new tokens, lr {first.get('module.optimizer.lr')}, "
         f"{first.get('trainer.max_steps')} steps per run; finished runs read: {len(demo.runs)} of {len(sweep.runs)} "
         f"(seeds {', '.join(map(str, seeds))}). Cells: mean ± sd over seeds [95% confidence interval, Student t]; "
-        "lengths are generated tokens (EOS included); training series are logged every "
-        f"{first.get('trainer.log_every_n_steps')} steps. Contrasts are paired by seed (the arms of a seed share the "
+        f"lengths are generated tokens (EOS included); training series are logged {logged_every(first)}. Contrasts "
+        "are paired by seed (the arms of a seed share the "
         "base policy, the prompt order and the sampling seed).",
         "",
         *fair_test(demo, found),

@@ -161,6 +161,7 @@ def test_fair_test_reads_the_length_growth_the_shared_settings_and_the_plateau(m
     assert "3 of 3 runs end at the grid's largest alpha 0.6" not in fair  # 6 GR3 runs over two settings
     assert "6 of 6 runs end at the grid's largest alpha 0.6" in fair
     assert "changed by +0.3% over its last epoch (**met**)" in fair
+    assert "training series are logged every 5 steps" in text
     assert "not met" not in fair
 
 
