@@ -122,6 +122,7 @@ class OrganismTraining:
 
     @property
     def seeds_label(self) -> str:
+        """The seeds, comma-separated (one for an organism per seed, all of them for a shared one)."""
         return ", ".join(str(s) for s in self.seeds)
 
 
@@ -134,12 +135,12 @@ def base_policy_curves(runs: list[Run]) -> list[OrganismTraining]:
         for used in run.info.get("artifacts", []):
             if used.get("kind") == "base_policy" and used.get("path"):
                 users.setdefault(used["path"], set()).add(run.seed)
-    found_runs = [
+    trainings = [
         OrganismTraining(tuple(sorted(users.get(path, ()), key=str)), curve)
         for path, curve in found.items()
         if len(curve) >= 2
     ]
-    return sorted(found_runs, key=lambda t: [str(s) for s in t.seeds])
+    return sorted(trainings, key=lambda t: [str(s) for s in t.seeds])
 
 
 @dataclass
