@@ -28,6 +28,7 @@ from hydra.utils import instantiate
 from zoo.report import (
     Run,
     Sweep,
+    artifact_users,
     artifact_val_loss_curves,
     last_change,
     legend,
@@ -129,15 +130,10 @@ class OrganismTraining:
 def base_policy_curves(runs: list[Run]) -> list[OrganismTraining]:
     """One :class:`OrganismTraining` per distinct base policy of ``runs`` with two or more validations, by the first
     seed that used it."""
-    found = artifact_val_loss_curves(runs, "base_policy")
-    users: dict[str, set[Any]] = {}
-    for run in runs:
-        for used in run.info.get("artifacts", []):
-            if used.get("kind") == "base_policy" and used.get("path"):
-                users.setdefault(used["path"], set()).add(run.seed)
+    users = artifact_users(runs, "base_policy")
     trainings = [
-        OrganismTraining(tuple(sorted(users.get(path, ()), key=str)), curve)
-        for path, curve in found.items()
+        OrganismTraining(tuple(sorted({r.seed for r in users[path]}, key=str)), curve)
+        for path, curve in artifact_val_loss_curves(runs, "base_policy").items()
         if len(curve) >= 2
     ]
     return sorted(trainings, key=lambda t: [str(s) for s in t.seeds])

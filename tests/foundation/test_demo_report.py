@@ -18,6 +18,7 @@ import yaml
 from zoo.report import (
     Run,
     Sweep,
+    artifact_users,
     artifact_val_loss_curves,
     artifact_val_losses,
     base_policy_val_losses,
@@ -560,6 +561,8 @@ def test_prerequisite_validation_loss_curves_and_their_plateau(tmp_path):
     assert artifact_val_losses(runs[2], "demo_policy") == [0.5] and artifact_val_losses(runs[3]) == []
     curves = artifact_val_loss_curves(runs, "base_policy")
     assert curves == {str(a): [2.0, 1.0, 0.95], str(gone): [], str(b): [1.0, 1.1]}
+    users = artifact_users(runs, "base_policy")
+    assert {p: [r.seed for r in rs] for p, rs in users.items()} == {str(a): [0, 1], str(gone): [2], str(b): [2]}
     last, change = val_loss_plateau(runs)
     assert (last.n, change.n) == (2, 2)  # a and b once each
     assert last.mean == pytest.approx((0.95 + 1.1) / 2) and change.mean == pytest.approx((-0.05 + 0.1) / 2)

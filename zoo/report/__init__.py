@@ -13,7 +13,8 @@ sweep under ``<log dir>/demos/<paper>/``) by calling ``build(sweep, out)`` of th
 * :mod:`zoo.report.runs` -- a sweep -> :class:`Sweep` of :class:`Run` (each run's overrides -> arm + seed, metric
   series from the CSV logger, JSON/JSONL files a callback wrote, the resolved config and ``run_info.json``); the
   prerequisites the runs used -> :func:`artifact_values`, their validation-loss curves -> :func:`artifact_val_losses`
-  (per run) and :func:`artifact_val_loss_curves` (per prerequisite); the plateau readings of a curve ->
+  (per run) and :func:`artifact_val_loss_curves` (per prerequisite), the runs that used each -> :func:`artifact_users`;
+  the plateau readings of a curve ->
   :func:`last_change` (over the last interval), :func:`quarter_change` (third to last quarter) and
   :func:`val_loss_plateau` (the prerequisites' last validation loss and its last change);
 * :mod:`zoo.report.choice` -- a tuned knob's grid point per seed, chosen on the other seeds: a sweep's runs by arm,
@@ -58,6 +59,7 @@ from zoo.report.plots import Curve, curve, legend, plot, plot_curves, pyplot, sa
 from zoo.report.runs import (
     Run,
     Sweep,
+    artifact_users,
     artifact_val_loss_curves,
     artifact_val_losses,
     artifact_values,
@@ -77,6 +79,7 @@ __all__ = [
     "GridChoice",
     "Run",
     "Sweep",
+    "artifact_users",
     "artifact_val_loss_curves",
     "artifact_val_losses",
     "artifact_values",

@@ -349,17 +349,22 @@ def base_policy_val_losses(run: Run) -> list[float]:
     return artifact_val_losses(run, "base_policy")
 
 
-def artifact_val_loss_curves(runs: Iterable[Run], kind: str) -> dict[str, list[float]]:
-    """``{path: validation losses}`` of every distinct prerequisite of ``kind`` the runs used (``run_info.json`` ->
-    ``artifacts``; several runs may share one), in order of first use; a prerequisite whose log is gone maps to
-    ``[]``."""
-    curves: dict[str, list[float]] = {}
+def artifact_users(runs: Iterable[Run], kind: str) -> dict[str, list[Run]]:
+    """``{path: the runs that used it}`` of every distinct prerequisite of ``kind`` the runs used (``run_info.json``
+    -> ``artifacts``; several runs may share one), in order of first use."""
+    users: dict[str, list[Run]] = {}
     for run in runs:
         for used in run.info.get("artifacts", []):
             path = used.get("path")
-            if used.get("kind") == kind and path and path not in curves:
-                curves[path] = _val_losses(Path(path)) or []
-    return curves
+            if used.get("kind") == kind and path:
+                users.setdefault(path, []).append(run)
+    return users
+
+
+def artifact_val_loss_curves(runs: Iterable[Run], kind: str) -> dict[str, list[float]]:
+    """``{path: validation losses}`` of every distinct prerequisite of ``kind`` the runs used (:func:`artifact_users`),
+    in order of first use; a prerequisite whose log is gone maps to ``[]``."""
+    return {path: _val_losses(Path(path)) or [] for path in artifact_users(runs, kind)}
 
 
 def last_change(values: Sequence[float]) -> float:
