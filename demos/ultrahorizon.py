@@ -8,7 +8,6 @@ run's ``trajectories.jsonl`` (per-episode windowed action entropy, error tags, s
 
 from __future__ import annotations
 
-import csv
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,13 +26,17 @@ from zoo.agents.runner import UNUSABLE_TAG
 from zoo.report import (
     Run,
     Sweep,
+    artifact_users,
+    artifact_values,
     contrast,
+    last_change,
     legend,
     paired_contrast,
     provenance,
     pyplot,
     save_figure,
     table,
+    val_loss_log,
     write_page,
 )
 from zoo.stats import (
@@ -60,8 +63,9 @@ ENV_ORDER = ("ultrahorizon/grid", "ultrahorizon/sequence", "ultrahorizon/bio")
 DIFFICULTY_ORDER = ("easy", "medium", "hard")
 #: an effect below this (in score) is small: such claims would call for more seeds
 SMALL_EFFECT = 0.05
-#: a training loss below this share of its previous logged value is still falling (no plateau)
-FALLING = 0.98
+#: a behaviour-cloned model is at a plateau when its validation loss moved by less than this share over its last
+#: validation interval (the rule of the other pages' trained models)
+PLATEAU = 0.05
 ARM_ORDER = ("random", "early_commit", "hypothesis_elimination", NO_CRNR, "he_crnr", LLM_ARM, SFT_ARM, "llm_endpoint")
 
 
@@ -400,19 +404,15 @@ def fair_test(
             else ""
         )
     )
-    models = {
-        a.get("key"): a.get("metrics") or {}
-        for r in sft
-        for a in r.info.get("artifacts") or []
-        if a.get("kind") == "demo_policy"
-    }
+    models = artifact_users(sft, "demo_policy")
     if models:
-        losses = stat(m.get("val/loss") for m in models.values())
+        losses = stat(artifact_values(sft, "demo_policy", "val/loss"))
+        trained = next(iter(models.values()))[0]
         lines.append(
             "- **Models trained to a plateau.** The scripted agents are not trained (met by construction). The "
-            f"behaviour-cloned LMs ({len(models)} models, {first.get('demo.sft.model_steps')} SFT steps each) have "
-            f"one validation, at the end: validation loss {fmt_stat(losses, ci=False)} per token (character). "
-            + sft_training(sft, lab)
+            f"behaviour-cloned LMs ({len(models)} models, {trained.get('demo.sft.model_steps')} SFT steps each, "
+            f"validated every {trained.get('demo.sft.val_every')} steps on a held-out teacher episode): last "
+            f"validation loss {fmt_stat(losses, ci=False)} per token (character). " + sft_training(sft, lab)
         )
     else:
         lines.append(
@@ -629,32 +629,30 @@ def same_answer(envs: list[Any], lab: Any) -> str:
 
 
 def sft_training(runs: list[Run], lab: Any = str) -> str:
-    """The behaviour-cloned models' training curves, read from each model's own log in the artifact cache: the
-    training loss at each logged step and the learning rate at the end, and whether a plateau was reached (not met
-    when the loss was still falling or the learning rate had decayed to near 0 before the loss flattened; not
-    measured when the logs are gone)."""
-    found = {a.get("path"): r for r in runs for a in r.info.get("artifacts") or [] if a.get("kind") == "demo_policy"}
-    parts = []
-    for path, run in found.items():
-        log_file = Path(str(path)) / "csv" / "metrics.csv"
-        if not log_file.is_file():
+    """The behaviour-cloned models' validation curves, read from each model's own log in the artifact cache (one
+    curve per model, :func:`~zoo.report.val_loss_log`), and whether each reached a plateau: its validation loss moved
+    by less than :data:`PLATEAU` over its last validation interval (:func:`~zoo.report.last_change`); not measured
+    for a model with fewer than two validations or whose log is gone."""
+    parts, changes = [], []
+    for path, users in artifact_users(runs, "demo_policy").items():
+        points = val_loss_log(Path(path)) or []
+        setting = f"{lab(users[0].arm.get(ENV_KEY))} ({users[0].arm.get(DIFFICULTY_KEY)})"
+        if len(points) < 2:
+            parts.append(f"{setting}: {len(points)} validation(s), no plateau reading")
             continue
-        rows = list(csv.DictReader(log_file.open()))
-        losses = [(int(r["step"]), float(r["train/loss"])) for r in rows if r.get("train/loss")]
-        rates = [float(r["lr-AdamW"]) for r in rows if r.get("lr-AdamW")]
-        if losses:
-            curve = ", ".join(f"{loss:.2f}" for _, loss in losses)
-            end = f", learning rate at the end {rates[-1]:.1e}" if rates else ""
-            falling = len(losses) > 1 and losses[-1][1] < FALLING * losses[-2][1]
-            end += " (still falling over the last logged interval)" if falling else ""
-            setting = f"{lab(run.arm.get(ENV_KEY))} ({run.arm.get(DIFFICULTY_KEY)})"
-            parts.append(f"{setting}: training loss at steps {', '.join(str(s) for s, _ in losses)}: {curve}{end}")
+        change = last_change([loss for _, loss in points])
+        changes.append(change)
+        curve = ", ".join(f"{loss:.3f}" for _, loss in points)
+        parts.append(
+            f"{setting}: validation loss at steps {', '.join(str(s) for s, _ in points)}: {curve} "
+            f"({100 * change:+.1f}% over the last interval)"
+        )
     if not parts:
         return "A plateau is **not met** (not measured: the models' training logs are not in the artifact cache)."
+    met = len(changes) == len(parts) and all(abs(c) < PLATEAU for c in changes)
     return (
-        "A plateau is **not met**: " + "; ".join(parts) + ". The learning-rate schedule decays to near 0 within "
-        "these few steps, so even a flat end of the curve would be the schedule's end, not a plateau of what the "
-        "model can learn (more SFT steps cost more CPU than this sweep's budget)."
+        f"Plateau (every model's validation loss within {100 * PLATEAU:.0f}% over its last validation interval): "
+        f"**{'met' if met else 'not met'}**: " + "; ".join(parts) + "."
     )
 
 

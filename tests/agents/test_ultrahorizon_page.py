@@ -124,8 +124,31 @@ def test_the_behaviour_cloned_arm_that_cannot_act_gets_no_score_claim_and_its_st
         == "3 of 3 episodes were ended by the stop for unusable replies (after 3 steps on average)."
     )
     training = page.sft_training(runs_of(None, None, page.SFT_ARM))
-    assert "**not met**" in training and "steps 9, 29: 3.22, 3.35" in training and "1.0e-08" in training
-    assert "still falling" not in training
+    assert "1 validation(s), no plateau reading" in training and "**not met**" in training  # one validation only
     acting = sft_run(tmp_path / "b", 0, [{"tool": "move", "text": "", "completion_tokens": 5}], [], model)
     runs[:3] = [acting]
     assert len(page.claims(["ultrahorizon/grid"], ["hard"], ["random"], ["random"], runs_of, str)) == 2
+
+
+def model_log(path: Path, losses: dict[int, float]) -> Path:
+    """A behaviour-cloned model's CSV log: training-loss rows between its validations, as the CSV logger writes."""
+    (path / "csv").mkdir(parents=True)
+    rows = [f",{step - 1},2.5," for step in losses] + [f",{step},,{loss}" for step, loss in losses.items()]
+    (path / "csv" / "metrics.csv").write_text("lr-AdamW,step,train/loss,val/loss\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_sft_plateau_is_read_per_model_from_its_validations(tmp_path):
+    # grid: flat at its end (-1.0%); bio: still falling by 20% over its last interval -> not met for the page
+    grid = model_log(tmp_path / "grid", {50: 1.2, 100: 0.70, 150: 0.693})
+    bio = model_log(tmp_path / "bio", {50: 2.0, 100: 1.5, 150: 1.2})
+    runs = [sft_run(tmp_path / "g", s, [], [], grid) for s in range(2)]
+    runs += [sft_run(tmp_path / "b", s, [], [], bio) for s in range(2)]
+    for run in runs[2:]:
+        run.arm[page.ENV_KEY] = "ultrahorizon/bio"
+    training = page.sft_training(runs)
+    assert training.count("validation loss at steps 50, 100, 150") == 2  # one curve per model, not per run
+    assert "ultrahorizon/grid (hard): validation loss at steps 50, 100, 150: 1.200, 0.700, 0.693 (-1.0%" in training
+    assert "ultrahorizon/bio (hard)" in training and "(-20.0% over the last interval)" in training
+    assert "**not met**" in training
+    assert "**met**" in page.sft_training(runs[:2])  # the flat model alone

@@ -13,7 +13,8 @@ sweep under ``<log dir>/demos/<paper>/``) by calling ``build(sweep, out)`` of th
 * :mod:`zoo.report.runs` -- a sweep -> :class:`Sweep` of :class:`Run` (each run's overrides -> arm + seed, metric
   series from the CSV logger, JSON/JSONL files a callback wrote, the resolved config and ``run_info.json``); the
   prerequisites the runs used -> :func:`artifact_values`, their validation-loss curves -> :func:`artifact_val_losses`
-  (per run) and :func:`artifact_val_loss_curves` (per prerequisite), the runs that used each -> :func:`artifact_users`;
+  (per run) and :func:`artifact_val_loss_curves` (per prerequisite), a log's losses with their steps ->
+  :func:`val_loss_log`, the runs that used each -> :func:`artifact_users`;
   the plateau readings of a curve ->
   :func:`last_change` (over the last interval), :func:`quarter_change` (third to last quarter) and
   :func:`val_loss_plateau` (the prerequisites' last validation loss and its last change);
@@ -69,6 +70,7 @@ from zoo.report.runs import (
     quarter_change,
     read_metrics,
     summarize,
+    val_loss_log,
     val_loss_plateau,
     values,
 )
@@ -112,6 +114,7 @@ __all__ = [
     "summarize",
     "table",
     "val_loss_plateau",
+    "val_loss_log",
     "values",
     "write_page",
 ]

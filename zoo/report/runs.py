@@ -321,14 +321,20 @@ def artifact_values(runs: Iterable[Run], kind: str, metric: str, name: str | Non
     return list(seen.values())
 
 
-def _val_losses(path: Path) -> list[float] | None:
-    """The ``val/loss`` column of a run directory's CSV log (``<path>/csv/metrics.csv``, empty cells skipped);
-    ``None`` when there is no log."""
+def val_loss_log(path: Path) -> list[tuple[int, float]] | None:
+    """The ``(step, val/loss)`` pairs of a run directory's CSV log (``<path>/csv/metrics.csv``, rows without a
+    validation loss skipped); ``None`` when there is no log."""
     log = path / "csv" / "metrics.csv"
     if not log.is_file():
         return None
     with log.open(encoding="utf-8") as f:
-        return [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
+        return [(int(row["step"]), float(row["val/loss"])) for row in csv.DictReader(f) if row.get("val/loss")]
+
+
+def _val_losses(path: Path) -> list[float] | None:
+    """The validation losses of :func:`val_loss_log`, without their steps."""
+    points = val_loss_log(path)
+    return None if points is None else [loss for _, loss in points]
 
 
 def artifact_val_losses(run: Run, kind: str = "base_policy") -> list[float]:
