@@ -95,5 +95,5 @@ def replies_measured(episodes: Sequence[dict[str, Any]], budget: int | None, sho
 def run_seconds(runs: Sequence[Run]) -> tuple[Stat, int]:
     """Wall seconds of the runs that built no artifact (model loading and the episodes; a run that trained its model
     through the artifact cache first is left out) and the number of runs left out."""
-    plain = [r for r in runs if not any(a.get("built_now") for a in r.info.get("artifacts") or [])]
+    plain = [r for r in runs if not any(a.get("built_now") for a in r.artifacts())]
     return stat(r.info.get("wall_seconds") for r in plain), len(runs) - len(plain)

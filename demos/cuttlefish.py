@@ -15,7 +15,6 @@ and the held-out questions), followed by the Fair-test section. Each arm's learn
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from zoo.report import (
     GridChoice,
     Run,
     Sweep,
+    build_seconds,
     choose_per_seed,
     contrast,
     curve,
@@ -309,16 +309,10 @@ class Plateau:
 
 
 def built_prerequisites(run: Run) -> dict[str, float]:
-    """``{kind/name: build seconds}`` of the prerequisites this run built (``run_info.json`` -> ``artifacts`` with
-    ``built_now``; seconds from the artifact's ``artifact.json``)."""
-    out = {}
-    for used in run.info.get("artifacts", []):
-        meta = Path(used.get("path", "")) / "artifact.json"
-        if used.get("built_now") and meta.is_file():
-            out[f"{used.get('kind')}/{used.get('name')}"] = float(
-                json.loads(meta.read_text()).get("build_seconds", 0.0)
-            )
-    return out
+    """``{kind/name: build seconds}`` of the prerequisites this run built (:meth:`~zoo.report.Run.artifacts` with
+    ``built_now``; :func:`~zoo.report.build_seconds`, those whose build record is gone left out)."""
+    built = {f"{u.get('kind')}/{u.get('name')}": build_seconds(u) for u in run.artifacts() if u.get("built_now")}
+    return {key: seconds for key, seconds in built.items() if not math.isnan(seconds)}
 
 
 def run_seconds(run: Run) -> float:

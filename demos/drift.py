@@ -60,7 +60,7 @@ def point_of(run: Run) -> str:
 
 def rollout_artifact(run: Run) -> dict:
     """The ``drift_rollouts`` artifact record of an offline run (empty for the other arms)."""
-    return next((u for u in run.info.get("artifacts", []) if u.get("kind") == ROLLOUTS), {})
+    return next(iter(run.artifacts(ROLLOUTS)), {})
 
 
 def rollout_metrics(run: Run) -> dict[str, float]:

@@ -100,13 +100,9 @@ def by_arm(sweep: Sweep) -> dict[tuple[str, str], dict[int, Run]]:
     return out
 
 
-def used_artifacts(run: Run, kind: str) -> list[dict[str, Any]]:
-    return [used for used in run.info.get("artifacts", []) if used.get("kind") == kind]
-
-
 def artifact_metric(run: Run, kind: str, metric: str) -> float:
     """The build metric of the run's prerequisite of ``kind`` (``nan`` when it used none)."""
-    for used in used_artifacts(run, kind):
+    for used in run.artifacts(kind):
         value = (used.get("metrics") or {}).get(metric)
         if value is not None:
             return float(value)
@@ -119,13 +115,10 @@ def uniform_loss(run: Run) -> float:
     found = artifact_metric(run, "doremi_reference", "val/loss")
     if not math.isnan(found):
         return found
-    for used in used_artifacts(run, "doremi_weights"):
-        info_file = Path(used["path"]) / "run_info.json"
-        if info_file.is_file():
-            for inner in json.loads(info_file.read_text()).get("artifacts", []):
-                value = (inner.get("metrics") or {}).get("val/loss")
-                if inner.get("kind") == "doremi_reference" and value is not None:
-                    return float(value)
+    for used in run.artifacts("doremi_weights"):
+        found = artifact_metric(Run(path=Path(used["path"]), overrides=[]), "doremi_reference", "val/loss")
+        if not math.isnan(found):
+            return found
         found = cached_reference_loss(Path(used["path"]))
         if not math.isnan(found):
             return found
@@ -167,7 +160,7 @@ def selection_split(run: Run) -> str:
     their source is ``RegMixSelectionSource`` (it reads ``val`` from another split). Read from the specs of the proxy
     artifacts the run used (what the proxies trained with), else from the run's composed config; ``""`` when
     neither says."""
-    for used in used_artifacts(run, "regmix_proxy"):
+    for used in run.artifacts("regmix_proxy"):
         meta = Path(used["path"]) / "artifact.json"
         if meta.is_file():
             source = ((json.loads(meta.read_text()).get("spec") or {}).get("datamodule") or {}).get("source") or {}
@@ -191,7 +184,7 @@ def selection_of(source: Any) -> str:
 
 def regmix_report(run: Run) -> dict[str, Any]:
     """``regmix.json`` of the run's RegMix regressor (per-split rho, proxies' mixtures and losses; ``{}``: none)."""
-    for used in used_artifacts(run, "regmix_mixture"):
+    for used in run.artifacts("regmix_mixture"):
         path = Path(used["path"]) / "regmix.json"
         if path.is_file():
             return json.loads(path.read_text())

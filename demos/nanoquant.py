@@ -19,6 +19,7 @@ from typing import Any
 from zoo.report import (
     Run,
     Sweep,
+    artifact_users,
     artifact_values,
     legend,
     paired_contrast,
@@ -375,29 +376,12 @@ def cannot_test(arms: dict[str, list[Run]]) -> str:
 def model_curves(runs: list[Run]) -> list[list[tuple[int, float]]]:
     """The held-out loss curve of each trained model the runs quantized (the build's CSV log in its artifact
     directory), one per distinct model."""
-    kind, name = MODEL_ARTIFACT
-    paths = sorted(
-        {
-            used["path"]
-            for r in runs
-            for used in r.info.get("artifacts", [])
-            if used.get("kind") == kind and used.get("name") == name
-        }
-    )
-    return [Run(path=Path(p), overrides=[]).series("val/loss") for p in paths]
+    return [Run(path=Path(p), overrides=[]).series("val/loss") for p in sorted(artifact_users(runs, *MODEL_ARTIFACT))]
 
 
 def model_accuracy(runs: list[Run]) -> tuple[Stat, Stat]:
     """Held-out exact match of the trained models at their second-to-last and last validation."""
-    kind, name = MODEL_ARTIFACT
-    paths = sorted(
-        {
-            used["path"]
-            for r in runs
-            for used in r.info.get("artifacts", [])
-            if used.get("kind") == kind and used.get("name") == name
-        }
-    )
+    paths = sorted(artifact_users(runs, *MODEL_ARTIFACT))
     curves = [c for c in (Run(path=Path(p), overrides=[]).series("val/exact_match") for p in paths) if len(c) >= 2]
     return stat(c[-2][1] for c in curves), stat(c[-1][1] for c in curves)
 

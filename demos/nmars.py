@@ -143,10 +143,7 @@ def lr_of(sweep: Sweep, arm: str, point: str) -> float:
 
 # -- prerequisites the runs used ---------------------------------------------------------------------------------------
 def artifact_path(run: Run, kind: str, name: str | None = None) -> Path | None:
-    for used in run.info.get("artifacts", []):
-        if used.get("kind") == kind and (name is None or used.get("name") == name):
-            return Path(used.get("path", ""))
-    return None
+    return next((Path(used.get("path", "")) for used in run.artifacts(kind, name)), None)
 
 
 def held_out_prompts(run: Run) -> set[str]:

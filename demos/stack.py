@@ -11,13 +11,12 @@ split with DTS-Greedy (arXiv 2511.00640) or plain sampling. Read from the sweep:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from zoo.report import Run, Sweep, paired_contrast, provenance, pyplot, save_figure, table, write_page
+from zoo.report import Run, Sweep, build_seconds, paired_contrast, provenance, pyplot, save_figure, table, write_page
 from zoo.stats import fmt_stat, paired, stat
 from zoo.verdict import Claim, verdict_section
 
@@ -84,22 +83,13 @@ def metric(name: str) -> Callable[[Run], float]:
 def artifact(run: Run, kind: str = STAGE1) -> dict[str, Any]:
     """The artifact of ``kind`` the run used (its ``run_info.json`` entry: path, build metrics, ``built_now``);
     ``{}`` when it used none."""
-    for used in run.info.get("artifacts", []):
-        if used.get("kind") == kind:
-            return used
-    return {}
-
-
-def build_seconds(used: dict[str, Any]) -> float:
-    """How long an artifact's build took (its ``artifact.json``; ``nan`` when absent)."""
-    path = Path(str(used.get("path", ""))) / "artifact.json"
-    return float(json.loads(path.read_text()).get("build_seconds", math.nan)) if used and path.is_file() else math.nan
+    return next(iter(run.artifacts(kind)), {})
 
 
 def own_seconds(run: Run) -> float:
     """The run's own wall time: without the prerequisites it built before its job. Its prerequisites form one chain
     (the stage-1 policy built on the base policy), so the outermost build it started holds the others."""
-    built = [build_seconds(u) for u in run.info.get("artifacts", []) if u.get("built_now")]
+    built = [build_seconds(u) for u in run.artifacts() if u.get("built_now")]
     return wall(run) - max((b for b in built if not math.isnan(b)), default=0.0)
 
 

@@ -65,9 +65,9 @@ PLATEAU = 0.05
 def base_train_prompts(run: Run) -> set[str]:
     """The prompts of the base policy's SFT training rows (its build's ``datamodule.source``, drawn again from its
     resolved config; empty when the artifact is gone)."""
-    for used in run.info.get("artifacts", []):
+    for used in run.artifacts("base_policy"):
         config = Path(used.get("path", "")) / "resolved_config.yaml"
-        if used.get("kind") == "base_policy" and config.is_file():
+        if config.is_file():
             source = instantiate(OmegaConf.load(config).datamodule.source)
             return {row["prompt"] for row in source.rows("train")}
     return set()

@@ -27,6 +27,7 @@ from hydra.utils import instantiate
 from zoo.report import (
     Run,
     Sweep,
+    artifact_users,
     artifact_values,
     curve,
     legend,
@@ -74,14 +75,7 @@ def connector_text(first: Any) -> str:
 
 def stage1_builds(runs: list[Run]) -> list[Run]:
     """The stage-1 build runs the sweep used (their artifact directories hold the build's CSV log), one per artifact."""
-    kind, name = STAGE1_ARTIFACT
-    paths = {
-        used["path"]
-        for r in runs
-        for used in r.info.get("artifacts", [])
-        if used.get("kind") == kind and used.get("name") == name
-    }
-    return [Run(path=Path(p), overrides=[]) for p in sorted(paths)]
+    return [Run(path=Path(p), overrides=[]) for p in sorted(artifact_users(runs, *STAGE1_ARTIFACT))]
 
 
 # A plateau: the last stage-1 validation is no new best by more than this (held-out accuracy), nor this far below it

@@ -21,6 +21,7 @@ from typing import Any
 from zoo.report import (
     Run,
     Sweep,
+    artifact_values,
     contrast,
     provenance,
     pyplot,
@@ -52,13 +53,7 @@ BASELINES = ("semstamp", "ksemstamp")
 
 def build_metric(runs: list[Run], name: str, metric: str) -> list[float]:
     """A build metric of the ``topic_lm`` artifacts named ``name`` (generator / paraphraser) the runs used."""
-    seen: dict[str, float] = {}
-    for run in runs:
-        for used in run.info.get("artifacts", []):
-            value = (used.get("metrics") or {}).get(metric)
-            if used.get("kind") == "topic_lm" and used.get("name") == name and value is not None:
-                seen[used["path"]] = float(value)
-    return list(seen.values())
+    return artifact_values(runs, "topic_lm", metric, name)
 
 
 def metric(run: Run, name: str) -> float:

@@ -21,6 +21,7 @@ from zoo.report import (
     artifact_users,
     artifact_val_loss_curves,
     artifact_val_losses,
+    build_seconds,
     base_policy_val_losses,
     best_mean,
     best_on_other_seeds,
@@ -38,6 +39,7 @@ from zoo.report import (
     pyplot,
     quarter_change,
     split_by_length,
+    val_loss_log,
     val_loss_plateau,
 )
 from zoo.report.__main__ import main
@@ -568,3 +570,22 @@ def test_prerequisite_validation_loss_curves_and_their_plateau(tmp_path):
     assert last.mean == pytest.approx((0.95 + 1.1) / 2) and change.mean == pytest.approx((-0.05 + 0.1) / 2)
     assert val_loss_plateau(runs, absolute=True)[1].mean == pytest.approx((-0.05 + 0.1) / 2)  # 0.95 - 1.0, 1.1 - 1.0
     assert val_loss_plateau(runs, "demo_policy")[1].n == 0  # a single validation: no change
+
+
+def test_run_artifacts_by_kind_and_name_their_logs_and_build_seconds(tmp_path):
+    """The prerequisites a run used, filtered by kind and name; a log's validation losses with their steps; a build's
+    seconds from its artifact.json (nan when the record is gone)."""
+    model = write_run(tmp_path, "model", [], [{"step": 49, "train/loss": 3.0}, {"step": 50, "val/loss": 1.5}])
+    (model / "artifact.json").write_text(json.dumps({"build_seconds": 12.5}))
+    arts = [
+        {"kind": "topic_lm", "name": "generator", "path": str(model), "built_now": True},
+        {"kind": "topic_lm", "name": "paraphraser", "path": str(tmp_path / "gone")},
+        {"kind": "base_policy", "path": str(model)},
+    ]
+    run = Run.load(write_run(tmp_path, "r", ["seed=0"], info={"artifacts": arts}))
+    assert run.artifacts() == arts
+    assert run.artifacts("topic_lm") == arts[:2] and run.artifacts("topic_lm", "paraphraser") == arts[1:2]
+    assert run.artifacts("demo_policy") == [] and Run.load(write_run(tmp_path, "bare", [])).artifacts() == []
+    assert list(artifact_users([run], "topic_lm", "generator")) == [str(model)]
+    assert val_loss_log(model) == [(50, 1.5)] and val_loss_log(tmp_path / "gone") is None
+    assert build_seconds(arts[0]) == 12.5 and math.isnan(build_seconds(arts[1]))

@@ -184,6 +184,15 @@ class Run:
         path = self.path / "run_info.json"
         return json.loads(path.read_text()) if path.is_file() else {}
 
+    def artifacts(self, kind: str | None = None, name: str | None = None) -> list[dict[str, Any]]:
+        """The prerequisites the run used (``run_info.json`` -> ``artifacts``: each its ``kind``, ``name``, ``path``,
+        build ``metrics`` and ``built_now``), of ``kind`` and ``name`` when given, in order of use."""
+        return [
+            used
+            for used in self.info.get("artifacts") or []
+            if (kind is None or used.get("kind") == kind) and (name is None or used.get("name") == name)
+        ]
+
     @property
     def finished(self) -> bool:
         """Whether the run finished (``run_info.json`` has ``finished_at``)."""
@@ -314,9 +323,9 @@ def artifact_values(runs: Iterable[Run], kind: str, metric: str, name: str | Non
     (``run_info.json`` -> ``artifacts``), one value per distinct artifact (several runs of a seed share one)."""
     seen: dict[str, float] = {}
     for run in runs:
-        for used in run.info.get("artifacts", []):
+        for used in run.artifacts(kind, name):
             value = (used.get("metrics") or {}).get(metric)
-            if used.get("kind") == kind and (name is None or used.get("name") == name) and value is not None:
+            if value is not None:
                 seen[used["path"]] = float(value)
     return list(seen.values())
 
@@ -341,11 +350,10 @@ def artifact_val_losses(run: Run, kind: str = "base_policy") -> list[float]:
     """The validation loss of the prerequisite of ``kind`` a run used, at each of its validations (the prerequisite's
     own training-run log, found through ``run_info.json`` -> ``artifacts``; the first one of that kind whose log is
     there); empty when the run used none or its log is gone."""
-    for used in run.info.get("artifacts", []):
-        if used.get("kind") == kind:
-            curve = _val_losses(Path(used.get("path", "")))
-            if curve is not None:
-                return curve
+    for used in run.artifacts(kind):
+        curve = _val_losses(Path(used.get("path", "")))
+        if curve is not None:
+            return curve
     return []
 
 
@@ -355,16 +363,22 @@ def base_policy_val_losses(run: Run) -> list[float]:
     return artifact_val_losses(run, "base_policy")
 
 
-def artifact_users(runs: Iterable[Run], kind: str) -> dict[str, list[Run]]:
-    """``{path: the runs that used it}`` of every distinct prerequisite of ``kind`` the runs used (``run_info.json``
-    -> ``artifacts``; several runs may share one), in order of first use."""
+def artifact_users(runs: Iterable[Run], kind: str, name: str | None = None) -> dict[str, list[Run]]:
+    """``{path: the runs that used it}`` of every distinct prerequisite of ``kind`` (and, when given, of that
+    ``name``) the runs used (:meth:`Run.artifacts`; several runs may share one), in order of first use."""
     users: dict[str, list[Run]] = {}
     for run in runs:
-        for used in run.info.get("artifacts", []):
-            path = used.get("path")
-            if used.get("kind") == kind and path:
-                users.setdefault(path, []).append(run)
+        for used in run.artifacts(kind, name):
+            if used.get("path"):
+                users.setdefault(used["path"], []).append(run)
     return users
+
+
+def build_seconds(used: dict[str, Any]) -> float:
+    """How long a prerequisite's build took (an entry of :meth:`Run.artifacts`; ``build_seconds`` of its
+    ``artifact.json``); ``nan`` when that file is gone."""
+    meta = Path(str(used.get("path", ""))) / "artifact.json"
+    return float(json.loads(meta.read_text()).get("build_seconds", math.nan)) if used and meta.is_file() else math.nan
 
 
 def artifact_val_loss_curves(runs: Iterable[Run], kind: str) -> dict[str, list[float]]:
