@@ -64,8 +64,10 @@ DIFFICULTY_ORDER = ("easy", "medium", "hard")
 #: an effect below this (in score) is small: such claims would call for more seeds
 SMALL_EFFECT = 0.05
 #: a behaviour-cloned model is at a plateau when its validation loss moved by less than this share over its last
-#: validation interval (the rule of the other pages' trained models)
+#: validation interval (the rule of the other pages' trained models), or by less than PLATEAU_NATS where the loss is
+#: this close to 0 that ten-thousandths are large fractions of it (the WET page's rule)
 PLATEAU = 0.05
+PLATEAU_NATS = 0.001
 ARM_ORDER = ("random", "early_commit", "hypothesis_elimination", NO_CRNR, "he_crnr", LLM_ARM, SFT_ARM, "llm_endpoint")
 
 
@@ -412,7 +414,7 @@ def fair_test(
             "- **Models trained to a plateau.** The scripted agents are not trained (met by construction). The "
             f"behaviour-cloned LMs ({len(models)} models, {trained.get('demo.sft.model_steps')} SFT steps each, "
             f"validated every {trained.get('demo.sft.val_every')} steps on a held-out teacher episode): last "
-            f"validation loss {fmt_stat(losses, ci=False)} per token (character). " + sft_training(sft, lab)
+            f"validation loss {fmt_stat(losses, 4, ci=False)} per token (character). " + sft_training(sft, lab)
         )
     else:
         lines.append(
@@ -631,28 +633,31 @@ def same_answer(envs: list[Any], lab: Any) -> str:
 def sft_training(runs: list[Run], lab: Any = str) -> str:
     """The behaviour-cloned models' validation curves, read from each model's own log in the artifact cache (one
     curve per model, :func:`~zoo.report.val_loss_log`), and whether each reached a plateau: its validation loss moved
-    by less than :data:`PLATEAU` over its last validation interval (:func:`~zoo.report.last_change`); not measured
-    for a model with fewer than two validations or whose log is gone."""
-    parts, changes = [], []
+    by less than :data:`PLATEAU` (:func:`~zoo.report.last_change`) or less than :data:`PLATEAU_NATS` over its last
+    validation interval; not measured for a model with fewer than two validations or whose log is gone."""
+    parts, settled = [], []
     for path, users in artifact_users(runs, "demo_policy").items():
         points = val_loss_log(Path(path)) or []
         setting = f"{lab(users[0].arm.get(ENV_KEY))} ({users[0].arm.get(DIFFICULTY_KEY)})"
         if len(points) < 2:
             parts.append(f"{setting}: {len(points)} validation(s), no plateau reading")
+            settled.append(False)
             continue
-        change = last_change([loss for _, loss in points])
-        changes.append(change)
-        curve = ", ".join(f"{loss:.3f}" for _, loss in points)
+        losses = [loss for _, loss in points]
+        change, drop = last_change(losses), losses[-1] - losses[-2]
+        settled.append(abs(change) < PLATEAU or abs(drop) < PLATEAU_NATS)
+        digits = 4 if min(losses) < 0.01 else 3
+        curve = ", ".join(f"{loss:.{digits}f}" for loss in losses)
         parts.append(
             f"{setting}: validation loss at steps {', '.join(str(s) for s, _ in points)}: {curve} "
-            f"({100 * change:+.1f}% over the last interval)"
+            f"({100 * change:+.1f}%, {drop:+.4f} nats over the last interval)"
         )
     if not parts:
         return "A plateau is **not met** (not measured: the models' training logs are not in the artifact cache)."
-    met = len(changes) == len(parts) and all(abs(c) < PLATEAU for c in changes)
     return (
-        f"Plateau (every model's validation loss within {100 * PLATEAU:.0f}% over its last validation interval): "
-        f"**{'met' if met else 'not met'}**: " + "; ".join(parts) + "."
+        f"Plateau (every model's validation loss moving by less than {100 * PLATEAU:.0f}%, or less than "
+        f"{PLATEAU_NATS:g} nats per character where it is this close to 0, over its last validation interval): "
+        f"**{'met' if all(settled) else 'not met'}**: " + "; ".join(parts) + "."
     )
 
 

@@ -149,6 +149,12 @@ def test_sft_plateau_is_read_per_model_from_its_validations(tmp_path):
     training = page.sft_training(runs)
     assert training.count("validation loss at steps 50, 100, 150") == 2  # one curve per model, not per run
     assert "ultrahorizon/grid (hard): validation loss at steps 50, 100, 150: 1.200, 0.700, 0.693 (-1.0%" in training
-    assert "ultrahorizon/bio (hard)" in training and "(-20.0% over the last interval)" in training
+    assert "ultrahorizon/bio (hard)" in training and "(-20.0%, -0.3000 nats over the last interval)" in training
     assert "**not met**" in training
     assert "**met**" in page.sft_training(runs[:2])  # the flat model alone
+    # at the loss floor a large relative change is a few ten-thousandths of a nat: met
+    floor = model_log(tmp_path / "floor", {50: 0.2, 100: 0.0014, 150: 0.0005})
+    training = page.sft_training([sft_run(tmp_path / "f", 0, [], [], floor)])
+    assert "0.2000, 0.0014, 0.0005 (-64.3%, -0.0009 nats" in training and "**met**" in training
+    steep = model_log(tmp_path / "steep", {50: 0.2, 100: 0.01, 150: 0.005})  # -50%, -0.005 nats: not met
+    assert "**not met**" in page.sft_training([sft_run(tmp_path / "s", 0, [], [], steep)])
