@@ -125,11 +125,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
             header += [f"{difficulty}: score", f"{difficulty}: tool calls"]
         sections += [f"### {lab(env)}", "", table(header, rows)]
         sections += [f"- {line}" for line in env_contrasts(env, difficulties, arms, runs_of, lab)]
-        if len(difficulties) > 1 and same_across_difficulties(env, difficulties, arms, runs_of):
-            sections.append(
-                f"- Every agent scored the same on {' and '.join(map(str, difficulties))}, seed by seed: the "
-                "difficulty knob does not change this environment (as in the official code)."
-            )
+        same = same_difficulty_note(env, difficulties, arms, runs_of, lab)
+        sections += [f"- {same}"] if same else []
         sections.append("")
 
     sections += left_out_paragraph(left_out, lab)
@@ -544,6 +541,20 @@ def same_across_difficulties(env: str | None, difficulties: list[Any], arms: lis
     return all(len({tuple(scores(d, arm)) for d in difficulties}) == 1 for arm in arms)
 
 
+def same_difficulty_note(env: str | None, difficulties: list[Any], arms: list[str], runs_of: Any, lab: Any) -> str:
+    """The sentence saying that the difficulty knob changes nothing in ``env`` (every arm that ran at each difficulty
+    scored the same there, seed by seed; the arms run at some difficulties only are named), or ``""``."""
+    everywhere = [a for a in arms if all(runs_of(env, d, a) for d in difficulties)]
+    if len(difficulties) < 2 or not everywhere or not same_across_difficulties(env, difficulties, everywhere, runs_of):
+        return ""
+    partial = [lab(a) for a in arms if a not in everywhere and any(runs_of(env, d, a) for d in difficulties)]
+    return (
+        f"Every agent scored the same on {' and '.join(map(str, difficulties))}, seed by seed: the difficulty knob "
+        "does not change this environment (as in the official code)"
+        + (f"; not run at every difficulty: {', '.join(partial)}." if partial else ".")
+    )
+
+
 def env_contrasts(env: str | None, difficulties: list[Any], arms: list[str], runs_of: Any, lab: Any) -> list[str]:
     """Hypothesis elimination against random and early commit, early commit against random, and each CRNR window
     against CRNR off, per difficulty, paired by seed (the arms of a seed play the same worlds)."""
@@ -604,6 +615,22 @@ def stopped_early(eps: list[dict[str, Any]]) -> str:
     steps = stat(len(e.get("steps", [])) for e in stopped)
     return f"{len(stopped)} of {len(eps)} episodes were ended by the stop for unusable replies" + (
         f" (after {steps.mean:.0f} steps on average)." if stopped else "."
+    )
+
+
+def parsed_by_position(eps: list[dict[str, Any]]) -> str:
+    """How many replies parsed as a tool call at an episode's first request (system prompt and instruction only: the
+    same chat for every episode of a setting) and at its later requests (they carry the earlier tool results)."""
+    first = [e["steps"][0] for e in eps if e.get("steps")]
+    later = [s for e in eps for s in (e.get("steps") or [])[1:]]
+    if not first:
+        return ""
+    first_parsed, later_parsed = (sum(s.get("tool") is not None for s in steps) for steps in (first, later))
+    return (
+        f"Replies that parsed as a tool call, by position: the episode's first request {first_parsed} of "
+        f"{len(first)}, later requests {later_parsed} of {len(later)} (a later request carries the earlier tool "
+        "results; a chat longer than the context is cut to its most recent turns, which training never showed the "
+        "model)."
     )
 
 
@@ -705,7 +732,7 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
         table(["setting", lab(SFT_ARM), lab("he_crnr"), lab("random"), "steps with a parsed tool call"], rows),
         llm_arm_measured(runs, eps, f"score {fmt_stat(stat(r.last('test/score') for r in runs))}"),
         "",
-        replies_measured(eps, r0.get("backend.max_tokens")) + " " + timing(runs),
+        replies_measured(eps, r0.get("backend.max_tokens")) + " " + timing(runs) + " " + parsed_by_position(eps),
         "",
         f"It cannot act: {why}; it is left out of the score tables and of the Verdict's score claims. "
         + stopped_early(eps)

@@ -158,3 +158,39 @@ def test_sft_plateau_is_read_per_model_from_its_validations(tmp_path):
     assert "0.2000, 0.0014, 0.0005 (-64.3%, -0.0009 nats" in training and "**met**" in training
     steep = model_log(tmp_path / "steep", {50: 0.2, 100: 0.01, 150: 0.005})  # -50%, -0.005 nats: not met
     assert "**not met**" in page.sft_training([sft_run(tmp_path / "s", 0, [], [], steep)])
+
+
+def test_parsed_replies_are_counted_at_the_first_request_and_after_it():
+    call, garbage = {"tool": "query_organisms"}, {"tool": None}
+    eps = [{"steps": [call, garbage, garbage]}, {"steps": [call, call, garbage]}, {"steps": [garbage]}, {"steps": []}]
+    text = page.parsed_by_position(eps)
+    assert "first request 2 of 3, later requests 1 of 4" in text
+    assert page.parsed_by_position([{"steps": []}]) == ""
+
+
+def test_difficulty_note_reads_the_arms_that_ran_at_every_difficulty(tmp_path):
+    runs = []
+    for difficulty in ("easy", "hard"):
+        for seed in range(2):
+            run = write_run(tmp_path / difficulty, "random", seed, 0.1 * seed, 200)
+            run.arm[page.DIFFICULTY_KEY] = difficulty
+            runs.append(run)
+    sft = write_run(tmp_path / "easy", page.SFT_ARM, 0, 0.0, 16)
+    sft.arm[page.DIFFICULTY_KEY] = "easy"
+    runs.append(sft)
+
+    def runs_of(env, difficulty, arm):
+        return [r for r in runs if r.arm[page.DIFFICULTY_KEY] == difficulty and r.arm[page.ARM_KEY] == arm]
+
+    note = page.same_difficulty_note("ultrahorizon/grid", ["easy", "hard"], ["random", page.SFT_ARM], runs_of, str)
+    assert note.startswith("Every agent scored the same on easy and hard")
+    assert note.endswith(f"not run at every difficulty: {page.SFT_ARM}.")  # an easy-only arm does not void it
+    assert page.same_difficulty_note("ultrahorizon/grid", ["easy", "hard"], ["random"], runs_of, str).endswith(
+        "(as in the official code)."
+    )
+    runs[2].path.joinpath("csv", "metrics.csv").write_text("step,test/score\n0,0.9\n")  # hard seed 0 now differs
+    runs_of_fresh = [Run(path=r.path, overrides=r.overrides, seed=r.seed) for r in runs]
+    for fresh, old in zip(runs_of_fresh, runs, strict=True):
+        fresh.arm = old.arm
+    runs[:] = runs_of_fresh
+    assert page.same_difficulty_note("ultrahorizon/grid", ["easy", "hard"], ["random"], runs_of, str) == ""
