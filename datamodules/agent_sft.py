@@ -7,11 +7,14 @@ with :class:`~zoo.agents.backends.hf_local.HFLocalBackend`'s own rendering (:cla
 so the tokens trained on are the tokens the model is given at evaluation in the same state; the loss covers the reply
 and its EOS only (:class:`~zoo.datamodules.sft.SFTDataModule`).
 
-Only rows the evaluation would show the model unchanged are trained on: a prompt of at most ``context -
+By default only rows the evaluation would show the model unchanged are trained on: a prompt of at most ``context -
 reply_tokens`` tokens (``reply_tokens``: the evaluation's reply budget, ``backend.max_tokens``, capped at half the
 context as the backend caps it) and a reply of at most ``reply_tokens`` tokens (EOS included). A longer chat is cut
-by the backend at evaluation (oldest turns dropped), a longer reply is cut at the budget and never executed; such
-rows are left out and counted in the log.
+by the backend at evaluation (oldest turns dropped, then, with ``backend.overflow=keep_recent``, the oldest tokens),
+a longer reply is cut at the budget and never executed; such rows are left out and counted in the log. With
+``overflow`` set to the evaluation backend's setting, a longer chat is trained on as the backend cuts it instead
+(:meth:`~zoo.agents.backends.hf_local.HFLocalBackend.fit_context`), so the model also learns the prompts it is
+given once an episode's chat outgrows its context.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from zoo.agents.cloning import ChatRendering, collect_demonstrations
 from zoo.agents.envs.base import Environment
+from zoo.agents.errors import BackendError
 from zoo.agents.policies.base import Agent
 from zoo.data.sources import GeneratedSource, Row
 from zoo.datamodules.base import ListDataset, encode_completion
@@ -93,18 +97,22 @@ class AgentSFTDataModule(SFTDataModule):
 
     Args:
         reply_tokens: the evaluation's reply budget (``backend.max_tokens``).
+        overflow: ``None`` (default): leave out the requests longer than the context beside the reply budget;
+            ``error`` / ``keep_recent`` (the evaluation's ``backend.overflow``): train on them cut as the backend
+            cuts them (those the backend would refuse under ``error`` are left out).
         (other arguments: see :class:`~zoo.datamodules.sft.SFTDataModule`).
     """
 
     required_fields = ("chat", "tools", "completion")
     encoded_fields = ("chat", "tools", "completion")
 
-    def __init__(self, *args: Any, reply_tokens: int = 1024, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, reply_tokens: int = 1024, overflow: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if isinstance(reply_tokens, bool) or not isinstance(reply_tokens, int) or reply_tokens < 1:
             raise ConfigError(f"datamodule.reply_tokens must be a positive whole number, got {reply_tokens!r}")
         self.reply_tokens = reply_tokens
-        self.rendering = ChatRendering(self.tokenizer)
+        self.overflow = overflow
+        self.rendering = ChatRendering(self.tokenizer, overflow or "error")
         #: rows kept / offered per split
         self.kept: dict[str, tuple[int, int]] = {}
 
@@ -116,13 +124,21 @@ class AgentSFTDataModule(SFTDataModule):
         return context - reply, reply
 
     def prompt_ids(self, row: Row) -> list[int]:
-        """The token ids the HF local backend gives its model for the row's chat."""
-        return self.rendering.encode(row["chat"], row["tools"])
+        """The token ids the HF local backend gives its model for the row's chat: the whole chat, or with
+        ``overflow`` set, the chat cut to the context as the backend cuts it."""
+        if self.overflow is None:
+            return self.rendering.encode(row["chat"], row["tools"])
+        prompt, reply = self.budgets()
+        return self.rendering.fit_context(row["chat"], row["tools"], prompt + reply, reply)[0]
 
     def fits(self, row: Row) -> bool:
         prompt, reply = self.budgets()
-        completion = encode_completion(self.tokenizer, row["completion"])
-        return len(self.prompt_ids(row)) <= prompt and len(completion) <= reply
+        if len(encode_completion(self.tokenizer, row["completion"])) > reply:
+            return False
+        try:
+            return len(self.prompt_ids(row)) <= prompt
+        except BackendError:  # overflow=error: the backend would refuse this chat
+            return False
 
     def build_dataset(self, split: str, rows: Sequence[Row]) -> ListDataset:
         kept = [row for row in rows if self.fits(row)]

@@ -112,6 +112,32 @@ def test_rows_the_evaluation_would_cut_are_left_out(demonstrations):
     assert 0 < len(dataset) == kept < len(rows) and dm.kept["train"] == (kept, len(rows))
 
 
+def test_with_the_backends_overflow_long_chats_are_trained_on_as_the_backend_cuts_them(demonstrations):
+    rows, _ = demonstrations
+    requests, _ = replay(rows)
+    tokenizer = TinyBackbone(seed=0).tokenizer
+    dm = datamodule(tokenizer, reply_tokens=256)
+    lengths = [len(dm.prompt_ids(r)) for r in rows]
+    context = sorted(lengths)[len(lengths) // 2] + 256  # the longer half of the chats overflows
+    dm.max_length = context
+    dm.overflow, dm.rendering.overflow = "keep_recent", "keep_recent"
+    short_replies = sum(len(tokenizer(r["completion"])["input_ids"]) < 256 for r in rows)  # EOS fits beside it
+    assert len(dm.build_dataset("train", rows)) == short_replies == dm.kept["train"][0]  # no chat left out
+    assert dm.kept["train"][0] > sum(n <= context - 256 for n in lengths)  # the default would leave out more
+    backbone = TinyBackbone(max_position_embeddings=context, seed=0)
+    backend = HFLocalBackend(
+        model=backbone.build_model(), tokenizer=backbone.tokenizer, max_tokens=256, overflow="keep_recent"
+    )
+    longest = max(range(len(rows)), key=lengths.__getitem__)
+    for index in (0, longest):
+        ids = dm.prompt_ids(rows[index])
+        messages, tools = requests[index]
+        assert ids == backend.fit_context(messages, tools, context, 256)[0]
+        assert backend.complete(messages, tools).usage.prompt_tokens == len(ids) <= context - 256
+    assert len(dm.prompt_ids(rows[longest])) < lengths[longest]  # cut, not whole
+    assert dm.prompt_ids(rows[0]) == dm.rendering.encode(rows[0]["chat"], rows[0]["tools"])  # a short chat: whole
+
+
 def test_the_demo_arm_builds_its_model_with_the_evaluations_harness(train_cfg):
     cfg = train_cfg(["+demo=ultrahorizon", "demo/ultrahorizon/arm=llm_sft", "env=ultrahorizon/sequence"])
     assert cfg.agent._target_ == "zoo.agents.LLMToolAgent" and cfg.backend._target_ == "zoo.agents.HFLocalBackend"

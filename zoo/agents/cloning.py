@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from zoo.agents.backends.base import Backend
-from zoo.agents.backends.hf_local import HFLocalBackend
+from zoo.agents.backends.hf_local import HFLocalBackend, checked_overflow
 from zoo.agents.backends.scripted import ScriptedBackend
 from zoo.agents.envs.base import Environment
 from zoo.agents.errors import BackendError
@@ -137,13 +137,15 @@ def collect_demonstrations(
 
 
 class ChatRendering(HFLocalBackend):
-    """:class:`~zoo.agents.backends.hf_local.HFLocalBackend`'s ``render`` and ``encode`` for a tokenizer alone: the
-    prompt text and token ids the backend gives its model for a chat (no model is loaded or called)."""
+    """:class:`~zoo.agents.backends.hf_local.HFLocalBackend`'s ``render``, ``encode`` and ``fit_context`` for a
+    tokenizer alone: the prompt text and token ids the backend gives its model for a chat, cut to a context as the
+    backend cuts it under its ``overflow`` setting (no model is loaded or called)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, overflow: str = "error") -> None:
         Backend.__init__(self)
         self._tokenizer = tokenizer
         self._model = None
+        self.overflow = checked_overflow(overflow)
 
     def _complete(self, request: dict[str, Any]) -> Any:
         raise BackendError("ChatRendering renders prompts only; use HFLocalBackend to generate")

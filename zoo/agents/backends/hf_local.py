@@ -41,6 +41,17 @@ def plain_transcript(messages: list[Message]) -> str:
     return "\n".join(blocks) + "\n<|assistant|>\n"
 
 
+#: what :meth:`HFLocalBackend.fit_context` does when the system prompt and the last message alone exceed the context
+OVERFLOWS = ("error", "keep_recent")
+
+
+def checked_overflow(overflow: str) -> str:
+    """``overflow`` when it is one of :data:`OVERFLOWS`, else a :class:`ConfigError` naming them."""
+    if overflow not in OVERFLOWS:
+        raise ConfigError(f"backend.overflow={overflow!r}; use one of {list(OVERFLOWS)}")
+    return overflow
+
+
 class HFLocalBackend(Backend):
     """Generate replies with a local causal LM.
 
@@ -68,9 +79,7 @@ class HFLocalBackend(Backend):
         overflow: str = "error",
     ) -> None:
         super().__init__(temperature, max_tokens, cache)
-        if overflow not in ("error", "keep_recent"):
-            raise ConfigError(f"backend.overflow={overflow!r}; use error or keep_recent")
-        self.overflow = overflow
+        self.overflow = checked_overflow(overflow)
         if (model is None) != (tokenizer is None):
             raise ConfigError("HFLocalBackend takes a model and its tokenizer together")
         if path is not None and model is not None:
@@ -173,26 +182,7 @@ class HFLocalBackend(Backend):
         limit = getattr(model.config, "max_position_embeddings", None)
         if limit is not None:
             max_new = min(max_new, max(1, limit // 2))
-        messages = list(request["messages"])
-        ids = self.encode(messages, request["tools"])
-        dropped = 0
-        while limit is not None and len(ids) > limit - max_new:
-            first = 1 if messages and messages[0]["role"] == "system" else 0
-            if len(messages) - first <= 1 and self.overflow == "keep_recent":
-                ids = ids[-(limit - max_new) :]
-                break
-            if len(messages) - first <= 1:
-                raise BackendError(
-                    f"the system prompt and the last message take {len(ids)} tokens, more than the "
-                    f"{limit - max_new} the model's context ({limit}) leaves beside a {max_new}-token reply; lower "
-                    "backend.max_tokens, use a model with a longer context, or keep the most recent tokens "
-                    "(backend=hf_local backend.overflow=keep_recent, which cuts the system prompt)"
-                )
-            del messages[first]
-            while len(messages) - first > 1 and messages[first]["role"] == "tool":  # its call was just dropped
-                del messages[first]
-            dropped += 1
-            ids = self.encode(messages, request["tools"])
+        ids, dropped = self.fit_context(list(request["messages"]), request["tools"], limit, max_new)
         if dropped and not self._warned_truncation:
             self._warned_truncation = True
             log.warning(
@@ -215,6 +205,35 @@ class HFLocalBackend(Backend):
         usage = Usage(len(ids), int(result.lengths[0]), 1)
         finish = "stop" if bool(result.finished[0]) else "length"
         return Completion(content, parsed.calls, parsed.errors, usage, finish)
+
+    def fit_context(
+        self, messages: list[Message], tools: list[dict[str, Any]], limit: int | None, max_new: int
+    ) -> tuple[list[int], int]:
+        """The prompt token ids the model is given for a chat beside a ``max_new``-token reply in a ``limit``-token
+        context, and how many turns were dropped to fit: the oldest turns after the system prompt go first (a tool
+        result with its call); when the system prompt and the last message alone do not fit, ``overflow``
+        decides (``keep_recent``: the most recent tokens; ``error``: :class:`BackendError`). ``limit=None``: no
+        limit."""
+        messages = list(messages)
+        ids = self.encode(messages, tools)
+        dropped = 0
+        while limit is not None and len(ids) > limit - max_new:
+            first = 1 if messages and messages[0]["role"] == "system" else 0
+            if len(messages) - first <= 1 and self.overflow == "keep_recent":
+                return ids[-(limit - max_new) :], dropped
+            if len(messages) - first <= 1:
+                raise BackendError(
+                    f"the system prompt and the last message take {len(ids)} tokens, more than the "
+                    f"{limit - max_new} the model's context ({limit}) leaves beside a {max_new}-token reply; lower "
+                    "backend.max_tokens, use a model with a longer context, or keep the most recent tokens "
+                    "(backend=hf_local backend.overflow=keep_recent, which cuts the system prompt)"
+                )
+            del messages[first]
+            while len(messages) - first > 1 and messages[first]["role"] == "tool":  # its call was just dropped
+                del messages[first]
+            dropped += 1
+            ids = self.encode(messages, tools)
+        return ids, dropped
 
     def encode(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
         """The prompt token ids of a chat (BOS added when no chat template supplies it)."""
