@@ -24,6 +24,7 @@ from _agent_pages import (
 from zoo.agents.metrics import mean_curve
 from zoo.agents.runner import UNUSABLE_TAG
 from zoo.report import (
+    LOSS_FLOOR_NATS,
     Run,
     Sweep,
     artifact_users,
@@ -31,12 +32,13 @@ from zoo.report import (
     contrast,
     last_change,
     legend,
+    loss_settled,
     paired_contrast,
     provenance,
     pyplot,
+    read_metrics,
     save_figure,
     table,
-    val_loss_log,
     write_page,
 )
 from zoo.stats import (
@@ -64,10 +66,8 @@ DIFFICULTY_ORDER = ("easy", "medium", "hard")
 #: an effect below this (in score) is small: such claims would call for more seeds
 SMALL_EFFECT = 0.05
 #: a behaviour-cloned model is at a plateau when its validation loss moved by less than this share over its last
-#: validation interval (the rule of the other pages' trained models), or by less than PLATEAU_NATS where the loss is
-#: this close to 0 that ten-thousandths are large fractions of it (the WET page's rule)
+#: validation interval (the rule of the other pages' trained models), or less than zoo.report.LOSS_FLOOR_NATS
 PLATEAU = 0.05
-PLATEAU_NATS = 0.001
 ARM_ORDER = ("random", "early_commit", "hypothesis_elimination", NO_CRNR, "he_crnr", LLM_ARM, SFT_ARM, "llm_endpoint")
 
 
@@ -659,12 +659,13 @@ def same_answer(envs: list[Any], lab: Any) -> str:
 
 def sft_training(runs: list[Run], lab: Any = str) -> str:
     """The behaviour-cloned models' validation curves, read from each model's own log in the artifact cache (one
-    curve per model, :func:`~zoo.report.val_loss_log`), and whether each reached a plateau: its validation loss moved
-    by less than :data:`PLATEAU` (:func:`~zoo.report.last_change`) or less than :data:`PLATEAU_NATS` over its last
-    validation interval; not measured for a model with fewer than two validations or whose log is gone."""
+    curve per model, from the model's CSV log), and whether each reached a plateau: its validation loss moved
+    by less than :data:`PLATEAU` or less than the loss floor over its last validation interval
+    (:func:`~zoo.report.loss_settled`); not measured for a model with fewer than two validations or whose log is
+    gone."""
     parts, settled = [], []
     for path, users in artifact_users(runs, "demo_policy").items():
-        points = val_loss_log(Path(path)) or []
+        points = read_metrics(Path(path)).get("val/loss", [])
         setting = f"{lab(users[0].arm.get(ENV_KEY))} ({users[0].arm.get(DIFFICULTY_KEY)})"
         if len(points) < 2:
             parts.append(f"{setting}: {len(points)} validation(s), no plateau reading")
@@ -672,7 +673,7 @@ def sft_training(runs: list[Run], lab: Any = str) -> str:
             continue
         losses = [loss for _, loss in points]
         change, drop = last_change(losses), losses[-1] - losses[-2]
-        settled.append(abs(change) < PLATEAU or abs(drop) < PLATEAU_NATS)
+        settled.append(loss_settled(change, drop, PLATEAU))
         digits = 4 if min(losses) < 0.01 else 3
         curve = ", ".join(f"{loss:.{digits}f}" for loss in losses)
         parts.append(
@@ -683,7 +684,7 @@ def sft_training(runs: list[Run], lab: Any = str) -> str:
         return "A plateau is **not met** (not measured: the models' training logs are not in the artifact cache)."
     return (
         f"Plateau (every model's validation loss moving by less than {100 * PLATEAU:.0f}%, or less than "
-        f"{PLATEAU_NATS:g} nats per character where it is this close to 0, over its last validation interval): "
+        f"{LOSS_FLOOR_NATS:g} nats per character where it is this close to 0, over its last validation interval): "
         f"**{'met' if all(settled) else 'not met'}**: " + "; ".join(parts) + "."
     )
 

@@ -19,11 +19,13 @@ import torch
 
 from zoo.interp.probes import auroc
 from zoo.report import (
+    LOSS_FLOOR_NATS,
     Run,
     Sweep,
     artifact_values,
     contrast,
     legend,
+    loss_settled,
     paired_contrast,
     provenance,
     pyplot,
@@ -50,10 +52,9 @@ MARGIN = 0.005
 # paired differences smaller than this call for at least 5 seeds (docs: >= 3 seeds, >= 5 where the effect is small)
 SMALL_EFFECT = 0.02
 # a base policy is at a plateau when its validation loss changed by less than this fraction over its last epoch, or by
-# less than PLATEAU_NATS in absolute terms (a loss this close to 0 moves by large fractions of itself: 0.0006 -> 0.0005
-# is -17% of a loss that is already at its floor)
+# less than zoo.report.LOSS_FLOOR_NATS in absolute terms (a loss this close to 0 moves by large fractions of itself:
+# 0.0006 -> 0.0005 is -17% of a loss that is already at its floor)
 PLATEAU = 0.05
-PLATEAU_NATS = 1e-3
 
 
 def records(run: Run) -> list[Row]:
@@ -475,12 +476,12 @@ def fair_test(
     loss, change = val_loss_plateau(sweep.runs)
     _, drop = val_loss_plateau(sweep.runs, absolute=True)
     em = stat(artifact_values(sweep.runs, "base_policy", "val/exact_match"))
-    met = "met" if loss.n and (abs(change.mean) < PLATEAU or abs(drop.mean) < PLATEAU_NATS) else "not met"
+    met = "met" if loss.n and loss_settled(change.mean, drop.mean, PLATEAU) else "not met"
     lines.append(
         f"- **Models trained to a plateau.** The base policies (one per seed, the same for every arm): final "
         f"validation loss {fmt_stat(loss, 4, ci=False)}, change over the last epoch {100 * change.mean:+.1f}% "
         f"({drop.mean:+.4f} nats per token; mean over the {loss.n} policies; a plateau by the loss: a change of less "
-        f"than {100 * PLATEAU:.0f}%, or of less than {PLATEAU_NATS:g} nats where the loss is this close to 0 that a "
+        f"than {100 * PLATEAU:.0f}%, or of less than {LOSS_FLOOR_NATS:g} nats where the loss is this close to 0 that a "
         f"few ten-thousandths are large fractions of it: **{met}**); held-out exact match {fmt_stat(em, ci=False)}."
     )
     seeds = len(sweep.seeds)

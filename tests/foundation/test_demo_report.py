@@ -33,13 +33,13 @@ from zoo.report import (
     last_change,
     latest_sweep,
     legend,
+    loss_settled,
     lr_order,
     paired_contrast,
     provenance,
     pyplot,
     quarter_change,
     split_by_length,
-    val_loss_log,
     val_loss_plateau,
 )
 from zoo.report.__main__ import main
@@ -587,5 +587,8 @@ def test_run_artifacts_by_kind_and_name_their_logs_and_build_seconds(tmp_path):
     assert run.artifacts("topic_lm") == arts[:2] and run.artifacts("topic_lm", "paraphraser") == arts[1:2]
     assert run.artifacts("demo_policy") == [] and Run.load(write_run(tmp_path, "bare", [])).artifacts() == []
     assert list(artifact_users([run], "topic_lm", "generator")) == [str(model)]
-    assert val_loss_log(model) == [(50, 1.5)] and val_loss_log(tmp_path / "gone") is None
+    assert artifact_val_losses(run, "topic_lm") == [1.5] and artifact_val_losses(run, "demo_policy") == []
+    # plateau: a small relative change, or a few ten-thousandths of a nat at the loss floor; neither: not settled
+    assert loss_settled(-0.04, -0.1, 0.05) and loss_settled(-0.64, -0.0009, 0.05)
+    assert not loss_settled(-0.5, -0.005, 0.05) and not loss_settled(0.06, 0.002, 0.05)
     assert build_seconds(arts[0]) == 12.5 and math.isnan(build_seconds(arts[1]))

@@ -13,10 +13,10 @@ sweep under ``<log dir>/demos/<paper>/``) by calling ``build(sweep, out)`` of th
 * :mod:`zoo.report.runs` -- a sweep -> :class:`Sweep` of :class:`Run` (each run's overrides -> arm + seed, metric
   series from the CSV logger, JSON/JSONL files a callback wrote, the resolved config and ``run_info.json``); the
   prerequisites the runs used -> :func:`artifact_values`, their validation-loss curves -> :func:`artifact_val_losses`
-  (per run) and :func:`artifact_val_loss_curves` (per prerequisite), a log's losses with their steps ->
-  :func:`val_loss_log`, the runs that used each -> :func:`artifact_users`;
+  (per run) and :func:`artifact_val_loss_curves` (per prerequisite), the runs that used each -> :func:`artifact_users`;
   the plateau readings of a curve ->
-  :func:`last_change` (over the last interval), :func:`quarter_change` (third to last quarter) and
+  :func:`last_change` (over the last interval), :func:`loss_settled` (a change below a share or
+  :data:`LOSS_FLOOR_NATS`), :func:`quarter_change` (third to last quarter) and
   :func:`val_loss_plateau` (the prerequisites' last validation loss and its last change);
 * :mod:`zoo.report.choice` -- a tuned knob's grid point per seed, chosen on the other seeds: a sweep's runs by arm,
   grid point and seed (:func:`group_runs`), one arm's choices (:func:`choose_per_seed` -> :class:`GridChoice`), on
@@ -58,6 +58,7 @@ from zoo.report.pages import (
 )
 from zoo.report.plots import Curve, curve, legend, plot, plot_curves, pyplot, save_figure
 from zoo.report.runs import (
+    LOSS_FLOOR_NATS,
     Run,
     Sweep,
     artifact_users,
@@ -68,15 +69,16 @@ from zoo.report.runs import (
     build_seconds,
     last_change,
     latest_sweep,
+    loss_settled,
     quarter_change,
     read_metrics,
     summarize,
-    val_loss_log,
     val_loss_plateau,
     values,
 )
 
 __all__ = [
+    "LOSS_FLOOR_NATS",
     "RATE_KEY",
     "Curve",
     "GridChoice",
@@ -101,6 +103,7 @@ __all__ = [
     "known_demos",
     "last_change",
     "latest_sweep",
+    "loss_settled",
     "legend",
     "load_page_builder",
     "markdown_table",
@@ -116,7 +119,6 @@ __all__ = [
     "summarize",
     "table",
     "val_loss_plateau",
-    "val_loss_log",
     "values",
     "write_page",
 ]

@@ -330,20 +330,11 @@ def artifact_values(runs: Iterable[Run], kind: str, metric: str, name: str | Non
     return list(seen.values())
 
 
-def val_loss_log(path: Path) -> list[tuple[int, float]] | None:
-    """The ``(step, val/loss)`` pairs of a run directory's CSV log (``<path>/csv/metrics.csv``, rows without a
-    validation loss skipped); ``None`` when there is no log."""
-    log = path / "csv" / "metrics.csv"
-    if not log.is_file():
-        return None
-    with log.open(encoding="utf-8") as f:
-        return [(int(row["step"]), float(row["val/loss"])) for row in csv.DictReader(f) if row.get("val/loss")]
-
-
 def _val_losses(path: Path) -> list[float] | None:
-    """The validation losses of :func:`val_loss_log`, without their steps."""
-    points = val_loss_log(path)
-    return None if points is None else [loss for _, loss in points]
+    """The ``val/loss`` values of a run directory's CSV log (:func:`read_metrics`); ``None`` when there is no log."""
+    if not (path / "csv" / "metrics.csv").is_file():
+        return None
+    return [loss for _, loss in read_metrics(path).get("val/loss", [])]
 
 
 def artifact_val_losses(run: Run, kind: str = "base_policy") -> list[float]:
@@ -385,6 +376,17 @@ def artifact_val_loss_curves(runs: Iterable[Run], kind: str) -> dict[str, list[f
     """``{path: validation losses}`` of every distinct prerequisite of ``kind`` the runs used (:func:`artifact_users`),
     in order of first use; a prerequisite whose log is gone maps to ``[]``."""
     return {path: _val_losses(Path(path)) or [] for path in artifact_users(runs, kind)}
+
+
+#: a loss this close to 0 that a change of less than this many nats is flat, whatever its relative size
+LOSS_FLOOR_NATS = 1e-3
+
+
+def loss_settled(change: float, drop: float, relative: float) -> bool:
+    """The plateau reading of a validation loss over its last interval: its relative ``change``
+    (:func:`last_change`) below ``relative`` in size, or its change in nats ``drop`` below :data:`LOSS_FLOOR_NATS`
+    (at a loss near 0, ten-thousandths of a nat are large fractions of it)."""
+    return abs(change) < relative or abs(drop) < LOSS_FLOOR_NATS
 
 
 def last_change(values: Sequence[float]) -> float:
