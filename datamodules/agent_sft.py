@@ -112,7 +112,7 @@ class AgentSFTDataModule(SFTDataModule):
             raise ConfigError(f"datamodule.reply_tokens must be a positive whole number, got {reply_tokens!r}")
         self.reply_tokens = reply_tokens
         self.overflow = overflow
-        self.rendering = ChatRendering(self.tokenizer, overflow or "error")
+        self.rendering = ChatRendering(self.tokenizer, overflow or "error", key="datamodule.overflow")
         #: rows kept / offered per split
         self.kept: dict[str, tuple[int, int]] = {}
 

@@ -449,6 +449,11 @@ OTHER_BAD_INPUTS = {
         ],
         "train: 64 of 64 prompts do not fit the backbone's context of 256 positions with max_new_tokens 250",
     ),
+    # the message named backend.overflow, a setting of the evaluation, not of this run
+    "agent_sft_unknown_overflow": (
+        ["+method=agent_sft", "datamodule.source.num_train=1", "env.required_steps=5", "datamodule.overflow=cut"],
+        "datamodule.overflow='cut'; use one of ['error', 'keep_recent']",
+    ),
     # stacks: each message names the two methods and why (was Hydra's "Could not override 'datamodule/weighting'",
     # a complaint about backbone=none, and an SFT run silently skipped for 94 s of validation)
     "stack_of_two_training_modules": (

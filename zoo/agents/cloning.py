@@ -141,11 +141,11 @@ class ChatRendering(HFLocalBackend):
     tokenizer alone: the prompt text and token ids the backend gives its model for a chat, cut to a context as the
     backend cuts it under its ``overflow`` setting (no model is loaded or called)."""
 
-    def __init__(self, tokenizer: Any, overflow: str = "error") -> None:
+    def __init__(self, tokenizer: Any, overflow: str = "error", key: str = "overflow") -> None:
         Backend.__init__(self)
         self._tokenizer = tokenizer
         self._model = None
-        self.overflow = checked_overflow(overflow)
+        self.overflow = checked_overflow(overflow, key)
 
     def _complete(self, request: dict[str, Any]) -> Any:
         raise BackendError("ChatRendering renders prompts only; use HFLocalBackend to generate")

@@ -45,10 +45,11 @@ def plain_transcript(messages: list[Message]) -> str:
 OVERFLOWS = ("error", "keep_recent")
 
 
-def checked_overflow(overflow: str) -> str:
-    """``overflow`` when it is one of :data:`OVERFLOWS`, else a :class:`ConfigError` naming them."""
+def checked_overflow(overflow: str, key: str = "backend.overflow") -> str:
+    """``overflow`` when it is one of :data:`OVERFLOWS`, else a :class:`ConfigError` naming them and the setting
+    ``key`` it came from."""
     if overflow not in OVERFLOWS:
-        raise ConfigError(f"backend.overflow={overflow!r}; use one of {list(OVERFLOWS)}")
+        raise ConfigError(f"{key}={overflow!r}; use one of {list(OVERFLOWS)}")
     return overflow
 
 
