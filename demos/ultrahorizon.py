@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import yaml
 from _agent_pages import (
     cannot_act,
     endpoint_section,
@@ -720,10 +721,9 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
         "model per environment and difficulty) on the episodes of hypothesis elimination played through this arm's own "
         f"chat (teacher episodes: {r0.get('demo.sft.train_episodes')}), CRNR window {r0.get('module.crnr_window')} "
         "messages, the Python tool listed, the loss on the replies only (`<tool_call>{...}</tool_call>`). Its context "
-        "holds 8192 tokens: the system prompt with its tools (3.9k-6.6k characters) and a window of turns; training "
-        "keeps only the requests the evaluation shows the model unchanged (prompt beside a "
-        f"{r0.get('backend.max_tokens')}-token reply budget), and at evaluation a longer chat loses its oldest turns "
-        "(Alien Genetics Lab's cross results, about 4k characters each, overflow the context after the first). "
+        "holds 8192 tokens: the system prompt with its tools (3.9k-6.6k characters) and a window of turns; at "
+        "evaluation a longer chat loses its oldest turns (Alien Genetics Lab's cross results, about 4k characters "
+        f"each, overflow the context after the first); {long_chat_training(runs, r0.get('backend.max_tokens'))}. "
         f"Evaluation: greedy, at most {cap} steps per episode ({cap / required:g} × the {required} required steps; "
         "the environment's own cap, 4 × (8 × on bio), costs too much CPU for this model), "
         f"{r0.get('datamodule.episodes')} episode per run; {unusable_stop(r0)}. It ran on {len(rows)} of "
@@ -742,6 +742,30 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
         if why
         else stopped_early(eps),
     ]
+
+
+def long_chat_training(runs: list[Run], reply_budget: Any) -> str:
+    """What the behaviour-cloned models were trained on when a chat overflows their context, read from each model's
+    own resolved config (``datamodule.overflow``): left out (unset) or cut as the evaluation's backend cuts it."""
+    settings = {
+        (yaml.safe_load((Path(path) / "resolved_config.yaml").read_text()) or {}).get("datamodule", {}).get("overflow")
+        for path in artifact_users(runs, "demo_policy")
+        if (Path(path) / "resolved_config.yaml").is_file()
+    }
+    if settings == {None}:
+        return (
+            "training keeps only the requests the evaluation shows the model unchanged (prompt beside a "
+            f"{reply_budget}-token reply budget; training on the cut chats, `datamodule.overflow`, is measured beside "
+            "this demo in docs/methods/agent_sft.md, 'Long chats')"
+        )
+    if settings and None not in settings:
+        return (
+            "training sees those longer chats too, cut as the evaluation's backend cuts them "
+            f"(`datamodule.overflow={'/'.join(sorted(settings))}`)"
+        )
+    if settings:
+        return "the models differ in what they were trained on for longer chats (some with `datamodule.overflow`)"
+    return "what the models were trained on for longer chats is not known (their configs are not in the cache)"
 
 
 def timing(runs: list[Run]) -> str:

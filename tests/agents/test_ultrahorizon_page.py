@@ -194,3 +194,19 @@ def test_difficulty_note_reads_the_arms_that_ran_at_every_difficulty(tmp_path):
         fresh.arm = old.arm
     runs[:] = runs_of_fresh
     assert page.same_difficulty_note("ultrahorizon/grid", ["easy", "hard"], ["random"], runs_of, str) == ""
+
+
+def test_long_chat_training_is_read_from_each_models_own_config(tmp_path):
+    def model(name: str, overflow: str | None) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "resolved_config.yaml").write_text(yaml.safe_dump({"datamodule": {"overflow": overflow}}))
+        return path
+
+    left_out, cut = model("left_out", None), model("cut", "keep_recent")
+    assert "keeps only the requests" in page.long_chat_training([sft_run(tmp_path / "a", 0, [], [], left_out)], 1024)
+    text = page.long_chat_training([sft_run(tmp_path / "b", 0, [], [], cut)], 1024)
+    assert "`datamodule.overflow=keep_recent`" in text and "keeps only" not in text
+    both = [sft_run(tmp_path / "c", 0, [], [], left_out), sft_run(tmp_path / "d", 1, [], [], cut)]
+    assert "differ" in page.long_chat_training(both, 1024)
+    assert "not known" in page.long_chat_training([sft_run(tmp_path / "e", 0, [], [], tmp_path / "gone")], 1024)
