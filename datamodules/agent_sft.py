@@ -34,7 +34,7 @@ from zoo.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-META_FIELDS = ("episode", "step", "env", "teacher")
+META_FIELDS = ("episode", "step", "request", "env", "teacher")
 
 
 class AgentDemonstrationSource(GeneratedSource):

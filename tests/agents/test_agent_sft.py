@@ -20,6 +20,7 @@ from zoo.agents.parsing import parse_tool_calls
 from zoo.agents.types import ToolCall
 from zoo.backbones import TinyBackbone
 from zoo.cli.train import run
+from zoo.data.samplers import WeightedDomainSampler
 from zoo.datamodules import AgentDemonstrationSource, AgentSFTDataModule
 
 HARNESS = {"crnr_window": 4, "code_tool": True}
@@ -62,6 +63,30 @@ def test_demonstrations_are_the_requests_the_llm_agent_sends(demonstrations):
     assert [messages for messages, _ in requests] == [row["chat"] for row in rows]
     assert [tools for _, tools in requests] == [row["tools"] for row in rows]
     assert [s.tool for s in trajectory.steps] == [s.tool for s in taught.steps] and trajectory.score == taught.score
+
+
+def test_an_episodes_first_request_is_marked_and_can_be_drawn_more_often(demonstrations):
+    """The ``request`` column names the episode's first request (no earlier call in its chat); the weighted sampler
+    reads it, so a run can train on first requests more often than their share of the rows."""
+    rows, _ = demonstrations
+    assert [r["request"] for r in rows] == ["first"] + ["later"] * (len(rows) - 1)
+    assert not any(m["role"] == "assistant" for m in rows[0]["chat"])
+    assert any(m["role"] == "assistant" for m in rows[1]["chat"])
+    source = AgentDemonstrationSource(grid(), HypothesisEliminationAgent, num_train=2, num_val=0, **HARNESS)
+    backbone = TinyBackbone(max_position_embeddings=8192, seed=0)
+    sampler = WeightedDomainSampler("request", weights={"first": 0.5, "later": 0.5})
+    dm = AgentSFTDataModule(
+        backbone.tokenizer, source, batch_size=1, max_length=8192, reply_tokens=256, sampler=sampler
+    )
+    dm.set_context_length(8192)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    drawn = []
+    for epoch in range(20):
+        sampler.set_epoch(epoch)
+        drawn += [value for batch in loader for value in batch["columns"]["request"]]
+    natural = sum(r["request"] == "first" for r in dm.dataset_rows["train"]) / len(dm.dataset_rows["train"])
+    assert natural < 0.2 and abs(drawn.count("first") / len(drawn) - 0.5) < 0.1
 
 
 def test_training_tokens_equal_what_the_backend_gives_the_model(demonstrations):

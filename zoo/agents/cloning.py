@@ -56,7 +56,10 @@ class Demonstrator(LLMToolAgent):
         seed: the LLM agent's seed (forwarded with every request, as for a model).
 
     Attributes:
-        demonstrations: ``{"chat", "tools", "completion", "step"}`` per request, in order (this episode's).
+        demonstrations: ``{"chat", "tools", "completion", "step", "request"}`` per request, in order (this
+            episode's); ``request`` is ``"first"`` for the episode's first request (no earlier call of the episode in
+            its chat) and ``"later"`` after it: a column to weigh them by (``datamodule/sampler=weighted
+            datamodule.sampler.domain_column=request``).
     """
 
     name: ClassVar[str] = "demonstrator"
@@ -91,6 +94,7 @@ class Demonstrator(LLMToolAgent):
                 "tools": copy.deepcopy(tools),
                 "completion": text,
                 "step": len(self.demonstrations),
+                "request": "later" if self.demonstrations else "first",
             }
         )
         return text
@@ -118,7 +122,7 @@ def collect_demonstrations(
             as the evaluation run sets them.
 
     Returns:
-        The rows (``chat``, ``tools``, ``completion``, ``step``, ``episode``, ``env``, ``teacher``) and the
+        The rows (``chat``, ``tools``, ``completion``, ``step``, ``request``, ``episode``, ``env``, ``teacher``) and the
         trajectories.
     """
     agents: list[Demonstrator] = []
