@@ -183,3 +183,12 @@ def test_native_tool_calls_with_broken_arguments():
 def test_lenient_json_raises_a_value_error_naming_the_problem():
     with pytest.raises(ValueError, match="malformed JSON"):
         loads_lenient("{'a': }")
+
+
+def test_a_reply_that_python_reads_as_a_set_of_dicts_is_a_parse_error_not_a_crash():
+    """A tiny model's reply seen in an UltraHorizon run: ``{{...}}`` is a Python set holding a dict, which
+    ``ast.literal_eval`` rejects with ``TypeError``; the episode must record a malformed call and go on."""
+    with pytest.raises(ValueError, match="malformed JSON"):
+        loads_lenient('{{"name": "move"}}')
+    parsed = parse_tool_calls('<tool_call>{{"name": "move", "arguments": {}}}</tool_call>', known_tools=["move"])
+    assert not parsed.calls and len(parsed.errors) == 1

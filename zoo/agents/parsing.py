@@ -87,7 +87,7 @@ def loads_lenient(text: str) -> Any:
         for attempt in (no_trailing, _python_literals(no_trailing)):
             try:
                 value = ast.literal_eval(attempt)
-            except (ValueError, SyntaxError, MemoryError, RecursionError):
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # TypeError: {{...}}
                 continue
             if isinstance(value, (dict, list)):
                 return value
