@@ -25,7 +25,18 @@ from typing import Any
 
 import yaml
 
-from zoo.report import Run, Sweep, artifact_values, last_change, provenance, pyplot, save_figure, table, write_page
+from zoo.report import (
+    Run,
+    Sweep,
+    artifact_values,
+    build_run,
+    last_change,
+    provenance,
+    pyplot,
+    save_figure,
+    table,
+    write_page,
+)
 from zoo.stats import compare, fmt_stat, paired, stat
 from zoo.verdict import SHOWN, Claim, seeds_note, verdict_section
 
@@ -116,7 +127,7 @@ def uniform_loss(run: Run) -> float:
     if not math.isnan(found):
         return found
     for used in run.artifacts("doremi_weights"):
-        found = artifact_metric(Run(path=Path(used["path"]), overrides=[]), "doremi_reference", "val/loss")
+        found = artifact_metric(build_run(used), "doremi_reference", "val/loss")
         if not math.isnan(found):
             return found
         found = cached_reference_loss(Path(used["path"]))

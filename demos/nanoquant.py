@@ -19,7 +19,7 @@ from typing import Any
 from zoo.report import (
     Run,
     Sweep,
-    artifact_users,
+    artifact_runs,
     artifact_values,
     legend,
     paired_contrast,
@@ -376,13 +376,17 @@ def cannot_test(arms: dict[str, list[Run]]) -> str:
 def model_curves(runs: list[Run]) -> list[list[tuple[int, float]]]:
     """The held-out loss curve of each trained model the runs quantized (the build's CSV log in its artifact
     directory), one per distinct model."""
-    return [Run(path=Path(p), overrides=[]).series("val/loss") for p in sorted(artifact_users(runs, *MODEL_ARTIFACT))]
+    return [model.series("val/loss") for model in trained_models(runs)]
+
+
+def trained_models(runs: list[Run]) -> list[Run]:
+    """The build runs of the trained models the runs quantized, one per distinct model, in order of their paths."""
+    return sorted(artifact_runs(runs, *MODEL_ARTIFACT), key=lambda model: str(model.path))
 
 
 def model_accuracy(runs: list[Run]) -> tuple[Stat, Stat]:
     """Held-out exact match of the trained models at their second-to-last and last validation."""
-    paths = sorted(artifact_users(runs, *MODEL_ARTIFACT))
-    curves = [c for c in (Run(path=Path(p), overrides=[]).series("val/exact_match") for p in paths) if len(c) >= 2]
+    curves = [c for c in (model.series("val/exact_match") for model in trained_models(runs)) if len(c) >= 2]
     return stat(c[-2][1] for c in curves), stat(c[-1][1] for c in curves)
 
 

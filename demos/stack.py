@@ -16,7 +16,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from zoo.report import Run, Sweep, build_seconds, paired_contrast, provenance, pyplot, save_figure, table, write_page
+from zoo.report import (
+    Run,
+    Sweep,
+    build_run,
+    build_seconds,
+    paired_contrast,
+    provenance,
+    pyplot,
+    save_figure,
+    table,
+    write_page,
+)
 from zoo.stats import fmt_stat, paired, stat
 from zoo.verdict import Claim, verdict_section
 
@@ -389,13 +400,11 @@ def setup_text(sweep: Sweep, labels: dict[str, str]) -> list[str]:
 
 def _stage1_lora(sweep: Sweep) -> str:
     """LoRA rank and alpha of the QLoRA stage-1 build (its resolved config in the artifact directory)."""
-    import yaml
-
     for run in sweep.runs:
         used = stage1(run)
-        path = Path(str(used.get("path", ""))) / "resolved_config.yaml"
-        if used and run.get("demo.train") == "qlora" and path.is_file():
-            lora = ((yaml.safe_load(path.read_text()) or {}).get("backbone") or {}).get("lora") or {}
+        build = build_run(used) if used else None
+        if build is not None and run.get("demo.train") == "qlora" and build.config:
+            lora = build.get("backbone.lora") or {}
             return f"r {lora.get('r')}, alpha {lora.get('alpha')}"
     return "(build config not found)"
 

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from zoo.backbones.tokenizer import build_char_tokenizer
 from zoo.report import (
     Run,
     Sweep,
     artifact_values,
+    build_run,
     curve,
     legend,
     plot_curves,
@@ -66,9 +66,9 @@ def base_train_prompts(run: Run) -> set[str]:
     """The prompts of the base policy's SFT training rows (its build's ``datamodule.source``, drawn again from its
     resolved config; empty when the artifact is gone)."""
     for used in run.artifacts("base_policy"):
-        config = Path(used.get("path", "")) / "resolved_config.yaml"
-        if config.is_file():
-            source = instantiate(OmegaConf.load(config).datamodule.source)
+        config = build_run(used).config
+        if config:
+            source = instantiate(config["datamodule"]["source"])
             return {row["prompt"] for row in source.rows("train")}
     return set()
 

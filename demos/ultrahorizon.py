@@ -12,7 +12,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import yaml
 from _agent_pages import (
     cannot_act,
     endpoint_section,
@@ -28,6 +27,7 @@ from zoo.report import (
     LOSS_FLOOR_NATS,
     Run,
     Sweep,
+    artifact_runs,
     artifact_users,
     artifact_values,
     contrast,
@@ -747,11 +747,7 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
 def long_chat_training(runs: list[Run], reply_budget: Any) -> str:
     """What the behaviour-cloned models were trained on when a chat overflows their context, read from each model's
     own resolved config (``datamodule.overflow``): left out (unset) or cut as the evaluation's backend cuts it."""
-    settings = {
-        (yaml.safe_load((Path(path) / "resolved_config.yaml").read_text()) or {}).get("datamodule", {}).get("overflow")
-        for path in artifact_users(runs, "demo_policy")
-        if (Path(path) / "resolved_config.yaml").is_file()
-    }
+    settings = {model.get("datamodule.overflow") for model in artifact_runs(runs, "demo_policy") if model.config}
     if settings == {None}:
         return (
             "training keeps only the requests the evaluation shows the model unchanged (prompt beside a "

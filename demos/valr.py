@@ -27,7 +27,7 @@ from hydra.utils import instantiate
 from zoo.report import (
     Run,
     Sweep,
-    artifact_users,
+    artifact_runs,
     artifact_values,
     curve,
     legend,
@@ -75,7 +75,7 @@ def connector_text(first: Any) -> str:
 
 def stage1_builds(runs: list[Run]) -> list[Run]:
     """The stage-1 build runs the sweep used (their artifact directories hold the build's CSV log), one per artifact."""
-    return [Run(path=Path(p), overrides=[]) for p in sorted(artifact_users(runs, *STAGE1_ARTIFACT))]
+    return sorted(artifact_runs(runs, *STAGE1_ARTIFACT), key=lambda build: str(build.path))
 
 
 # A plateau: the last stage-1 validation is no new best by more than this (held-out accuracy), nor this far below it

@@ -18,6 +18,7 @@ import yaml
 from zoo.report import (
     Run,
     Sweep,
+    artifact_runs,
     artifact_users,
     artifact_val_loss_curves,
     artifact_val_losses,
@@ -25,6 +26,7 @@ from zoo.report import (
     best_mean,
     best_on_other_seeds,
     build_demo_page,
+    build_run,
     build_seconds,
     choose_per_seed,
     contrast,
@@ -592,3 +594,10 @@ def test_run_artifacts_by_kind_and_name_their_logs_and_build_seconds(tmp_path):
     assert loss_settled(-0.04, -0.1, 0.05) and loss_settled(-0.64, -0.0009, 0.05)
     assert not loss_settled(-0.5, -0.005, 0.05) and not loss_settled(0.06, 0.002, 0.05)
     assert build_seconds(arts[0]) == 12.5 and math.isnan(build_seconds(arts[1]))
+    # a prerequisite's build run reads as a run: its resolved config and log; a gone one has neither
+    (model / "resolved_config.yaml").write_text(yaml.safe_dump({"datamodule": {"overflow": "keep_recent"}}))
+    assert build_run(arts[0]).get("datamodule.overflow") == "keep_recent"
+    assert build_run(arts[0]).series("val/loss") == [(50, 1.5)]
+    assert build_run(arts[1]).config == {} and build_run(arts[1]).series("val/loss") == []
+    assert [b.path for b in artifact_runs([run, run], "topic_lm")] == [model, tmp_path / "gone"]  # distinct, in order
+    assert [b.path for b in artifact_runs([run], "topic_lm", "paraphraser")] == [tmp_path / "gone"]

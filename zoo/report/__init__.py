@@ -13,7 +13,8 @@ sweep under ``<log dir>/demos/<paper>/``) by calling ``build(sweep, out)`` of th
 * :mod:`zoo.report.runs` -- a sweep -> :class:`Sweep` of :class:`Run` (each run's overrides -> arm + seed, metric
   series from the CSV logger, JSON/JSONL files a callback wrote, the resolved config and ``run_info.json``); the
   prerequisites the runs used -> :func:`artifact_values`, their validation-loss curves -> :func:`artifact_val_losses`
-  (per run) and :func:`artifact_val_loss_curves` (per prerequisite), the runs that used each -> :func:`artifact_users`;
+  (per run) and :func:`artifact_val_loss_curves` (per prerequisite), the runs that used each -> :func:`artifact_users`,
+  their build runs (resolved config, log) -> :func:`build_run` / :func:`artifact_runs`;
   the plateau readings of a curve ->
   :func:`last_change` (over the last interval), :func:`loss_settled` (a change below a share or
   :data:`LOSS_FLOOR_NATS`), :func:`quarter_change` (third to last quarter) and
@@ -61,11 +62,13 @@ from zoo.report.runs import (
     LOSS_FLOOR_NATS,
     Run,
     Sweep,
+    artifact_runs,
     artifact_users,
     artifact_val_loss_curves,
     artifact_val_losses,
     artifact_values,
     base_policy_val_losses,
+    build_run,
     build_seconds,
     last_change,
     latest_sweep,
@@ -84,11 +87,13 @@ __all__ = [
     "GridChoice",
     "Run",
     "Sweep",
+    "artifact_runs",
     "artifact_users",
     "artifact_val_loss_curves",
     "artifact_val_losses",
     "artifact_values",
     "base_policy_val_losses",
+    "build_run",
     "build_seconds",
     "best_mean",
     "best_on_other_seeds",

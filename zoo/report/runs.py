@@ -365,6 +365,19 @@ def artifact_users(runs: Iterable[Run], kind: str, name: str | None = None) -> d
     return users
 
 
+def build_run(used: dict[str, Any]) -> Run:
+    """The build run of a prerequisite (an entry of :meth:`Run.artifacts`): its directory read as a :class:`Run`, so
+    its resolved config (:attr:`Run.config`, ``{}`` when the artifact is gone) and its log (:meth:`Run.series`) read as
+    any run's do."""
+    return Run(path=Path(str(used.get("path", ""))), overrides=[])
+
+
+def artifact_runs(runs: Iterable[Run], kind: str, name: str | None = None) -> list[Run]:
+    """The build runs (:func:`build_run`) of every distinct prerequisite of ``kind`` (and, when given, of that
+    ``name``) the runs used (:func:`artifact_users`), in order of first use."""
+    return [build_run({"path": path}) for path in artifact_users(runs, kind, name)]
+
+
 def build_seconds(used: dict[str, Any]) -> float:
     """How long a prerequisite's build took (an entry of :meth:`Run.artifacts`; ``build_seconds`` of its
     ``artifact.json``); ``nan`` when that file is gone."""
