@@ -20,13 +20,19 @@ given once an episode's chat outgrows its context.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from zoo.agents.cloning import ChatRendering, collect_demonstrations
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from zoo.agents.cloning import ChatRendering, collect_demonstrations, demonstration_text
 from zoo.agents.envs.base import Environment
 from zoo.agents.errors import BackendError
 from zoo.agents.policies.base import Agent
+from zoo.artifacts import ensure
+from zoo.backbones.tokenizer import train_bpe_tokenizer
 from zoo.data.sources import GeneratedSource, Row
 from zoo.datamodules.base import ListDataset, encode_completion
 from zoo.datamodules.sft import SFTDataModule
@@ -176,4 +182,34 @@ class AgentSFTDataModule(SFTDataModule):
         }
 
 
-__all__ = ["AgentDemonstrationSource", "AgentSFTDataModule"]
+def demonstration_tokenizer(
+    source: Mapping[str, Any], vocab_size: int = 1024, cache_dir: str | Path | None = None
+) -> str:
+    """The directory of a byte-level BPE tokenizer (:func:`zoo.backbones.tokenizer.train_bpe_tokenizer`) trained on
+    the train-split demonstrations of ``source`` as the model reads them (:func:`zoo.agents.cloning.
+    demonstration_text`), for ``backbone.tokenizer`` (``+preset=demonstration_bpe``): the character tokenizer spends a
+    position per character of a 4-7k-character UltraHorizon system prompt, so most requests of an episode do not fit
+    the context; this one spends about a third. Built once per source config and vocabulary size (artifact cache,
+    kind ``tokenizer``); only the train split is read, so the validation and evaluation episodes stay unseen.
+
+    Args:
+        source: an :class:`AgentDemonstrationSource` config (``datamodule.source``; instantiated here).
+        vocab_size: tokens in all (special tokens and the 256 bytes included).
+        cache_dir: artifact cache root (``paths.cache_dir``).
+    """
+    plain = OmegaConf.to_container(source, resolve=True) if isinstance(source, DictConfig) else dict(source)
+    spec = {"source": plain, "vocab_size": int(vocab_size)}
+
+    def build(directory: Path) -> dict[str, Any]:
+        rows = instantiate(plain).rows("train")
+        texts = [demonstration_text(row) for row in rows]
+        tokenizer = train_bpe_tokenizer(texts, int(vocab_size))
+        tokenizer.save_pretrained(directory)
+        tokens = sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts)
+        return {"rows": len(rows), "characters": sum(map(len, texts)), "tokens": tokens}
+
+    reason = "backbone.tokenizer: a BPE of the run's train-split demonstrations"
+    return str(ensure("tokenizer", spec, build, cache_dir, name="agent_demonstrations", reason=reason))
+
+
+__all__ = ["AgentDemonstrationSource", "AgentSFTDataModule", "demonstration_tokenizer"]

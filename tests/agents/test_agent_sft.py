@@ -7,14 +7,16 @@ evaluation's harness."""
 
 from __future__ import annotations
 
+import json
 from functools import partial
+from pathlib import Path
 
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from zoo.agents import HFLocalBackend, HypothesisEliminationAgent, LLMToolAgent, MysteryGrid, ScriptedBackend
-from zoo.agents.cloning import Demonstrator, collect_demonstrations, reply_text
+from zoo.agents.cloning import Demonstrator, collect_demonstrations, demonstration_text, reply_text
 from zoo.agents.evaluate import derive_seed, run_episodes
 from zoo.agents.parsing import parse_tool_calls
 from zoo.agents.types import ToolCall
@@ -180,6 +182,34 @@ def test_the_method_composes_with_a_context_for_the_prompt(train_cfg):
     cfg = train_cfg(["+method=agent_sft"])
     assert cfg.backbone.max_position_embeddings == 8192 and cfg.datamodule._target_.endswith("AgentSFTDataModule")
     assert cfg.datamodule.source.env._target_ == "zoo.agents.MysteryGrid" and cfg.methods.agent_sft.paper == "sft"
+
+
+def test_a_bpe_of_the_train_demonstrations_fits_a_whole_episode_and_is_built_once(train_cfg, tmp_path):
+    """+preset=demonstration_bpe: the backbone's tokenizer is a BPE trained on the run's train-split demonstrations
+    (artifact cache, built once), the datamodule's prompt tokens are still exactly the backend's for the same chat,
+    and an episode's requests take a fraction of the character tokenizer's positions."""
+    overrides = ["+method=agent_sft", "+preset=demonstration_bpe", "env.required_steps=3"]
+    overrides += ["datamodule.source.num_train=1", "datamodule.source.crnr_window=4"]
+    cfg = train_cfg(overrides, cache_dir=tmp_path / "cache")
+    backbone = instantiate(cfg.backbone, _convert_="all")
+    folder = backbone.tokenizer_dir
+    assert folder.startswith(str(tmp_path / "cache" / "tokenizer")) and len(backbone.tokenizer) == 1024
+    meta = json.loads((Path(folder) / "artifact.json").read_text())
+    source = instantiate(cfg.datamodule.source)
+    train_rows = source.rows("train")
+    assert meta["rows"] == len(train_rows) and meta["spec"]["source"]["num_train"] == 1
+    assert instantiate(cfg.backbone, _convert_="all").tokenizer_dir == folder  # cached: the same artifact
+    assert json.loads((Path(folder) / "artifact.json").read_text())["built_at"] == meta["built_at"]
+    dm = instantiate(cfg.datamodule, tokenizer=backbone.tokenizer, _convert_="all")
+    dm.set_context_length(backbone.context_length())
+    model = backbone.build_model()
+    backend = HFLocalBackend(model=model, tokenizer=backbone.tokenizer, max_tokens=1)
+    char = TinyBackbone(max_position_embeddings=8192).tokenizer
+    for row in (train_rows[0], train_rows[-1], source.rows("val")[-1]):  # the validation episode is unseen
+        ids = dm.encode(row, 0, "train")["prompt_ids"]
+        assert ids == backend.encode(row["chat"], row["tools"])
+        assert backbone.tokenizer.decode(ids[1:]) == demonstration_text(row)[: -len(row["completion"])]
+        assert len(ids) < len(char(demonstration_text(row))["input_ids"]) / 2
 
 
 @pytest.mark.slow

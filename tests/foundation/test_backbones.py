@@ -1,10 +1,11 @@
-"""Backbones: the char tokenizer, the tiny Llama, save/load round trips, the HF path and init_from errors."""
+"""Backbones: the char tokenizer, a BPE trained on a corpus, the tiny Llama, save/load round trips, the HF path and
+init_from errors."""
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from zoo.backbones import HFBackbone, TinyBackbone, add_special_tokens, build_char_tokenizer
+from zoo.backbones import HFBackbone, TinyBackbone, add_special_tokens, build_char_tokenizer, train_bpe_tokenizer
 from zoo.errors import CheckpointNotFoundError, ConfigError
 
 
@@ -32,6 +33,31 @@ def test_reasoning_tags_survive_decoding_that_skips_special_tokens(tmp_path):
         assert t.decode(row, skip_special_tokens=True) == "<think>9+9</think>18"
         assert t.decode(t.convert_tokens_to_ids(["<UNDO>", "a"]), skip_special_tokens=True) == "a"  # methods' stay
         assert t.convert_tokens_to_ids(["<think>", "</think>"]) == [3, 4]  # ids (and embeddings) unchanged
+
+
+def test_a_bpe_trained_on_a_corpus_keeps_the_specials_and_shortens_its_text(tmp_path):
+    """The BPE has the character tokenizer's special tokens at the same ids and the reasoning tags as single tokens,
+    encodes any text (bytes, beyond the corpus's characters) back to itself, and spends fewer tokens on text like its
+    corpus; a tiny backbone built with it (``tokenizer``: its saved directory) has one embedding row per token."""
+    corpus = [f'<tool_call>{{"name": "move", "arguments": {{"direction": "{d}"}}}}</tool_call>' for d in "ab" * 50]
+    tok = train_bpe_tokenizer(corpus, vocab_size=300)
+    char = build_char_tokenizer()
+    names = ["<pad>", "<bos>", "<eos>", "<unk>", "<think>", "</think>"]
+    assert tok.convert_tokens_to_ids(names) == char.convert_tokens_to_ids(names)
+    assert (tok.pad_token, tok.bos_token, tok.eos_token) == (char.pad_token, char.bos_token, char.eos_token)
+    for text in (corpus[0], "<think>9+9</think>18", "naïve ≠ ascii\n\ttabs"):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == text
+    assert len(tok("<think>", add_special_tokens=False)["input_ids"]) == 1
+    assert len(tok(corpus[0], add_special_tokens=False)["input_ids"]) < len(corpus[0]) / 2
+    tok.save_pretrained(tmp_path)
+    backbone = TinyBackbone(tokenizer=str(tmp_path), extra_tokens=["<UNDO>"])
+    model = backbone.build_model()
+    assert len(backbone.tokenizer) == len(tok) + 1 == model.get_input_embeddings().num_embeddings
+    assert backbone.tokenizer(corpus[0])["input_ids"] == tok(corpus[0])["input_ids"]
+    assert "tokenizer" in backbone.describe() and "tokenizer" not in TinyBackbone().describe()  # char keys unchanged
+    with pytest.raises(ConfigError, match="backbone.tokenizer=.*no tokenizer saved there"):
+        _ = TinyBackbone(tokenizer=str(tmp_path / "missing")).tokenizer
 
 
 def test_methods_can_add_tokens_and_the_model_is_resized():

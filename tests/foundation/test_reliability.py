@@ -454,6 +454,10 @@ OTHER_BAD_INPUTS = {
         ["+method=agent_sft", "datamodule.source.num_train=1", "env.required_steps=5", "datamodule.overflow=cut"],
         "datamodule.overflow='cut'; use one of ['error', 'keep_recent']",
     ),
+    "tiny_backbone_tokenizer_not_saved": (
+        ["+method=sft", "+backbone.tokenizer=/nonexistent/bpe"],
+        "backbone.tokenizer=/nonexistent/bpe: no tokenizer saved there",
+    ),
     # stacks: each message names the two methods and why (was Hydra's "Could not override 'datamodule/weighting'",
     # a complaint about backbone=none, and an SFT run silently skipped for 94 s of validation)
     "stack_of_two_training_modules": (

@@ -29,8 +29,8 @@ import json
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from zoo.agents.backends.base import Backend
-from zoo.agents.backends.hf_local import HFLocalBackend, checked_overflow
+from zoo.agents.backends.base import Backend, flatten_messages
+from zoo.agents.backends.hf_local import HFLocalBackend, checked_overflow, plain_transcript
 from zoo.agents.backends.scripted import ScriptedBackend
 from zoo.agents.envs.base import Environment
 from zoo.agents.errors import BackendError
@@ -46,6 +46,13 @@ def reply_text(call: ToolCall) -> str:
     form :func:`~zoo.agents.backends.base.flatten_messages` writes calls in and :func:`~zoo.agents.parsing.
     parse_tool_calls` reads first."""
     return f"<tool_call>{json.dumps({'name': call.name, 'arguments': call.arguments})}</tool_call>"
+
+
+def demonstration_text(row: dict[str, Any]) -> str:
+    """A demonstration row as a model without a chat template reads it: the prompt as
+    :class:`~zoo.agents.backends.hf_local.HFLocalBackend` renders the chat for such a tokenizer (its plain
+    transcript), then the reply (e.g. the corpus of a tokenizer trained for the behaviour-cloned model)."""
+    return plain_transcript(flatten_messages(row["chat"], row["tools"])) + row["completion"]
 
 
 class Demonstrator(LLMToolAgent):
@@ -155,4 +162,4 @@ class ChatRendering(HFLocalBackend):
         raise BackendError("ChatRendering renders prompts only; use HFLocalBackend to generate")
 
 
-__all__ = ["ChatRendering", "Demonstrator", "collect_demonstrations", "reply_text"]
+__all__ = ["ChatRendering", "Demonstrator", "collect_demonstrations", "demonstration_text", "reply_text"]

@@ -3,7 +3,7 @@
 from zoo.backbones.base import Backbone
 from zoo.backbones.hf import HFBackbone
 from zoo.backbones.tiny import TinyBackbone
-from zoo.backbones.tokenizer import add_special_tokens, build_char_tokenizer
+from zoo.backbones.tokenizer import add_special_tokens, build_char_tokenizer, train_bpe_tokenizer
 from zoo.backbones.vlm import HFVLMBackbone, TinyVLMBackbone
 
 __all__ = [
@@ -14,4 +14,5 @@ __all__ = [
     "TinyVLMBackbone",
     "add_special_tokens",
     "build_char_tokenizer",
+    "train_bpe_tokenizer",
 ]

@@ -1,15 +1,18 @@
-"""The embedded default backbone: a ~1M-parameter ``LlamaForCausalLM`` with the character tokenizer."""
+"""The embedded default backbone: a ~1M-parameter ``LlamaForCausalLM`` with the character tokenizer (or a tokenizer
+saved in a directory, e.g. a BPE trained on the run's data)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from zoo.backbones.base import Backbone
 from zoo.backbones.tokenizer import build_char_tokenizer
+from zoo.errors import ConfigError
 from zoo.quant.base import Quantizer
 
 
@@ -18,6 +21,10 @@ class TinyBackbone(Backbone):
 
     With ``init_from`` set it loads that export instead, through the same ``from_pretrained`` path as
     :class:`~zoo.backbones.hf.HFBackbone`.
+
+    ``tokenizer``: the fresh model's tokenizer -- ``None``, the zoo's character tokenizer; or a directory holding a
+    tokenizer saved by ``save_pretrained`` (e.g. :func:`zoo.backbones.tokenizer.train_bpe_tokenizer`'s, or the path
+    :func:`zoo.agents.cloning.demonstration_tokenizer` returns); the embedding has one row per token of it.
     """
 
     def __init__(
@@ -35,6 +42,7 @@ class TinyBackbone(Backbone):
         dtype: str | None = "float32",
         lora: Mapping[str, Any] | None = None,
         gradient_checkpointing: bool = False,
+        tokenizer: str | None = None,
     ) -> None:
         super().__init__(
             init_from=init_from,
@@ -53,9 +61,17 @@ class TinyBackbone(Backbone):
             "tie_word_embeddings": tie_word_embeddings,
         }
         self.seed = seed
+        self.tokenizer_dir = None if tokenizer is None else str(tokenizer)
 
     def _fresh_tokenizer(self) -> PreTrainedTokenizerBase:
-        return build_char_tokenizer()
+        if self.tokenizer_dir is None:
+            return build_char_tokenizer()
+        if not (Path(self.tokenizer_dir) / "tokenizer_config.json").is_file():
+            raise ConfigError(
+                f"backbone.tokenizer={self.tokenizer_dir}: no tokenizer saved there (expected tokenizer_config.json "
+                "from save_pretrained); set it to such a directory, or null for the character tokenizer"
+            )
+        return AutoTokenizer.from_pretrained(self.tokenizer_dir)
 
     def fresh_context_length(self) -> int:
         return int(self.arch["max_position_embeddings"])
@@ -91,4 +107,7 @@ class TinyBackbone(Backbone):
         return model
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "tiny_llama", **self.arch, "seed": self.seed, "init_from": self.init_from}
+        described = {"kind": "tiny_llama", **self.arch, "seed": self.seed, "init_from": self.init_from}
+        if self.tokenizer_dir is not None:  # absent for the character tokenizer: its cache keys stay as they were
+            described["tokenizer"] = self.tokenizer_dir
+        return described
