@@ -13,6 +13,7 @@ import json
 
 import pytest
 import torch
+import yaml
 from sweep_files import write_metrics, write_run, write_sweep
 
 from zoo.data.alignment_faking import ModelOrganismTask
@@ -88,9 +89,16 @@ def organism_report(task, seed, heldout: dict[str, float], sycophancy=None, stee
 @pytest.fixture
 def make_sweep(tmp_path):
     def make(
-        heldout=None, scheming_sycophancy=None, last_change=0.01, name="sweep", base_seed=None, changes=None
+        heldout=None,
+        scheming_sycophancy=None,
+        last_change=0.01,
+        name="sweep",
+        base_seed=None,
+        changes=None,
+        scheduler=None,
     ) -> Sweep:
-        """``changes``: ``{(organism, seed): last-epoch change}`` of single organisms (else ``last_change``)."""
+        """``changes``: ``{(organism, seed): last-epoch change}`` of single organisms (else ``last_change``);
+        ``scheduler``: the organisms' ``module.scheduler._target_`` in their build config (none written if None)."""
         heldout = heldout or {}
         root = write_sweep(tmp_path / name, {"task.organism": "scheming,performative", "seed": "0,1,2"})
         number = 0
@@ -120,6 +128,9 @@ def make_sweep(tmp_path):
                         )
                     ],
                 )
+                if scheduler is not None:
+                    build_config = {"module": {"scheduler": {"_target_": scheduler}}}
+                    (policy / "resolved_config.yaml").write_text(yaml.safe_dump(build_config))
                 run = write_run(
                     root,
                     f"{organism}/seed{seed}",
@@ -235,5 +246,10 @@ def test_each_seeds_organism_is_read_for_its_plateau_and_named(make_sweep, tmp_p
     assert "performative organism seed 2 -20.0%" in fair and "scheming organism seed 2 +1.0%" in fair
     assert "| performative organism | 2 | 0.5000 → 0.2000 → 0.1600 | -20.0% | **not met** |" in text
     assert "one per seed (3 seeds; the seed is the whole pipeline's)" in text
+    assert "one-cycle schedule" not in fair  # the organisms' build configs are not there: nothing said
+    caveat = "a flat last epoch does not show that more epochs would not lower the loss"
+    decayed = build(make_sweep(name="decayed", scheduler="zoo.optim.one_cycle"), tmp_path / "d")
+    assert caveat in decayed[decayed.index("## Fair test") :]
+    assert caveat not in build(make_sweep(name="constant", scheduler="torch.optim.lr_scheduler.ConstantLR"), tmp_path)
     shared = build(make_sweep(base_seed=0, name="shared"), tmp_path / "s")
     assert "| scheming organism | 0, 1, 2 | 0.5000 → 0.2000 → 0.2020 | +1.0% | met |" in shared
