@@ -24,7 +24,7 @@ class TinyBackbone(Backbone):
 
     ``tokenizer``: the fresh model's tokenizer -- ``None``, the zoo's character tokenizer; or a directory holding a
     tokenizer saved by ``save_pretrained`` (e.g. :func:`zoo.backbones.tokenizer.train_bpe_tokenizer`'s, or the path
-    :func:`zoo.agents.cloning.demonstration_tokenizer` returns); the embedding has one row per token of it.
+    :func:`zoo.datamodules.demonstration_tokenizer` returns); the embedding has one row per token of it.
     """
 
     def __init__(
