@@ -40,7 +40,7 @@ from zoo.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-META_FIELDS = ("episode", "step", "request", "env", "teacher")
+META_FIELDS = ("episode", "step", "request", "tool", "env", "teacher")
 
 
 class AgentDemonstrationSource(GeneratedSource):

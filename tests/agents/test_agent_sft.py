@@ -72,6 +72,9 @@ def test_an_episodes_first_request_is_marked_and_can_be_drawn_more_often(demonst
     reads it, so a run can train on first requests more often than their share of the rows."""
     rows, _ = demonstrations
     assert [r["request"] for r in rows] == ["first"] + ["later"] * (len(rows) - 1)
+    # the teacher's tool of each row is the tool its reply calls
+    assert [r["tool"] for r in rows] == [parse_tool_calls(r["completion"]).calls[0].name for r in rows]
+    assert len({r["tool"] for r in rows}) >= 2
     assert not any(m["role"] == "assistant" for m in rows[0]["chat"])
     assert any(m["role"] == "assistant" for m in rows[1]["chat"])
     source = AgentDemonstrationSource(grid(), HypothesisEliminationAgent, num_train=2, num_val=0, **HARNESS)
@@ -87,6 +90,7 @@ def test_an_episodes_first_request_is_marked_and_can_be_drawn_more_often(demonst
     for epoch in range(20):
         sampler.set_epoch(epoch)
         drawn += [value for batch in loader for value in batch["columns"]["request"]]
+    assert {"tool", "request"} <= set(next(iter(loader))["columns"])  # both reach the batch
     natural = sum(r["request"] == "first" for r in dm.dataset_rows["train"]) / len(dm.dataset_rows["train"])
     assert natural < 0.2 and abs(drawn.count("first") / len(drawn) - 0.5) < 0.1
 

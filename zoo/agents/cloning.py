@@ -63,10 +63,10 @@ class Demonstrator(LLMToolAgent):
         seed: the LLM agent's seed (forwarded with every request, as for a model).
 
     Attributes:
-        demonstrations: ``{"chat", "tools", "completion", "step", "request"}`` per request, in order (this
+        demonstrations: ``{"chat", "tools", "completion", "step", "request", "tool"}`` per request, in order (this
             episode's); ``request`` is ``"first"`` for the episode's first request (no earlier call of the episode in
-            its chat) and ``"later"`` after it: a column to weigh them by (``datamodule/sampler=weighted
-            datamodule.sampler.domain_column=request``).
+            its chat) and ``"later"`` after it; ``tool`` names the teacher's tool (``move``, ``reset``, ...): columns
+            to weigh rows by (``datamodule/sampler=weighted datamodule.sampler.domain_column=request`` or ``=tool``).
     """
 
     name: ClassVar[str] = "demonstrator"
@@ -102,6 +102,7 @@ class Demonstrator(LLMToolAgent):
                 "completion": text,
                 "step": len(self.demonstrations),
                 "request": "later" if self.demonstrations else "first",
+                "tool": action.call.name,
             }
         )
         return text
@@ -129,8 +130,8 @@ def collect_demonstrations(
             as the evaluation run sets them.
 
     Returns:
-        The rows (``chat``, ``tools``, ``completion``, ``step``, ``request``, ``episode``, ``env``, ``teacher``) and the
-        trajectories.
+        The rows (``chat``, ``tools``, ``completion``, ``step``, ``request``, ``tool``, ``episode``, ``env``,
+        ``teacher``) and the trajectories.
     """
     agents: list[Demonstrator] = []
 
