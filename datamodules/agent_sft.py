@@ -198,10 +198,16 @@ def demonstration_tokenizer(
         cache_dir: artifact cache root (``paths.cache_dir``).
     """
     plain = OmegaConf.to_container(source, resolve=True) if isinstance(source, DictConfig) else dict(source)
+    demonstrations = instantiate(plain)
+    if not isinstance(demonstrations, AgentDemonstrationSource):
+        raise ConfigError(
+            f"backbone.tokenizer: demonstration_tokenizer (+preset=demonstration_bpe) trains on agent demonstrations, "
+            f"but datamodule.source is {type(demonstrations).__name__}; use it with +method=agent_sft"
+        )
     spec = {"source": plain, "vocab_size": int(vocab_size)}
 
     def build(directory: Path) -> dict[str, Any]:
-        rows = instantiate(plain).rows("train")
+        rows = demonstrations.rows("train")
         texts = [demonstration_text(row) for row in rows]
         tokenizer = train_bpe_tokenizer(texts, int(vocab_size))
         tokenizer.save_pretrained(directory)

@@ -454,6 +454,10 @@ OTHER_BAD_INPUTS = {
         ["+method=agent_sft", "datamodule.source.num_train=1", "env.required_steps=5", "datamodule.overflow=cut"],
         "datamodule.overflow='cut'; use one of ['error', 'keep_recent']",
     ),
+    "demonstration_bpe_without_demonstrations": (
+        ["+method=sft", "+preset=demonstration_bpe"],
+        "demonstration_tokenizer (+preset=demonstration_bpe) trains on agent demonstrations, but datamodule.source is",
+    ),
     "tiny_backbone_tokenizer_not_saved": (
         ["+method=sft", "+backbone.tokenizer=/nonexistent/bpe"],
         "backbone.tokenizer=/nonexistent/bpe: no tokenizer saved there",
