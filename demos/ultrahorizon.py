@@ -412,7 +412,8 @@ def fair_test(
             "- **Models trained to a plateau.** The scripted agents are not trained (met by construction). The "
             f"behaviour-cloned LMs ({len(models)} models, {trained.get('demo.sft.model_steps')} SFT steps each, "
             f"validated every {trained.get('demo.sft.val_every')} steps on a held-out teacher episode): last "
-            f"validation loss {fmt_stat(losses, 4, ci=False)} per token (character). " + sft_training(sft, lab)
+            f"validation loss {fmt_stat(losses, 4, ci=False)} per token ({model_tokens(sft)}). "
+            + sft_training(sft, lab)
         )
     else:
         lines.append(
@@ -685,7 +686,7 @@ def sft_training(runs: list[Run], lab: Any = str) -> str:
         return "A plateau is **not met** (not measured: the models' training logs are not in the artifact cache)."
     return (
         f"Plateau (every model's validation loss moving by less than {100 * PLATEAU:.0f}%, or less than "
-        f"{LOSS_FLOOR_NATS:g} nats per character where it is this close to 0, over its last validation interval): "
+        f"{LOSS_FLOOR_NATS:g} nats per token where it is this close to 0, over its last validation interval): "
         f"**{'met' if all(settled) else 'not met'}**: " + "; ".join(parts) + "."
     )
 
@@ -716,14 +717,17 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
     why = cannot_act(eps)
     cap, required = r0.get("module.max_steps"), r0.get("env.required_steps")
     return [
-        f"Agent `{r0.get('agent._target_')}` with backend `{r0.get('backend._target_')}` on a tiny Llama (character "
-        f"tokens, {r0.get('demo.sft.model_steps')} SFT steps) trained by `+method=agent_sft` (artifact cache, one "
+        f"Agent `{r0.get('agent._target_')}` with backend `{r0.get('backend._target_')}` on a tiny Llama "
+        f"({model_tokens(runs)} tokens, {r0.get('demo.sft.model_steps')} SFT steps) trained by `+method=agent_sft` "
+        "(artifact cache, one "
         "model per environment and difficulty) on the episodes of hypothesis elimination played through this arm's own "
         f"chat (teacher episodes: {r0.get('demo.sft.train_episodes')}), CRNR window {r0.get('module.crnr_window')} "
         "messages, the Python tool listed, the loss on the replies only (`<tool_call>{...}</tool_call>`). Its context "
         "holds 8192 tokens: the system prompt with its tools (3.9k-6.6k characters) and a window of turns; at "
         "evaluation a longer chat loses its oldest turns (Alien Genetics Lab's cross results, about 4k characters "
-        f"each, overflow the context after the first); {long_chat_training(runs, r0.get('backend.max_tokens'))}. "
+        "each, are the longest messages: in characters they overflow the context after the first, in the BPE of "
+        "`+preset=demonstration_bpe` on some requests); "
+        f"{long_chat_training(runs, r0.get('backend.max_tokens'))}. "
         f"Evaluation: greedy, at most {cap} steps per episode ({cap / required:g} × the {required} required steps; "
         "the environment's own cap, 4 × (8 × on bio), costs too much CPU for this model), "
         f"{r0.get('datamodule.episodes')} episode per run; {unusable_stop(r0)}. It ran on {len(rows)} of "
@@ -742,6 +746,26 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
         if why
         else stopped_early(eps),
     ]
+
+
+def model_tokens(runs: list[Run]) -> str:
+    """What the behaviour-cloned models' tokens were, read from each model's own resolved config
+    (``backbone.tokenizer``): characters (unset), the byte-level BPE of the teacher's train-split chats
+    (``+preset=demonstration_bpe``), a saved tokenizer directory, or a mix / unknown."""
+    kinds = set()
+    for model in artifact_runs(runs, "demo_policy"):
+        tokenizer = model.get("backbone.tokenizer")
+        if not model.config:
+            kinds.add("unknown (the model's config is not in the cache)")
+        elif tokenizer is None:
+            kinds.add("character")
+        elif isinstance(tokenizer, dict) and str(tokenizer.get("_target_", "")).endswith(".demonstration_tokenizer"):
+            kinds.add(f"byte-level BPE ({tokenizer.get('vocab_size')} tokens) of the teacher's train-split chats")
+        else:
+            kinds.add(f"the tokenizer saved in `{tokenizer}`")
+    if not kinds:
+        return "unknown"
+    return kinds.pop() if len(kinds) == 1 else "mixed: " + "; ".join(sorted(kinds))
 
 
 def long_chat_training(runs: list[Run], reply_budget: Any) -> str:

@@ -210,3 +210,22 @@ def test_long_chat_training_is_read_from_each_models_own_config(tmp_path):
     both = [sft_run(tmp_path / "c", 0, [], [], left_out), sft_run(tmp_path / "d", 1, [], [], cut)]
     assert "differ" in page.long_chat_training(both, 1024)
     assert "not known" in page.long_chat_training([sft_run(tmp_path / "e", 0, [], [], tmp_path / "gone")], 1024)
+
+
+def test_model_tokens_are_read_from_each_models_own_config(tmp_path):
+    def model(name: str, backbone: dict) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "resolved_config.yaml").write_text(yaml.safe_dump({"backbone": backbone}))
+        return path
+
+    chars = model("chars", {"hidden_size": 128})
+    bpe = model("bpe", {"tokenizer": {"_target_": "zoo.datamodules.demonstration_tokenizer", "vocab_size": 1024}})
+    saved = model("saved", {"tokenizer": "/data/my_tokenizer"})
+    assert page.model_tokens([sft_run(tmp_path / "a", 0, [], [], chars)]) == "character"
+    text = page.model_tokens([sft_run(tmp_path / "b", 0, [], [], bpe)])
+    assert text.startswith("byte-level BPE (1024 tokens)")
+    assert "`/data/my_tokenizer`" in page.model_tokens([sft_run(tmp_path / "c", 0, [], [], saved)])
+    mixed = page.model_tokens([sft_run(tmp_path / "d", 0, [], [], chars), sft_run(tmp_path / "e", 1, [], [], bpe)])
+    assert mixed.startswith("mixed:") and "character" in mixed and "BPE" in mixed
+    assert "unknown" in page.model_tokens([sft_run(tmp_path / "f", 0, [], [], tmp_path / "gone")])
