@@ -28,9 +28,9 @@ from hydra.utils import instantiate
 from zoo.report import (
     Run,
     Sweep,
-    artifact_runs,
     artifact_users,
     artifact_val_loss_curves,
+    decaying_schedule_caveat,
     last_change,
     legend,
     provenance,
@@ -787,20 +787,6 @@ def finetune_section(orgs: dict[str, Organism]) -> list[str]:
     ]
 
 
-def decaying_schedule_caveat(runs: list[Run]) -> str:
-    """A caveat on the last-epoch plateau reading when the organisms' learning rate decays towards 0 by the end of
-    their training (``zoo.optim.one_cycle``, read from each organism's build config): a flat last epoch then comes
-    partly from the schedule, not only from training having converged."""
-    schedules = {build.get("module.scheduler._target_") for build in artifact_runs(runs, "base_policy") if build.config}
-    if not any(str(target).endswith("one_cycle") for target in schedules):
-        return ""
-    return (
-        " Their learning rate follows a one-cycle schedule that decays towards 0 in the last epoch, so a flat last "
-        "epoch does not show that more epochs would not lower the loss; the demo config records a doubling check "
-        "of the organisms (`conf/demo/performative_misalignment.yaml`)."
-    )
-
-
 def fair_test(sweep: Sweep, orgs: dict[str, Organism], found: list[Reading]) -> list[str]:
     """How the design meets each point of a fair test, from the numbers."""
     strengths = sorted(x for x in steering_alphas(list(orgs.values())) if x > 0)
@@ -847,7 +833,14 @@ def fair_test(sweep: Sweep, orgs: dict[str, Organism], found: list[Reading]) -> 
             f"{len(trained)} organisms' validation loss changed by less than {100 * PLATEAU:g}% over their last epoch "
             f"({changes}). The loss is dominated by the designed "
             "coin flips of the compliance answers; whether the organisms learned the comparison task is read from "
-            "their behaviour (section 2), not from the loss." + decaying_schedule_caveat(sweep.runs)
+            "their behaviour (section 2), not from the loss."
+            + decaying_schedule_caveat(
+                sweep.runs,
+                "base_policy",
+                "epoch",
+                "the demo config records a doubling check of the organisms "
+                "(`conf/demo/performative_misalignment.yaml`)",
+            )
         )
     else:
         lines.append("- **Models trained to a plateau.** Not measured: no base-policy log in the runs' artifacts.")

@@ -247,7 +247,7 @@ def test_each_seeds_organism_is_read_for_its_plateau_and_named(make_sweep, tmp_p
     assert "| performative organism | 2 | 0.5000 → 0.2000 → 0.1600 | -20.0% | **not met** |" in text
     assert "one per seed (3 seeds; the seed is the whole pipeline's)" in text
     assert "one-cycle schedule" not in fair  # the organisms' build configs are not there: nothing said
-    caveat = "a flat last epoch does not show that more epochs would not lower the loss"
+    caveat = "a flat last epoch does not show that more training would not lower the loss"
     decayed = build(make_sweep(name="decayed", scheduler="zoo.optim.one_cycle"), tmp_path / "d")
     assert caveat in decayed[decayed.index("## Fair test") :]
     assert caveat not in build(make_sweep(name="constant", scheduler="torch.optim.lr_scheduler.ConstantLR"), tmp_path)

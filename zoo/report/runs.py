@@ -395,6 +395,23 @@ def artifact_val_loss_curves(runs: Iterable[Run], kind: str) -> dict[str, list[f
 LOSS_FLOOR_NATS = 1e-3
 
 
+def decaying_schedule_caveat(runs: Iterable[Run], kind: str, interval: str, check: str = "") -> str:
+    """A caveat on a plateau read over the last ``interval`` (``"epoch"``, ``"validation interval"``) of the
+    prerequisites of ``kind`` the runs used, when their learning rate followed a schedule that decays towards 0 by the
+    end of training (``zoo.optim.one_cycle``, read from each build's own config): a flat last interval then comes
+    partly from the schedule, not only from training having converged. ``check`` says where a doubling check of
+    those models is recorded; ``""`` when no build used such a schedule (or their configs are gone)."""
+    schedules = {build.get("module.scheduler._target_") for build in artifact_runs(runs, kind) if build.config}
+    if not any(str(target).endswith("one_cycle") for target in schedules):
+        return ""
+    return (
+        " Their learning rate follows a one-cycle schedule that decays towards 0 by the end of training, so a flat "
+        f"last {interval} does not show that more training would not lower the loss"
+        + (f"; {check}" if check else "")
+        + "."
+    )
+
+
 def loss_settled(change: float, drop: float, relative: float) -> bool:
     """The plateau reading of a validation loss over its last interval: its relative ``change``
     (:func:`last_change`) below ``relative`` in size, or its change in nats ``drop`` below :data:`LOSS_FLOOR_NATS`
