@@ -31,6 +31,7 @@ from zoo.report import (
     artifact_users,
     artifact_values,
     contrast,
+    decaying_schedule_caveat,
     last_change,
     legend,
     loss_settled,
@@ -687,7 +688,10 @@ def sft_training(runs: list[Run], lab: Any = str) -> str:
     return (
         f"Plateau (every model's validation loss moving by less than {100 * PLATEAU:.0f}%, or less than "
         f"{LOSS_FLOOR_NATS:g} nats per token where it is this close to 0, over its last validation interval): "
-        f"**{'met' if all(settled) else 'not met'}**: " + "; ".join(parts) + "."
+        f"**{'met' if all(settled) else 'not met'}**: "
+        + "; ".join(parts)
+        + "."
+        + decaying_schedule_caveat(runs, "demo_policy", "validation interval")
     )
 
 

@@ -158,6 +158,16 @@ def test_sft_plateau_is_read_per_model_from_its_validations(tmp_path):
     assert "0.2000, 0.0014, 0.0005 (-64.3%, -0.0009 nats" in training and "**met**" in training
     steep = model_log(tmp_path / "steep", {50: 0.2, 100: 0.01, 150: 0.005})  # -50%, -0.005 nats: not met
     assert "**not met**" in page.sft_training([sft_run(tmp_path / "s", 0, [], [], steep)])
+    # a model trained under a one-cycle schedule (its own config) gets the caveat; a constant rate does not
+    assert "one-cycle" not in page.sft_training(runs[:2])
+    (grid / "resolved_config.yaml").write_text(
+        yaml.safe_dump({"module": {"scheduler": {"_target_": "zoo.optim.one_cycle"}}})
+    )
+    assert "a flat last validation interval does not show" in page.sft_training(runs[:2])
+    (grid / "resolved_config.yaml").write_text(
+        yaml.safe_dump({"module": {"scheduler": {"_target_": "torch.optim.lr_scheduler.ConstantLR"}}})
+    )
+    assert "one-cycle" not in page.sft_training(runs[:2])
 
 
 def test_parsed_replies_are_counted_at_the_first_request_and_after_it():
