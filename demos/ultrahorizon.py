@@ -411,7 +411,8 @@ def fair_test(
         trained = next(iter(models.values()))[0]
         lines.append(
             "- **Models trained to a plateau.** The scripted agents are not trained (met by construction). The "
-            f"behaviour-cloned LMs ({len(models)} models, {trained.get('demo.sft.model_steps')} SFT steps each, "
+            f"behaviour-cloned LMs ({len(models)} model{'s' * (len(models) != 1)}, "
+            f"{trained.get('demo.sft.model_steps')} SFT steps each, "
             f"validated every {trained.get('demo.sft.val_every')} steps on a held-out teacher episode): last "
             f"validation loss {fmt_stat(losses, 4, ci=False)} per token ({model_tokens(sft)}). "
             + sft_training(sft, lab)
@@ -637,6 +638,31 @@ def parsed_by_position(eps: list[dict[str, Any]]) -> str:
     )
 
 
+def tool_use(model_eps: list[dict[str, Any]], teacher_eps: list[dict[str, Any]]) -> str:
+    """The model's tool calls by tool (succeeded of made), the tools it called that the environment does not have
+    (their calls fail with ``unknown tool``), and the tools its teacher called in the same setting that the model never
+    called (e.g. a commit)."""
+    calls = [s for e in model_eps for s in e.get("steps", []) if s.get("tool") is not None]
+    if not calls:
+        return "no reply parsed as a tool call."
+    made = Counter(s["tool"] for s in calls)
+    succeeded = Counter(s["tool"] for s in calls if s.get("ok") in (True, "True"))
+    unknown = {s["tool"] for s in calls if str(s.get("error") or "").startswith("unknown tool")}
+    taught = {s["tool"] for e in teacher_eps for s in e.get("steps", []) if s.get("tool") is not None}
+    known = ", ".join(f"`{t}` {succeeded[t]} of {n}" for t, n in made.most_common() if t not in unknown)
+    text = f"tool calls over {len(model_eps)} episodes (succeeded of made): {known or 'none'}"
+    if unknown:
+        text += "; tools that do not exist: " + ", ".join(f"`{t}` ({made[t]})" for t in sorted(unknown))
+    if taught:
+        never = sorted(taught - set(made))
+        teacher = "its teacher (hypothesis elimination, CRNR window 16, same setting)"
+        if never:
+            text += f"; of the tools {teacher} called it never called " + ", ".join(f"`{t}`" for t in never)
+        else:
+            text += f"; it called every tool {teacher} called"
+    return text + "."
+
+
 def env_rank(env: Any) -> int:
     """An environment's place in the demo's order (others after it)."""
     return ENV_ORDER.index(env) if env in ENV_ORDER else len(ENV_ORDER)
@@ -722,9 +748,9 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
     cap, required = r0.get("module.max_steps"), r0.get("env.required_steps")
     return [
         f"Agent `{r0.get('agent._target_')}` with backend `{r0.get('backend._target_')}` on a tiny Llama "
-        f"({model_tokens(runs)} tokens, {r0.get('demo.sft.model_steps')} SFT steps) trained by `+method=agent_sft` "
-        "(artifact cache, one "
-        "model per environment and difficulty) on the episodes of hypothesis elimination played through this arm's own "
+        f"(tokens: {model_tokens(runs)}; {r0.get('demo.sft.model_steps')} SFT steps) trained by `+method=agent_sft` "
+        "(artifact cache, one model per environment and difficulty) on the episodes of hypothesis elimination "
+        "played through this arm's own "
         f"chat (teacher episodes: {r0.get('demo.sft.train_episodes')}), CRNR window {r0.get('module.crnr_window')} "
         "messages, the Python tool listed, the loss on the replies only (`<tool_call>{...}</tool_call>`). Its context "
         "holds 8192 tokens: the system prompt with its tools (3.9k-6.6k characters) and a window of turns; at "
@@ -742,6 +768,15 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
         llm_arm_measured(runs, eps, f"score {fmt_stat(stat(r.last('test/score') for r in runs))}"),
         "",
         replies_measured(eps, r0.get("backend.max_tokens")) + " " + timing(runs) + " " + parsed_by_position(eps),
+        "",
+        " ".join(
+            f"{lab(env)} ({difficulty}): "
+            + tool_use(
+                [e for r in runs_of(env, difficulty, SFT_ARM) for e in episodes(r)],
+                [e for r in runs_of(env, difficulty, "he_crnr") for e in episodes(r)],
+            )
+            for env, difficulty in [(e, d) for e in envs for d in difficulties if runs_of(e, d, SFT_ARM)]
+        ),
         "",
         f"It cannot act: {why}; it is left out of the score tables and of the Verdict's score claims. "
         + stopped_early(eps)
@@ -802,7 +837,7 @@ def timing(runs: list[Run]) -> str:
         f"Wall time per run (one episode; model loading included, on the shared CPU of the provenance line): "
         f"{seconds.mean:.0f} s on average ({seconds.n} runs"
         + (f"; {left} runs that first trained their model are left out" if left else "")
-        + f"), for {steps.mean:.0f} steps per episode: about {seconds.mean / max(steps.mean, 1):.0f} s per step."
+        + f"), for {steps.mean:.0f} steps per episode: about {seconds.mean / max(steps.mean, 1):.2g} s per step."
     )
 
 

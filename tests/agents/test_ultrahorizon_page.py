@@ -239,3 +239,28 @@ def test_model_tokens_are_read_from_each_models_own_config(tmp_path):
     mixed = page.model_tokens([sft_run(tmp_path / "d", 0, [], [], chars), sft_run(tmp_path / "e", 1, [], [], bpe)])
     assert mixed.startswith("mixed:") and "character" in mixed and "BPE" in mixed
     assert "unknown" in page.model_tokens([sft_run(tmp_path / "f", 0, [], [], tmp_path / "gone")])
+
+
+def test_tool_use_counts_calls_by_tool_names_invented_tools_and_the_teachers_tools_never_called():
+    def step(tool, ok=True, error=None):
+        return {"tool": tool, "ok": ok, "error": error}
+
+    model = [
+        {
+            "steps": [
+                step("move"),
+                step("move", ok=False),
+                step("get_full_state", False, "unknown tool 'get_full_state'"),
+            ]
+        },
+        {"steps": [step("move"), step(None, False, "malformed tool call"), step("note_tool")]},
+    ]
+    teacher = [{"steps": [step("move"), step("note_tool"), step("reset"), step("commit_final_result")]}]
+    text = page.tool_use(model, teacher)
+    assert "over 2 episodes (succeeded of made): `move` 2 of 3, `note_tool` 1 of 1" in text
+    assert "tools that do not exist: `get_full_state` (1)" in text and "`get_full_state` 0 of" not in text
+    assert text.endswith("it never called `commit_final_result`, `reset`.")
+    assert page.tool_use(model, model).endswith(
+        "it called every tool its teacher (hypothesis elimination, CRNR window 16, same setting) called."
+    )
+    assert page.tool_use([{"steps": [step(None, False, "malformed")]}], teacher) == "no reply parsed as a tool call."
