@@ -638,15 +638,15 @@ def parsed_by_position(eps: list[dict[str, Any]]) -> str:
     )
 
 
-def tool_use(model_eps: list[dict[str, Any]], teacher_eps: list[dict[str, Any]]) -> str:
+def tool_use(model_eps: list[dict[str, Any]], teacher_eps: list[dict[str, Any]], teacher: str) -> str:
     """The model's tool calls by tool (succeeded of made), the tools it called that the environment does not have
-    (their calls fail with ``unknown tool``), and the tools its teacher called in the same setting that the model never
-    called (e.g. a commit)."""
+    (their calls fail with ``unknown tool``), and the tools its teacher (``teacher_eps``, labelled ``teacher``) called
+    in the same setting that the model never called (e.g. a commit)."""
     calls = [s for e in model_eps for s in e.get("steps", []) if s.get("tool") is not None]
     if not calls:
         return "no reply parsed as a tool call."
     made = Counter(s["tool"] for s in calls)
-    succeeded = Counter(s["tool"] for s in calls if s.get("ok") in (True, "True"))
+    succeeded = Counter(s["tool"] for s in calls if s.get("ok"))
     unknown = {s["tool"] for s in calls if str(s.get("error") or "").startswith("unknown tool")}
     taught = {s["tool"] for e in teacher_eps for s in e.get("steps", []) if s.get("tool") is not None}
     known = ", ".join(f"`{t}` {succeeded[t]} of {n}" for t, n in made.most_common() if t not in unknown)
@@ -655,11 +655,12 @@ def tool_use(model_eps: list[dict[str, Any]], teacher_eps: list[dict[str, Any]])
         text += "; tools that do not exist: " + ", ".join(f"`{t}` ({made[t]})" for t in sorted(unknown))
     if taught:
         never = sorted(taught - set(made))
-        teacher = "its teacher (hypothesis elimination, CRNR window 16, same setting)"
         if never:
-            text += f"; of the tools {teacher} called it never called " + ", ".join(f"`{t}`" for t in never)
+            text += f"; of the tools its teacher ({teacher}, same setting) called it never called " + ", ".join(
+                f"`{t}`" for t in never
+            )
         else:
-            text += f"; it called every tool {teacher} called"
+            text += f"; it called every tool its teacher ({teacher}, same setting) called"
     return text + "."
 
 
@@ -774,6 +775,7 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
             + tool_use(
                 [e for r in runs_of(env, difficulty, SFT_ARM) for e in episodes(r)],
                 [e for r in runs_of(env, difficulty, "he_crnr") for e in episodes(r)],
+                lab("he_crnr"),
             )
             for env, difficulty in [(e, d) for e in envs for d in difficulties if runs_of(e, d, SFT_ARM)]
         ),

@@ -256,11 +256,14 @@ def test_tool_use_counts_calls_by_tool_names_invented_tools_and_the_teachers_too
         {"steps": [step("move"), step(None, False, "malformed tool call"), step("note_tool")]},
     ]
     teacher = [{"steps": [step("move"), step("note_tool"), step("reset"), step("commit_final_result")]}]
-    text = page.tool_use(model, teacher)
+    text = page.tool_use(model, teacher, "scripted teacher")
     assert "over 2 episodes (succeeded of made): `move` 2 of 3, `note_tool` 1 of 1" in text
     assert "tools that do not exist: `get_full_state` (1)" in text and "`get_full_state` 0 of" not in text
     assert text.endswith("it never called `commit_final_result`, `reset`.")
-    assert page.tool_use(model, model).endswith(
-        "it called every tool its teacher (hypothesis elimination, CRNR window 16, same setting) called."
+    assert page.tool_use(model, model, "scripted teacher").endswith(
+        "it called every tool its teacher (scripted teacher, same setting) called."
     )
-    assert page.tool_use([{"steps": [step(None, False, "malformed")]}], teacher) == "no reply parsed as a tool call."
+    assert (
+        page.tool_use([{"steps": [step(None, False, "malformed")]}], teacher, "scripted teacher")
+        == "no reply parsed as a tool call."
+    )
