@@ -737,7 +737,8 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
     r0 = next((r for r in runs if r.finished), runs[0])  # a run still going has no resolved config yet
     eps = [e for r in runs for e in episodes(r)]
     rows = []
-    for env, difficulty in [(e, d) for e in envs for d in difficulties if runs_of(e, d, SFT_ARM)]:
+    settings = [(e, d) for e in envs for d in difficulties if runs_of(e, d, SFT_ARM)]
+    for env, difficulty in settings:
         row = [f"{lab(env)} ({difficulty})"]
         for arm in (SFT_ARM, "he_crnr", "random"):
             row.append(fmt_stat(stat(r.last("test/score") for r in runs_of(env, difficulty, arm))))
@@ -777,7 +778,7 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
                 [e for r in runs_of(env, difficulty, "he_crnr") for e in episodes(r)],
                 lab("he_crnr"),
             )
-            for env, difficulty in [(e, d) for e in envs for d in difficulties if runs_of(e, d, SFT_ARM)]
+            for env, difficulty in settings
         ),
         "",
         f"It cannot act: {why}; it is left out of the score tables and of the Verdict's score claims. "
