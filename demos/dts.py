@@ -26,6 +26,7 @@ from zoo.generation.dts import entropy_varentropy
 from zoo.report import (
     Run,
     Sweep,
+    decaying_schedule_caveat,
     legend,
     paired_contrast,
     provenance,
@@ -548,6 +549,7 @@ def fair_test(
         "- **Models trained to a plateau.** The base policies (one per seed and task, the same for every arm): "
         + "; ".join(plateau_text)
         + "."
+        + decaying_schedule_caveat(sweep.runs, "base_policy", "epoch", relative=PLATEAU)
     )
     seeds = len(sweep.seeds)
     note = seeds_note(all_claims, seeds, SMALL_EFFECT)

@@ -18,6 +18,7 @@ from zoo.report import (
     Sweep,
     base_policy_val_losses,
     curve,
+    decaying_schedule_caveat,
     last_change,
     legend,
     paired_contrast,
@@ -307,7 +308,10 @@ def fair_test(demo: Demo, found: list[Claim]) -> list[str]:
         f"- **Models trained to a plateau.** A plateau is a change below {100 * PLATEAU:.0f}%: {base}. RL arms, change "
         "of the mean training reward from the third to the last quarter of the steps, mean over seeds (a single "
         "seed's reward dips and recovers within a run, so its own quarter-to-quarter change reads its dips; the seed "
-        "that moved most is shown beside it): " + "; ".join(rl) + "."
+        "that moved most is shown beside it): "
+        + "; ".join(rl)
+        + "."
+        + decaying_schedule_caveat(demo.runs, "base_policy", "epoch", relative=PLATEAU, whose="The base policies'")
     )
     seeds = len({r.seed for r in demo.runs})
     lines.append(

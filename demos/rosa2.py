@@ -18,6 +18,7 @@ from zoo.report import (
     Sweep,
     artifact_val_loss_curves,
     artifact_values,
+    decaying_schedule_caveat,
     last_change,
     legend,
     paired_contrast,
@@ -266,6 +267,7 @@ def fair_test(sweep: Sweep, labels: dict[str, str], found: list[Claim]) -> list[
             f"final validation loss {fmt_stat(stat(last), ci=False)}, change over its last epoch "
             f"{100 * stat(change).mean:+.1f}% (a plateau by the loss: a change of less than {100 * PLATEAU:.0f}%: "
             f"**{met}**). The capability gap is built into its data (sub and mul rarer), not left by stopping early."
+            + decaying_schedule_caveat(sweep.runs, "demo_policy", "epoch", relative=PLATEAU, whose="Its")
         )
     else:
         lines.append("- **Models trained to a plateau.** **Not measured**: the runs name no policy with a loss log.")

@@ -24,6 +24,7 @@ from zoo.report import (
     Sweep,
     artifact_values,
     contrast,
+    decaying_schedule_caveat,
     legend,
     loss_settled,
     paired_contrast,
@@ -483,6 +484,7 @@ def fair_test(
         f"({drop.mean:+.4f} nats per token; mean over the {loss.n} policies; a plateau by the loss: a change of less "
         f"than {100 * PLATEAU:.0f}%, or of less than {LOSS_FLOOR_NATS:g} nats where the loss is this close to 0 that a "
         f"few ten-thousandths are large fractions of it: **{met}**); held-out exact match {fmt_stat(em, ci=False)}."
+        + decaying_schedule_caveat(sweep.runs, "base_policy", "epoch", relative=PLATEAU)
     )
     seeds = len(sweep.seeds)
     lines += [

@@ -5,7 +5,10 @@ reading finished runs only and naming a setting the sweep did not run."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import yaml
 from sweep_files import write_metrics, write_run, write_sweep
 
 from zoo.report import Sweep
@@ -13,6 +16,8 @@ from zoo.report.pages import load_page_builder
 from zoo.verdict import read_verdict
 
 from conftest import REPO_ROOT
+
+ONE_CYCLE = "zoo.optim.one_cycle"
 
 ARMS = ("grpo", "additive", "additive_strong", "gr3")
 SEEDS = (0, 1, 2)
@@ -163,6 +168,27 @@ def test_fair_test_reads_the_length_growth_the_shared_settings_and_the_plateau(m
     assert "changed by +0.3% over its last epoch (**met**)" in fair
     assert "training series are logged every 5 steps" in text
     assert "not met" not in fair
+
+
+def test_a_one_cycle_base_gets_the_caveat_and_its_doubling_check_from_the_cache(make_sweep, tmp_path):
+    """The base policy trained under the one-cycle schedule (its build's own config): a flat last epoch is not enough,
+    so the page says so, and reads the build of the same spec at twice the epochs beside it in the cache."""
+    sweep = make_sweep()
+    policy = tmp_path / "cache" / "base_policy" / "multisum"
+    assert "one-cycle" not in build(sweep, tmp_path / "plain")
+    (policy / "resolved_config.yaml").write_text(yaml.safe_dump({"module": {"scheduler": {"_target_": ONE_CYCLE}}}))
+    spec = {"seed": 0, "trainer": {"max_epochs": 6}}
+    (policy / "artifact.json").write_text(json.dumps({"kind": "base_policy", "spec": spec}))
+    fair = build(sweep, tmp_path / "caveat")
+    assert "The base policies' learning rate follows a one-cycle schedule" in fair and "doubling" not in fair
+    doubled = tmp_path / "cache" / "base_policy" / "multisum-doubled"
+    write_metrics(doubled, [{"step": i, "val/loss": v} for i, v in enumerate((0.9, 0.4, 0.29))])
+    (doubled / "artifact.json").write_text(
+        json.dumps({"kind": "base_policy", "spec": {**spec, "trainer": {"max_epochs": 12}}})
+    )
+    fair = build(sweep, tmp_path / "checked")
+    assert "a doubling check of the model" in fair
+    assert "0.301 after 6 epochs and 0.29 after 12 (-3.7%: at its plateau; a plateau is a change below 5%)" in fair
 
 
 def test_fair_test_flags_a_different_lr_a_rising_reward_and_a_policy_still_improving(make_sweep, tmp_path):

@@ -31,6 +31,8 @@ from zoo.report import (
     choose_per_seed,
     contrast,
     curve,
+    decaying_schedule_caveat,
+    doubling_checks,
     group_runs,
     last_change,
     latest_sweep,
@@ -601,3 +603,50 @@ def test_run_artifacts_by_kind_and_name_their_logs_and_build_seconds(tmp_path):
     assert build_run(arts[1]).config == {} and build_run(arts[1]).series("val/loss") == []
     assert [b.path for b in artifact_runs([run, run], "topic_lm")] == [model, tmp_path / "gone"]  # distinct, in order
     assert [b.path for b in artifact_runs([run], "topic_lm", "paraphraser")] == [tmp_path / "gone"]
+
+
+def test_a_doubling_check_is_a_build_of_the_same_spec_trained_twice_as_long_in_the_same_cache(tmp_path):
+    """Builds written through the artifact cache itself (:func:`zoo.artifacts.ensure`): the base a run used (3 epochs)
+    pairs with the build whose spec differs only in twice its epochs -- not with a build at 4 epochs, nor with 6 epochs
+    of another seed; the caveat of a one-cycle schedule then reads the pair against the plateau threshold."""
+    from zoo.artifacts import ensure
+
+    cache = tmp_path / "cache"
+
+    def build(losses: list[float], schedule: str = "zoo.optim.one_cycle"):
+        def write(directory: Path) -> dict:
+            write_run(directory.parent, directory.name, [], [{"step": i, "val/loss": v} for i, v in enumerate(losses)])
+            config = {"module": {"scheduler": {"_target_": schedule}}}
+            (directory / "resolved_config.yaml").write_text(yaml.safe_dump(config))
+            return {"metrics": {"val/loss": losses[-1]}}
+
+        return write
+
+    def spec(epochs: int, seed: int = 0) -> dict:
+        return {"seed": seed, "trainer": {"max_epochs": epochs, "max_steps": -1}, "module": {"lr": 0.003}}
+
+    used = ensure("base_policy", spec(3), build([2.0, 1.0, 0.990]), cache, name="task")
+    ensure("base_policy", spec(4), build([0.5]), cache, name="task")  # not twice as long
+    ensure("base_policy", spec(6, seed=1), build([0.4]), cache, name="task")  # another seed
+    arts = [{"kind": "base_policy", "path": str(used)}]
+    run = Run.load(write_run(tmp_path, "r", ["seed=0"], info={"artifacts": arts}))
+    assert doubling_checks([run], "base_policy") == []
+    caveat = decaying_schedule_caveat([run], "base_policy", "epoch", relative=0.02, whose="The base's")
+    assert caveat.startswith(" The base's learning rate follows a one-cycle") and "doubling" not in caveat
+
+    ensure("base_policy", spec(6), build([2.0, 0.5, 0.3, 0.2, 0.1, 0.891]), cache, name="task")
+    (check,) = doubling_checks([run], "base_policy")
+    assert (check.key, check.unit, check.length) == ("trainer.max_epochs", "epochs", 3)
+    assert (check.loss, check.doubled_loss) == (0.990, 0.891) and check.change == pytest.approx(-0.1)
+    caveat = decaying_schedule_caveat([run], "base_policy", "epoch", relative=0.02)
+    assert "a doubling check of the model" in caveat
+    assert "0.99 after 3 epochs and 0.891 after 6 (-10.0%: not at its plateau: more training lowers it" in caveat
+    assert "a plateau is a change below 2%" in caveat
+    assert "(-10.0%: at its plateau" in decaying_schedule_caveat([run], "base_policy", "epoch", relative=0.2)
+    assert doubling_checks([run], "demo_policy") == []  # another kind: nothing found
+    # a build under a constant rate needs no caveat, doubling check or not
+    other = ensure("base_policy", spec(3, seed=2), build([1.0, 0.99], "torch.optim.lr_scheduler.ConstantLR"), cache)
+    flat = Run.load(
+        write_run(tmp_path, "c", ["seed=2"], info={"artifacts": [{"kind": "base_policy", "path": str(other)}]})
+    )
+    assert decaying_schedule_caveat([flat], "base_policy", "epoch") == ""

@@ -395,18 +395,129 @@ def artifact_val_loss_curves(runs: Iterable[Run], kind: str) -> dict[str, list[f
 LOSS_FLOOR_NATS = 1e-3
 
 
-def decaying_schedule_caveat(runs: Iterable[Run], kind: str, interval: str, check: str = "") -> str:
+#: the keys of a prerequisite's build spec that set how long it trains, and the unit each counts in: a doubling check
+#: (:func:`doubling_checks`) pairs two builds whose specs differ only in one of these, the second twice the first
+TRAINING_LENGTH_KEYS = {"trainer.max_epochs": "epochs", "trainer.max_steps": "steps"}
+
+
+@dataclass(frozen=True)
+class DoublingCheck:
+    """A prerequisite and a build of the same spec trained twice as long (``key``, :data:`TRAINING_LENGTH_KEYS`),
+    found beside it in the artifact cache: their last validation losses."""
+
+    key: str
+    length: int
+    loss: float
+    doubled_loss: float
+
+    @property
+    def unit(self) -> str:
+        """What ``length`` counts: ``"epochs"`` or ``"steps"``."""
+        return TRAINING_LENGTH_KEYS[self.key]
+
+    @property
+    def change(self) -> float:
+        """The relative change of the last validation loss from the build to the doubled one (negative: the longer
+        training lowered it)."""
+        return (self.doubled_loss - self.loss) / self.loss if self.loss else math.nan
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"a.b.c": leaf}`` (an empty mapping is a leaf)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        flat.update(_flat(value, f"{name}.") if isinstance(value, dict) and value else {name: value})
+    return flat
+
+
+def _last_val_loss(build: Path, meta: dict[str, Any]) -> float:
+    """A build's last validation loss: its CSV log's last ``val/loss``, else its ``artifact.json`` metrics'."""
+    curve = _val_losses(build)
+    if curve:
+        return curve[-1]
+    return float((meta.get("metrics") or {}).get("val/loss", math.nan))
+
+
+def doubling_checks(runs: Iterable[Run], kind: str) -> list[DoublingCheck]:
+    """The doubling checks of the prerequisites of ``kind`` the runs used (:func:`artifact_users`): for each, a build
+    in the same artifact-cache folder whose ``artifact.json`` spec equals its own except for one training length
+    (:data:`TRAINING_LENGTH_KEYS`) set to twice its value -- built by running the demo once more with that length
+    doubled (``base_policy.max_epochs=2E``, ``trainer.max_steps=1``), into the same ``paths.cache_dir``. In order of
+    first use; ``[]`` when no such build is there."""
+    checks = []
+    for path in artifact_users(runs, kind):
+        build = Path(path)
+        meta = _load_json(build / "artifact.json")
+        if not meta.get("spec"):
+            continue
+        spec = _flat(meta["spec"])
+        for other in sorted(build.parent.glob("*/artifact.json")):
+            if other.parent == build:
+                continue
+            other_meta = _load_json(other)
+            if other_meta.get("kind") != meta.get("kind"):
+                continue
+            other_spec = _flat(other_meta.get("spec") or {})
+            differ = {k for k in spec.keys() | other_spec.keys() if spec.get(k) != other_spec.get(k)}
+            if len(differ) != 1 or (key := differ.pop()) not in TRAINING_LENGTH_KEYS:
+                continue
+            length, longer = spec.get(key), other_spec.get(key)
+            if isinstance(length, int) and length > 0 and longer == 2 * length:
+                checks.append(
+                    DoublingCheck(key, length, _last_val_loss(build, meta), _last_val_loss(other.parent, other_meta))
+                )
+    return checks
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def doubling_check_text(checks: Sequence[DoublingCheck], relative: float, models: int) -> str:
+    """The doubling checks (:func:`doubling_checks`) of ``models`` models in words, each read as a plateau when the
+    longer training moved the last validation loss by less than ``relative`` of it (or by less than
+    :data:`LOSS_FLOOR_NATS` nats); ``""`` without checks."""
+    if not checks:
+        return ""
+    parts = []
+    for check in checks:
+        if loss_settled(check.change, check.doubled_loss - check.loss, relative):
+            reading = "at its plateau"
+        else:
+            reading = f"not at its plateau: more training {'lowers' if check.change < 0 else 'raises'} it"
+        parts.append(
+            f"{check.loss:.4g} after {check.length} {check.unit} and {check.doubled_loss:.4g} after "
+            f"{2 * check.length} ({100 * check.change:+.1f}%: {reading}; a plateau is a change below "
+            f"{100 * relative:g}%)"
+        )
+    checked = "the model" if models == 1 else f"{len(checks)} of the {models} models"
+    return (
+        f"a doubling check of {checked} (a build of the same recipe trained twice as long, found in the same "
+        "artifact cache) ends at a held-out loss of " + "; ".join(parts)
+    )
+
+
+def decaying_schedule_caveat(
+    runs: Iterable[Run], kind: str, interval: str, check: str = "", relative: float = 0.01, whose: str = "Their"
+) -> str:
     """A caveat on a plateau read over the last ``interval`` (``"epoch"``, ``"validation interval"``) of the
-    prerequisites of ``kind`` the runs used, when their learning rate followed a schedule that decays towards 0 by the
-    end of training (``zoo.optim.one_cycle``, read from each build's own config): a flat last interval then comes
-    partly from the schedule, not only from training having converged. ``check`` says where a doubling check of
-    those models is recorded; ``""`` when no build used such a schedule (or their configs are gone)."""
-    schedules = {build.get("module.scheduler._target_") for build in artifact_runs(runs, kind) if build.config}
+    prerequisites of ``kind`` the runs used (``whose``: how the sentence names them, e.g. ``"The base policy's"``),
+    when their learning rate followed a schedule that decays towards 0 by the end of training (``zoo.optim.one_cycle``,
+    read from each build's own config): a flat last interval then comes partly from the schedule, not only from
+    training having converged. The doubling checks found in the artifact cache (:func:`doubling_checks`, read against
+    ``relative``) follow; ``check`` says where another one is recorded. ``""`` when no build used such a schedule (or
+    their configs are gone)."""
+    runs = list(runs)
+    builds = artifact_runs(runs, kind)
+    schedules = {build.get("module.scheduler._target_") for build in builds if build.config}
     if not any(str(target).endswith("one_cycle") for target in schedules):
         return ""
+    found = doubling_check_text(doubling_checks(runs, kind), relative, len(builds))
     return (
-        " Their learning rate follows a one-cycle schedule that decays towards 0 by the end of training, so a flat "
+        f" {whose} learning rate follows a one-cycle schedule that decays towards 0 by the end of training, so a flat "
         f"last {interval} does not show that more training would not lower the loss"
+        + (f"; {found}" if found else "")
         + (f"; {check}" if check else "")
         + "."
     )
