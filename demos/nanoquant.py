@@ -21,6 +21,7 @@ from zoo.report import (
     Sweep,
     artifact_runs,
     artifact_values,
+    decaying_schedule_caveat,
     legend,
     paired_contrast,
     provenance,
@@ -476,6 +477,9 @@ def fair_test(sweep: Sweep, arms: dict[str, list[Run]], all_claims: list[Claim],
         + f". NanoQuant's own reconstruction runs fixed, shortened schedules (block {nq.get('block_epochs')} + "
         f"{nq.get('block_epochs')} epochs, code 8 + 8; KD {nq.get('kd_epochs')} epochs): whether longer "
         "reconstruction would lower the perplexity further is not measured here."
+        + decaying_schedule_caveat(
+            sweep.runs, MODEL_ARTIFACT[0], "validation interval", relative=PLATEAU, whose="The trained models'"
+        )
     )
     seeds = len(sweep.seeds)
     lines.append(

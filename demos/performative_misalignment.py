@@ -840,6 +840,7 @@ def fair_test(sweep: Sweep, orgs: dict[str, Organism], found: list[Reading]) -> 
                 "epoch",
                 "the demo config records a doubling check of the organisms "
                 "(`conf/demo/performative_misalignment.yaml`)",
+                relative=PLATEAU,
             )
         )
     else:

@@ -718,7 +718,7 @@ def sft_training(runs: list[Run], lab: Any = str) -> str:
         f"**{'met' if all(settled) else 'not met'}**: "
         + "; ".join(parts)
         + "."
-        + decaying_schedule_caveat(runs, "demo_policy", "validation interval")
+        + decaying_schedule_caveat(runs, "demo_policy", "validation interval", relative=PLATEAU)
     )
 
 

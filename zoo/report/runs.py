@@ -499,7 +499,7 @@ def doubling_check_text(checks: Sequence[DoublingCheck], relative: float, models
 
 
 def decaying_schedule_caveat(
-    runs: Iterable[Run], kind: str, interval: str, check: str = "", relative: float = 0.01, whose: str = "Their"
+    runs: Iterable[Run], kind: str, interval: str, check: str = "", *, relative: float, whose: str = "Their"
 ) -> str:
     """A caveat on a plateau read over the last ``interval`` (``"epoch"``, ``"validation interval"``) of the
     prerequisites of ``kind`` the runs used (``whose``: how the sentence names them, e.g. ``"The base policy's"``),
