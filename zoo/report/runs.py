@@ -431,6 +431,10 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _load_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def _last_val_loss(build: Path, meta: dict[str, Any]) -> float:
     """A build's last validation loss: its CSV log's last ``val/loss``, else its ``artifact.json`` metrics'."""
     curve = _val_losses(build)
@@ -468,10 +472,6 @@ def doubling_checks(runs: Iterable[Run], kind: str) -> list[DoublingCheck]:
                     DoublingCheck(key, length, _last_val_loss(build, meta), _last_val_loss(other.parent, other_meta))
                 )
     return checks
-
-
-def _load_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def doubling_check_text(checks: Sequence[DoublingCheck], relative: float, models: int) -> str:
