@@ -311,7 +311,7 @@ def fair_test(demo: Demo, found: list[Claim]) -> list[str]:
         "that moved most is shown beside it): "
         + "; ".join(rl)
         + "."
-        + decaying_schedule_caveat(demo.runs, "base_policy", "epoch", relative=PLATEAU, whose="The base policies'")
+        + decaying_schedule_caveat(demo.runs, "base_policy", "epoch", relative=PLATEAU, whose="The base policy's")
     )
     seeds = len({r.seed for r in demo.runs})
     lines.append(

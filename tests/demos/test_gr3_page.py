@@ -180,7 +180,7 @@ def test_a_one_cycle_base_gets_the_caveat_and_its_doubling_check_from_the_cache(
     spec = {"seed": 0, "trainer": {"max_epochs": 6}}
     (policy / "artifact.json").write_text(json.dumps({"kind": "base_policy", "spec": spec}))
     fair = build(sweep, tmp_path / "caveat")
-    assert "The base policies' learning rate follows a one-cycle schedule" in fair and "doubling" not in fair
+    assert "The base policy's learning rate follows a one-cycle schedule" in fair and "doubling" not in fair
     doubled = tmp_path / "cache" / "base_policy" / "multisum-doubled"
     write_metrics(doubled, [{"step": i, "val/loss": v} for i, v in enumerate((0.9, 0.4, 0.29))])
     (doubled / "artifact.json").write_text(
