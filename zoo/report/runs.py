@@ -513,13 +513,20 @@ def decaying_schedule_caveat(
     schedules = {build.get("module.scheduler._target_") for build in builds if build.config}
     if not any(str(target).endswith("one_cycle") for target in schedules):
         return ""
-    found = doubling_check_text(doubling_checks(runs, kind), relative, len(builds))
+    checks = doubling_checks(runs, kind)
+    found = doubling_check_text(checks, relative, len(builds))
+    unsettled = [c for c in checks if not loss_settled(c.change, c.doubled_loss - c.loss, relative)]
     return (
         f" {whose} learning rate follows a one-cycle schedule that decays towards 0 by the end of training, so a flat "
         f"last {interval} does not show that more training would not lower the loss"
         + (f"; {found}" if found else "")
         + (f"; {check}" if check else "")
         + "."
+        + (
+            f" By the doubling check the plateau is **not met**, whatever the last {interval} shows."
+            if unsettled
+            else ""
+        )
     )
 
 
