@@ -640,11 +640,13 @@ def test_a_doubling_check_is_a_build_of_the_same_spec_trained_twice_as_long_in_t
     assert (check.loss, check.doubled_loss) == (0.990, 0.891) and check.change == pytest.approx(-0.1)
     caveat = decaying_schedule_caveat([run], "base_policy", "epoch", relative=0.02)
     assert "a doubling check of the model" in caveat
-    assert "0.99 after 3 epochs and 0.891 after 6 (-10.0%: not at its plateau: more training lowers it" in caveat
-    assert "a plateau is a change below 2%" in caveat
+    assert (
+        "0.99 after 3 epochs and 0.891 after 6 (-10.0%, -0.099 nats: not at its plateau: more training lowers" in caveat
+    )
+    assert "a plateau is a change below 2% or below 0.001 nats" in caveat
     assert caveat.endswith("By the doubling check the plateau is **not met**, whatever the last epoch shows.")
     settled = decaying_schedule_caveat([run], "base_policy", "epoch", relative=0.2)
-    assert "(-10.0%: at its plateau" in settled and "**not met**" not in settled
+    assert "(-10.0%, -0.099 nats: at its plateau" in settled and "**not met**" not in settled
     assert doubling_checks([run], "demo_policy") == []  # another kind: nothing found
     # a build under a constant rate needs no caveat, doubling check or not
     other = ensure("base_policy", spec(3, seed=2), build([1.0, 0.99], "torch.optim.lr_scheduler.ConstantLR"), cache)

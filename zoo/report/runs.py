@@ -488,8 +488,8 @@ def doubling_check_text(checks: Sequence[DoublingCheck], relative: float, models
             reading = f"not at its plateau: more training {'lowers' if check.change < 0 else 'raises'} it"
         parts.append(
             f"{check.loss:.4g} after {check.length} {check.unit} and {check.doubled_loss:.4g} after "
-            f"{2 * check.length} ({100 * check.change:+.1f}%: {reading}; a plateau is a change below "
-            f"{100 * relative:g}%)"
+            f"{2 * check.length} ({100 * check.change:+.1f}%, {check.doubled_loss - check.loss:+.2g} nats: {reading}; "
+            f"a plateau is a change below {100 * relative:g}% or below {LOSS_FLOOR_NATS:g} nats)"
         )
     checked = "the model" if models == 1 else f"{len(checks)} of the {models} models"
     return (
