@@ -643,10 +643,20 @@ def test_a_doubling_check_is_a_build_of_the_same_spec_trained_twice_as_long_in_t
     assert (
         "0.99 after 3 epochs and 0.891 after 6 (-10.0%, -0.099 nats: not at its plateau: more training lowers" in caveat
     )
-    assert "a plateau is a change below 2% or below 0.001 nats" in caveat
+    assert "at a plateau more training lowers it by less than 2% or 0.001 nats" in caveat
     assert caveat.endswith("By the doubling check the plateau is **not met**, whatever the last epoch shows.")
     settled = decaying_schedule_caveat([run], "base_policy", "epoch", relative=0.2)
     assert "(-10.0%, -0.099 nats: at its plateau" in settled and "**not met**" not in settled
+    # a longer build that ends higher: training longer does not help (a plateau, said as such)
+    worse = ensure("base_policy", spec(6), build([2.0, 1.2]), tmp_path / "other", name="task")
+    base = ensure("base_policy", spec(3), build([2.0, 1.0]), tmp_path / "other", name="task")
+    assert worse != base
+    higher = Run.load(
+        write_run(tmp_path, "h", ["seed=0"], info={"artifacts": [{"kind": "base_policy", "path": str(base)}]})
+    )
+    caveat = decaying_schedule_caveat([higher], "base_policy", "epoch", relative=0.02)
+    assert "(+20.0%, +0.2 nats: more training raises it: at its plateau, training longer does not help" in caveat
+    assert "**not met**" not in caveat
     assert doubling_checks([run], "demo_policy") == []  # another kind: nothing found
     # a build under a constant rate needs no caveat, doubling check or not
     other = ensure("base_policy", spec(3, seed=2), build([1.0, 0.99], "torch.optim.lr_scheduler.ConstantLR"), cache)

@@ -421,6 +421,11 @@ class DoublingCheck:
         training lowered it)."""
         return (self.doubled_loss - self.loss) / self.loss if self.loss else math.nan
 
+    def settled(self, relative: float) -> bool:
+        """Whether the longer training failed to lower the loss: it lowered it by less than ``relative`` of it (or by
+        less than :data:`LOSS_FLOOR_NATS` nats), or raised it -- either way training longer does not help."""
+        return loss_settled(min(self.change, 0.0), min(self.doubled_loss - self.loss, 0.0), relative)
+
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """A nested mapping as ``{"a.b.c": leaf}`` (an empty mapping is a leaf)."""
@@ -476,20 +481,21 @@ def doubling_checks(runs: Iterable[Run], kind: str) -> list[DoublingCheck]:
 
 def doubling_check_text(checks: Sequence[DoublingCheck], relative: float, models: int) -> str:
     """The doubling checks (:func:`doubling_checks`) of ``models`` models in words, each read as a plateau when the
-    longer training moved the last validation loss by less than ``relative`` of it (or by less than
-    :data:`LOSS_FLOOR_NATS` nats); ``""`` without checks."""
+    longer training did not lower the last validation loss (:meth:`DoublingCheck.settled`); ``""`` without checks."""
     if not checks:
         return ""
     parts = []
     for check in checks:
-        if loss_settled(check.change, check.doubled_loss - check.loss, relative):
-            reading = "at its plateau"
+        if not check.settled(relative):
+            reading = "not at its plateau: more training lowers it"
+        elif check.change >= relative and check.doubled_loss - check.loss >= LOSS_FLOOR_NATS:
+            reading = "more training raises it: at its plateau, training longer does not help"
         else:
-            reading = f"not at its plateau: more training {'lowers' if check.change < 0 else 'raises'} it"
+            reading = "at its plateau"
         parts.append(
             f"{check.loss:.4g} after {check.length} {check.unit} and {check.doubled_loss:.4g} after "
             f"{2 * check.length} ({100 * check.change:+.1f}%, {check.doubled_loss - check.loss:+.2g} nats: {reading}; "
-            f"a plateau is a change below {100 * relative:g}% or below {LOSS_FLOOR_NATS:g} nats)"
+            f"at a plateau more training lowers it by less than {100 * relative:g}% or {LOSS_FLOOR_NATS:g} nats)"
         )
     checked = "the model" if models == 1 else f"{len(checks)} of the {models} models"
     return (
@@ -515,7 +521,7 @@ def decaying_schedule_caveat(
         return ""
     checks = doubling_checks(runs, kind)
     found = doubling_check_text(checks, relative, len(builds))
-    unsettled = [c for c in checks if not loss_settled(c.change, c.doubled_loss - c.loss, relative)]
+    unsettled = [c for c in checks if not c.settled(relative)]
     return (
         f" {whose} learning rate follows a one-cycle schedule that decays towards 0 by the end of training, so a flat "
         f"last {interval} does not show that more training would not lower the loss"
