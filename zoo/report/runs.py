@@ -81,6 +81,11 @@ def _is_sweep(value: str) -> bool:
         return "," in value
 
 
+def _load_json(path: Path) -> dict[str, Any]:
+    """A JSON file's content; ``{}`` when the file is absent."""
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def _load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text()) if path.is_file() else None
 
@@ -181,8 +186,7 @@ class Run:
     @cached_property
     def info(self) -> dict[str, Any]:
         """``run_info.json`` (command line, commit, versions, machine, start/finish times; ``{}`` when absent)."""
-        path = self.path / "run_info.json"
-        return json.loads(path.read_text()) if path.is_file() else {}
+        return _load_json(self.path / "run_info.json")
 
     def artifacts(self, kind: str | None = None, name: str | None = None) -> list[dict[str, Any]]:
         """The prerequisites the run used (``run_info.json`` -> ``artifacts``: each its ``kind``, ``name``, ``path``,
@@ -381,8 +385,8 @@ def artifact_runs(runs: Iterable[Run], kind: str, name: str | None = None) -> li
 def build_seconds(used: dict[str, Any]) -> float:
     """How long a prerequisite's build took (an entry of :meth:`Run.artifacts`; ``build_seconds`` of its
     ``artifact.json``); ``nan`` when that file is gone."""
-    meta = Path(str(used.get("path", ""))) / "artifact.json"
-    return float(json.loads(meta.read_text()).get("build_seconds", math.nan)) if used and meta.is_file() else math.nan
+    meta = _load_json(Path(str(used.get("path", ""))) / "artifact.json") if used else {}
+    return float(meta.get("build_seconds", math.nan))
 
 
 def artifact_val_loss_curves(runs: Iterable[Run], kind: str) -> dict[str, list[float]]:
@@ -434,10 +438,6 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         name = f"{prefix}{key}"
         flat.update(_flat(value, f"{name}.") if isinstance(value, dict) and value else {name: value})
     return flat
-
-
-def _load_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _last_val_loss(build: Path, meta: dict[str, Any]) -> float:
