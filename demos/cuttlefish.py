@@ -32,6 +32,7 @@ from zoo.report import (
     choose_per_seed,
     contrast,
     curve,
+    decaying_schedule_caveat,
     group_runs,
     last_change,
     legend,
@@ -911,6 +912,13 @@ def fair_test(
         + (f" (still falling: {', '.join(lab(n) for n in falling)})" if falling else "")
         + (f" (no curve: {', '.join(lab(n) for n in missing)})" if missing else "")
         + "."
+        + decaying_schedule_caveat(
+            [r for runs in arms.values() for r in runs],
+            None,
+            "validation interval" if plateau.curve == "held-out" else f"{TAIL:.0%} of training",
+            relative=PLATEAU,
+            whose="Every arm's",
+        )
     )
     seeds = len(sweep.seeds)
     lines.append(

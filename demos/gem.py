@@ -30,6 +30,7 @@ from zoo.report import (
     Sweep,
     artifact_values,
     build_run,
+    decaying_schedule_caveat,
     last_change,
     provenance,
     pyplot,
@@ -532,6 +533,13 @@ def fair_test(res: Results, all_claims: list[Claim]) -> list[str]:
         f"{100 * change.mean:+.1f}% (mean over {change.n} LMs; largest {largest:.1f}%); "
         f"a plateau is a change below {100 * PLATEAU:.0f}%: **{met}**. The uniform reference and DoReMi's proxy "
         "train the same steps (validated at the end only); RegMix's proxies are short by design."
+        + decaying_schedule_caveat(
+            [r for runs in res.arms.values() for r in runs.values()],
+            None,
+            "validation interval",
+            relative=PLATEAU,
+            whose="The final LMs'",
+        )
     )
     seeds = len(res.sweep.seeds)
     lines.append(

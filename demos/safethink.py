@@ -365,10 +365,10 @@ def fair_test(sweep: Sweep, by_seed: Any, found: list[Claim]) -> list[str]:
         + plateau_text(sweep.runs, "safety_rm", "the safety RMs (one per seed)")
         + f"; the RMs' held-out accuracy is {fmt_stat(rm_acc, ci=False)}, and a classifier at {CEILING} or above has "
         f"nothing left to learn on its labels (every RM there: **{ceiling}**)."
+        # the RMs' plateau is read from their accuracy at the ceiling, not over an interval: no schedule caveat
         + decaying_schedule_caveat(
             sweep.runs, "base_policy", "validation interval", relative=PLATEAU, whose="The base policy's"
-        )
-        + decaying_schedule_caveat(sweep.runs, "safety_rm", "validation interval", relative=PLATEAU, whose="The RMs'"),
+        ),
         f"- **Seeds.** {seeds} seeds (the safety RM, the test prompts and the sampling vary together; the policy is "
         f"shared); {seeds_note(found, seeds, SMALL_EFFECT)}.",
         "",

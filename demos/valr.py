@@ -30,6 +30,7 @@ from zoo.report import (
     artifact_runs,
     artifact_values,
     curve,
+    decaying_schedule_caveat,
     legend,
     paired_contrast,
     plot_curves,
@@ -632,10 +633,20 @@ def fair_test(
     met1 = bool(curves) and all(len(c) >= 2 and plateau_verdict(c).endswith("by this check") for c in curves)
     lines.append(
         "- **Models trained to a plateau.** Stage 1 (shared by every arm and seed): "
-        f"{plateau_text(stage1_change, builds)}: **{'met' if met1 else 'not met'}**. Stage 2, change of the "
-        "training language loss from the third to the last quarter of its steps (mean over seeds): "
-        f"{stage2}; a plateau is a change below {100 * STAGE2_PLATEAU:.0f}% in every arm: "
+        f"{plateau_text(stage1_change, builds)}: **{'met' if met1 else 'not met'}**."
+        + decaying_schedule_caveat(
+            sweep.runs, STAGE1_ARTIFACT[0], "validation interval", relative=STAGE2_PLATEAU, whose="Stage 1's"
+        )
+        + " Stage 2, change of the training language loss from the third to the last quarter of its steps (mean over "
+        f"seeds): {stage2}; a plateau is a change below {100 * STAGE2_PLATEAU:.0f}% in every arm: "
         f"**{'met' if met2 else 'not met'}**."
+        + decaying_schedule_caveat(
+            [r for name in STAGE2 for r in arms.get(name, [])],
+            None,
+            "quarter of its steps",
+            relative=STAGE2_PLATEAU,
+            whose="Stage 2's",
+        )
     )
     seeds = len(sweep.seeds)
     lines.append(

@@ -50,6 +50,7 @@ def make_sweep(tmp_path):
         name: str = "sweep",
         proxy_losses: tuple[float, float] = (2.8, 3.0),
         gem_uniform_shift: float = 0.0,
+        scheduler: str = "zoo.optim.one_cycle",
     ) -> Sweep:
         """``selection``: the split RegMix's proxies score on (``None``: the corpus itself, i.e. ``val``);
         ``runtime_rho``: RegMix runs log rho at step 0 (the check callback), else only their artifact has it (an
@@ -115,6 +116,7 @@ def make_sweep(tmp_path):
                             "regmix_proxies": 42,
                             "regmix_proxy_steps": 30,
                             "trainer": {"max_steps": 500, "val_check_interval": 100},
+                            "module": {"scheduler": {"_target_": scheduler}},
                             # as the run saves it: the weights file is the prepared path
                             "datamodule": {"batch_size": 32, "sampler": {"weights_file": "/c/weights.json"}},
                             "demo": {"labels": LABELS},
@@ -219,6 +221,10 @@ def test_fair_test_reads_the_plateau_and_the_selection_split(make_sweep, tmp_pat
     assert "met for the RegMix arm" in chosen and "**not" not in chosen
     still_falling = build(make_sweep(last_change=-0.05), tmp_path / "out2")
     assert "-5.0%" in still_falling and "a change below 2%: **not met**" in still_falling
+    # the final LMs' one-cycle schedule flattens their last interval: said; a constant rate needs no caveat
+    assert "The final LMs' learning rate follows a one-cycle schedule that decays towards 0" in fair
+    constant = build(make_sweep(scheduler="zoo.optim.constant", name="constant"), tmp_path / "out7")
+    assert "learning rate follows" not in constant
 
 
 def test_cross_check_table_names_the_official_code(make_sweep, tmp_path):

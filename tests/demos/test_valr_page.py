@@ -6,6 +6,7 @@ baseline's failure (accuracy falling with chain length) occurs and whether each 
 from __future__ import annotations
 
 import pytest
+import yaml
 from hydra.utils import instantiate
 from sweep_files import write_metrics, write_run, write_sweep
 
@@ -21,7 +22,12 @@ CONFIG = {
     "task": {"grid": 4, "min_steps": 1, "max_steps": 4, "filler": 2},
     "backbone": {"image_pool": 3, "num_image_tokens": 9, "num_hidden_layers": 4, "hidden_size": 64},
     "demo": {"labels": {"cot": "CoT SFT", "latent": "latents", "valr": "VaLR"}, "stage1": {"steps": 800}},
-    "module": {"stage": "cot", "num_latents": 4, "optimizer": {"lr": 0.001}},
+    "module": {
+        "stage": "cot",
+        "num_latents": 4,
+        "optimizer": {"lr": 0.001},
+        "scheduler": {"_target_": "zoo.optim.one_cycle", "pct_start": 0.05},  # as the demo's runs
+    },
     "datamodule": {"source": {"num_val": 20}, "batch_size": 32},
     "trainer": {"max_steps": 600},
 }
@@ -43,6 +49,9 @@ def make_sweep(tmp_path):
         name = f"{long_chain_ok}{lm_loss_drop}{bool(lookups)}"
         stage1 = tmp_path / "cache" / "demo_policy" / f"valr_stage1{name}"
         write_metrics(stage1, [{"step": 99, "val/exact_match": 0.80}, {"step": 199, "val/exact_match": 0.81}])
+        (stage1 / "resolved_config.yaml").write_text(
+            yaml.safe_dump({"module": {"scheduler": CONFIG["module"]["scheduler"]}})
+        )
         artifacts = [{"kind": "demo_policy", "name": "valr_stage1", "path": str(stage1), "metrics": {}}]
         root = write_sweep(tmp_path / f"sweep{name}", {"demo/valr/arm": ",".join(ARMS), "seed": "0,1,2"})
         number = 0
@@ -113,6 +122,10 @@ def test_fair_test_says_whether_the_baselines_failure_occurs(make_sweep, tmp_pat
     assert "(teacher − student, paired by seed): 0.240 ± 0.010 [0.215, 0.265]: met" in fair
     assert "0.800 (step 99), 0.810 (step 199)" in fair and "a plateau by this check: **met**" in fair
     assert "CoT SFT +0.0%; latents +0.0%; VaLR +0.0%" in fair and "in every arm: **met**" in fair
+    # both stages decay their learning rate to 0: each plateau reading carries the caveat
+    assert "**met**. Stage 1's learning rate follows a one-cycle schedule that decays towards 0" in fair
+    assert "in every arm: **met**. Stage 2's learning rate follows a one-cycle schedule" in fair
+    assert "so a flat last quarter of its steps does not show" in fair
     assert "3 seeds (0, 1, 2)" in fair
     flat = build(make_sweep(long_chain_ok=9, lm_loss_drop=0.05), tmp_path / "out2")
     fair = flat[flat.index("## Fair test") : flat.index("## Reading")]

@@ -664,3 +664,31 @@ def test_a_doubling_check_is_a_build_of_the_same_spec_trained_twice_as_long_in_t
         write_run(tmp_path, "c", ["seed=2"], info={"artifacts": [{"kind": "base_policy", "path": str(other)}]})
     )
     assert decaying_schedule_caveat([flat], "base_policy", "epoch", relative=0.02) == ""
+
+
+def test_the_schedule_caveat_names_each_decaying_schedule_and_reads_the_runs_own_configs(tmp_path):
+    """A cosine schedule (``zoo.optim.warmup_cosine``) decays too, to its ``min_ratio`` of the peak; with ``kind=None``
+    the caveat reads the runs' own schedules (the runs trained themselves: no artifact, no doubling check)."""
+
+    def run_with(name: str, scheduler: dict | None) -> Run:
+        path = write_run(tmp_path, name, ["seed=0"], info={})
+        config = {"seed": 0, **({"module": {"scheduler": scheduler}} if scheduler else {})}
+        (path / "resolved_config.yaml").write_text(yaml.safe_dump(config))
+        return Run.load(path)
+
+    cosine = run_with("cos", {"_target_": "zoo.optim.warmup_cosine", "warmup_ratio": 0.05})
+    caveat = decaying_schedule_caveat([cosine], None, "validation interval", relative=0.05, whose="Their")
+    assert caveat == (
+        " Their learning rate follows a cosine schedule that decays to 0.1 of its peak by the end of training, so a "
+        "flat last validation interval does not show that more training would not lower the loss."
+    )
+    low = run_with("low", {"_target_": "zoo.optim.warmup_cosine", "min_ratio": 0.25})
+    assert "decays to 0.25 of its peak" in decaying_schedule_caveat([low], None, "epoch", relative=0.05)
+    one_cycle = run_with("oc", {"_target_": "zoo.optim.one_cycle"})
+    assert "a one-cycle schedule that decays towards 0 by the end" in decaying_schedule_caveat(
+        [one_cycle], None, "epoch", relative=0.05
+    )
+    constant = run_with("const", {"_target_": "zoo.optim.constant"})
+    assert decaying_schedule_caveat([constant, run_with("none", None)], None, "epoch", relative=0.05) == ""
+    # the runs' own schedule is not read when the caveat is about their prerequisites (here: none)
+    assert decaying_schedule_caveat([cosine], "base_policy", "epoch", relative=0.05) == ""

@@ -504,26 +504,44 @@ def doubling_check_text(checks: Sequence[DoublingCheck], relative: float, models
     )
 
 
+#: the learning-rate schedules that decay by the end of training (``module.scheduler._target_``), each as the caveat
+#: names it (``{min_ratio}``: the run's ``module.scheduler.min_ratio``, the schedule's default where unset)
+DECAYING_SCHEDULES = {
+    "zoo.optim.one_cycle": "a one-cycle schedule that decays towards 0",
+    "zoo.optim.warmup_cosine": "a cosine schedule that decays to {min_ratio:g} of its peak",
+}
+
+
+def _decaying_schedule(configs: Sequence[Run]) -> str:
+    """How the first config (of ``configs``) whose schedule decays (:data:`DECAYING_SCHEDULES`) names it; ``""``
+    when none does (or their configs are gone)."""
+    for config in configs:
+        phrase = DECAYING_SCHEDULES.get(str(config.get("module.scheduler._target_"))) if config.config else None
+        if phrase:
+            min_ratio = config.get("module.scheduler.min_ratio")
+            return phrase.format(min_ratio=0.1 if min_ratio is None else float(min_ratio))
+    return ""
+
+
 def decaying_schedule_caveat(
-    runs: Iterable[Run], kind: str, interval: str, check: str = "", *, relative: float, whose: str = "Their"
+    runs: Iterable[Run], kind: str | None, interval: str, check: str = "", *, relative: float, whose: str = "Their"
 ) -> str:
     """A caveat on a plateau read over the last ``interval`` (``"epoch"``, ``"validation interval"``) of the
-    prerequisites of ``kind`` the runs used (``whose``: how the sentence names them, e.g. ``"The base policy's"``),
-    when their learning rate followed a schedule that decays towards 0 by the end of training (``zoo.optim.one_cycle``,
-    read from each build's own config): a flat last interval then comes partly from the schedule, not only from
-    training having converged. The doubling checks found in the artifact cache (:func:`doubling_checks`, read against
-    ``relative``) follow; ``check`` says where another one is recorded. ``""`` when no build used such a schedule (or
-    their configs are gone)."""
+    prerequisites of ``kind`` the runs used -- or, with ``kind=None``, of the runs themselves -- (``whose``: how the
+    sentence names them, e.g. ``"The base policy's"``), when their learning rate followed a schedule that decays by the
+    end of training (:data:`DECAYING_SCHEDULES`, read from each one's own config): a flat last interval then comes
+    partly from the schedule, not only from training having converged. For prerequisites, the doubling checks found in
+    the artifact cache (:func:`doubling_checks`, read against ``relative``) follow; ``check`` says where another one is
+    recorded. ``""`` when none used such a schedule (or their configs are gone)."""
     runs = list(runs)
-    builds = artifact_runs(runs, kind)
-    schedules = {build.get("module.scheduler._target_") for build in builds if build.config}
-    if not any(str(target).endswith("one_cycle") for target in schedules):
+    schedule = _decaying_schedule(runs if kind is None else artifact_runs(runs, kind))
+    if not schedule:
         return ""
-    checks = doubling_checks(runs, kind)
-    found = doubling_check_text(checks, relative, len(builds))
+    checks = [] if kind is None else doubling_checks(runs, kind)
+    found = doubling_check_text(checks, relative, len(artifact_runs(runs, kind)) if kind else len(runs))
     unsettled = [c for c in checks if not c.settled(relative)]
     return (
-        f" {whose} learning rate follows a one-cycle schedule that decays towards 0 by the end of training, so a flat "
+        f" {whose} learning rate follows {schedule} by the end of training, so a flat "
         f"last {interval} does not show that more training would not lower the loss"
         + (f"; {found}" if found else "")
         + (f"; {check}" if check else "")
