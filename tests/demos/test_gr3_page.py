@@ -32,6 +32,10 @@ LABELS = {
 }
 
 
+GRIDS = {"gr3": [0.0, 0.3, 0.6], "gr3_wide": [0.0, 0.3, 0.6, 1.0, 2.0]}
+WIDE = "GRPO + GR3 (wide grid)"
+
+
 def outcome(setting: str, arm: str, seed: int) -> tuple[float, float, float]:
     """(start length, end length, final validation exact match) of one run.
 
@@ -45,16 +49,20 @@ def outcome(setting: str, arm: str, seed: int) -> tuple[float, float, float]:
             "additive": (25.0, 26.0, 0.70 + 0.02 * seed),
             "additive_strong": (25.0, 1.0, 0.0),
             "gr3": (25.0, 25.0 + 0.5 * seed, 0.76 + 0.01 * seed),
+            "gr3_wide": (25.0, 20.0 + 0.5 * seed, 0.74 + 0.01 * seed),
         }[arm]
     return {
         "grpo": (28.0, 28.0 + seed - 1, 0.80),
         "additive": (27.0, 27.0, 0.90 + 0.01 * seed),
         "additive_strong": (27.0, 27.0, 0.80 + 0.01 * seed),
         "gr3": (27.0, 27.0 + seed - 1, 0.80 + 0.01 * seed),
+        "gr3_wide": (27.0, 24.0 + seed - 1, 0.80 + 0.01 * seed),
     }[arm]
 
 
-def series(start: float, end: float, exact: float, rising_reward: bool, dip: float = 0.0) -> list[dict[str, float]]:
+def series(
+    start: float, end: float, exact: float, rising_reward: bool, dip: float = 0.0, alpha: float = 0.6000000238418579
+) -> list[dict[str, float]]:
     """Logged rows every 5 steps: the length moves linearly from ``start`` to ``end`` over the first half and stays;
     the reward is flat over the second half unless ``rising_reward``, less ``dip`` over the third quarter (a
     transient dip the run recovers from); validations at steps 39, 79, 119."""
@@ -68,7 +76,7 @@ def series(start: float, end: float, exact: float, rising_reward: bool, dip: flo
                 "train/completion_length": start + (end - start) * frac,
                 "train/accuracy": exact,
                 "train/reward": reward,
-                "train/gr3_alpha": 0.6000000238418579,  # the grid's 0.6 as a float32 log
+                "train/gr3_alpha": alpha,  # default: the grid's 0.6 as a float32 log
             }
         )
     rows += [{"step": s, "val/exact_match": exact} for s in (39, 79, 119)]
@@ -85,18 +93,20 @@ def make_sweep(tmp_path):
         last_losses=(0.300, 0.301),
         gain=0.0,
         dips=None,
+        arms=ARMS,
+        name="sweep",
     ):
         """``dips``: ``{(setting, arm, seed): reward dip over the third quarter}``."""
         policy = tmp_path / "cache" / "base_policy" / "multisum"
         write_metrics(policy, [{"step": i, "val/loss": v} for i, v in enumerate((0.9, *last_losses))])
         root = write_sweep(
-            tmp_path / "sweep",
-            {"demo/gr3/setting": ",".join(settings), "seed": "0,1,2", "demo/gr3/arm": ",".join(ARMS)},
+            tmp_path / name,
+            {"demo/gr3/setting": ",".join(settings), "seed": "0,1,2", "demo/gr3/arm": ",".join(arms)},
         )
         number = 0
         for setting in settings:
             for seed in SEEDS:
-                for arm in ARMS:
+                for arm in arms:
                     start, end, exact = outcome(setting, arm, seed)
                     exact += gain if (setting, arm) == ("rlvr", "gr3") else 0.0
                     config = {
@@ -106,14 +116,17 @@ def make_sweep(tmp_path):
                             "group_size": 8,
                             "optimizer": {"lr": (lr_of or {}).get(arm, 2e-4)},
                             "generation": {"max_new_tokens": 64},
-                            "shaper": {"alpha": 0.3} if arm == "gr3" else {"lam": {"additive": 0.5}.get(arm, 4.0)},
+                            "shaper": {"alpha": 0.3}
+                            if arm.startswith("gr3")
+                            else {"lam": {"additive": 0.5}.get(arm, 4.0)},
                         },
-                        "callbacks": {"gr3_calibration": {"alpha_grid": [0.0, 0.3, 0.6]}} if arm == "gr3" else {},
+                        "callbacks": {"gr3_calibration": {"alpha_grid": GRIDS[arm]}} if arm in GRIDS else {},
                         # the seeds vary the data and initialisation by design: not a difference between arms
                         "datamodule": {"batch_size": 8, "source": {"num_val": 128, "seed": seed}},
                         "backbone": {"hidden_size": 64, "seed": seed},
                         "trainer": {"max_steps": STEPS, "log_every_n_steps": 5},
-                        "demo": {"labels": LABELS},
+                        # the wide-grid arm's launch is the only one whose config labels it
+                        "demo": {"labels": LABELS | ({"gr3_wide": WIDE} if arm == "gr3_wide" else {})},
                     }
                     run = write_run(
                         root,
@@ -124,7 +137,8 @@ def make_sweep(tmp_path):
                         info={"artifacts": [{"kind": "base_policy", "path": str(policy), "metrics": {}}]},
                     )
                     dip = (dips or {}).get((setting, arm, seed), 0.0)
-                    write_metrics(run, series(start, end, exact, (setting, arm) in rising, dip))
+                    alpha = 2.0 if arm == "gr3_wide" else 0.6000000238418579
+                    write_metrics(run, series(start, end, exact, (setting, arm) in rising, dip, alpha))
                     if (setting, arm, seed) in unfinished:
                         info = (run / "run_info.json").read_text().replace(', "finished_at": ', ', "ended": ')
                         (run / "run_info.json").write_text(info)
@@ -230,3 +244,23 @@ def test_a_gain_in_accuracy_keeps_it(make_sweep, tmp_path):
     text = build(make_sweep(gain=0.1), tmp_path / "out")
     row = next(x for x in text.splitlines() if x.startswith("| GR3 keeps GRPO's accuracy (RLVR) |"))
     assert "(kept: no loss beyond 0.05)" in row and row.endswith("| +0.110 [+0.085, +0.135] | **shown** |")
+
+
+def test_the_wide_grid_arm_is_a_sensitivity_line_beside_gr3_not_a_claim(make_sweep, tmp_path):
+    """GR3 with its alpha grid extended (arm gr3_wide, labelled only by its own launch's config): the page says where
+    its alpha ends and its length and exact match against GR3 on the paper's grid, paired by seed; the verdict is the
+    one of the four paper arms."""
+    text = build(make_sweep(arms=(*ARMS, "gr3_wide")), tmp_path / "out")
+    verdict = read_verdict(tmp_path / "out" / "gr3.md")
+    assert (verdict.shown, verdict.not_shown, verdict.contradicted) == (5, 2, 1)
+    fair = text[text.index("## Fair test") : text.index("## RLHF-style")]
+    assert (
+        f"With the grid extended to 2 ({WIDE}, a sensitivity check, not a claim of the paper) the calibrated alpha "
+        "ends at 2.00 ± 0.00 over 6 runs, 6 of them at the extended grid's largest value" in fair
+    )
+    assert "RLHF-style: completion length -5.0 [-5.0, -5.0], final exact match -0.020 [-0.020, -0.020] (n=3)" in fair
+    assert "RLVR: completion length -3.0 [-3.0, -3.0], final exact match +0.000 [+0.000, +0.000] (n=3)" in fair
+    rows = [line for line in text.splitlines() if line.startswith(f"| {WIDE} | 3 |")]  # a row per setting's table
+    assert len(rows) == 2 and all(row.endswith("| 2.00 ± 0.00 |") for row in rows)  # with its calibrated alpha
+    assert "6 of 6 runs end at the grid's largest alpha 0.6" in fair  # the paper-grid arm's reading unchanged
+    assert "grid extended" not in build(make_sweep(name="plain"), tmp_path / "plain")
