@@ -727,9 +727,10 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
     under the same CRNR window (he_crnr) and the random floor."""
     runs = runs_of(None, None, SFT_ARM)
     if not runs:
+        cap = step_cap(first.get("demo.sft.max_steps"), first.get("env.required_steps"))
         return [
-            f"Not in this sweep. Its harness: at most {first.get('demo.sft.max_steps')} steps per episode (required "
-            f"steps {first.get('env.required_steps')}), {first.get('demo.sft.max_tokens')} new tokens per reply, an "
+            f"Not in this sweep. Its harness: {cap}, "
+            f"{first.get('demo.sft.max_tokens')} new tokens per reply, an "
             f"episode ends after {first.get('demo.max_unusable_replies')} consecutive replies that are not executable "
             "tool calls. Run it with the second launch at the top of "
             "`conf/demo/ultrahorizon.yaml` (`demo/ultrahorizon/arm=llm_sft`)."
@@ -760,8 +761,7 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
         "each, are the longest messages: with characters the chat overflows the context once the first one arrives; "
         "the BPE of `+preset=demonstration_bpe` fits a few more requests, most still overflow); "
         f"{long_chat_training(runs, r0.get('backend.max_tokens'))}. "
-        f"Evaluation: greedy, at most {cap} steps per episode ({cap / required:g} × the {required} required steps; "
-        "the environment's own cap, 4 × (8 × on bio), costs too much CPU for this model), "
+        f"Evaluation: greedy, {step_cap(cap, required)}, "
         f"{r0.get('datamodule.episodes')} episode per run; {unusable_stop(r0)}. It ran on {len(rows)} of "
         f"{len(envs) * len(difficulties)} settings × {len({r.seed for r in runs})} seeds (the table below). "
         + same_answer(sorted({r.arm.get(ENV_KEY) for r in runs}, key=env_rank), lab),
@@ -788,6 +788,19 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
         if why
         else stopped_early(eps),
     ]
+
+
+def step_cap(cap: int | None, required: int) -> str:
+    """The evaluation's step cap per episode in words: ``None`` is the environment's own (as for the scripted arms)."""
+    if cap is None:
+        return (
+            f"at most the environment's own step cap per episode (4 × the {required} required steps, 8 × on Alien "
+            "Genetics Lab), as for the scripted arms"
+        )
+    return (
+        f"at most {cap} steps per episode ({cap / required:g} × the {required} required steps; the environment's own "
+        "cap is 4 ×, 8 × on Alien Genetics Lab)"
+    )
 
 
 def model_tokens(runs: list[Run]) -> str:

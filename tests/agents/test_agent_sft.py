@@ -179,7 +179,9 @@ def test_the_demo_arm_builds_its_model_with_the_evaluations_harness(train_cfg):
     assert int(overrides["datamodule.source.crnr_window"]) == cfg.module.crnr_window == cfg.demo.crnr_window
     assert overrides["datamodule.source.code_tool"] == str(cfg.module.code_tool)
     assert int(overrides["datamodule.reply_tokens"]) == cfg.backend.max_tokens
-    assert cfg.module.max_steps == cfg.demo.sft.max_steps >= cfg.env.required_steps
+    # the teacher's training episodes have their own cap; the evaluation's is the environment's own (scripted arms')
+    assert int(overrides["datamodule.source.max_steps"]) == cfg.demo.sft.teacher_max_steps >= cfg.env.required_steps
+    assert cfg.module.max_steps is None and cfg.demo.sft.max_steps is None
 
 
 def test_the_method_composes_with_a_context_for_the_prompt(train_cfg):

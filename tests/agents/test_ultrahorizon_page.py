@@ -267,3 +267,11 @@ def test_tool_use_counts_calls_by_tool_names_invented_tools_and_the_teachers_too
         page.tool_use([{"steps": [step(None, False, "malformed")]}], teacher, "scripted teacher")
         == "no reply parsed as a tool call."
     )
+
+
+def test_the_step_cap_reads_the_environments_own_when_none_is_set():
+    """``module.max_steps`` unset is the environment's own cap (as the scripted arms'); a set cap is stated against the
+    required steps and the environment's own."""
+    own = page.step_cap(None, 50)
+    assert own.startswith("at most the environment's own step cap per episode (4 × the 50 required steps")
+    assert page.step_cap(100, 50).startswith("at most 100 steps per episode (2 × the 50 required steps;")
