@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import inspect
 import json
 import math
 import os
@@ -676,6 +677,10 @@ def test_the_schedule_caveat_names_each_decaying_schedule_and_reads_the_runs_own
         (path / "resolved_config.yaml").write_text(yaml.safe_dump(config))
         return Run.load(path)
 
+    from zoo.optim import warmup_cosine
+    from zoo.report.runs import COSINE_MIN_RATIO
+
+    assert inspect.signature(warmup_cosine).parameters["min_ratio"].default == COSINE_MIN_RATIO == 0.1
     cosine = run_with("cos", {"_target_": "zoo.optim.warmup_cosine", "warmup_ratio": 0.05})
     caveat = decaying_schedule_caveat([cosine], None, "validation interval", relative=0.05, whose="Their")
     assert caveat == (

@@ -512,6 +512,11 @@ DECAYING_SCHEDULES = {
 }
 
 
+#: ``zoo.optim.warmup_cosine``'s default floor (a share of the peak rate; read here without importing torch, pinned
+#: to the schedule's own default by a test)
+COSINE_MIN_RATIO = 0.1
+
+
 def _decaying_schedule(configs: Sequence[Run]) -> str:
     """How the first config (of ``configs``) whose schedule decays (:data:`DECAYING_SCHEDULES`) names it; ``""``
     when none does (or their configs are gone)."""
@@ -519,7 +524,7 @@ def _decaying_schedule(configs: Sequence[Run]) -> str:
         phrase = DECAYING_SCHEDULES.get(str(config.get("module.scheduler._target_"))) if config.config else None
         if phrase:
             min_ratio = config.get("module.scheduler.min_ratio")
-            return phrase.format(min_ratio=0.1 if min_ratio is None else float(min_ratio))
+            return phrase.format(min_ratio=COSINE_MIN_RATIO if min_ratio is None else float(min_ratio))
     return ""
 
 
