@@ -146,15 +146,22 @@ class Demo:
         return self.labels.get(key, key) if key else "setting not recorded"
 
 
+def calibrated_alphas(runs: list[Run]) -> tuple[list[float], Stat, int]:
+    """The calibration grid of the runs (the first run's ``alpha_grid``; ``[]`` without runs), the alpha each ended
+    at, and how many ended at the grid's largest value."""
+    grid = [float(a) for a in (runs[0].get("callbacks.gr3_calibration.alpha_grid") or [])] if runs else []
+    ends = [r.last("train/gr3_alpha") for r in runs]
+    top = sum(math.isclose(a, max(grid), rel_tol=1e-6) for a in ends) if grid else 0
+    return grid, stat(ends), top
+
+
 def wider_grid(demo: Demo) -> str:
     """The sensitivity check of the calibration's grid edge (arm ``gr3_wide``, when it ran): where its alpha ends, and
     its length and exact match against GR3 on the paper's grid, per setting, paired by seed; ``""`` without it."""
     wide = [r for s in demo.settings for r in demo.of(s, "gr3_wide")]
     if not wide:
         return ""
-    grid = [float(a) for a in (wide[0].get("callbacks.gr3_calibration.alpha_grid") or [])]
-    alphas = stat(r.last("train/gr3_alpha") for r in wide)
-    top = sum(math.isclose(r.last("train/gr3_alpha"), max(grid), rel_tol=1e-6) for r in wide) if grid else 0
+    grid, alphas, top = calibrated_alphas(wide)
     parts = []
     for setting in demo.settings:
         if not demo.of(setting, "gr3_wide") or not demo.of(setting, "gr3"):
@@ -262,12 +269,10 @@ def fair_test(demo: Demo, found: list[Claim]) -> list[str]:
             )
     lines.append("- **The baseline's failure can occur.** " + "; ".join(failures) + ".")
     gr3 = [r for s in demo.settings for r in demo.of(s, "gr3")]
-    grid = [float(a) for a in (demo.runs[0].get("callbacks.gr3_calibration.alpha_grid") or [])] if gr3 else []
-    grid = [float(a) for a in (gr3[0].get("callbacks.gr3_calibration.alpha_grid") or [])] if gr3 else grid
-    alphas = stat(r.last("train/gr3_alpha") for r in gr3)
+    grid, alphas, top = calibrated_alphas(gr3)
     at_top = (
-        f"; {sum(math.isclose(r.last('train/gr3_alpha'), max(grid), rel_tol=1e-6) for r in gr3)} of {len(gr3)} "
-        f"runs end at the grid's largest alpha {max(grid):g}, where the calibration constraint never binds"
+        f"; {top} of {len(gr3)} runs end at the grid's largest alpha {max(grid):g}, where the calibration constraint "
+        "never binds"
         if grid
         else ""
     )
