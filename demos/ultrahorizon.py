@@ -70,6 +70,9 @@ SMALL_EFFECT = 0.05
 #: a behaviour-cloned model is at a plateau when its validation loss moved by less than this share over its last
 #: validation interval (the rule of the other pages' trained models), or less than zoo.report.LOSS_FLOOR_NATS
 PLATEAU = 0.05
+#: Mystery Grid's observation field that says a round has ended (energy spent), and the tool that starts a new one
+ROUND_OVER_KEY = "game_over"
+RESET_TOOL = "reset"
 ARM_ORDER = ("random", "early_commit", "hypothesis_elimination", NO_CRNR, "he_crnr", LLM_ARM, SFT_ARM, "llm_endpoint")
 
 
@@ -664,6 +667,59 @@ def tool_use(model_eps: list[dict[str, Any]], teacher_eps: list[dict[str, Any]],
     return text + "."
 
 
+def round_ends_of(steps: list[dict[str, Any]]) -> list[tuple[int, int | None]]:
+    """The rounds an episode ended (Mystery Grid: the first observation with ``game_over`` true since the episode's
+    start or the last ``reset``), each as (its step index, the index of the ``reset`` after it or ``None``)."""
+    ends: list[tuple[int, int | None]] = []
+    in_over = False
+    for i, step in enumerate(steps):
+        observation = step.get("observation")
+        if step.get("tool") == RESET_TOOL and step.get("ok"):
+            if in_over:
+                ends[-1] = (ends[-1][0], i)
+            in_over = False
+        elif isinstance(observation, dict) and observation.get(ROUND_OVER_KEY) and not in_over:
+            ends.append((i, None))
+            in_over = True
+    return ends
+
+
+def round_ends(model_eps: list[dict[str, Any]], teacher_eps: list[dict[str, Any]], teacher: str) -> str:
+    """What the model did once a round ended (:func:`round_ends_of`; the environment then refuses every move until
+    ``reset``): per episode, the step at which its first round ended and whether it reset afterwards or spent the
+    rest of the episode on calls; beside it, how many of the teacher's (``teacher_eps``, labelled ``teacher``) round
+    ends it followed with a reset. ``""`` when no round of the model's ended (the environment has no rounds, or the
+    model never spent its energy)."""
+    ended = []
+    for e in model_eps:
+        steps = e.get("steps") or []
+        if ends := round_ends_of(steps):
+            first, reset = ends[0]
+            ended.append((first + 1, reset is not None, len(steps) - first - 1))
+    if not ended:
+        return ""
+    reset = sum(r for _, r, _ in ended)
+    text = (
+        f"{len(ended)} of {len(model_eps)} episodes reached the end of a round (energy spent: `{ROUND_OVER_KEY}`), at "
+        f"step{'s' * (len(ended) > 1)} {', '.join(str(step) for step, _, _ in ended)}; "
+        + (
+            f"none called `{RESET_TOOL}` afterwards: the remaining {', '.join(str(n) for *_, n in ended)} steps "
+            'went to calls the ended round refuses ("Use reset to start a new round")'
+            if not reset
+            else f"{reset} called `{RESET_TOOL}` afterwards"
+        )
+    )
+    teacher_ends = [end for e in teacher_eps for end in round_ends_of(e.get("steps") or [])]
+    if teacher_ends:
+        resets = [r - i for i, r in teacher_ends if r is not None]
+        text += (
+            f"; its teacher ({teacher}, same setting) called `{RESET_TOOL}` after {len(resets)} of the "
+            f"{len(teacher_ends)} round ends in its {len(teacher_eps)} episodes"
+            + (f", within {max(resets)} calls" if resets else "")
+        )
+    return text + "."
+
+
 def env_rank(env: Any) -> int:
     """An environment's place in the demo's order (others after it)."""
     return ENV_ORDER.index(env) if env in ENV_ORDER else len(ENV_ORDER)
@@ -749,6 +805,20 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
         rows.append(row)
     why = cannot_act(eps)
     cap, required = r0.get("module.max_steps"), r0.get("env.required_steps")
+
+    def behaviour(env: Any, difficulty: Any) -> str:
+        """The model's tool use and round ends in one setting, beside its teacher's (he_crnr) in the same setting."""
+        model = [e for r in runs_of(env, difficulty, SFT_ARM) for e in episodes(r)]
+        teacher = [e for r in runs_of(env, difficulty, "he_crnr") for e in episodes(r)]
+        return " ".join(
+            part
+            for part in (
+                f"{lab(env)} ({difficulty}): " + tool_use(model, teacher, lab("he_crnr")),
+                round_ends(model, teacher, lab("he_crnr")),
+            )
+            if part
+        )
+
     return [
         f"Agent `{r0.get('agent._target_')}` with backend `{r0.get('backend._target_')}` on a tiny Llama "
         f"(tokens: {model_tokens(runs)}; {r0.get('demo.sft.model_steps')} SFT steps) trained by `+method=agent_sft` "
@@ -771,15 +841,7 @@ def sft_section(envs: list[Any], difficulties: list[Any], runs_of: Any, lab: Any
         "",
         replies_measured(eps, r0.get("backend.max_tokens")) + " " + timing(runs) + " " + parsed_by_position(eps),
         "",
-        " ".join(
-            f"{lab(env)} ({difficulty}): "
-            + tool_use(
-                [e for r in runs_of(env, difficulty, SFT_ARM) for e in episodes(r)],
-                [e for r in runs_of(env, difficulty, "he_crnr") for e in episodes(r)],
-                lab("he_crnr"),
-            )
-            for env, difficulty in settings
-        ),
+        " ".join(behaviour(env, difficulty) for env, difficulty in settings),
         "",
         f"It cannot act: {why}; it is left out of the score tables and of the Verdict's score claims. "
         + stopped_early(eps)

@@ -275,3 +275,35 @@ def test_the_step_cap_reads_the_environments_own_when_none_is_set():
     own = page.step_cap(None, 50)
     assert own.startswith("at most the environment's own step cap per episode (4 × the 50 required steps")
     assert page.step_cap(100, 50).startswith("at most 100 steps per episode (2 × the 50 required steps;")
+
+
+def test_round_ends_reads_where_the_model_spent_its_energy_and_whether_it_reset_like_its_teacher():
+    def step(tool, over=False, ok=True):
+        observation = {"game_over": over} if tool in ("move", "get_current_state") else {"success": ok}
+        return {"tool": tool, "ok": ok, "observation": observation}
+
+    stuck = {"steps": [step("move"), step("move", over=True), step("move", ok=False), step(None, ok=False)]}
+    recovered = {"steps": [step("move", over=True), step("reset"), step("move")]}
+    # a round's end is read once however many observations repeat it; the next round ends after the reset
+    teacher = [
+        {
+            "steps": [
+                step("move", over=True),
+                step("get_current_state", over=True),
+                step("note_tool"),
+                step("reset"),
+                step("move", over=True),
+                step("note_tool"),
+            ]
+        }
+    ]
+    assert page.round_ends_of(teacher[0]["steps"]) == [(0, 3), (4, None)]
+    text = page.round_ends([stuck], teacher, "scripted teacher")
+    assert text.startswith("1 of 1 episodes reached the end of a round (energy spent: `game_over`), at step 2;")
+    assert "none called `reset` afterwards: the remaining 2 steps went to calls the ended round refuses" in text
+    assert text.endswith("called `reset` after 1 of the 2 round ends in its 1 episodes, within 3 calls.")
+    both = page.round_ends([stuck, recovered, {"steps": [step("move")]}], [], "t")
+    assert both.startswith("2 of 3 episodes reached the end of a round") and "at steps 2, 1;" in both
+    assert both.endswith("1 called `reset` afterwards.") and "teacher" not in both
+    # no round ended (Alien Genetics Lab has no rounds; observations that are not dicts are skipped)
+    assert page.round_ends([{"steps": [step("move"), {"tool": "x", "observation": "text"}]}], teacher, "t") == ""
