@@ -39,7 +39,7 @@ from zoo.artifacts import PLAN_ATTRIBUTE, Plan, Prerequisite, artifact_path, def
 from zoo.errors import ZooError
 
 # Where a build runs, not what it builds: set on the build run, left out of its key.
-EXECUTION_FIELDS = ("trainer.accelerator",)
+EXECUTION_FIELDS = ("trainer.accelerator", "flush_denormal")
 # Descriptive top-level fields that do not change what a run builds: the catalogue entries (``methods.*``) and tags.
 DESCRIPTIVE_FIELDS = ("methods", "tags")
 # Every build run exports its model and keeps no checkpoints (the export is the artifact).
