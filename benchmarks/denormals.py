@@ -51,8 +51,14 @@ def compare_logs(off_log: Path, on_log: Path) -> str:
         if steps:
             a, b = statistics.median(off[s] for s in steps), statistics.median(on[s] for s in steps)
             parts.append(f"{name}: {a:.2f} s without, {b:.2f} s with ({a / b:.2f}x)")
+    overrides = off_log.parent / ".hydra" / "overrides.yaml"
+    job = (
+        " ".join(line.removeprefix("- ") for line in overrides.read_text().splitlines()) if overrides.is_file() else ""
+    )
     return (
-        f"A longer job run twice, without the flush (`{off_log}`) and with it (`{on_log}`), at different times (not "
+        "A longer job"
+        + (f" (`python train.py {job}`)" if job else "")
+        + f" run twice, without the flush (`{off_log}`) and with it (`{on_log}`), at different times (not "
         "interleaved: their background load may differ); median seconds per step from their progress lines, "
         "validations included: " + "; ".join(parts) + "."
     )
