@@ -458,6 +458,7 @@ OTHER_BAD_INPUTS = {
         ["+method=sft", "+preset=demonstration_bpe"],
         "demonstration_tokenizer (+preset=demonstration_bpe) trains on agent demonstrations, but datamodule.source is",
     ),
+    "flush_denormal_not_a_boolean": (["flush_denormal=maybe"], "flush_denormal='maybe' must be true or false"),
     "tiny_backbone_tokenizer_not_saved": (
         ["+method=sft", "+backbone.tokenizer=/nonexistent/bpe"],
         "backbone.tokenizer=/nonexistent/bpe: no tokenizer saved there",
