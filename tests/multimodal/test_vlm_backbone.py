@@ -162,3 +162,71 @@ def test_connector_norm_feeds_the_lm_unit_rms_image_tokens_without_new_weights(t
     loaded = TinyVLMBackbone(**SMALL, connector_norm=True, init_from=str(tmp_path)).build_model().eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded(**inputs).logits, logits)
+
+
+def _image_reach(backbone: TinyVLMBackbone, length: int) -> torch.Tensor:
+    """Per text position: the largest logit change when only the image changes (same tokens)."""
+    torch.manual_seed(1)
+    model = backbone.build_model().eval()
+    tok = backbone.tokenizer
+    ids = [tok.bos_token_id, *([backbone.image_token_id] * backbone.num_image_tokens)]
+    ids += tok("x" * length)["input_ids"][:length]
+    input_ids = torch.tensor([ids])
+    with torch.no_grad():
+        a = model(input_ids=input_ids, pixel_values=torch.randn(1, 3, 32, 32)).logits
+        b = model(input_ids=input_ids, pixel_values=torch.randn(1, 3, 32, 32)).logits
+    return (a - b).abs().amax(-1)[0]
+
+
+def test_sliding_window_cuts_the_image_off_beyond_layers_times_window(tmp_path) -> None:
+    window = 6
+    backbone = TinyVLMBackbone(**SMALL, sliding_window=window)
+    config = backbone.build_model().config.text_config
+    assert (config.model_type, config.sliding_window) == ("mistral", window)
+    change = _image_reach(backbone, 40)
+    last_image = backbone.num_image_tokens  # index of the last image placeholder (after the BOS)
+    reach = SMALL["num_hidden_layers"] * (window - 1)  # each layer sees the current and window-1 earlier positions
+    assert change[last_image + 1 : last_image + 4].min() > 1e-4  # near the image: it matters
+    assert change[last_image + reach + 1 :].max() == 0.0  # beyond the reach: exactly nothing
+    assert change[last_image + reach] > 0.0  # the reach is exact, not smaller
+    full = _image_reach(TinyVLMBackbone(**SMALL), 40)
+    assert full[-1] > 1e-6  # full attention: the last position still sees the image
+    # the window is in the exported config: a reload through hf_vlm keeps it
+    model = backbone.build_model()
+    model.save_pretrained(tmp_path)
+    backbone.save_processor(tmp_path)
+    assert HFVLMBackbone(str(tmp_path)).build_model().config.text_config.sliding_window == window
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "16", True])
+def test_sliding_window_settings_are_checked(bad) -> None:
+    with pytest.raises(ConfigError, match="sliding_window"):
+        TinyVLMBackbone(**SMALL, sliding_window=bad)
+
+
+@pytest.mark.parametrize(("pool", "window"), [(None, 48), (3, None)])
+def test_the_valr_demo_stage1_build_carries_the_students_pooling_and_window(tmp_path, pool, window) -> None:
+    """The stage-2 arms continue from the stage-1 artifact: its build must use the same student, nulls included (an
+    override string would carry 'None')."""
+    from omegaconf import OmegaConf
+
+    from zoo.cli.artifacts import compose_config, plan_request, train_artifact_plan
+
+    tokens = (pool or 4) ** 2
+    cfg = compose_config(
+        [
+            "+demo=valr",
+            "demo/valr/arm=valr",
+            f"backbone.image_pool={'null' if pool is None else pool}",
+            f"backbone.num_image_tokens={tokens}",
+            f"backbone.sliding_window={'null' if window is None else window}",
+        ],
+        cache_dir=tmp_path,
+    )
+    node = OmegaConf.to_container(cfg.backbone.init_from, resolve=True)
+    node.pop("_target_")
+    request = next(train_artifact_plan(**node))
+    built = plan_request(request).config.backbone
+    assert (built.image_pool, built.num_image_tokens, built.sliding_window) == (pool, tokens, window)
+    student = instantiate(built)
+    assert (student.image_pool, student.sliding_window) == (pool, window)

@@ -26,6 +26,7 @@ from transformers import (
     LlamaConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
+    MistralConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -173,6 +174,10 @@ class TinyVLMBackbone(_VLMMixin, Backbone):
     ``connector_norm=True`` layer-normalises the image tokens the LM receives (:func:`normalize_image_tokens`).
     Both are forward hooks (no weights): a model exported from such a backbone and loaded with ``backbone=hf_vlm``
     runs without them; reload it with ``backbone=tiny_vlm`` and the same settings (``backbone.init_from``).
+    ``sliding_window=w`` makes the LM a ``MistralForCausalLM`` whose every layer attends to the last ``w`` positions
+    only: a position more than ``num_hidden_layers * w`` after the image cannot be influenced by it (visual dilution
+    in its extreme, hard form [toy-scale choice, not in LLaVA]). The window is part of the model's config, so it
+    survives an export.
     """
 
     def __init__(
@@ -197,8 +202,17 @@ class TinyVLMBackbone(_VLMMixin, Backbone):
         num_image_tokens: int | None = None,
         image_pool: int | None = None,
         connector_norm: bool = False,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__(init_from=init_from, extra_tokens=(*VLM_TOKENS, *extra_tokens), dtype=dtype)
+        if sliding_window is not None and (
+            isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1
+        ):
+            raise ConfigError(
+                f"backbone.sliding_window={sliding_window!r} must be a positive integer (positions each layer attends "
+                "to) or null (full attention)"
+            )
+        self.sliding_window = sliding_window
         self.connector_norm = bool(connector_norm)
         if image_size % patch_size:
             raise ConfigError(f"backbone.image_size={image_size} must be a multiple of patch_size={patch_size}")
@@ -263,16 +277,21 @@ class TinyVLMBackbone(_VLMMixin, Backbone):
         return build_char_tokenizer()
 
     def model_config(self) -> LlavaConfig:
-        """The ``LlavaConfig`` of the fresh model (vocabulary: :attr:`base_vocab_size`)."""
+        """The ``LlavaConfig`` of the fresh model (vocabulary: :attr:`base_vocab_size`); its text model is Llama, or
+        Mistral with ``sliding_window`` when that is set."""
         tok = self.tokenizer
-        text = LlamaConfig(
-            vocab_size=self.base_vocab_size,
-            pad_token_id=tok.pad_token_id,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            tie_word_embeddings=True,
+        common = {
+            "vocab_size": self.base_vocab_size,
+            "pad_token_id": tok.pad_token_id,
+            "bos_token_id": tok.bos_token_id,
+            "eos_token_id": tok.eos_token_id,
+            "tie_word_embeddings": True,
             **self.text_arch,
-        )
+        }
+        if self.sliding_window is None:
+            text = LlamaConfig(**common)
+        else:
+            text = MistralConfig(sliding_window=self.sliding_window, **common)
         return LlavaConfig(
             vision_config=CLIPVisionConfig(**self.vision_arch),
             text_config=text,
@@ -315,6 +334,7 @@ class TinyVLMBackbone(_VLMMixin, Backbone):
             "vision": self.vision_arch,
             "image_pool": self.image_pool,
             "connector_norm": self.connector_norm,
+            "sliding_window": self.sliding_window,
             "text": self.text_arch,
             "seed": self.seed,
             "init_from": self.init_from,
