@@ -7,7 +7,9 @@ step ``i`` under teacher forcing -- in the latent stage the mean of the ``K`` la
 token -- and a per-step target (default: the number of cells of the queried colour in the grid row that step looks
 up, ``task=visual_counting``). At the end of the epoch a linear probe (:class:`zoo.interp.probes.LinearProbe`) is
 fitted on the first half of the collected steps and scored on the second half: ``<prefix>/step_accuracy``, next to
-``<prefix>/step_majority`` (the most frequent target of the scored half).
+``<prefix>/step_majority`` (the most frequent target of the scored half); the same probe scored on the second half's
+steps at place ``late`` or later of their chain gives ``<prefix>/step_accuracy_late`` and
+``<prefix>/step_majority_late`` (does the state still know the image late in a long chain?).
 
 ``VisionFeatureProbe`` asks whether the frozen teacher knows more about the image than the student's own vision path
 (the premise of VaLR's alignment): linear probes of every grid cell's colour (empty = class 0), fitted on the first
@@ -144,8 +146,7 @@ class VisionFeatureProbe(EvaluationCallback):
             classes = torch.cat(self._data["cells"]).clone()
             num_classes = max(int(classes.max()) + 1, 2)
             held = classes[classes.shape[0] // 2 :]
-            majority = sum(float(torch.bincount(held[:, p]).max()) for p in range(held.shape[1])) / held.numel()
-            out = {"cell_majority": majority}
+            out = {"cell_majority": sum(majority_rate(held[:, p]) for p in range(held.shape[1])) / held.shape[1]}
             for name in ("student", "teacher"):
                 if name in self._data:
                     x = torch.cat(self._data[name]).clone()
@@ -168,6 +169,7 @@ class StepStateProbe(EvaluationCallback):
         stages: among ``validate`` and ``test``.
         prefix: metric name prefix.
         max_batches: probe at most this many batches per epoch.
+        late: the first place in a chain (1 = the first step) that the ``_late`` metrics score.
     """
 
     def __init__(
@@ -177,15 +179,20 @@ class StepStateProbe(EvaluationCallback):
         stages: Sequence[str] = ("validate", "test"),
         prefix: str = "probe",
         max_batches: int | None = None,
+        late: int = 3,
     ) -> None:
         super().__init__(stages, max_batches, allowed=STAGES)
         if layer != "align" and (not isinstance(layer, int) or layer < 0):
             raise ConfigError(f"StepStateProbe: layer must be 'align' or an int >= 0, got {layer!r}")
+        if isinstance(late, bool) or not isinstance(late, int) or late < 1:
+            raise ConfigError(f"StepStateProbe: late must be a place in the chain >= 1, got {late!r}")
         self.layer = layer
         self.targets = targets
         self.prefix = prefix
+        self.late = late
         self._x: list[torch.Tensor] = []
         self._y: list[int] = []
+        self._place: list[int] = []
         self.last: dict[str, float] = {}
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -223,7 +230,7 @@ class StepStateProbe(EvaluationCallback):
         return rows
 
     def eval_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._x, self._y = [], []
+        self._x, self._y, self._place = [], [], []
 
     def eval_batch(
         self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, stage: str
@@ -234,9 +241,11 @@ class StepStateProbe(EvaluationCallback):
                 raise ConfigError(f"StepStateProbe: {len(targets)} targets for {states.shape[0]} steps (row {r})")
             self._x.extend(states)
             self._y.extend(int(t) for t in targets)
+            self._place.extend(range(1, len(targets) + 1))
 
     def measure(self) -> dict[str, float]:
-        """Probe accuracy (second half) and majority rate of what was collected (empty with < 4 steps)."""
+        """Probe accuracy (second half) and majority rate of what was collected (empty with < 4 steps), and both over
+        the second half's steps at place :attr:`late` or later (when it has any)."""
         if len(self._y) < 4:
             return {}
         # the states were collected under the evaluation loop's inference mode: fit on plain copies with autograd on
@@ -244,15 +253,24 @@ class StepStateProbe(EvaluationCallback):
             x, y = torch.stack(self._x).clone(), torch.tensor(self._y)
             half = len(y) // 2
             held = y[half:]
-            majority = float(torch.bincount(held).max()) / len(held)
             probe = LinearProbe(num_classes=int(y.max()) + 1, l2=1e-2).fit(x[:half], y[:half])
-            return {"step_accuracy": probe.accuracy(x[half:], held), "step_majority": majority}
+            out = {"step_accuracy": probe.accuracy(x[half:], held), "step_majority": majority_rate(held)}
+            late = torch.tensor(self._place[half:]) >= self.late
+            if late.any():
+                out["step_accuracy_late"] = probe.accuracy(x[half:][late], held[late])
+                out["step_majority_late"] = majority_rate(held[late])
+            return out
 
     def eval_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.last = self.measure()
         for name, value in self.last.items():
             pl_module.log(f"{self.prefix}/{name}", value, batch_size=1)
-        self._x, self._y = [], []
+        self._x, self._y, self._place = [], [], []
+
+
+def majority_rate(labels: torch.Tensor) -> float:
+    """Share of the most frequent label."""
+    return float(torch.bincount(labels).max()) / len(labels)
 
 
 __all__ = ["StepStateProbe", "VisionFeatureProbe", "cell_colour_classes", "fit_cell_probes", "row_colour_counts"]

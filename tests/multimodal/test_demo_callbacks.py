@@ -151,8 +151,28 @@ def test_step_state_probe_takes_one_state_per_step(visual, stage):
         first = len(seg["prompt"]) + len(seg["head"]) - 1
         assert torch.allclose(states[0][0], hidden[0, first].float())
     plain_trainer([cb]).validate(module, loader(batches), verbose=False)
-    assert set(cb.last) == {"step_accuracy", "step_majority"}
+    assert {"step_accuracy", "step_majority"} <= set(cb.last)
     assert 0.0 <= cb.last["step_accuracy"] <= 1.0
+    late_steps = [p for b in batches for n in b["num_steps"] for p in range(1, int(n) + 1) if p >= cb.late]
+    assert ("step_accuracy_late" in cb.last) == bool(late_steps[len(late_steps) // 2 :])
+
+
+def test_step_state_probe_scores_late_steps_apart():
+    """States that hold the target at the first two places of a chain and noise later: the probe reads the early
+    steps, and the late metric shows that it cannot read the late ones (majority level), while the overall one is
+    higher."""
+    generator = torch.Generator().manual_seed(0)
+    cb = StepStateProbe(stages=["validate"], late=3)
+    for _ in range(400):
+        targets = torch.randint(0, 3, (4,), generator=generator)
+        states = torch.randn(4, 8, generator=generator) * 0.1
+        states[:2, :3] += 3 * torch.nn.functional.one_hot(targets[:2], 3)  # places 1 and 2 know their target
+        cb._x.extend(states)
+        cb._y.extend(targets.tolist())
+        cb._place.extend([1, 2, 3, 4])
+    got = cb.measure()
+    assert got["step_accuracy_late"] < got["step_majority_late"] + 0.1
+    assert got["step_accuracy"] > got["step_accuracy_late"] + 0.25
 
 
 def test_step_state_probe_settings_are_checked():
@@ -160,6 +180,9 @@ def test_step_state_probe_settings_are_checked():
         StepStateProbe(layer=-1)
     with pytest.raises(ConfigError, match="stages"):
         StepStateProbe(stages=["fit"])
+    for bad in (0, True, "3"):
+        with pytest.raises(ConfigError, match="late"):
+            StepStateProbe(late=bad)
 
 
 def test_cell_probes_read_a_linear_code_and_not_noise():
