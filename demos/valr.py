@@ -24,6 +24,7 @@ from typing import Any
 
 from hydra.utils import instantiate
 
+from zoo.datamodules.visual import VisualReasoningDataModule
 from zoo.report import (
     Run,
     Sweep,
@@ -62,6 +63,9 @@ SMALL_EFFECT = 0.03
 LOOKUP_STEP = re.compile(r"row(\d+) \S+ (\d+)")
 # a look-up at this step of its chain or later is a late one (visual dilution would make it less accurate)
 LATE = 3
+# the baseline lacks the image late in its chains when its late step probe beats its majority rate by less than this
+# (upper end of the paired interval)
+LACKS_MARGIN = 0.05
 
 
 def connector_text(first: Any) -> str:
@@ -114,6 +118,59 @@ def plateau_text(change: Stat, builds: list[Run]) -> str:
 
 
 CEILING = 0.95  # mean held-out accuracy from which every arm counts as at the ceiling
+
+
+def image_reach(first: Run) -> int | None:
+    """How far after the last image token the student's LM can still read the image: ``layers x (window - 1)`` for a
+    sliding-window LM (``backbone.sliding_window``; each layer sees the current and ``window - 1`` earlier positions),
+    ``None`` with full attention."""
+    window = first.get("backbone.sliding_window")
+    return None if window is None else int(first.get("backbone.num_hidden_layers")) * (int(window) - 1)
+
+
+def lookup_distances(run: Run) -> dict[int, list[int]]:
+    """Per place in the chain (1 = first step), the CoT sequence's distance in tokens from the last image token to
+    each held-out look-up's count (``row3 red 2``: the ``2``), from the rebuilt split encoded as the datamodule encodes
+    it (the run's tokenizer and image tokens); ``{}`` without a source to rebuild."""
+    rows = held_out_rows(run)
+    if not rows:
+        return {}
+    backbone = instantiate(run.get("backbone"))
+    data = VisualReasoningDataModule(
+        backbone.tokenizer, None, num_image_tokens=run.get("backbone.num_image_tokens"), image_size=None
+    )
+    image = backbone.image_token_id
+    out: dict[int, list[int]] = defaultdict(list)
+    for index, row in enumerate(rows):
+        seg = data.encode(row, index, "val")["segments"]
+        last_image = max(i for i, t in enumerate(seg["prompt"]) if t == image)
+        start = len(seg["prompt"]) + len(seg["head"])
+        for place, (text, ids) in enumerate(zip(row["steps"], seg["steps"]), 1):
+            match = LOOKUP_STEP.match(text)
+            if match:
+                written = backbone.tokenizer(text[: match.start(2)], add_special_tokens=False)["input_ids"]
+                out[place].append(start + len(written) - last_image)
+            start += len(ids)
+    return dict(out)
+
+
+def window_text(first: Run, distances: dict[int, list[int]]) -> str:
+    """The sliding window as a clause of the setup (empty with full attention): the reach and where each place's
+    look-ups lie."""
+    reach = image_reach(first)
+    if reach is None:
+        return ""
+    where = "; ".join(
+        f"step {place} at {min(d)}-{max(d)} ({sum(x > reach for x in d) / len(d):.0%} beyond)"
+        for place, d in sorted(distances.items())
+    )
+    return (
+        f" The student's LM is Mistral with a sliding window: each of its {first.get('backbone.num_hidden_layers')} "
+        f"layers attends to the last {first.get('backbone.sliding_window')} positions (`backbone.sliding_window`), so "
+        f"no position more than {reach} tokens after the last image token can read the image (visual dilution in its "
+        "hard form, a toy-scale choice: the paper's models attend to the whole context)."
+        + (f" A held-out CoT chain writes its look-ups' counts, in tokens after the image: {where}." if where else "")
+    )
 
 
 def pooling_text(grid: int | None, pool: int | None, tokens: int | None) -> str:
@@ -262,6 +319,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 fmt_stat(stat(lookup_accuracy(x, late=True) for x in found[name].values()), ci=False),
                 fmt_stat(stat(r.last("probe/step_accuracy") for r in runs), ci=False),
                 fmt_stat(stat(r.last("probe/step_majority") for r in runs), ci=False),
+                fmt_stat(stat(r.last("probe/step_accuracy_late") for r in runs), ci=False),
+                fmt_stat(stat(r.last("probe/step_majority_late") for r in runs), ci=False),
                 fmt_stat(stat(r.last("vision_probe/student_cell_accuracy") for r in runs), ci=False),
                 "n/a" if cos.n == 0 else fmt_stat(cos, ci=False),
                 f"{stat(float(r.info.get('wall_seconds', 'nan')) for r in runs).mean:.0f}",
@@ -289,6 +348,12 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
     ]
     seeds = len(sweep.seeds) or 1
     all_claims = claims(arms, acc, labels, found)
+    base_runs = arms.get("cot") or next(iter(arms.values()))
+    distances: dict[int, list[int]] = defaultdict(list)
+    if image_reach(first) is not None:
+        for r in base_runs:
+            for place, d in lookup_distances(r).items():
+                distances[place].extend(d)
     text = [
         "# VaLR demo: CoT SFT vs latents vs vision-aligned latents",
         "",
@@ -305,7 +370,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         f"each followed by {first.get('task.filler')} recap clause(s) (`task.filler`): CoT completions average "
         f"{stat(lengths).mean:.0f} characters (= tokens; max {max(lengths, default=0)}). The student's "
         f"{grid}x{grid} patch grid {pooling_text(grid, pool, tokens)}; "
-        f"{connector_text(first)}. "
+        f"{connector_text(first)}.{window_text(first, distances)} "
         f"Stage 1 = plain CoT SFT (`+method=valr_cot`, {stage1.get('steps')} steps, lr {stage1.get('lr')}, one "
         f"model for every arm and seed, artifact cache; held-out accuracy {fmt_stat(stat(stage1_acc), ci=False)} on "
         f"its {stage1.get('num_val')} validation images; {plateau_text(plateau, builds)}); each stage-2 arm continues "
@@ -334,6 +399,8 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
                 f"look-ups right (step >= {LATE})",
                 "step probe (row count)",
                 "step probe majority",
+                f"step probe (step >= {LATE})",
+                f"step probe majority (step >= {LATE})",
                 "vision probe (student)",
                 "final align cos (train)",
                 "run s",
@@ -342,7 +409,7 @@ def build(sweep: Sweep, out: Path) -> list[Path]:
         ),
         f"![VaLR demo]({png.name})",
         "",
-        *fair_test(sweep, arms, acc, found, all_claims, builds, plateau, teacher_probe, student_probe),
+        *fair_test(sweep, arms, acc, found, all_claims, builds, plateau, teacher_probe, student_probe, distances),
         "## Reading",
         "",
         *reading(arms, acc, labels),
@@ -555,6 +622,7 @@ def fair_test(
     stage1_change: Stat,
     teacher_probe: dict[Any, float],
     student_probe: dict[Any, float],
+    distances: dict[int, list[int]],
 ) -> list[str]:
     """How the design meets each point of a fair test, from the numbers."""
     first = sweep.runs[0]
@@ -601,12 +669,35 @@ def fair_test(
             "to gain."
         )
     richer = paired(teacher_probe, student_probe)
-    lines.append(
+    is_richer = richer.n > 1 and richer.lo > 0
+    signal = (
         "- **The method's signal carries information the baseline lacks.** VaLR's teacher against the student's own "
         "image tokens, held-out cell-colour probe accuracy (teacher − student, paired by seed): "
-        f"{fmt_stat(richer)}: "
-        + ("met (the teacher is richer)." if richer.n > 1 and richer.lo > 0 else "**not met** (not shown richer).")
+        f"{fmt_stat(richer)}" + (" (the teacher is richer)" if is_richer else " (not shown richer)")
     )
+    reach = image_reach(first)
+    late = [d for place, ds in distances.items() if place >= LATE for d in ds]
+    lacks = False
+    if reach is not None and late:
+        beyond = sum(d > reach for d in late) / len(late)
+        base_runs = arms.get(base, [])
+        above = paired(
+            {r.seed: r.last("probe/step_accuracy_late") for r in base_runs},
+            {r.seed: r.last("probe/step_majority_late") for r in base_runs},
+        )
+        lacks = beyond >= 0.5 and above.n > 1 and above.hi < LACKS_MARGIN
+        signal += (
+            f". Where the image is: {beyond:.0%} of {labels.get(base, base)}'s look-ups at step {LATE} or later lie "
+            f"beyond its LM's reach of the image ({reach} tokens); its states before those steps decode the "
+            f"looked-up row's count (step probe, step >= {LATE}) above their majority rate by {fmt_stat(above)}"
+            + (
+                f" (below {LACKS_MARGIN}: they lack it), while the alignment hands every latent segment the teacher's "
+                "features of the whole image"
+                if lacks
+                else f" (not below {LACKS_MARGIN}: not shown lacking)"
+            )
+        )
+    lines.append(signal + (": met." if is_richer or lacks else ": **not met**."))
     lines.append(
         "- **Same tuning effort for every arm.** None is tuned: every stage-2 arm continues from the same stage-1 "
         f"model for {first.get('trainer.max_steps')} steps at lr {first.get('module.optimizer.lr')} with batch "

@@ -43,10 +43,20 @@ def correct(arm: str, seed: int, long_chain_ok: int) -> tuple[int, int]:
 
 @pytest.fixture
 def make_sweep(tmp_path):
-    def make(long_chain_ok: int = 6, lm_loss_drop: float = 0.0, lookups: dict | None = None) -> Sweep:
+    def make(
+        long_chain_ok: int = 6,
+        lm_loss_drop: float = 0.0,
+        lookups: dict | None = None,
+        backbone: dict | None = None,
+        late_probe_gain: float = 0.0,
+        student_cells: float | None = None,
+    ) -> Sweep:
         """``lookups``: per arm, the step from which its look-ups are written wrong (``None``: none), on the real
-        held-out images of the runs' config (every final answer right); without it, records of fixed outcomes."""
-        name = f"{long_chain_ok}{lm_loss_drop}{bool(lookups)}"
+        held-out images of the runs' config (every final answer right); without it, records of fixed outcomes.
+        ``backbone``: the runs' backbone config (default: a pooled student without a window); ``late_probe_gain``: the
+        step probe's accuracy above its majority rate at steps >= 3; ``student_cells``: the student's cell-probe
+        accuracy (default 0.75 + 0.01 x seed, the teacher's is 1.0)."""
+        name = f"{long_chain_ok}{lm_loss_drop}{bool(lookups)}{bool(backbone)}{late_probe_gain}{student_cells}"
         stage1 = tmp_path / "cache" / "demo_policy" / f"valr_stage1{name}"
         write_metrics(stage1, [{"step": 99, "val/exact_match": 0.80}, {"step": 199, "val/exact_match": 0.81}])
         (stage1 / "resolved_config.yaml").write_text(
@@ -64,7 +74,7 @@ def make_sweep(tmp_path):
                 records += [
                     {"step": 599, "correct": i < long, "num_steps": 4, "completion": "x </think> 4"} for i in range(10)
                 ]
-                config = {**CONFIG, "seed": seed}
+                config = {**CONFIG, "seed": seed, "backbone": backbone or CONFIG["backbone"]}
                 if lookups is not None:
                     records = records_of(seed, lookups[arm])
                     config["datamodule"] = {**CONFIG["datamodule"], "source": {**SOURCE, "seed": seed}}
@@ -83,8 +93,12 @@ def make_sweep(tmp_path):
                     {
                         "step": 599,
                         "probe/step_accuracy": probe,
+                        "probe/step_accuracy_late": 0.41 + late_probe_gain + 0.01 * seed,
+                        "probe/step_majority_late": 0.41,
                         "vision_probe/teacher_cell_accuracy": 1.0,
-                        "vision_probe/student_cell_accuracy": 0.75 + 0.01 * seed,
+                        "vision_probe/student_cell_accuracy": 0.75 + 0.01 * seed
+                        if student_cells is None
+                        else student_cells,
                         "vision_probe/cell_majority": 0.4,
                     }
                 )
@@ -119,7 +133,7 @@ def test_fair_test_says_whether_the_baselines_failure_occurs(make_sweep, tmp_pat
     assert (
         "1-step minus 4-step questions, paired by seed, 0.300 ± 0.000 [0.300, 0.300]. The failure occurs: met." in fair
     )
-    assert "(teacher − student, paired by seed): 0.240 ± 0.010 [0.215, 0.265]: met" in fair
+    assert "(teacher − student, paired by seed): 0.240 ± 0.010 [0.215, 0.265] (the teacher is richer): met." in fair
     assert "0.800 (step 99), 0.810 (step 199)" in fair and "a plateau by this check: **met**" in fair
     assert "CoT SFT +0.0%; latents +0.0%; VaLR +0.0%" in fair and "in every arm: **met**" in fair
     # both stages decay their learning rate to 0: each plateau reading carries the caveat
@@ -217,3 +231,36 @@ def test_a_later_look_up_that_fails_is_the_failure_and_a_verdict_line(make_sweep
         "| share of right look-ups at step >= 3, VaLR − CoT SFT, paired by seed | +1.000 [+1.000, +1.000] | **shown** |"
         in text
     )
+
+
+WINDOWED = {
+    "_target_": "zoo.backbones.vlm.TinyVLMBackbone",
+    **{"num_hidden_layers": 4, "hidden_size": 64, "image_pool": None, "num_image_tokens": 16, "sliding_window": 46},
+}
+
+
+def test_a_windowed_student_reads_where_the_image_is_out_of_reach(make_sweep, tmp_path):
+    """A sliding-window student: the page states the reach (4 layers x 45 = 180 tokens) and where each place's look-ups
+    lie, measured on the rebuilt held-out chains; a baseline whose late states decode the row count no better than
+    their majority rate lacks the image there -- the signal's information -- even when the teacher's features are not
+    richer than the student's image tokens; one whose late states decode it does not."""
+    lookups = {"cot": 3, "stage1": 3, "latent": 3, "valr": None}
+    sweep = make_sweep(lookups=lookups, backbone=WINDOWED, late_probe_gain=0.0, student_cells=1.0)
+    text = build(sweep, tmp_path / "out")
+    assert "each of its 4 layers attends to the last 46 positions (`backbone.sliding_window`)" in text
+    assert "no position more than 180 tokens after the last image token can read the image" in text
+    assert "step 1 at " in text and "step 3 at 18" in text and "(100% beyond)" in text and "step 1 at 3" in text
+    fair = text[text.index("## Fair test") : text.index("## Reading")]
+    signal = fair[fair.index("carries information") :].split("\n")[0]
+    assert "(teacher − student, paired by seed): 0.000 ± 0.000 [0.000, 0.000] (not shown richer)" in signal
+    assert "100% of CoT SFT's look-ups at step 3 or later lie beyond its LM's reach of the image (180 tokens)" in signal
+    assert "above their majority rate by 0.010 ± 0.010 [-0.015, 0.035] (below 0.05: they lack it)" in signal
+    assert signal.endswith(": met.")
+    knows = build(
+        make_sweep(lookups=lookups, backbone=WINDOWED, late_probe_gain=0.3, student_cells=1.0), tmp_path / "out2"
+    )
+    signal = knows[knows.index("carries information") :].split("\n")[0]
+    assert "(not below 0.05: not shown lacking)" in signal and signal.endswith(": **not met**.")
+    # full attention: no window clause, the cell probes alone decide
+    plain = build(make_sweep(), tmp_path / "out3")
+    assert "sliding window" not in plain and "beyond its LM's reach" not in plain
