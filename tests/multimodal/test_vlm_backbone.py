@@ -205,7 +205,7 @@ def test_sliding_window_settings_are_checked(bad) -> None:
 
 
 @pytest.mark.parametrize(("pool", "window"), [(None, 48), (3, None)])
-def test_the_valr_demo_stage1_build_carries_the_students_pooling_and_window(tmp_path, pool, window) -> None:
+def test_the_valr_demo_stage1_build_carries_the_students_depth_pooling_and_window(tmp_path, pool, window) -> None:
     """The stage-2 arms continue from the stage-1 artifact: its build must use the same student, nulls included (an
     override string would carry 'None')."""
     from omegaconf import OmegaConf
@@ -220,6 +220,7 @@ def test_the_valr_demo_stage1_build_carries_the_students_pooling_and_window(tmp_
             f"backbone.image_pool={'null' if pool is None else pool}",
             f"backbone.num_image_tokens={tokens}",
             f"backbone.sliding_window={'null' if window is None else window}",
+            "backbone.num_hidden_layers=3",
         ],
         cache_dir=tmp_path,
     )
@@ -228,5 +229,6 @@ def test_the_valr_demo_stage1_build_carries_the_students_pooling_and_window(tmp_
     request = next(train_artifact_plan(**node))
     built = plan_request(request).config.backbone
     assert (built.image_pool, built.num_image_tokens, built.sliding_window) == (pool, tokens, window)
+    assert built.num_hidden_layers == 3
     student = instantiate(built)
     assert (student.image_pool, student.sliding_window) == (pool, window)
