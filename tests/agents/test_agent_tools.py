@@ -192,3 +192,21 @@ def test_a_reply_that_python_reads_as_a_set_of_dicts_is_a_parse_error_not_a_cras
         loads_lenient('{{"name": "move"}}')
     parsed = parse_tool_calls('<tool_call>{{"name": "move", "arguments": {}}}</tool_call>', known_tools=["move"])
     assert not parsed.calls and len(parsed.errors) == 1
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        '{"name": {"parent1_cross", "parent2"}}',  # the behaviour-cloned Alien Genetics Lab model's reply, 2026-12-07
+        '{"name": "move", "arguments": {"direction": ("up", "down")}}',
+        "{\"name\": \"move\", \"arguments\": {1: 'up'}}",
+        '{"name": "move", "arguments": {"direction": b"up"}}',
+    ],
+)
+def test_a_reply_that_python_reads_as_a_set_tuple_or_bytes_is_a_parse_error_not_a_crash(reply):
+    """``ast.literal_eval`` (the lenient fallback) reads sets, tuples, bytes and non-string keys, which no JSON tool
+    call carries: before, a set reached ``json.dumps`` in the error message and ended the run with a TypeError."""
+    with pytest.raises(ValueError, match="malformed JSON"):
+        loads_lenient(reply)
+    parsed = parse_tool_calls(f"<tool_call>{reply}</tool_call>", known_tools=["move"])
+    assert not parsed.calls and len(parsed.errors) == 1 and parsed.errors[0].startswith("could not read tool call")

@@ -89,9 +89,19 @@ def loads_lenient(text: str) -> Any:
                 value = ast.literal_eval(attempt)
             except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # TypeError: {{...}}
                 continue
-            if isinstance(value, (dict, list)):
+            if isinstance(value, (dict, list)) and _is_json(value):
                 return value
     raise ValueError(f"malformed JSON ({first_error})")
+
+
+def _is_json(value: Any) -> bool:
+    """Whether a Python literal is a JSON value (objects with string keys, arrays, strings, numbers, booleans, null):
+    ``ast.literal_eval`` also reads sets, tuples and bytes, which a tool call cannot carry."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_is_json(v) for v in value)
+    return value is None or isinstance(value, (str, bool, int, float))
 
 
 def _json_spans(text: str) -> list[str]:
