@@ -199,7 +199,7 @@ def test_a_reply_that_python_reads_as_a_set_of_dicts_is_a_parse_error_not_a_cras
     [
         '{"name": {"parent1_cross", "parent2"}}',  # the behaviour-cloned Alien Genetics Lab model's reply, 2026-12-07
         '{"name": "move", "arguments": {"direction": ("up", "down")}}',
-        "{\"name\": \"move\", \"arguments\": {1: 'up'}}",
+        '{"name": "move", "arguments": {1: \'up\'}}',
         '{"name": "move", "arguments": {"direction": b"up"}}',
     ],
 )
