@@ -688,28 +688,33 @@ def round_ends(model_eps: list[dict[str, Any]], teacher_eps: list[dict[str, Any]
     """What the model did once a round ended (:func:`round_ends_of`; the environment then refuses every move until
     ``reset``): per episode, the step at which its first round ended and whether it reset afterwards or spent the
     rest of the episode on calls; beside it, how many of the teacher's (``teacher_eps``, labelled ``teacher``) round
-    ends it followed with a reset. ``""`` when no round of the model's ended (the environment has no rounds, or the
-    model never spent its energy)."""
+    ends it followed with a reset. When no round of the model's ended but the teacher's did, that is said (the model
+    never spent a round's energy); ``""`` when neither ended a round (an environment without rounds)."""
     ended = []
     for e in model_eps:
         steps = e.get("steps") or []
         if ends := round_ends_of(steps):
             first, reset = ends[0]
             ended.append((first + 1, reset is not None, len(steps) - first - 1))
-    if not ended:
+    teacher_ends = [end for e in teacher_eps for end in round_ends_of(e.get("steps") or [])]
+    if not ended and not teacher_ends:
         return ""
     reset = sum(r for _, r, _ in ended)
-    text = (
-        f"{len(ended)} of {len(model_eps)} episodes reached the end of a round (energy spent: `{ROUND_OVER_KEY}`), at "
-        f"step{'s' * (len(ended) > 1)} {', '.join(str(step) for step, _, _ in ended)}; "
-        + (
-            f"none called `{RESET_TOOL}` afterwards: the remaining {', '.join(str(n) for *_, n in ended)} steps "
-            'went to calls the ended round refuses ("Use reset to start a new round")'
-            if not reset
-            else f"{reset} called `{RESET_TOOL}` afterwards"
+    if not ended:
+        text = (
+            f"none of its {len(model_eps)} episodes reached the end of a round (energy spent: `{ROUND_OVER_KEY}`)"
         )
-    )
-    teacher_ends = [end for e in teacher_eps for end in round_ends_of(e.get("steps") or [])]
+    else:
+        text = (
+            f"{len(ended)} of {len(model_eps)} episodes reached the end of a round (energy spent: `{ROUND_OVER_KEY}`), "
+            f"at step{'s' * (len(ended) > 1)} {', '.join(str(step) for step, _, _ in ended)}; "
+            + (
+                f"none called `{RESET_TOOL}` afterwards: the remaining {', '.join(str(n) for *_, n in ended)} steps "
+                'went to calls the ended round refuses ("Use reset to start a new round")'
+                if not reset
+                else f"{reset} called `{RESET_TOOL}` afterwards"
+            )
+        )
     if teacher_ends:
         resets = [r - i for i, r in teacher_ends if r is not None]
         text += (

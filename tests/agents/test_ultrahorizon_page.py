@@ -305,5 +305,11 @@ def test_round_ends_reads_where_the_model_spent_its_energy_and_whether_it_reset_
     both = page.round_ends([stuck, recovered, {"steps": [step("move")]}], [], "t")
     assert both.startswith("2 of 3 episodes reached the end of a round") and "at steps 2, 1;" in both
     assert both.endswith("1 called `reset` afterwards.") and "teacher" not in both
-    # no round ended (Alien Genetics Lab has no rounds; observations that are not dicts are skipped)
-    assert page.round_ends([{"steps": [step("move"), {"tool": "x", "observation": "text"}]}], teacher, "t") == ""
+    # the model never ended a round (observations that are not dicts are skipped) while its teacher did: said
+    never = page.round_ends([{"steps": [step("move"), {"tool": "x", "observation": "text"}]}], teacher, "t")
+    assert never == (
+        "none of its 1 episodes reached the end of a round (energy spent: `game_over`); its teacher (t, same setting) "
+        "called `reset` after 1 of the 2 round ends in its 1 episodes, within 3 calls."
+    )
+    # neither ended a round (Alien Genetics Lab has no rounds): nothing to say
+    assert page.round_ends([{"steps": [step("query")]}], [{"steps": [step("query")]}], "t") == ""
