@@ -701,9 +701,7 @@ def round_ends(model_eps: list[dict[str, Any]], teacher_eps: list[dict[str, Any]
         return ""
     reset = sum(r for _, r, _ in ended)
     if not ended:
-        text = (
-            f"none of its {len(model_eps)} episodes reached the end of a round (energy spent: `{ROUND_OVER_KEY}`)"
-        )
+        text = f"none of its {len(model_eps)} episodes reached the end of a round (energy spent: `{ROUND_OVER_KEY}`)"
     else:
         text = (
             f"{len(ended)} of {len(model_eps)} episodes reached the end of a round (energy spent: `{ROUND_OVER_KEY}`), "
