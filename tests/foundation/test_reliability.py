@@ -333,6 +333,11 @@ BAD_INPUTS = {
         None,
         "backbone.image_pool='None' must be an integer or null",
     ),
+    "sliding_window_not_positive": (
+        lambda d: ["+method=valr_cot", "backbone.sliding_window=0"],
+        None,
+        "backbone.sliding_window=0 must be a positive integer (positions each layer attends to) or null",
+    ),
     "misspelled_key": (
         lambda d: ["trainer.max_step=5"],
         None,
