@@ -175,9 +175,9 @@ class TinyVLMBackbone(_VLMMixin, Backbone):
     Both are forward hooks (no weights): a model exported from such a backbone and loaded with ``backbone=hf_vlm``
     runs without them; reload it with ``backbone=tiny_vlm`` and the same settings (``backbone.init_from``).
     ``sliding_window=w`` makes the LM a ``MistralForCausalLM`` whose every layer attends to the last ``w`` positions
-    only: a position more than ``num_hidden_layers * w`` after the image cannot be influenced by it (visual dilution
-    in its extreme, hard form [toy-scale choice, not in LLaVA]). The window is part of the model's config, so it
-    survives an export.
+    only (the current one and ``w - 1`` earlier): a position more than ``num_hidden_layers * (w - 1)`` after the last
+    image token cannot be influenced by the image (visual dilution in its extreme, hard form [toy-scale choice, not in
+    LLaVA]). The window is part of the model's config, so it survives an export.
     """
 
     def __init__(
