@@ -24,7 +24,6 @@ from typing import Any
 
 from hydra.utils import instantiate
 
-from zoo.datamodules.visual import VisualReasoningDataModule
 from zoo.report import (
     Run,
     Sweep,
@@ -131,14 +130,12 @@ def image_reach(first: Run) -> int | None:
 def lookup_distances(run: Run) -> dict[int, list[int]]:
     """Per place in the chain (1 = first step), the CoT sequence's distance in tokens from the last image token to
     each held-out look-up's count (``row3 red 2``: the ``2``), from the rebuilt split encoded as the datamodule encodes
-    it (the run's tokenizer and image tokens); ``{}`` without a source to rebuild."""
+    it (the run's own datamodule and tokenizer); ``{}`` without a source to rebuild."""
     rows = held_out_rows(run)
     if not rows:
         return {}
     backbone = instantiate(run.get("backbone"))
-    data = VisualReasoningDataModule(
-        backbone.tokenizer, None, num_image_tokens=run.get("backbone.num_image_tokens"), image_size=None
-    )
+    data = instantiate(run.get("datamodule"), tokenizer=backbone.tokenizer)
     image = backbone.image_token_id
     out: dict[int, list[int]] = defaultdict(list)
     for index, row in enumerate(rows):

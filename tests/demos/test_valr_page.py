@@ -77,7 +77,12 @@ def make_sweep(tmp_path):
                 config = {**CONFIG, "seed": seed, "backbone": backbone or CONFIG["backbone"]}
                 if lookups is not None:
                     records = records_of(seed, lookups[arm])
-                    config["datamodule"] = {**CONFIG["datamodule"], "source": {**SOURCE, "seed": seed}}
+                    config["datamodule"] = {
+                        **CONFIG["datamodule"],
+                        "_target_": "zoo.datamodules.visual.VisualReasoningDataModule",
+                        "num_image_tokens": config["backbone"]["num_image_tokens"],
+                        "source": {**SOURCE, "seed": seed},
+                    }
                 probe = 0.6 + 0.01 * seed + ({"latent": (0.01, -0.02, 0.015)[seed]}.get(arm, 0.0))
                 run = write_run(
                     root,
