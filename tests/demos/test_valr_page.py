@@ -98,7 +98,8 @@ def make_sweep(tmp_path):
                     {
                         "step": 599,
                         "probe/step_accuracy": probe,
-                        "probe/step_accuracy_late": 0.41 + late_probe_gain + 0.01 * seed,
+                        # VaLR's late states know the row 0.2 better than every other arm's
+                        "probe/step_accuracy_late": 0.41 + late_probe_gain + 0.01 * seed + 0.2 * (arm == "valr"),
                         "probe/step_majority_late": 0.41,
                         "vision_probe/teacher_cell_accuracy": 1.0,
                         "vision_probe/student_cell_accuracy": 0.75 + 0.01 * seed
@@ -266,6 +267,14 @@ def test_a_windowed_student_reads_where_the_image_is_out_of_reach(make_sweep, tm
     )
     signal = knows[knows.index("carries information") :].split("\n")[0]
     assert "(not below 0.05: not shown lacking)" in signal and signal.endswith(": **not met**.")
+    # the alignment claim reads the late steps' probe under a window (VaLR +0.2 there), every step's without one
+    claim = next(line for line in text.splitlines() if "the alignment puts visual information" in line)
+    assert "into the latent states late in the chain, out of the image's reach |" in claim
+    assert "step-probe accuracy (row count before each step >= 3)" in claim
+    assert "| +0.200 [+0.200, +0.200] | **shown** |" in claim
     # full attention: no window clause, the cell probes alone decide
     plain = build(make_sweep(), tmp_path / "out3")
     assert "sliding window" not in plain and "beyond its LM's reach" not in plain
+    claim = next(line for line in plain.splitlines() if "the alignment puts visual information" in line)
+    assert "into the latent states |" in claim and "(row count before each step)," in claim
+    assert "**not shown (within noise)**" in claim
